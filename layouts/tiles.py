@@ -1,0 +1,152 @@
+"""Typed tile descriptions of every kernel, and the functions that turn them into CuTe objects.
+
+This is the single source of truth for tiling: kernels build their tiled MMAs, shared-memory layouts
+and epilogue tiles only through these functions, and the explorer (:mod:`layouts.explore`) draws the
+very same objects.  The algebra is the DSL's own (``cute.tile_to_shape``, ``make_tiled_mma``, ...);
+nothing here re-implements it.
+
+The descriptions are plain frozen dataclasses (hashable: they are part of compile-cache keys).  The
+``make_*`` functions must run inside a DSL context (a ``@cute.jit`` function, host side or kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cute_kernels.arch import set_dsl_arch_env
+
+set_dsl_arch_env()
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+import cutlass.utils as utils  # noqa: E402
+import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
+
+#: name -> DSL numeric type, for descriptions that must stay hashable and printable.
+DTYPES = {
+    "float16": cutlass.Float16,
+    "bfloat16": cutlass.BFloat16,
+    "float32": cutlass.Float32,
+}
+
+WGMMA_M = 64  # one warpgroup's wgmma covers 64 rows
+WGMMA_K_16BIT = 16  # K per wgmma instruction for 16-bit operands
+THREADS_PER_WARPGROUP = 128
+
+
+def dtype(name: str):
+    return DTYPES[name]
+
+
+def _major_enum(major: str, *, operand: str) -> utils.LayoutEnum:
+    """'k' or 'mn' (the operand's contiguous mode) as the DSL's LayoutEnum for A, B or C."""
+    if operand == "a":
+        return utils.LayoutEnum.ROW_MAJOR if major == "k" else utils.LayoutEnum.COL_MAJOR
+    if operand == "b":  # B is viewed (N, K)
+        return utils.LayoutEnum.ROW_MAJOR if major == "k" else utils.LayoutEnum.COL_MAJOR
+    # C (M, N): 'n' contiguous is row-major
+    return utils.LayoutEnum.ROW_MAJOR if major == "n" else utils.LayoutEnum.COL_MAJOR
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """The warpgroup MMA: wgmma atom ``64 x atom_n x 16`` tiled over ``warpgroups_mn`` warpgroups."""
+
+    ab_dtype: str = "bfloat16"
+    acc_dtype: str = "float32"
+    atom_n: int = 128  # N of one wgmma instruction (8..256, multiple of 8)
+    warpgroups_mn: tuple[int, int] = (2, 1)  # consumer warpgroups along M and N
+    a_major: str = "k"  # 'k' or 'mn'
+    b_major: str = "k"
+
+    @property
+    def tile_mn(self) -> tuple[int, int]:
+        return (WGMMA_M * self.warpgroups_mn[0], self.atom_n * self.warpgroups_mn[1])
+
+    @property
+    def num_warpgroups(self) -> int:
+        return self.warpgroups_mn[0] * self.warpgroups_mn[1]
+
+    @property
+    def instruction_shape(self) -> tuple[int, int, int]:
+        return (WGMMA_M, self.atom_n, WGMMA_K_16BIT)
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """Threadblock (CTA) tile, cluster, MMA and pipeline depth of the GEMM."""
+
+    tile_mnk: tuple[int, int, int] = (128, 256, 64)
+    cluster_mn: tuple[int, int] = (1, 1)
+    mma: MmaTile = field(default_factory=MmaTile)
+    ab_stages: int = 4
+    epi_tile_mn: tuple[int, int] = (64, 32)
+    epi_stages: int = 2
+    c_dtype: str = "bfloat16"
+    c_major: str = "n"
+
+    def __post_init__(self):
+        m, n, k = self.tile_mnk
+        wm, wn = self.mma.tile_mn
+        if m % wm or n % wn:
+            raise ValueError(f"CTA tile {self.tile_mnk} is not a multiple of the MMA tile {self.mma.tile_mn}")
+        if k % WGMMA_K_16BIT:
+            raise ValueError(f"CTA tile K={k} must be a multiple of {WGMMA_K_16BIT}")
+
+    def smem_bytes(self) -> int:
+        """Shared memory for the A/B stages and the epilogue buffers (excluding barriers)."""
+        m, n, k = self.tile_mnk
+        ab = 2 * (m * k + n * k) * self.ab_stages
+        c_bytes = DTYPES[self.c_dtype].width // 8
+        return ab + self.epi_tile_mn[0] * self.epi_tile_mn[1] * c_bytes * self.epi_stages
+
+
+# ---- builders (call inside a DSL context) -------------------------------------------------------
+
+
+def make_tiled_mma(mma: MmaTile) -> cute.TiledMma:
+    """The consumer warpgroups' tiled wgmma (A and B from shared memory)."""
+    a_mode = OperandMajorMode.K if mma.a_major == "k" else OperandMajorMode.MN
+    b_mode = OperandMajorMode.K if mma.b_major == "k" else OperandMajorMode.MN
+    return sm90_utils.make_trivial_tiled_mma(
+        dtype(mma.ab_dtype),
+        dtype(mma.ab_dtype),
+        a_mode,
+        b_mode,
+        dtype(mma.acc_dtype),
+        (*mma.warpgroups_mn, 1),
+        tiler_mn=(WGMMA_M, mma.atom_n),
+    )
+
+
+def make_smem_layout_a(t: GemmTiles, stages: int | None = None):
+    """Staged, swizzled (128 B where the major mode allows) shared-memory layout of A tiles."""
+    return sm90_utils.make_smem_layout_a(
+        _major_enum(t.mma.a_major, operand="a"), t.tile_mnk, dtype(t.mma.ab_dtype),
+        t.ab_stages if stages is None else stages,
+    )
+
+
+def make_smem_layout_b(t: GemmTiles, stages: int | None = None):
+    return sm90_utils.make_smem_layout_b(
+        _major_enum(t.mma.b_major, operand="b"), t.tile_mnk, dtype(t.mma.ab_dtype),
+        t.ab_stages if stages is None else stages,
+    )
+
+
+def make_smem_layout_epi(t: GemmTiles, stages: int | None = None):
+    """Staged layout of the epilogue's output sub-tile in shared memory (source of the TMA store)."""
+    return sm90_utils.make_smem_layout_epi(
+        dtype(t.c_dtype), _major_enum(t.c_major, operand="c"), t.epi_tile_mn,
+        t.epi_stages if stages is None else stages,
+    )
+
+
+def c_layout_enum(t: GemmTiles) -> utils.LayoutEnum:
+    return _major_enum(t.c_major, operand="c")
+
+
+def make_smem_layout_atom(kind: str, dtype_name: str):
+    """A single swizzle atom by name, e.g. ``'K_SW128'`` (8 rows x 64 bf16, Swizzle<3,4,3>)."""
+    return warpgroup.make_smem_layout_atom(getattr(warpgroup.SmemLayoutAtomKind, kind), dtype(dtype_name))
