@@ -1,0 +1,86 @@
+"""Shared building blocks for the Hopper kernels: TMA atoms, the TMA->wgmma pipeline, stage counts,
+the persistent tile scheduler, and operand views.
+
+Why one module: the GEMM is written first and the attention kernels reuse its pieces (the same TMA
+load atoms, the same mbarrier pipeline, the same scheduler), so each piece lives here once.
+All functions run inside a DSL context unless marked "pure Python".
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+from cutlass.cute.nvgpu import cpasync
+
+MBARRIER_BYTES_RESERVED = 1024  # barriers + alignment slack kept out of the stage budget
+
+
+def stage_count(smem_capacity: int, bytes_per_stage: int, fixed_bytes: int, max_stages: int = 8) -> int:
+    """Pure Python: how many operand stages fit next to ``fixed_bytes`` (epilogue buffers etc.)."""
+    n = (smem_capacity - MBARRIER_BYTES_RESERVED - fixed_bytes) // bytes_per_stage
+    if n < 2:
+        raise ValueError(
+            f"only {n} pipeline stage(s) of {bytes_per_stage} B fit in {smem_capacity} B of shared memory; "
+            "use a smaller tile"
+        )
+    return min(n, max_stages)
+
+
+def make_tma_load(tensor: cute.Tensor, smem_layout_staged, tile: tuple[int, int], num_multicast: int = 1):
+    """TMA load atom + its coordinate tensor for one stage of ``smem_layout_staged``.
+
+    With ``num_multicast > 1`` one CTA's load is broadcast to the CTAs of its cluster row/column, so
+    an operand tile shared by them is read from L2 once.
+    """
+    op = cpasync.CopyBulkTensorTileG2SOp() if num_multicast == 1 else cpasync.CopyBulkTensorTileG2SMulticastOp()
+    smem_layout = cute.slice_(smem_layout_staged, (None, None, 0))
+    return cpasync.make_tiled_tma_atom(op, tensor, smem_layout, tile, num_multicast=num_multicast)
+
+
+def make_tma_store(tensor: cute.Tensor, epi_smem_layout_staged, epi_tile: tuple[int, int]):
+    """TMA store atom for one epilogue sub-tile; out-of-bounds rows/columns are clipped by the TMA unit."""
+    smem_layout = cute.slice_(epi_smem_layout_staged, (None, None, 0))
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), tensor, smem_layout, epi_tile)
+
+
+def make_tma_pipeline(barrier_ptr, num_stages: int, tx_bytes: int, consumer_warps: int,
+                      cluster_layout_mnk: cute.Layout, mcast_ctas: int):
+    """The full/empty mbarrier ring between the TMA producer warp and the wgmma consumers.
+
+    Each consumer warp arrives once per stage on the empty barrier of every CTA that multicast into it,
+    hence ``consumer_warps * mcast_ctas`` arrivals.
+    """
+    producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+    consumer = pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps * mcast_ctas)
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barrier_ptr,
+        num_stages=num_stages,
+        producer_group=producer,
+        consumer_group=consumer,
+        tx_count=tx_bytes,
+        cta_layout_vmnk=cute.make_layout((1, *cluster_layout_mnk.shape)),
+        defer_sync=True,
+    )
+
+
+def persistent_scheduler_params(num_tiles_mnl, cluster_mn: tuple[int, int], raster_swizzle: int,
+                                raster_along_m: bool, max_active_clusters: int):
+    """Scheduler parameters and grid for a persistent launch (grid = min(tiles, SMs))."""
+    params = utils.PersistentTileSchedulerParams(num_tiles_mnl, (*cluster_mn, 1), raster_swizzle, raster_along_m)
+    grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, max_active_clusters)
+    return params, grid
+
+
+def as_mkl(t: cute.Tensor, order: tuple[int, ...]) -> cute.Tensor:
+    """View a torch-ordered tensor as the kernel's (rows, cols, batch) without moving data.
+
+    ``order`` lists which torch modes become (rows, cols[, batch]); a rank-2 input gets a batch mode
+    of size 1 and stride 0.  Doing this inside the compiled function keeps ``permute`` calls (about
+    1.5 us each) off the host path.
+    """
+    lay = cute.select(t.layout, mode=list(order))
+    if cutlass.const_expr(len(order) == 2):
+        lay = cute.append(lay, cute.make_layout(1, stride=0))
+    return cute.make_tensor(t.iterator, lay)

@@ -1,0 +1,236 @@
+"""``cute_kernels.gemm``: the host side of the Hopper GEMM (validation, config choice, launch).
+
+The hot path is: validate (pure Python, no sync) -> build the config tuple -> dict lookup of the
+compiled TVM-FFI function -> call it with the torch tensors as they are.  No ``permute``/``contiguous``
+on the way: the compiled function re-views torch's (L, M, K) / (L, K, N) order itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from layouts import tiles as T
+
+from . import jit
+from .arch import current_arch
+
+_TORCH_TO_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_IN_DTYPES = (torch.float16, torch.bfloat16)
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------- validation (pure Python)
+def _tma_ok(t: torch.Tensor, major: str) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte multiples for every non-unit stride."""
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    unit = t.dim() - 1 if major == "row" else t.dim() - 2
+    return all((s * es) % 16 == 0 for i, s in enumerate(t.stride()) if i != unit and t.shape[i] > 1)
+
+
+def _major(t: torch.Tensor, name: str, rows: str, cols: str) -> str:
+    """'row' (last dim contiguous) or 'col'; size-1 dims fit either, so prefer the TMA-compatible one."""
+    cands = [m for m, d in (("row", -1), ("col", -2)) if t.stride(d) == 1 or t.shape[d] == 1]
+    if not cands:
+        raise ValueError(
+            f"gemm: {name} of shape {tuple(t.shape)} has strides {tuple(t.stride())}; one of its last two "
+            f"dimensions ({rows} or {cols}) must be contiguous (row- or column-major)"
+        )
+    return next((m for m in cands if _tma_ok(t, m)), cands[0])
+
+
+def _canonical_strides(t: torch.Tensor, major: str) -> torch.Tensor:
+    """Size-1 dims may carry any stride in torch; give them the ones the compiled layout assumes
+    (unit stride 1, others 16-byte multiples).  A view, never a copy; only for degenerate shapes."""
+    unit = t.dim() - 1 if major == "row" else t.dim() - 2
+    want = list(t.stride())
+    changed = False
+    for i, n in enumerate(t.shape):
+        if n == 1:
+            w = 1 if i == unit else 0
+            changed |= want[i] != w
+            want[i] = w
+    return t.as_strided(t.shape, want) if changed else t
+
+
+def _check(a, b, out, c, out_dtype):
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _IN_DTYPES:
+            raise TypeError(f"gemm: {name} must be float16 or bfloat16, got {t.dtype}")
+        if t.dim() not in (2, 3):
+            raise ValueError(f"gemm: {name} must be 2-D (M, K)/(K, N) or 3-D batched, got {t.dim()}-D")
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.dim() != b.dim():
+        raise ValueError(f"gemm: a is {a.dim()}-D but b is {b.dim()}-D; both 2-D or both 3-D")
+    if a.device != b.device or a.device.type != "cuda":
+        raise ValueError(f"gemm: a and b must be on the same CUDA device, got {a.device} and {b.device}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"gemm: a is (.., M, K={a.shape[-1]}) but b is (.., K={b.shape[-2]}, N)")
+    if a.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"gemm: batch sizes differ: a {a.shape[0]}, b {b.shape[0]}")
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    shape = (*a.shape[:-1], b.shape[-1])
+    if out is not None:
+        if tuple(out.shape) != shape:
+            raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected {shape}")
+        if out.dtype not in _OUT_DTYPES or (out_dtype is not None and out.dtype != out_dtype):
+            raise TypeError(f"gemm: out dtype {out.dtype} does not match out_dtype {out_dtype}")
+        if out.device != a.device:
+            raise ValueError(f"gemm: out is on {out.device}, a on {a.device}")
+    if c is not None:
+        if not isinstance(c, torch.Tensor) or c.device != a.device:
+            raise ValueError("gemm: c must be a tensor on a's device")
+        if tuple(c.shape) != shape:
+            raise ValueError(f"gemm: c has shape {tuple(c.shape)}, expected {shape}")
+        if c.dtype not in _OUT_DTYPES:
+            raise TypeError(f"gemm: c must be float16, bfloat16 or float32, got {c.dtype}")
+    return shape
+
+
+# ---------------------------------------------------------------------------- configuration
+def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major: str,
+                  c_dtype: str, c_major: str) -> T.GemmTiles:
+    """Shape heuristic: 128x256 tiles with two consumer warpgroups for large problems; 128x128 when the
+    256-wide tiles would leave most SMs idle."""
+    sms = current_arch().sm_count
+    tiles_256 = math.ceil(m / 128) * math.ceil(n / 256) * l
+    atom_n = 256 if tiles_256 >= sms or n > 4096 else 128
+    tile_n = atom_n
+    cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 and m * n * l >= 2048 * 2048 else (1, 1)
+    mma = T.MmaTile(ab_dtype=ab, atom_n=atom_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
+    c_bytes = 4 if c_dtype == "float32" else 2
+    epi = (64, 32)
+    epi_stages = 2
+    per_stage = (128 + tile_n) * 64 * 2
+    from .blocks import stage_count
+
+    stages = stage_count(current_arch().smem_per_cta, per_stage, epi[0] * epi[1] * c_bytes * epi_stages)
+    return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
+                       epi_tile_mn=epi, epi_stages=epi_stages, c_dtype=c_dtype, c_major=c_major)
+
+
+def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
+    """Fake tensors mirroring the real ones' static facts: rank, which stride is 1, 16-B divisibility."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    from .gemm_kernel import GemmSm90
+
+    dt = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+    M, N, K, L = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+
+    def mat(dtype, rows, cols, major, tma):
+        div = 16 // (dtype.width // 8) if tma else 1
+        s = cute.sym_int(divisibility=div)
+        stride = (s, 1) if major == "row" else (1, s)
+        shape = (rows, cols)
+        if cfg.a_rank == 3:
+            shape, stride = (L, *shape), (cute.sym_int(divisibility=div), *stride)
+        return make_fake_tensor(dtype, shape, stride, assumed_align=16 if tma else dtype.width // 8)
+
+    t = cfg.tiles
+    a_major = "row" if t.mma.a_major == "k" else "col"
+    b_major = "col" if t.mma.b_major == "k" else "row"
+    d_major = "row" if t.c_major == "n" else "col"
+    a = mat(dt[ab_dtype], M, K, a_major, True)
+    b = mat(dt[ab_dtype], K, N, b_major, True)
+    d = mat(dt[d_dtype], M, N, d_major, cfg.tma_store)
+    c = mat(dt[c_dtype], M, N, "row", False) if cfg.has_c else mat(dt[d_dtype], M, N, d_major, False)
+    if cfg.has_c:  # C may have any strides: both symbolic
+        shape = (M, N) if cfg.a_rank == 2 else (L, M, N)
+        c = make_fake_tensor(dt[c_dtype], shape, tuple(cute.sym_int() for _ in shape), assumed_align=dt[c_dtype].width // 8)
+    return GemmSm90(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0))
+
+
+def compiled_gemm(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
+    from .gemm_kernel import GemmConfig  # noqa: F401  (type of cfg)
+
+    return jit.get_compiled("gemm_sm90", (cfg, ab_dtype, d_dtype, c_dtype),
+                            lambda: _fake_args(cfg, ab_dtype, d_dtype, c_dtype))
+
+
+def _warm(spec):
+    compiled_gemm(*spec)
+
+
+jit.register_warmup("gemm", _warm)
+
+
+# ---------------------------------------------------------------------------- public entry
+def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None):
+    from .gemm_kernel import GemmConfig
+
+    shape = _check(a, b, out, c, out_dtype)
+    if beta != 0.0 and c is None:
+        raise ValueError("gemm: beta != 0 needs c")
+    if out is None:
+        out = torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    l = a.shape[0] if a.dim() == 3 else 1
+    if k == 0:  # empty reduction: D = beta * C
+        out.copy_(beta * c if c is not None and beta != 0.0 else torch.zeros_like(out))
+        return out
+    a_major = _major(a, "a", "M", "K")
+    b_major = _major(b, "b", "K", "N")
+    d_major = _major(out, "out", "M", "N")
+    a, b = _canonical_strides(a, a_major), _canonical_strides(b, b_major)
+    d = _canonical_strides(out, d_major)
+    if not (_tma_ok(a, a_major) and _tma_ok(b, b_major)):
+        raise ValueError(
+            "gemm: a and b need 16-byte aligned data pointers and leading dimensions that are multiples "
+            f"of 8 elements for TMA (a strides {tuple(a.stride())}, b strides {tuple(b.stride())}); "
+            "the predicated cp.async path for such shapes is not implemented yet"
+        )
+    ab = _TORCH_TO_NAME[a.dtype]
+    d_name = _TORCH_TO_NAME[out.dtype]
+    has_c = c is not None and beta != 0.0
+    if tiles is None:
+        tiles = default_tiles(m, n, k, l, ab, "k" if a_major == "row" else "mn",
+                              "mn" if b_major == "row" else "k", d_name, "n" if d_major == "row" else "m")
+    cfg = GemmConfig(
+        tiles=tiles, a_rank=a.dim(), has_c=has_c, tma_store=_tma_ok(d, d_major),
+        max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]),
+    )
+    fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if has_c else d_name)
+    fn(a, b, d, c if has_c else d, float(alpha), float(beta))
+    return out
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, out_dtype=None,
+         alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None) -> torch.Tensor:
+    """``out = alpha * a @ b + beta * c`` on Hopper tensor cores (fp32 accumulation).
+
+    a: (M, K) or (L, M, K); b: (K, N) or (L, K, N); fp16/bf16, each row- or column-major.
+    out / out_dtype: fp16, bf16 or fp32 (default: a's dtype).  c: same shape as out, any strides.
+    Under ``torch.compile`` this goes through the ``cute_kernels::gemm`` custom op.
+    """
+    if torch.compiler.is_compiling():
+        res = torch.ops.cute_kernels.gemm(a, b, c, float(alpha), float(beta), out_dtype)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+    return _gemm_impl(a, b, out, c, alpha, beta, out_dtype)
+
+
+@torch.library.custom_op("cute_kernels::gemm", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float,
+             out_dtype: torch.dtype | None) -> torch.Tensor:
+    return _gemm_impl(a, b, None, c, alpha, beta, out_dtype)
+
+
+@_gemm_op.register_fake
+def _(a, b, c, alpha, beta, out_dtype):
+    return a.new_empty((*a.shape[:-1], b.shape[-1]), dtype=out_dtype or a.dtype)
