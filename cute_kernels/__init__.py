@@ -1,7 +1,16 @@
-"""cute-kernels: Hopper (sm_90a) kernels in the CuTe Python DSL, JIT-compiled and cached."""
+"""cute-kernels: Hopper (sm_90a) kernels in the CuTe Python DSL, JIT-compiled and cached.
+
+Public API: :func:`gemm`, :func:`decode_attn`, :func:`merge_states`, :func:`merge_state`,
+:func:`warmup`.  Kernels compile at first use for their configuration and are cached in memory and on
+disk (``CUTE_KERNELS_CACHE_DIR``).
+"""
 
 from .arch import set_dsl_arch_env
 
 set_dsl_arch_env()  # before anything imports cutlass
 
+from .gemm_host import gemm  # noqa: E402
+from .jit import warmup  # noqa: E402
+
 __version__ = "0.1.0"
+__all__ = ["gemm", "warmup"]

@@ -1,0 +1,145 @@
+"""GEMM benchmark: cute-kernels vs cuBLAS (torch.matmul) vs quack, one process, one harness.
+
+Timing: ``triton.testing.do_bench`` median (it flushes L2 between runs: cold L2).  Each figure is the
+median over ``--repeats`` interleaved rounds (every implementation timed once per shape per round),
+and each ratio is a same-round ratio to cuBLAS.  Writes JSON + a markdown table.
+
+    python3 profiles/bench_gemm.py [--quick] [--quack-tuned] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+SHAPES = [  # (M, N, K): A (M, K) row-major, B (K, N) row-major, as torch.matmul users hold them
+    (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 14336, 4096),
+    (128, 4096, 4096), (1024, 1024, 32768), (4097, 4096, 4096), (1000, 3000, 520), (4096, 4096, 4100),
+]
+LARGE = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 14336, 4096)]
+
+
+def main():
+    from triton.testing import do_bench
+
+    import cute_kernels
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="first three shapes, one round")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quack-tuned", action="store_true", help="quack with its autotuner (slow first call)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = ap.parse_args()
+    shapes = SHAPES[:3] if args.quick else SHAPES
+    repeats = 1 if args.quick else args.repeats
+
+    try:
+        from quack.gemm_interface import gemm as quack_gemm
+    except Exception as e:  # not installed here
+        print("quack unavailable:", e)
+        quack_gemm = None
+
+    dev = torch.device("cuda")
+    impls = {"cuBLAS": lambda a, b: torch.matmul(a, b), "cute-kernels": lambda a, b: cute_kernels.gemm(a, b)}
+    if quack_gemm is not None:
+        impls["quack"] = lambda a, b: quack_gemm(a, b, tuned=args.quack_tuned)
+
+    data, errors, first_call = {}, {}, {}
+    for shape in shapes:
+        m, n, k = shape
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+        ref = torch.matmul(a.float(), b.float())
+        data[shape] = (a, b)
+        for name, fn in impls.items():
+            try:
+                t0 = time.time()
+                out = fn(a, b)
+                torch.cuda.synchronize()
+                first_call[(shape, name)] = time.time() - t0
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                if not err < 2e-2:
+                    raise RuntimeError(f"wrong result: rel err {err:.3g}")
+            except Exception as e:
+                errors[(shape, name)] = f"{type(e).__name__}: {str(e)[:200]}"
+                print(f"{shape} {name}: {errors[(shape, name)]}", flush=True)
+        del ref
+
+    times = {}  # (shape, impl) -> [ms per round]
+    for r in range(repeats):
+        for shape in shapes:
+            a, b = data[shape]
+            for name, fn in impls.items():
+                if (shape, name) in errors:
+                    continue
+                ms = do_bench(lambda: fn(a, b), warmup=25, rep=100, return_mode="median")
+                times.setdefault((shape, name), []).append(ms)
+
+    rows = []
+    for shape in shapes:
+        m, n, k = shape
+        flops = 2 * m * n * k
+        row = {"shape": shape}
+        for name in impls:
+            ts = times.get((shape, name))
+            if ts:
+                row[name] = {"ms": statistics.median(ts), "tflops": flops / statistics.median(ts) / 1e9,
+                             "first_call_s": first_call.get((shape, name))}
+            else:
+                row[name] = {"error": errors.get((shape, name), "not run")}
+        base = times.get((shape, "cuBLAS"))
+        for name in impls:
+            ts = times.get((shape, name))
+            if ts and base:
+                row[name]["ratio_vs_cublas"] = statistics.median([b_ / t for b_, t in zip(base, ts)])
+        rows.append(row)
+
+    def geo(name, subset=None):
+        rs = [r[name].get("ratio_vs_cublas") for r in rows if subset is None or r["shape"] in subset]
+        rs = [x for x in rs if x]
+        return math.exp(sum(map(math.log, rs)) / len(rs)) if rs else None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(__file__)).stdout.strip()
+    except Exception:
+        commit = "?"
+    env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+           "commit": commit, "repeats": repeats, "quack_tuned": args.quack_tuned}
+    summary = {name: {"geomean_vs_cublas": geo(name), "geomean_large": geo(name, LARGE)} for name in impls}
+    lines = [f"# GEMM bf16, {env['gpu']}, {env['date']}, commit {commit}", "",
+             "| M x N x K | " + " | ".join(f"{n} TFLOP/s (x cuBLAS)" for n in impls) + " |",
+             "|---|" + "---|" * len(impls)]
+    for r in rows:
+        cells = []
+        for name in impls:
+            x = r[name]
+            cells.append(f"{x['tflops']:.0f} ({x.get('ratio_vs_cublas', 0):.2f}x)" if "tflops" in x else x["error"][:40])
+        lines.append(f"| {'x'.join(map(str, r['shape']))} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name, s in summary.items():
+        if s["geomean_vs_cublas"]:
+            lines.append(f"- {name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS, large shapes {s['geomean_large'] or 0:.3f}x")
+    text = "\n".join(lines)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"gemm-{env['date']}-{commit}")
+    with open(stem + ".json", "w") as f:
+        json.dump({"env": env, "rows": [{**r, "shape": list(r["shape"])} for r in rows], "summary": summary}, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""GEMM tests.  CPU: validation errors and sm_90a compiles with resource checks.  GPU: numerics."""
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+import cute_kernels
+from cute_kernels import gemm_host as G
+from cute_kernels.gemm_kernel import GemmConfig
+from layouts import tiles as T
+
+
+# ------------------------------------------------------------------------------------------- CPU
+def test_cpu_tensors_rejected():
+    a = torch.randn(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        cute_kernels.gemm(a, a)
+
+
+@pytest.mark.parametrize(
+    "a,b,exc,match",
+    [
+        (torch.randn(8, 8), torch.randn(8, 8), TypeError, "float16 or bfloat16"),
+        (torch.randn(8, 8, dtype=torch.half), torch.randn(8, 8, dtype=torch.bfloat16), TypeError, "same dtype"),
+        (torch.randn(8, dtype=torch.half), torch.randn(8, 8, dtype=torch.half), ValueError, "2-D"),
+    ],
+)
+def test_bad_inputs(a, b, exc, match):
+    with pytest.raises(exc, match=match):
+        cute_kernels.gemm(a, b)
+
+
+def test_major_detection():
+    x = torch.empty(64, 32)
+    assert G._major(x, "a", "M", "K") == "row"
+    assert G._major(x.t(), "a", "M", "K") == "col"
+    with pytest.raises(ValueError, match="contiguous"):
+        G._major(torch.empty(64, 64)[::2, ::2], "a", "M", "K")
+
+
+COMPILE_CASES = [
+    # (a_major, b_major, rank, has_c, tma_store, out dtype, atom_n, cluster)
+    ("k", "mn", 2, False, True, "bfloat16", 256, (2, 1)),
+    ("k", "k", 3, True, True, "float32", 128, (1, 1)),
+    ("mn", "mn", 2, False, True, "float16", 256, (1, 2)),
+    ("mn", "k", 3, False, True, "bfloat16", 128, (1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_compiles_for_sm90a(case):
+    """Each variant builds for sm_90a on the CPU: HGMMA + TMA present, no local-memory traffic."""
+    from cute_kernels import inspect as ins
+
+    am, bm, rank, has_c, tma, cd, atom_n, cluster = case
+    ab = "float16" if cd == "float16" else "bfloat16"
+    tiles = T.GemmTiles(tile_mnk=(128, atom_n, 64), cluster_mn=cluster,
+                        mma=T.MmaTile(ab_dtype=ab, atom_n=atom_n, a_major=am, b_major=bm),
+                        ab_stages=4 if atom_n == 256 else 6, c_dtype=cd)
+    cfg = GemmConfig(tiles=tiles, a_rank=rank, has_c=has_c, tma_store=tma)
+    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, cd, "bfloat16"))
+    (k,) = rep.kernels
+    assert k.instructions["HGMMA"] > 0, rep.summary()
+    assert k.instructions["UTMALDG"] > 0, rep.summary()
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+
+
+# ------------------------------------------------------------------------------------------- GPU
+def _operand(shape, major, dtype, batch=None):
+    """A (rows, cols) operand stored row- or column-major, fresh random values."""
+    rows, cols = shape
+    full = (batch, rows, cols) if batch else (rows, cols)
+    if major == "row":
+        return torch.randn(full, device="cuda", dtype=dtype)
+    t = torch.randn((*full[:-2], cols, rows), device="cuda", dtype=dtype)
+    return t.transpose(-1, -2)
+
+
+def _ref(a, b, alpha=1.0, beta=0.0, c=None):
+    r = alpha * (a.double() @ b.double())
+    if c is not None:
+        r = r + beta * c.double()
+    return r
+
+
+def _tol(dtype):
+    return 2e-2 if dtype == torch.bfloat16 else 5e-3
+
+
+SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 264), (256, 1024, 1000),
+          (131, 64, 8), (2, 4096, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("majors", list(itertools.product(["row", "col"], repeat=2)), ids=lambda m: "".join(x[0] for x in m))
+def test_gemm_shapes_majors(mnk, majors):
+    m, n, k = mnk
+    if majors[0] == "col" and m % 8 or majors[1] == "row" and n % 8:
+        pytest.skip("leading dimension not 16-byte aligned (cp.async path not implemented)")
+    a = _operand((m, k), majors[0], torch.bfloat16)
+    b = _operand((k, n), majors[1], torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    assert rel_err(out, _ref(a, b)) < _tol(out.dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemm_dtypes(in_dtype, out_dtype):
+    a = torch.randn(509, 384, device="cuda", dtype=in_dtype)
+    b = torch.randn(384, 520, device="cuda", dtype=in_dtype)
+    out = cute_kernels.gemm(a, b, out_dtype=out_dtype)
+    assert out.dtype == out_dtype
+    assert rel_err(out, _ref(a, b)) < _tol(in_dtype if out_dtype == torch.float32 else out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("majors", [("row", "row"), ("col", "col")])
+def test_gemm_batched(majors):
+    L, m, n, k = 3, 300, 264, 200
+    a = _operand((m, k), majors[0], torch.bfloat16, batch=L)
+    b = _operand((k, n), majors[1], torch.bfloat16, batch=L)
+    out = torch.full((L, m, n), float("nan"), device="cuda", dtype=torch.float32)
+    cute_kernels.gemm(a, b, out=out)
+    assert rel_err(out, _ref(a, b)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
+def test_gemm_alpha_beta(c_kind):
+    m, n, k = 333, 520, 136
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    if c_kind == "row":
+        c = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    elif c_kind == "transposed":
+        c = torch.randn(n, m, device="cuda", dtype=torch.bfloat16).t()
+    else:
+        c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    out = cute_kernels.gemm(a, b, alpha=0.5, beta=-1.25, c=c, out_dtype=torch.float32)
+    assert rel_err(out, _ref(a, b, 0.5, -1.25, c)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gemm_unaligned_out_uses_direct_store():
+    """An out view whose row stride is not a 16-byte multiple takes the predicated-store epilogue."""
+    m, n, k = 100, 250, 64
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    big = torch.full((m, 251), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[:, :n]
+    cute_kernels.gemm(a, b, out=out)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    assert torch.isnan(big[:, n]).all(), "wrote past the view"
+
+
+@pytest.mark.gpu
+def test_gemm_no_recompile_and_graph_capture():
+    from cute_kernels import jit
+
+    a = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 384, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(512, 384, device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    before = jit.stats["compiles"]
+    for m in (512, 640, 1000):  # other sizes: same config, no compile
+        cute_kernels.gemm(torch.randn(m, 256, device="cuda", dtype=torch.bfloat16), b)
+    assert jit.stats["compiles"] == before
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cute_kernels.gemm(a, b, out=out)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            cute_kernels.gemm(a, b, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    a.copy_(torch.randn_like(a))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+@pytest.mark.gpu
+def test_gemm_torch_compile():
+    a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 192, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda x, y: cute_kernels.gemm(x, y) * 2, fullgraph=True)
+    assert rel_err(f(a, b), 2 * _ref(a, b)) < 2e-2
+
+
+@pytest.mark.gpu
+def test_gemm_misaligned_pointer_error():
+    base = torch.randn(64 * 64 + 1, device="cuda", dtype=torch.bfloat16)
+    a = base[1:].view(64, 64)
+    with pytest.raises(ValueError, match="16-byte"):
+        cute_kernels.gemm(a, torch.randn(64, 64, device="cuda", dtype=torch.bfloat16))
