@@ -66,7 +66,7 @@ class MergeStatesKernel:
     The loop order is fixed, so results are bitwise reproducible.
     """
 
-    def __init__(self, dtype_in, dtype_out, head_dim: int, num_warps: int = 4, unroll: int = 4):
+    def __init__(self, dtype_in, dtype_out, head_dim: int, num_warps: int = 4, unroll: int = 8):
         self.dtype_in = dtype_in
         self.dtype_out = dtype_out
         self.head_dim = head_dim
@@ -92,7 +92,12 @@ class MergeStatesKernel:
         n_rows = mO.shape[0] * mO.shape[1] * mO.shape[2]
         grid_x = cute.ceil_div(n_rows, self.num_warps)
         self.kernel(mOp, mLp, mO, mL).launch(
-            grid=[grid_x, 1, 1], block=[32 * self.num_warps, 1, 1], stream=stream
+            grid=[grid_x, 1, 1],
+            block=[32 * self.num_warps, 1, 1],
+            stream=stream,
+            # an explicit occupancy bound: without it ptxas squeezes registers and serializes the
+            # unrolled loads (one 16-byte load in flight per lane instead of `unroll`)
+            min_blocks_per_mp=1,
         )
 
     @cute.jit
@@ -109,28 +114,64 @@ class MergeStatesKernel:
     ):
         """Merge the P parts of row (b, s, h); called by the 32 lanes of one warp."""
         num_parts = mLp.shape[0]
-        # 1) max LSE (order-independent, exact)
+        n_groups = (num_parts + 31) // 32
+        # 1) max LSE: lanes read 32 parts at a time, butterfly max (order-independent, exact)
         lse_max = -Float32.inf
-        for p in cutlass.range(num_parts, unroll=4):
-            lse_max = cute.arch.fmax(lse_max, mLp[p, b, s, h])
+        for g in cutlass.range(n_groups, unroll=1):
+            p = g * 32 + lane
+            lse_l = -Float32.inf
+            if p < num_parts:
+                lse_l = mLp[p, b, s, h]
+            lse_max = cute.arch.fmax(lse_max, lse_l)
+        lse_max = cute.arch.warp_reduction_max(lse_max)
         lse_max_safe = lse_max
         if lse_max == -Float32.inf:
             lse_max_safe = Float32(0.0)
-        # 2) weighted sum in part order
+        # 2) weighted sum in part order; lane q holds the weight of part g*32+q
         acc = cute.make_rmem_tensor((self.vec, self.chunks_per_lane), Float32)
         acc.fill(0.0)
         w_sum = Float32(0.0)
-        for p in cutlass.range(num_parts, unroll=self.unroll):
-            lse_p = mLp[p, b, s, h]
-            if lse_p != -Float32.inf:
-                w = cute.math.exp2((lse_p - lse_max_safe) * LOG2_E, fastmath=True)
-                w_sum += w
-                gOp = mOp[p, b, s, h, None]
-                for j in cutlass.range_constexpr(self.chunks_per_lane):
-                    c = lane + 32 * j
-                    if const_expr(self.chunks % 32 == 0) or c < self.chunks:
-                        v = cute.local_tile(gOp, (self.vec,), (c,)).load().to(Float32)
-                        acc[None, j].store(acc[None, j].load() + w * v)
+        for g in cutlass.range(n_groups, unroll=1):
+            p_l = g * 32 + lane
+            w_l = Float32(0.0)
+            if p_l < num_parts:
+                w_l = cute.math.exp2((mLp[p_l, b, s, h] - lse_max_safe) * LOG2_E, fastmath=True)
+            n_in_group = cutlass.min(num_parts - g * 32, 32)
+            # blocks of `unroll` parts: issue all loads first (clamped to a valid part), then FMA
+            for q0 in cutlass.range(0, n_in_group, self.unroll, unroll=1):
+                vals = cute.make_rmem_tensor((self.vec, self.chunks_per_lane, self.unroll), Float32)
+                ws = cute.make_rmem_tensor((self.unroll,), Float32)
+                # shuffles first: ptxas does not hoist loads across shfl.sync
+                for u in cutlass.range_constexpr(self.unroll):
+                    q = cutlass.min(q0 + u, n_in_group - 1)
+                    w = cute.arch.shuffle_sync(w_l, q)
+                    if q0 + u >= n_in_group:
+                        w = Float32(0.0)
+                    ws[u] = w
+                for u in cutlass.range_constexpr(self.unroll):
+                    q = cutlass.min(q0 + u, n_in_group - 1)
+                    gOp = mOp[g * 32 + q, b, s, h, None]
+                    for j in cutlass.range_constexpr(self.chunks_per_lane):
+                        c = lane + 32 * j
+                        if const_expr(self.chunks % 32 == 0):
+                            vals[None, j, u].store(
+                                cute.local_tile(gOp, (self.vec,), (c,)).load().to(Float32)
+                            )
+                        else:
+                            c = cutlass.min(c, self.chunks - 1)
+                            vals[None, j, u].store(
+                                cute.local_tile(gOp, (self.vec,), (c,)).load().to(Float32)
+                            )
+                for u in cutlass.range_constexpr(self.unroll):
+                    w = ws[u]
+                    w_sum += w
+                    for j in cutlass.range_constexpr(self.chunks_per_lane):
+                        for e in cutlass.range_constexpr(self.vec):
+                            # skip empty parts exactly (their o may hold anything, even NaN)
+                            contrib = w * vals[e, j, u]
+                            if w == 0.0:
+                                contrib = Float32(0.0)
+                            acc[e, j] = acc[e, j] + contrib
         inv = Float32(0.0)
         if w_sum > 0.0:
             inv = cute.arch.rcp_approx(w_sum)
