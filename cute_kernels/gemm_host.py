@@ -107,7 +107,7 @@ def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major
     cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 and m * n * l >= 2048 * 2048 else (1, 1)
     mma = T.MmaTile(ab_dtype=ab, atom_n=atom_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
     c_bytes = 4 if c_dtype == "float32" else 2
-    epi = (64, 32)
+    epi = (128, 32)  # the epilogue sub-tile spans both consumer warpgroups along M
     epi_stages = 2
     per_stage = (128 + tile_n) * 64 * 2
     from .blocks import stage_count
@@ -121,7 +121,7 @@ def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
     """Fake tensors mirroring the real ones' static facts: rank, which stride is 1, 16-B divisibility."""
     import cutlass
     import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .gemm_kernel import GemmSm90
 
@@ -148,7 +148,8 @@ def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
     if cfg.has_c:  # C may have any strides: both symbolic
         shape = (M, N) if cfg.a_rank == 2 else (L, M, N)
         c = make_fake_tensor(dt[c_dtype], shape, tuple(cute.sym_int() for _ in shape), assumed_align=dt[c_dtype].width // 8)
-    return GemmSm90(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0))
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)  # torch's current stream at call time
+    return GemmSm90(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0), stream)
 
 
 def compiled_gemm(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -75,7 +76,7 @@ class GemmSm90:
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
-                 alpha: cutlass.Float32, beta: cutlass.Float32):
+                 alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
         cfg = self.cfg
         t = cfg.tiles
         if cutlass.const_expr(cfg.a_rank == 3):
@@ -120,6 +121,7 @@ class GemmSm90:
             block=[self.threads, 1, 1],
             cluster=(*self.cluster_mn, 1),
             min_blocks_per_mp=1,
+            stream=stream,
         )
 
     # ---------------------------------------------------------------- device code
@@ -149,7 +151,7 @@ class GemmSm90:
         b_mask = cute.make_layout_image_mask(cluster_layout, cluster_coord, mode=0) if self.mcast_b > 1 else 0
 
         # ---- shared memory and the TMA -> wgmma pipeline
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)

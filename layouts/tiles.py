@@ -19,7 +19,8 @@ set_dsl_arch_env()
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-import cutlass.utils as utils  # noqa: E402
+import cutlass.utils as utils  # noqa: E402,F401
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
 
@@ -39,14 +40,14 @@ def dtype(name: str):
     return DTYPES[name]
 
 
-def _major_enum(major: str, *, operand: str) -> utils.LayoutEnum:
+def _major_enum(major: str, *, operand: str) -> LayoutEnum:
     """'k' or 'mn' (the operand's contiguous mode) as the DSL's LayoutEnum for A, B or C."""
     if operand == "a":
-        return utils.LayoutEnum.ROW_MAJOR if major == "k" else utils.LayoutEnum.COL_MAJOR
+        return LayoutEnum.ROW_MAJOR if major == "k" else LayoutEnum.COL_MAJOR
     if operand == "b":  # B is viewed (N, K)
-        return utils.LayoutEnum.ROW_MAJOR if major == "k" else utils.LayoutEnum.COL_MAJOR
+        return LayoutEnum.ROW_MAJOR if major == "k" else LayoutEnum.COL_MAJOR
     # C (M, N): 'n' contiguous is row-major
-    return utils.LayoutEnum.ROW_MAJOR if major == "n" else utils.LayoutEnum.COL_MAJOR
+    return LayoutEnum.ROW_MAJOR if major == "n" else LayoutEnum.COL_MAJOR
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class GemmTiles:
     cluster_mn: tuple[int, int] = (1, 1)
     mma: MmaTile = field(default_factory=MmaTile)
     ab_stages: int = 4
-    epi_tile_mn: tuple[int, int] = (64, 32)
+    epi_tile_mn: tuple[int, int] = (128, 32)  # M must span all consumer warpgroups' rows
     epi_stages: int = 2
     c_dtype: str = "bfloat16"
     c_major: str = "n"
@@ -91,6 +92,11 @@ class GemmTiles:
         wm, wn = self.mma.tile_mn
         if m % wm or n % wn:
             raise ValueError(f"CTA tile {self.tile_mnk} is not a multiple of the MMA tile {self.mma.tile_mn}")
+        if self.epi_tile_mn[0] != wm or n % self.epi_tile_mn[1]:
+            raise ValueError(
+                f"epilogue tile {self.epi_tile_mn} must span the MMA tile's {wm} rows (every consumer "
+                f"warpgroup stores its accumulators into it) and divide N={n}"
+            )
         if k % WGMMA_K_16BIT:
             raise ValueError(f"CTA tile K={k} must be a multiple of {WGMMA_K_16BIT}")
 
@@ -143,7 +149,7 @@ def make_smem_layout_epi(t: GemmTiles, stages: int | None = None):
     )
 
 
-def c_layout_enum(t: GemmTiles) -> utils.LayoutEnum:
+def c_layout_enum(t: GemmTiles) -> LayoutEnum:
     return _major_enum(t.c_major, operand="c")
 
 
