@@ -1,0 +1,1026 @@
+"""Split-k decode attention (q_len 1..16 against a long, optionally paged, KV cache) with GQA.
+
+Why split-k: at decode time there is no query parallelism, so the KV sequence of each (batch, KV head)
+is split into ``num_splits`` chunks, one CTA each; every CTA produces a partial attention state
+(fp32 output normalized within its chunk + natural-log LSE) and a combine kernel merges them exactly
+(:mod:`cute_kernels.merge`, same math as :func:`cute_kernels.merge_states`), in split order, so the
+result is bitwise deterministic.  With ``num_splits == 1`` the attention kernel writes the final output
+directly.
+
+Kernel (:class:`DecodeAttnKernel`), one CTA per (split, KV head x row block, batch):
+
+* rows = the ``G = Hq/Hkv`` query heads of one KV head times the ``Sq`` new tokens (row ``r = t*G + g``),
+  padded to ``m_tile`` (16/32/64) so every K/V byte is read once per CTA for all of them;
+* K/V tiles of ``n_tile`` tokens stream through a ``stages``-deep shared-memory ring with 16-byte
+  ``cp.async`` (swizzled, bank-conflict-free); paged caches are gathered through the block table row by
+  row (no extra pass); rows past the length are clamped to a valid row and masked;
+* tensor cores (``mma.sync`` m16n8k16, fp32 accumulation): ``S = Q K^T`` and ``O += P V`` with P kept in
+  registers; the warps split the rows (``warps_m``) and the tile's tokens (``warps_n``); each warp runs
+  its own online softmax (exp2 with ``softmax_scale*log2(e)`` folded in) and the warps' states are merged
+  through shared memory at the end;
+* bottom-right causal mask for ``Sq > 1``: token ``t`` (0-based among the new tokens) sees cache
+  positions ``<= L - Sq + t``.
+
+Lengths stay on the device: the split count and every compile-time choice come from static sizes.  In
+the default mode the kernel clamps lengths to the cache capacity and page ids to ``[0, num_pages)``, so
+bad values give wrong numbers but never out-of-bounds accesses; ``checked=True`` (or
+``CUTE_KERNELS_CHECKED=1``) validates them on the host (this synchronizes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import jit
+from .arch import current_arch
+from .merge import LN_2, LOG2_E, MergeStatesKernel
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Float32, Int32, const_expr  # noqa: E402
+from cutlass.cute.nvgpu import cpasync, warp  # noqa: E402
+
+__all__ = ["decode_attn", "DecodeConfig", "DecodeAttnKernel", "choose_num_splits", "make_config"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernel
+# ------------------------------------------------------------------------------------------------
+class DecodeAttnKernel:
+    def __init__(
+        self,
+        dtype,
+        head_dim: int,
+        m_tile: int,
+        n_tile: int,
+        stages: int,
+        num_threads: int,
+        paged: bool,
+        page_size: int,
+        causal: bool,
+        split: bool,
+        q_in_regs: bool,
+        min_blocks_per_mp: int = 1,
+    ):
+        self.dtype = dtype
+        self.D = head_dim
+        self.m_tile = m_tile
+        self.n_tile = n_tile
+        self.stages = stages
+        self.num_threads = num_threads
+        self.paged = paged
+        self.page_size = page_size
+        self.causal = causal
+        self.split = split
+        self.q_in_regs = q_in_regs
+        self.min_blocks_per_mp = min_blocks_per_mp
+        self.num_warps = num_threads // 32
+        self.warps_m = m_tile // 16
+        assert self.num_warps % self.warps_m == 0
+        self.warps_n = self.num_warps // self.warps_m
+        self.n_warp = n_tile // self.warps_n  # tokens per warp per tile
+        assert self.n_warp % 16 == 0, "each warp needs a multiple of 16 tokens per tile"
+        assert head_dim % 64 == 0
+        self.vec = 8  # 16-byte chunks of 16-bit elements
+        self.acc_stride = head_dim + 8  # fp32 row stride of the warp-merge buffer (no bank conflicts)
+
+    # ---- host side (traced) ----------------------------------------------------------------
+    def _smem_layouts(self):
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1))
+        )
+        sQ_layout = cute.tile_to_shape(atom, (self.m_tile, self.D), (0, 1))
+        sKV_layout = cute.tile_to_shape(atom, (self.n_tile, self.D, self.stages), (0, 1, 2))
+        return sQ_layout, sKV_layout
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (B, Sq, Hq, D)
+        mK: cute.Tensor,  # (B, Lmax, Hkv, D) | (num_pages, page_size, Hkv, D)
+        mV: cute.Tensor,
+        mSeqlens: cute.Tensor,  # (B,) int32
+        mBT: Optional[cute.Tensor],  # (B, pages_per_seq) int32 | None
+        mO: cute.Tensor,  # (B, Sq, Hq, D) out dtype
+        mLSE: cute.Tensor,  # (B, Hq, Sq) fp32
+        mOp: Optional[cute.Tensor],  # (P, B, Sq, Hq, D) fp32 | None (direct)
+        mLSEp: Optional[cute.Tensor],  # (P, B, Sq, Hq) fp32 | None
+        scale_log2: Float32,
+        stream,
+    ):
+        sQ_layout, sKV_layout = self._smem_layouts()
+        kv_elems = cute.cosize(sKV_layout)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, 2 * kv_elems], 1024]
+            sM: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
+            sL: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
+
+        # the fp32 warp-merge buffer reuses the K/V ring after the main loop
+        assert self.warps_n * self.m_tile * self.acc_stride * 4 <= 2 * kv_elems * self.dtype.width // 8
+
+        atom_async = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+            self.dtype,
+            num_bits_per_copy=128,
+        )
+        thr_layout = cute.make_layout((self.num_threads // 8, 8), stride=(8, 1))
+        gmem_tiled_copy = cute.make_tiled_copy_tv(atom_async, thr_layout, cute.make_layout((1, 8)))
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16)
+        )
+
+        B = mQ.shape[0]
+        Sq = mQ.shape[1]
+        Hq = mQ.shape[2]
+        Hkv = mK.shape[2]
+        G = Hq // Hkv
+        n_rb = (G * Sq + self.m_tile - 1) // self.m_tile
+        num_splits = 1
+        if const_expr(self.split):
+            num_splits = mOp.shape[0]
+        self.kernel(
+            mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, scale_log2,
+            sQ_layout, sKV_layout, gmem_tiled_copy, tiled_mma, SharedStorage,
+        ).launch(
+            grid=[num_splits, Hkv * n_rb, B],
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=self.min_blocks_per_mp,
+        )
+        if const_expr(self.split):
+            # combine: (P, B, Sq, Hq, D) -> (B, Sq, Hq, D); LSE out viewed as (B, Sq, Hq)
+            mLSE_bsh = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[0, 2, 1]))
+            MergeStatesKernel(Float32, self.dtype, self.D)(mOp, mLSEp, mO, mLSE_bsh, stream)
+
+    # ---- device side -----------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mSeqlens: cute.Tensor,
+        mBT: Optional[cute.Tensor],
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mOp: Optional[cute.Tensor],
+        mLSEp: Optional[cute.Tensor],
+        scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        gmem_tiled_copy: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, hrb, b = cute.arch.block_idx()
+        num_splits, _, _ = cute.arch.grid_dim()
+        warp_id = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        wm = warp_id % self.warps_m
+        wn = warp_id // self.warps_m
+
+        Sq = mQ.shape[1]
+        Hq = mQ.shape[2]
+        Hkv = mK.shape[2]
+        G = Hq // Hkv
+        R = G * Sq
+        n_rb = (R + self.m_tile - 1) // self.m_tile
+        hkv = hrb // n_rb
+        rb = hrb - hkv * n_rb
+
+        # ---- this CTA's range of KV tiles (lengths on the device, clamped to the capacity) ----
+        if const_expr(self.paged):
+            cap = mBT.shape[1] * self.page_size
+            num_pages = mK.shape[0]
+        else:
+            cap = mK.shape[1]
+        seqlen = cutlass.min(cutlass.max(mSeqlens[b], 0), cap)
+        n_tiles = (seqlen + self.n_tile - 1) // self.n_tile
+        tiles_per_split = (n_tiles + num_splits - 1) // num_splits
+        t_begin = split * tiles_per_split
+        t_end = cutlass.min(t_begin + tiles_per_split, n_tiles)
+        n_iter = cutlass.max(t_end - t_begin, 0)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        kv_ptr = storage.sKV.data_ptr()
+        kv_elems = cute.cosize(sKV_layout)
+        sK = cute.make_tensor(kv_ptr, sKV_layout)
+        sV = cute.make_tensor(kv_ptr + kv_elems, sKV_layout)
+        sM = storage.sM.get_tensor(cute.make_layout((self.m_tile, self.warps_n), stride=(1, self.m_tile)))
+        sL = storage.sL.get_tensor(cute.make_layout((self.m_tile, self.warps_n), stride=(1, self.m_tile)))
+        sAcc = cute.make_tensor(
+            cute.recast_ptr(kv_ptr, dtype=Float32),
+            cute.make_layout(
+                (self.m_tile, self.D, self.warps_n),
+                stride=(self.acc_stride, 1, self.m_tile * self.acc_stride),
+            ),
+        )
+
+        # per-warp state
+        thr_mma = tiled_mma.get_slice(lane)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.D)), Float32)
+        acc_O.fill(0.0)
+        acc_O_mn = self._mn_view(acc_O)
+        n_rows_thr = cute.size(acc_O_mn, mode=[0])  # 2 rows per thread
+        row_max = cute.make_rmem_tensor((n_rows_thr,), Float32)
+        row_sum = cute.make_rmem_tensor((n_rows_thr,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        if n_iter > 0:
+            gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
+            # ---- Q rows -> smem (zero rows past R) ----
+            cQ = cute.make_identity_tensor((self.m_tile, self.D))
+            tQsQ = gmem_thr_copy.partition_D(sQ)
+            tQcQ = gmem_thr_copy.partition_S(cQ)
+            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+                rr = rb * self.m_tile + tQcQ[0, m, 0][0]
+                if rr < R:
+                    t = rr // G
+                    g = rr - t * G
+                    gQrow = cute.tiled_divide(mQ[b, t, hkv * G + g, None], (self.vec,))
+                    for k in cutlass.range_constexpr(cute.size(tQsQ, mode=[2])):
+                        dst = tQsQ[None, m, k]
+                        src = gQrow[None, tQcQ[0, m, k][1] // self.vec]
+                        cute.copy(gmem_tiled_copy, cute.make_tensor(src.iterator, dst.layout), dst)
+                else:
+                    tQsQ[None, m, None].fill(0)
+            cute.arch.cp_async_commit_group()
+
+            # ---- K/V producer: each thread copies its rows of the tile (gathered per row) ----
+            cKV = cute.make_identity_tensor((self.n_tile, self.D))
+            tKsK = gmem_thr_copy.partition_D(sK)  # (CPY, CPY_N, CPY_K, stages)
+            tVsV = gmem_thr_copy.partition_D(sV)
+            tKVc = gmem_thr_copy.partition_S(cKV)
+            kv_head_K = mK[None, None, hkv, None]
+            kv_head_V = mV[None, None, hkv, None]
+
+            load_args = (gmem_tiled_copy, tKsK, tVsV, tKVc, kv_head_K, kv_head_V, mBT, b, seqlen)
+
+            # prologue: stages-1 tiles in flight
+            for s in cutlass.range_constexpr(self.stages - 1):
+                if s < n_iter:
+                    self._load_tile(*load_args, t_begin + s, s)
+                cute.arch.cp_async_commit_group()
+
+            # ---- consumer views for this warp ----
+            sQw = cute.flat_divide(sQ, (16, self.D))[None, None, wm, 0]
+            sKw = cute.flat_divide(sK, (self.n_warp, self.D))[None, None, wn, 0, None]
+            sVt = cute.composition(
+                sV,
+                cute.make_ordered_layout((self.D, self.n_tile, self.stages), order=(1, 0, 2)),
+            )
+            sVtw = cute.flat_divide(sVt, (self.D, self.n_warp))[None, None, 0, wn, None]
+
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQw))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKw[None, None, 0]))
+            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVtw[None, None, 0]))
+            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(lane)
+            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(lane)
+            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(lane)
+            tSsQ = s2r_Q.partition_S(sQw)
+            tSrQ_v = s2r_Q.retile(tSrQ)
+            tSsK = s2r_K.partition_S(sKw)
+            tSrK_v = s2r_K.retile(tSrK)
+            tOsVt = s2r_V.partition_S(sVtw)
+            tOrVt_v = s2r_V.retile(tOrVt)
+
+            # coordinates of this thread's S elements within the warp tile (row, token)
+            tScS_mn = self._mn_view(thr_mma.partition_C(cute.make_identity_tensor((16, self.n_warp))))
+            # absolute positions: the first row handled by this warp and its tokens
+            row0 = rb * self.m_tile + wm * 16
+            # causal limit per row: pos <= seqlen - Sq + t
+            row_limit = cute.make_rmem_tensor((n_rows_thr,), Int32)
+            for r in cutlass.range_constexpr(n_rows_thr):
+                lim = seqlen - 1
+                if const_expr(self.causal):
+                    t_row = (row0 + tScS_mn[r, 0][0]) // G
+                    lim = cutlass.min(seqlen - Sq + t_row, seqlen - 1)
+                row_limit[r] = lim
+
+            if const_expr(self.q_in_regs):
+                cute.arch.cp_async_wait_group(self.stages - 1)  # Q landed (committed first)
+                cute.arch.barrier()
+                cute.copy(s2r_Q, tSsQ, tSrQ_v)
+
+            for i in cutlass.range(n_iter, unroll=1):
+                tile = t_begin + i
+                stage = i % self.stages
+                # tile i landed (everything but the stages-2 newest groups), visible to all threads
+                cute.arch.cp_async_wait_group(self.stages - 2)
+                cute.arch.barrier()
+                # refill the slot consumed in iteration i-1
+                if i + self.stages - 1 < n_iter:
+                    self._load_tile(*load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages)
+                cute.arch.cp_async_commit_group()
+
+                # ---- S = Q K^T (16 x n_warp) ----
+                acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.n_warp)), Float32)
+                acc_S.fill(0.0)
+                n_k = cute.size(tSsK, mode=[2])
+                for k in cutlass.range_constexpr(n_k):
+                    if const_expr(not self.q_in_regs):
+                        cute.copy(s2r_Q, tSsQ[None, None, k], tSrQ_v[None, None, k])
+                    cute.copy(s2r_K, tSsK[None, None, k, stage], tSrK_v[None, None, k])
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+
+                # ---- mask + online softmax ----
+                acc_S_mn = self._mn_view(acc_S)
+                tok0 = tile * self.n_tile + wn * self.n_warp
+                for r in cutlass.range_constexpr(n_rows_thr):
+                    lim = row_limit[r] - tok0
+                    for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                        if tScS_mn[0, c][1] > lim:
+                            acc_S_mn[r, c] = -Float32.inf
+                    m_cur = acc_S_mn[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+                    m_cur = self._quad_max(m_cur)
+                    m_prev = row_max[r]
+                    m_new = cute.arch.fmax(m_prev, m_cur)
+                    m_scaled = m_new * scale_log2
+                    if m_new == -Float32.inf:
+                        m_scaled = Float32(0.0)
+                    p = cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - m_scaled, fastmath=True)
+                    acc_S_mn[r, None].store(p)
+                    corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+                    row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+                    row_max[r] = m_new
+                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * corr)
+
+                # ---- O += P V ----
+                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                tOrP = cute.make_tensor(rP.iterator, self._frgA_layout(rP.layout))
+                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                    cute.copy(s2r_V, tOsVt[None, None, k, stage], tOrVt_v[None, None, k])
+                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()  # everyone is done with the K/V ring: reuse it as sAcc
+
+        # ---- per-warp state -> smem (row sums reduced over the quad) ----
+        # this warp's 16 rows
+        sAccw = cute.flat_divide(sAcc[None, None, wn], (16, self.D))[None, None, wm, 0]
+        tAcc = thr_mma.partition_C(sAccw)
+        cute.autovec_copy(acc_O, tAcc)
+        tScS0 = self._mn_view(thr_mma.partition_C(cute.make_identity_tensor((16, self.D))))
+        for r in cutlass.range_constexpr(n_rows_thr):
+            l = self._quad_sum(row_sum[r])
+            if lane % 4 == 0:
+                rloc = wm * 16 + tScS0[r, 0][0]
+                sM[rloc, wn] = row_max[r]
+                sL[rloc, wn] = l
+        cute.arch.barrier()
+
+        # ---- merge the warps_n states per row and write (coalesced, 4 fp32 per thread) ----
+        vec_o = 4
+        chunks = self.D // vec_o
+        total = self.m_tile * chunks
+        for it in cutlass.range_constexpr((total + self.num_threads - 1) // self.num_threads):
+            idx = tidx + it * self.num_threads
+            if const_expr(total % self.num_threads == 0) or idx < total:
+                r = idx // chunks
+                c = idx - r * chunks
+                rr = rb * self.m_tile + r
+                if rr < R:
+                    m_all = -Float32.inf
+                    for w in cutlass.range_constexpr(self.warps_n):
+                        m_all = cute.arch.fmax(m_all, sM[r, w])
+                    m_all_s = m_all * scale_log2
+                    if m_all == -Float32.inf:
+                        m_all_s = Float32(0.0)
+                    l_all = Float32(0.0)
+                    o = cute.make_rmem_tensor((vec_o,), Float32)
+                    o.fill(0.0)
+                    for w in cutlass.range_constexpr(self.warps_n):
+                        e = cute.math.exp2(sM[r, w] * scale_log2 - m_all_s, fastmath=True)
+                        l_all += e * sL[r, w]
+                        v = cute.local_tile(sAcc[r, None, w], (vec_o,), (c,)).load()
+                        o.store(o.load() + e * v)
+                    inv = Float32(0.0)
+                    if l_all > 0.0:
+                        inv = 1.0 / l_all
+                    o.store(o.load() * inv)
+                    lse = -Float32.inf
+                    if l_all > 0.0:
+                        lse = (m_all_s + cute.math.log2(l_all, fastmath=False)) * LN_2
+                    t = rr // G
+                    g = rr - t * G
+                    hq = hkv * G + g
+                    if const_expr(self.split):
+                        dst = cute.local_tile(mOp[split, b, t, hq, None], (vec_o,), (c,))
+                        dst.store(o.load())
+                        if c == 0:
+                            mLSEp[split, b, t, hq] = lse
+                    else:
+                        dst = cute.local_tile(mO[b, t, hq, None], (vec_o,), (c,))
+                        dst.store(o.load().to(mO.element_type))
+                        if c == 0:
+                            mLSE[b, hq, t] = lse
+
+    # ---- helpers ------------------------------------------------------------------------
+    @cute.jit
+    def _load_tile(
+        self,
+        gmem_tiled_copy: cute.TiledCopy,
+        tKsK: cute.Tensor,
+        tVsV: cute.Tensor,
+        tKVc: cute.Tensor,
+        kv_head_K: cute.Tensor,
+        kv_head_V: cute.Tensor,
+        mBT: Optional[cute.Tensor],
+        b: Int32,
+        seqlen: Int32,
+        tile: Int32,
+        stage: Int32,
+    ):
+        """cp.async this thread's rows of K/V tile `tile` into ring slot `stage`.
+
+        Rows past the length are clamped to the last valid row (masked later); paged rows are looked
+        up in the block table one by one and page ids clamped to [0, num_pages)."""
+        for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+            pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
+            if const_expr(self.paged):
+                page_idx = pos // self.page_size
+                page = mBT[b, page_idx]
+                page = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
+                off = pos - page_idx * self.page_size
+                gKrow = cute.tiled_divide(kv_head_K[page, off, None], (self.vec,))
+                gVrow = cute.tiled_divide(kv_head_V[page, off, None], (self.vec,))
+            else:
+                gKrow = cute.tiled_divide(kv_head_K[b, pos, None], (self.vec,))
+                gVrow = cute.tiled_divide(kv_head_V[b, pos, None], (self.vec,))
+            for k in cutlass.range_constexpr(cute.size(tKsK, mode=[2])):
+                c = tKVc[0, m, k][1] // self.vec
+                dK = tKsK[None, m, k, stage]
+                srcK = gKrow[None, c]
+                cute.copy(gmem_tiled_copy, cute.make_tensor(srcK.iterator, dK.layout), dK)
+                dV = tVsV[None, m, k, stage]
+                srcV = gVrow[None, c]
+                cute.copy(gmem_tiled_copy, cute.make_tensor(srcV.iterator, dV.layout), dV)
+
+    @staticmethod
+    def _mn_view(t: cute.Tensor) -> cute.Tensor:
+        """((2,2), MMA_M, MMA_N) accumulator -> ((2, MMA_M), (2, MMA_N)) row/column view."""
+        lay = cute.make_layout(t.layout.shape)
+        mn = cute.make_layout(
+            ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
+            stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])),
+        )
+        return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
+
+    @staticmethod
+    def _frgA_layout(acc_layout):
+        """(4, MMA_M, MMA_N) accumulator of m16n8 -> ((4, 2), MMA_M, MMA_N/2) A fragment of m16n8k16."""
+        l = cute.logical_divide(acc_layout, (None, None, 2))
+        return cute.make_layout(
+            ((l.shape[0], l.shape[2][0]), l.shape[1], l.shape[2][1]),
+            stride=((l.stride[0], l.stride[2][0]), l.stride[1], l.stride[2][1]),
+        )
+
+    @staticmethod
+    def _quad_max(v):
+        v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=2))
+        return cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1))
+
+    @staticmethod
+    def _quad_sum(v):
+        v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
+        return v + cute.arch.shuffle_sync_bfly(v, offset=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration, compile cache
+# ------------------------------------------------------------------------------------------------
+_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything the compiled decode kernel specializes on (lengths, batch, heads, splits are not)."""
+
+    dtype: str  # "float16" | "bfloat16"
+    head_dim: int  # 64 | 128 | 256
+    m_tile: int  # 16 | 32 | 64 rows (query heads x new tokens) per CTA
+    n_tile: int  # KV tokens per pipeline stage
+    stages: int
+    num_threads: int
+    paged: bool
+    page_size: int  # 0 when not paged
+    causal: bool
+    split: bool  # False: num_splits == 1, write the output directly
+    q_in_regs: bool
+    min_blocks_per_mp: int = 1
+
+
+def _cdtype(name):
+    return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[name]
+
+
+def _decode_builder(cfg: DecodeConfig):
+    def build():
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+        dt = _cdtype(cfg.dtype)
+        D = cfg.head_dim
+        s64 = cute.sym_int64
+        B, Sq, Hq, Hkv = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+        mQ = make_fake_tensor(
+            dt, (B, Sq, Hq, D), (s64(divisibility=8), s64(divisibility=8), s64(divisibility=8), 1),
+            assumed_align=16,
+        )
+        if cfg.paged:
+            NP = cute.sym_int()
+            kv_shape = (NP, cfg.page_size, Hkv, D)
+        else:
+            kv_shape = (B, cute.sym_int(), Hkv, D)
+        mK = make_fake_tensor(
+            dt, kv_shape, (s64(divisibility=8), s64(divisibility=8), s64(divisibility=8), 1), assumed_align=16
+        )
+        mV = make_fake_tensor(
+            dt, kv_shape, (s64(divisibility=8), s64(divisibility=8), s64(divisibility=8), 1), assumed_align=16
+        )
+        mSeq = make_fake_compact_tensor(cutlass.Int32, (B,), assumed_align=4)
+        mBT = None
+        if cfg.paged:
+            mBT = make_fake_tensor(cutlass.Int32, (B, cute.sym_int()), (s64(), 1), assumed_align=4)
+        mO = make_fake_compact_tensor(dt, (B, Sq, Hq, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
+        mOp = mLSEp = None
+        if cfg.split:
+            P = cute.sym_int()
+            mOp = make_fake_compact_tensor(
+                cutlass.Float32, (P, B, Sq, Hq, D), stride_order=(4, 3, 2, 1, 0), assumed_align=16
+            )
+            mLSEp = make_fake_compact_tensor(
+                cutlass.Float32, (P, B, Sq, Hq), stride_order=(3, 2, 1, 0), assumed_align=4
+            )
+        k = DecodeAttnKernel(
+            dt, D, cfg.m_tile, cfg.n_tile, cfg.stages, cfg.num_threads, cfg.paged, cfg.page_size,
+            cfg.causal, cfg.split, cfg.q_in_regs, cfg.min_blocks_per_mp,
+        )
+        return k, (
+            mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, Float32(1.0),
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+        )
+
+    return build
+
+
+def get_decode_kernel(cfg: DecodeConfig):
+    return jit.get_compiled("decode_attn", cfg, _decode_builder(cfg))
+
+
+jit.register_warmup("decode_attn", get_decode_kernel)
+
+
+# ------------------------------------------------------------------------------------------------
+# host side: config heuristic, split count, validation
+# ------------------------------------------------------------------------------------------------
+#: set by benchmarks / tuning (``with override_config(...)``); None = heuristic
+_CONFIG_OVERRIDE: dict | None = None
+
+
+class override_config:
+    """Context manager forcing tile parameters (keys of DecodeConfig: n_tile, stages, num_threads,
+    min_blocks_per_mp) for tuning runs."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def __enter__(self):
+        global _CONFIG_OVERRIDE
+        self.prev = _CONFIG_OVERRIDE
+        _CONFIG_OVERRIDE = dict(self.kw)
+        return self
+
+    def __exit__(self, *exc):
+        global _CONFIG_OVERRIDE
+        _CONFIG_OVERRIDE = self.prev
+
+
+def _m_tile_for(rows: int) -> int:
+    return 16 if rows <= 16 else (32 if rows <= 32 else 64)
+
+
+def make_config(
+    dtype: torch.dtype,
+    head_dim: int,
+    rows: int,
+    paged: bool,
+    page_size: int,
+    causal: bool,
+    split: bool,
+) -> DecodeConfig:
+    """Tile choice from static facts only.  ``rows`` = (Hq/Hkv) * Sq."""
+    m_tile = _m_tile_for(rows)
+    num_threads = 128
+    warps_n = (num_threads // 32) // (m_tile // 16)
+    # ~32 KB of K+V per stage (64 tokens at D=128), at least 16 tokens per warp; fewer tokens per
+    # warp at D=256 with one warp column (registers); a ~128 KB ring
+    n_tile = max(8192 // head_dim, 16 * warps_n)
+    if warps_n == 1:
+        n_tile = 32 if head_dim == 256 else 64
+    stages = max(2, min(4, (128 * 1024) // (n_tile * 4 * head_dim)))
+    kw = dict(n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1)
+    if _CONFIG_OVERRIDE:
+        kw.update(_CONFIG_OVERRIDE)
+    # the warps split the rows first; every warp needs >= 16 tokens of the tile
+    warps = kw["num_threads"] // 32
+    warps_m = m_tile // 16
+    if warps % warps_m != 0 or (kw["n_tile"] // (warps // warps_m)) % 16 != 0:
+        raise ValueError(f"decode_attn: tile config {kw} does not fit m_tile={m_tile}")
+    return DecodeConfig(
+        dtype=_DTYPES[dtype],
+        head_dim=head_dim,
+        m_tile=m_tile,
+        n_tile=kw["n_tile"],
+        stages=kw["stages"],
+        num_threads=kw["num_threads"],
+        paged=paged,
+        page_size=page_size if paged else 0,
+        causal=causal,
+        split=split,
+        q_in_regs=head_dim <= 128,
+        min_blocks_per_mp=kw["min_blocks_per_mp"],
+    )
+
+
+def smem_bytes(cfg: DecodeConfig) -> int:
+    el = 2
+    q = cfg.m_tile * cfg.head_dim * el
+    kv = 2 * cfg.n_tile * cfg.head_dim * cfg.stages * el
+    warps_n = (cfg.num_threads // 32) // (cfg.m_tile // 16)
+    return 1024 + q + kv + 2 * 4 * warps_n * cfg.m_tile + 2048
+
+
+def ctas_per_sm(cfg: DecodeConfig) -> int:
+    arch = current_arch()
+    by_smem = max(1, arch.smem_per_cta // smem_bytes(cfg))
+    by_regs = max(1, 65536 // (255 * cfg.num_threads))  # assume the worst register count
+    return max(1, min(by_smem, by_regs, 8))
+
+
+def choose_num_splits(
+    batch: int, heads_kv: int, row_blocks: int, capacity: int, n_tile: int, sm_count: int, per_sm: int
+) -> int:
+    """Split count from static sizes: fill the SMs with whole waves, keep chunks long.
+
+    Model: time(s) = waves(s) * (tiles per split + fixed cost of a CTA) + (s > 1) * combine cost,
+    waves(s) = ceil(batch*heads_kv*row_blocks*s / (SMs * CTAs per SM)); costs in tiles."""
+    tiles = max(1, -(-capacity // n_tile))
+    base = batch * heads_kv * row_blocks
+    slots = sm_count * per_sm
+    cta_cost, combine_cost = 3.0, 3.0
+    best, best_t = 1, None
+    max_s = min(256, tiles, max(1, 4 * -(-slots // base)))
+    for s in range(1, max_s + 1):
+        waves = -(-(base * s) // slots)
+        t = waves * (-(-tiles // s) + cta_cost) + (combine_cost if s > 1 else 0.0)
+        if best_t is None or t < best_t - 1e-9:
+            best, best_t = s, t
+    return best
+
+
+def workspace_numel(num_splits: int, batch: int, seqlen_q: int, heads_q: int, head_dim: int) -> int:
+    """float32 elements of a decode workspace: partial outputs and partial LSEs of every split."""
+    if num_splits <= 1:
+        return 1
+    return num_splits * batch * seqlen_q * heads_q * (head_dim + 1)
+
+
+def _checked_default(checked: Optional[bool]) -> bool:
+    if checked is not None:
+        return bool(checked)
+    return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
+
+
+def _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace):
+    def err(cls, msg):
+        raise cls(f"decode_attn: {msg}")
+
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            err(TypeError, f"{name} must be a tensor")
+    if q.dim() != 4:
+        err(ValueError, f"q must be (batch, seqlen_q, heads_q, head_dim), got shape {tuple(q.shape)}")
+    B, Sq, Hq, D = q.shape
+    if q.dtype not in _DTYPES:
+        err(TypeError, f"q must be float16 or bfloat16, got {q.dtype}")
+    if not 1 <= Sq <= 16:
+        err(ValueError, f"seqlen_q must be in 1..16 (decode / speculative verification), got {Sq}")
+    if D not in (64, 128, 256):
+        err(ValueError, f"head_dim must be 64, 128 or 256, got {D}")
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        err(ValueError, f"k_cache/v_cache must be 4-d, got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    if k_cache.shape != v_cache.shape:
+        err(ValueError, f"k_cache and v_cache shapes differ: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        err(TypeError, f"k_cache/v_cache dtype ({k_cache.dtype}/{v_cache.dtype}) must equal q's ({q.dtype})")
+    Hkv = k_cache.shape[2]
+    if k_cache.shape[3] != D:
+        err(ValueError, f"cache head_dim {k_cache.shape[3]} != q head_dim {D}")
+    if Hkv < 1 or Hq % Hkv != 0:
+        err(ValueError, f"heads_q ({Hq}) must be a multiple of heads_kv ({Hkv})")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got stride {t.stride()}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.data_ptr() % 16 != 0 or any(s % 8 != 0 for s in t.stride()[:-1]):
+            err(ValueError, f"{name} rows must be 16-byte aligned (strides multiple of 8 elements), got {t.stride()}")
+    devs = {t.device for t in (q, k_cache, v_cache, cache_seqlens)}
+    if block_table is not None:
+        devs.add(block_table.device)
+    if len(devs) != 1:
+        err(ValueError, f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    if cache_seqlens.dtype != torch.int32:
+        err(TypeError, f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
+    if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != B:
+        err(ValueError, f"cache_seqlens must be ({B},), got {tuple(cache_seqlens.shape)}")
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            err(ValueError, f"contiguous cache batch ({k_cache.shape[0]}) != q batch ({B})")
+    else:
+        if block_table.dtype != torch.int32:
+            err(TypeError, f"block_table must be int32, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != B:
+            err(ValueError, f"block_table must be ({B}, pages_per_seq), got {tuple(block_table.shape)}")
+        if block_table.shape[1] < 1:
+            err(ValueError, "block_table needs at least one page column")
+        if block_table.stride(-1) != 1:
+            err(ValueError, "block_table must be contiguous along pages")
+        ps = k_cache.shape[1]
+        if not 1 <= ps <= 1024:
+            err(ValueError, f"page_size must be in 1..1024, got {ps}")
+    if out is not None:
+        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
+            err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
+    if workspace is not None:
+        if workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.device != q.device:
+            err(ValueError, "workspace must be a contiguous float32 tensor on q's device")
+        if workspace.data_ptr() % 16 != 0:
+            err(ValueError, "workspace must be 16-byte aligned")
+
+
+def _capacity(k_cache, block_table) -> int:
+    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+
+
+def _check_device_values(k_cache, cache_seqlens, block_table):
+    """Checked mode: validate lengths and page ids (synchronizes with the device)."""
+    cap = _capacity(k_cache, block_table)
+    lens = cache_seqlens.detach().to("cpu", torch.int64)
+    if lens.numel() and int(lens.min()) < 0:
+        raise ValueError(f"decode_attn: negative cache_seqlens: {lens.tolist()}")
+    if lens.numel() and int(lens.max()) > cap:
+        what = "Lmax" if block_table is None else "block_table width x page_size"
+        raise ValueError(
+            f"decode_attn: cache_seqlens (max {int(lens.max())}) exceed the cache capacity {cap} ({what})"
+        )
+    if block_table is not None:
+        ps = k_cache.shape[1]
+        bt = block_table.detach().to("cpu", torch.int64)
+        for b, L in enumerate(lens.tolist()):
+            used = bt[b, : -(-L // ps)]
+            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0]):
+                raise ValueError(
+                    f"decode_attn: block_table[{b}] has page ids outside [0, {k_cache.shape[0]}) "
+                    f"among its first {used.numel()} pages: {used.tolist()}"
+                )
+
+
+def _plan(q, k_cache, block_table, num_splits, causal):
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    rows = (Hq // Hkv) * Sq
+    paged = block_table is not None
+    page_size = k_cache.shape[1] if paged else 0
+    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False)
+    if num_splits is None:
+        row_blocks = -(-rows // cfg1.m_tile)
+        num_splits = choose_num_splits(
+            B, Hkv, row_blocks, _capacity(k_cache, block_table), cfg1.n_tile,
+            current_arch().sm_count, ctas_per_sm(cfg1),
+        )
+    num_splits = int(num_splits)
+    if num_splits < 1:
+        raise ValueError(f"decode_attn: num_splits must be >= 1, got {num_splits}")
+    cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal, split=True)
+    return cfg, num_splits
+
+
+def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
+    """Launch on CUDA tensors; out (B,Sq,Hq,D), lse (B,Hq,Sq) fp32 are written."""
+    B, Sq, Hq, D = q.shape
+    cfg, P = _plan(q, k_cache, block_table, num_splits, causal)
+    fn = get_decode_kernel(cfg)
+    if q.stride(-1) != 1 or any(s % 8 != 0 for s in q.stride()[:-1]) or q.data_ptr() % 16 != 0:
+        q = q.contiguous()
+    scale_log2 = float(softmax_scale) * LOG2_E
+    if P == 1:
+        fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, None, scale_log2)
+        return
+    rows = B * Sq * Hq
+    need = P * rows * (D + 1)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+    elif workspace.numel() < need:
+        raise ValueError(
+            f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
+            f"(num_splits={P}); see decode_attn_workspace()"
+        )
+    o_part = workspace[: P * rows * D].view(P, B, Sq, Hq, D)
+    lse_part = workspace[P * rows * D : need].view(P, B, Sq, Hq)
+    fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, scale_log2)
+
+
+def decode_attn_workspace(
+    q: torch.Tensor, num_splits: int
+) -> torch.Tensor:
+    """A workspace for ``decode_attn(..., num_splits=num_splits, workspace=ws)`` (CUDA-graph friendly)."""
+    B, Sq, Hq, D = q.shape
+    return torch.empty(
+        workspace_numel(num_splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# float32 torch reference (CPU path and tests)
+# ------------------------------------------------------------------------------------------------
+def decode_attn_reference(
+    q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None
+):
+    """Float32 reference: returns (out float32 (B,Sq,Hq,D), lse float32 (B,Hq,Sq), natural log)."""
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    G = Hq // Hkv
+    scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+    out = torch.zeros(B, Sq, Hq, D, dtype=torch.float32, device=q.device)
+    lse = torch.full((B, Hq, Sq), float("-inf"), dtype=torch.float32, device=q.device)
+    lens = cache_seqlens.to("cpu", torch.int64).tolist()
+    for b in range(B):
+        L = int(lens[b])
+        if L <= 0:
+            continue
+        if block_table is None:
+            kb, vb = k_cache[b, :L], v_cache[b, :L]
+        else:
+            ps = k_cache.shape[1]
+            pages = block_table[b, : -(-L // ps)].long()
+            kb = k_cache[pages].reshape(-1, Hkv, D)[:L]
+            vb = v_cache[pages].reshape(-1, Hkv, D)[:L]
+        kb = kb.float().repeat_interleave(G, dim=1)  # (L, Hq, D)
+        vb = vb.float().repeat_interleave(G, dim=1)
+        qb = q[b].float()  # (Sq, Hq, D)
+        s = torch.einsum("thd,lhd->htl", qb, kb) * scale  # (Hq, Sq, L)
+        if causal:
+            pos = torch.arange(L, device=q.device)
+            lim = L - Sq + torch.arange(Sq, device=q.device)  # (Sq,)
+            s = s.masked_fill(pos[None, None, :] > lim[None, :, None], float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        p = torch.exp(s - m)
+        l = p.sum(-1, keepdim=True)
+        o = torch.einsum("htl,lhd->thd", p / torch.where(l > 0, l, torch.ones_like(l)), vb)
+        out[b] = o
+        lse[b] = (m + torch.log(l)).squeeze(-1)
+    return out, lse
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library ops and the public function
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op(
+    "cute_kernels::decode_attn_", mutates_args=("out", "lse", "workspace"), device_types=None
+)
+def _decode_attn_out_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    workspace: Optional[torch.Tensor],
+    num_splits: int,
+    causal: bool,
+    softmax_scale: float,
+) -> None:
+    if q.device.type != "cuda":
+        o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale)
+        out.copy_(o.to(out.dtype))
+        lse.copy_(l)
+        return
+    _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale)
+
+
+@_decode_attn_out_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
+    return None
+
+
+@torch.library.custom_op("cute_kernels::decode_attn", mutates_args=())
+def _decode_attn_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    num_splits: int,
+    causal: bool,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, Sq, Hq, D = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, num_splits, causal, softmax_scale)
+    return out, lse
+
+
+@_decode_attn_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softmax_scale):
+    B, Sq, Hq, D = q.shape
+    return (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        q.new_empty((B, Hq, Sq), dtype=torch.float32),
+    )
+
+
+def decode_attn(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor] = None,
+    num_splits: Optional[int] = None,
+    causal: bool = True,
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    out: Optional[torch.Tensor] = None,
+    workspace: Optional[torch.Tensor] = None,
+    checked: Optional[bool] = None,
+):
+    """Decode attention of 1..16 new tokens per sequence against a KV cache (split-k, GQA, paged).
+
+    Args:
+        q: (B, Sq, Hq, D) float16/bfloat16, 1 <= Sq <= 16, D in {64, 128, 256}, head dim contiguous.
+        k_cache, v_cache: contiguous layout (B, Lmax, Hkv, D), or paged (num_pages, page_size, Hkv, D)
+            with ``block_table``; rows 16-byte aligned; Hq a multiple of Hkv (GQA/MQA).
+        cache_seqlens: (B,) int32, every cached token *including* the Sq new ones (0 allowed: the
+            output is 0 and the LSE -inf).  They stay on the device (no host sync).
+        block_table: (B, pages_per_seq) int32 page ids, or None for the contiguous layout.
+        num_splits: KV splits per (batch, KV head); None picks from SM count, batch, heads and the
+            static capacity (Lmax or pages_per_seq * page_size), never from the lengths; 1 disables
+            splitting.  A fixed value with ``workspace`` is CUDA-graph capturable.
+        causal: bottom-right causal among the new tokens (token t sees positions <= L - Sq + t).
+        softmax_scale: default D ** -0.5.
+        return_lse: also return the (B, Hq, Sq) float32 natural-log LSE.
+        out: optional (B, Sq, Hq, D) contiguous output buffer.
+        workspace: optional float32 buffer of at least ``workspace_numel(num_splits, B, Sq, Hq, D)``
+            elements (:func:`decode_attn_workspace`).
+        checked: validate device values (lengths within the capacity, page ids in range) on the host;
+            this synchronizes.  Default: env ``CUTE_KERNELS_CHECKED``.  Unchecked, bad values give
+            wrong results but never out-of-bounds memory accesses (lengths and page ids are clamped).
+
+    Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.
+    """
+    _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace)
+    B, Sq, Hq, D = q.shape
+    scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if _checked_default(checked):
+        _check_device_values(k_cache, cache_seqlens, block_table)
+    if q.device.type == "cuda":
+        _, P = _plan(q, k_cache, block_table, num_splits, causal)
+    else:
+        P = 1 if num_splits is None else int(num_splits)
+        if P < 1:
+            raise ValueError(f"decode_attn: num_splits must be >= 1, got {P}")
+    if out is None and workspace is None:
+        o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, P, causal, scale)
+        return (o, lse) if return_lse else o
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if workspace is not None:
+        need = workspace_numel(P, B, Sq, Hq, D)
+        if workspace.numel() < need:
+            raise ValueError(
+                f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
+                f"(num_splits={P}); see decode_attn_workspace()"
+            )
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, P, causal, scale)
+    return (out, lse) if return_lse else out
