@@ -166,28 +166,62 @@ def _warm(spec):
 jit.register_warmup("gemm", _warm)
 
 
+# ---------------------------------------------------------------------------- split-K
+def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles) -> int:
+    """Pure Python: how many K slices to run as a batch so that the output tiles fill the SMs.
+
+    Only used when the tiles cannot fill half the SMs, K divides into whole 64-wide k-tiles per slice,
+    and each slice keeps at least 8 k-tiles to stream (the partials cost an fp32 write + read).
+    """
+    sms = current_arch().sm_count
+    tm, tn, tk = tiles.tile_mnk
+    n_tiles = math.ceil(m / tm) * math.ceil(n / tn) * l
+    if l != 1 or n_tiles * 2 > sms:
+        return 1
+    best = 1
+    for s in range(2, 17):
+        if k % (tk * s) == 0 and k // s >= 8 * tk and n_tiles * s <= sms:
+            best = s
+    return best
+
+
 # ---------------------------------------------------------------------------- public entry
-def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None):
+class _Plan:
+    """Everything decided for one (shapes, strides, dtypes, alignment) signature: reused per call."""
+
+    __slots__ = ("fn", "shape", "out_dtype", "splits", "reduce_fn", "a_fix", "b_fix", "d_fix", "has_c", "k0")
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _signature(a, b, out, c, beta, out_dtype):
+    ptr_bits = (a.data_ptr() | b.data_ptr() | (out.data_ptr() if out is not None else 0)) & 15
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype, ptr_bits,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            None if c is None else (c.shape, c.stride(), c.dtype, c.device), beta != 0.0)
+
+
+def _make_plan(a, b, out, c, beta, out_dtype, tiles=None) -> _Plan:
     from .gemm_kernel import GemmConfig
 
     shape = _check(a, b, out, c, out_dtype)
     if beta != 0.0 and c is None:
         raise ValueError("gemm: beta != 0 needs c")
-    if out is None:
-        out = torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
-    if out.numel() == 0:
-        return out
+    p = _Plan()
+    p.shape, p.has_c, p.splits, p.reduce_fn, p.fn = shape, c is not None and beta != 0.0, 1, None, None
+    p.out_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
     l = a.shape[0] if a.dim() == 3 else 1
-    if k == 0:  # empty reduction: D = beta * C
-        out.copy_(beta * c if c is not None and beta != 0.0 else torch.zeros_like(out))
-        return out
+    p.k0 = k == 0 or m == 0 or n == 0
+    if p.k0:
+        return p
     a_major = _major(a, "a", "M", "K")
     b_major = _major(b, "b", "K", "N")
-    d_major = _major(out, "out", "M", "N")
-    a, b = _canonical_strides(a, a_major), _canonical_strides(b, b_major)
-    d = _canonical_strides(out, d_major)
+    # canonical-stride fixes are views; remember whether this signature needs them
+    p.a_fix = a_major if _canonical_strides(a, a_major) is not a else None
+    p.b_fix = b_major if _canonical_strides(b, b_major) is not b else None
     if not (_tma_ok(a, a_major) and _tma_ok(b, b_major)):
         raise ValueError(
             "gemm: a and b need 16-byte aligned data pointers and leading dimensions that are multiples "
@@ -195,17 +229,67 @@ def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None):
             "the predicated cp.async path for such shapes is not implemented yet"
         )
     ab = _TORCH_TO_NAME[a.dtype]
-    d_name = _TORCH_TO_NAME[out.dtype]
-    has_c = c is not None and beta != 0.0
+    d_name = _TORCH_TO_NAME[p.out_dtype]
     if tiles is None:
         tiles = default_tiles(m, n, k, l, ab, "k" if a_major == "row" else "mn",
-                              "mn" if b_major == "row" else "k", d_name, "n" if d_major == "row" else "m")
+                              "mn" if b_major == "row" else "k", d_name, "n")
+    p.splits = split_k_factor(m, n, k, l, tiles)
+    if p.splits > 1:
+        # partials: a batched GEMM over K slices into an fp32 (S, M, N) workspace, then one reduce
+        tiles = T.GemmTiles(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, mma=tiles.mma,
+                            ab_stages=tiles.ab_stages, epi_tile_mn=tiles.epi_tile_mn,
+                            epi_stages=tiles.epi_stages, c_dtype="float32", c_major="n")
+        cfg = GemmConfig(tiles=tiles, a_rank=3, has_c=False, tma_store=True,
+                         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]))
+        p.fn = compiled_gemm(cfg, ab, "float32", "float32")
+        from .splitk_reduce import compiled_reduce
+
+        p.reduce_fn = compiled_reduce(d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else None)
+        p.d_fix = None
+        return p
+    probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
+    d_major = _major(probe, "out", "M", "N")
+    p.d_fix = d_major if _canonical_strides(probe, d_major) is not probe else None
+    if d_major == "col":
+        tiles = T.GemmTiles(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, mma=tiles.mma,
+                            ab_stages=tiles.ab_stages, epi_tile_mn=tiles.epi_tile_mn,
+                            epi_stages=tiles.epi_stages, c_dtype=d_name, c_major="m")
     cfg = GemmConfig(
-        tiles=tiles, a_rank=a.dim(), has_c=has_c, tma_store=_tma_ok(d, d_major),
+        tiles=tiles, a_rank=a.dim(), has_c=p.has_c, tma_store=_tma_ok(probe, d_major),
         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]),
     )
-    fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if has_c else d_name)
-    fn(a, b, d, c if has_c else d, float(alpha), float(beta))
+    p.fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
+    return p
+
+
+def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None):
+    sig = _signature(a, b, out, c, beta, out_dtype)
+    p = _plans.get(sig) if tiles is None else None
+    if p is None:
+        p = _make_plan(a, b, out, c, beta, out_dtype, tiles)
+        if tiles is None:
+            _plans[sig] = p
+    if out is None:
+        out = torch.empty(p.shape, dtype=p.out_dtype, device=a.device)
+    if p.k0:
+        if out.numel():
+            out.copy_(beta * c if p.has_c else torch.zeros_like(out))
+        return out
+    if p.a_fix:
+        a = _canonical_strides(a, p.a_fix)
+    if p.b_fix:
+        b = _canonical_strides(b, p.b_fix)
+    if p.splits > 1:
+        s = p.splits
+        kc = a.shape[-1] // s
+        a3 = a.unflatten(-1, (s, kc)).movedim(-2, 0)  # (S, M, Kc): a view
+        b3 = b.unflatten(0, (s, kc))  # (S, Kc, N)
+        ws = torch.empty((s, *p.shape), dtype=torch.float32, device=a.device)
+        p.fn(a3, b3, ws, ws, 1.0, 0.0)
+        p.reduce_fn(ws, out, c if p.has_c else out, float(alpha), float(beta))
+        return out
+    d = _canonical_strides(out, p.d_fix) if p.d_fix else out
+    p.fn(a, b, d, c if p.has_c else d, float(alpha), float(beta))
     return out
 
 

@@ -234,8 +234,13 @@ class GemmSm90:
         # epilogue: registers -> smem (stmatrix for 16-bit D) -> TMA store
         epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
         c_layout = T.c_layout_enum(t)
-        r2s_atom = sm90_utils.get_smem_store_op(c_layout, self.c_dtype, self.acc_dtype)  # stmatrix if 16-bit
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(r2s_atom, tiled_mma))
+        # The thread->element map of the copy comes from a 16-bit stmatrix atom over the MMA's C layout
+        # (for any D width); the store op itself is stmatrix for 16-bit D, plain stores for fp32.
+        c_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), cutlass.Float16
+        )
+        r2s_atom = sm90_utils.get_smem_store_op(c_layout, self.c_dtype, self.acc_dtype)
+        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
         thr_r2s = tiled_r2s.get_slice(mma_tidx)
         tRS_sD = thr_r2s.partition_D(sD)
         tRS_acc = tiled_r2s.retile(acc)

@@ -122,7 +122,7 @@ def test_gemm_dtypes(in_dtype, out_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("majors", [("row", "row"), ("col", "col")])
 def test_gemm_batched(majors):
-    L, m, n, k = 3, 300, 264, 200
+    L, m, n, k = 3, 296, 264, 200
     a = _operand((m, k), majors[0], torch.bfloat16, batch=L)
     b = _operand((k, n), majors[1], torch.bfloat16, batch=L)
     out = torch.full((L, m, n), float("nan"), device="cuda", dtype=torch.float32)
@@ -151,7 +151,7 @@ def test_gemm_unaligned_out_uses_direct_store():
     """An out view whose row stride is not a 16-byte multiple takes the predicated-store epilogue."""
     m, n, k = 100, 250, 64
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # K-major: TMA-compatible
     big = torch.full((m, 251), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, :n]
     cute_kernels.gemm(a, b, out=out)
@@ -201,3 +201,62 @@ def test_gemm_misaligned_pointer_error():
     a = base[1:].view(64, 64)
     with pytest.raises(ValueError, match="16-byte"):
         cute_kernels.gemm(a, torch.randn(64, 64, device="cuda", dtype=torch.bfloat16))
+
+
+def test_splitk_reduce_compiles():
+    from cute_kernels import inspect as ins
+    from cute_kernels.splitk_reduce import SplitKReduce  # noqa: F401
+
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    def build():
+        S, M, N = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        ws = make_fake_tensor(cutlass.Float32, (S, M, N), (cute.sym_int(), cute.sym_int(), 1), assumed_align=16)
+        out = make_fake_tensor(cutlass.BFloat16, (M, N), (cute.sym_int(), cute.sym_int()))
+        c = make_fake_tensor(cutlass.Float32, (M, N), (cute.sym_int(), cute.sym_int()))
+        return SplitKReduce(True), (ws, out, c, cutlass.Float32(1.0), cutlass.Float32(0.0),
+                                    make_fake_stream(use_tvm_ffi_env_stream=True))
+
+    (k,) = ins.inspect_builder(build).kernels
+    assert k.spills == 0
+
+
+def test_split_k_heuristic():
+    tiles = G.default_tiles(128, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    s = G.split_k_factor(128, 4096, 4096, 1, tiles)
+    assert s > 1 and 4096 % (64 * s) == 0
+    big = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert G.split_k_factor(4096, 4096, 4096, 1, big) == 1
+    assert G.split_k_factor(128, 4096, 4100, 1, tiles) == 1  # K slices must be whole k-tiles
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(128, 4096, 4096), (64, 520, 8192), (1024, 1024, 32768)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("with_c", [False, True])
+def test_gemm_split_k(mnk, with_c):
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert G.split_k_factor(m, n, k, 1, tiles) > 1
+    c = torch.randn(m, n, device="cuda", dtype=torch.float32) if with_c else None
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    alpha, beta = (0.75, 0.5) if with_c else (1.0, 0.0)
+    cute_kernels.gemm(a, b, out=out, alpha=alpha, beta=beta, c=c)
+    assert rel_err(out, _ref(a, b, alpha, beta, c)) < 2e-2
+    again = cute_kernels.gemm(a, b, alpha=alpha, beta=beta, c=c)
+    assert torch.equal(out, again), "split-K reduction must be deterministic"
+
+
+@pytest.mark.gpu
+def test_gemm_empty_dims():
+    a = torch.randn(5, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(0, 7, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(cute_kernels.gemm(a, b), torch.zeros(5, 7, device="cuda", dtype=torch.bfloat16))
+    c = torch.randn(5, 7, device="cuda", dtype=torch.bfloat16)
+    assert torch.allclose(cute_kernels.gemm(a, b, c=c, beta=2.0), 2 * c)
+    assert cute_kernels.gemm(torch.randn(0, 8, device="cuda", dtype=torch.bfloat16),
+                             torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)).shape == (0, 8)
