@@ -166,6 +166,13 @@ def _warm(spec):
 jit.register_warmup("gemm", _warm)
 
 
+# ---------------------------------------------------------------------------- tuned choices on disk
+def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
+    from .tune import lookup
+
+    return lookup(m, n, k, l, ab, am, bm, d_name)
+
+
 # ---------------------------------------------------------------------------- split-K
 def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles) -> int:
     """Pure Python: how many K slices to run as a batch so that the output tiles fill the SMs.
@@ -202,7 +209,7 @@ def _signature(a, b, out, c, beta, out_dtype):
             None if c is None else (c.shape, c.stride(), c.dtype, c.device), beta != 0.0)
 
 
-def _make_plan(a, b, out, c, beta, out_dtype, tiles=None) -> _Plan:
+def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
     from .gemm_kernel import GemmConfig
 
     shape = _check(a, b, out, c, out_dtype)
@@ -230,17 +237,22 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None) -> _Plan:
         )
     ab = _TORCH_TO_NAME[a.dtype]
     d_name = _TORCH_TO_NAME[p.out_dtype]
+    am, bm = ("k" if a_major == "row" else "mn"), ("mn" if b_major == "row" else "k")
     if tiles is None:
-        tiles = default_tiles(m, n, k, l, ab, "k" if a_major == "row" else "mn",
-                              "mn" if b_major == "row" else "k", d_name, "n")
+        tuned = _tuned_choice(m, n, k, l, ab, am, bm, d_name)
+        if tuned is not None:
+            tiles, raster = tuned
+        else:
+            tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
+    raster = raster or (1, True)
     p.splits = split_k_factor(m, n, k, l, tiles)
     if p.splits > 1:
         # partials: a batched GEMM over K slices into an fp32 (S, M, N) workspace, then one reduce
         tiles = T.GemmTiles(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, mma=tiles.mma,
                             ab_stages=tiles.ab_stages, epi_tile_mn=tiles.epi_tile_mn,
                             epi_stages=tiles.epi_stages, c_dtype="float32", c_major="n")
-        cfg = GemmConfig(tiles=tiles, a_rank=3, has_c=False, tma_store=True,
-                         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]))
+        cfg = GemmConfig(tiles=tiles, a_rank=3, has_c=False, tma_store=True, raster_swizzle=raster[0],
+                         raster_along_m=raster[1], max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]))
         p.fn = compiled_gemm(cfg, ab, "float32", "float32")
         from .splitk_reduce import compiled_reduce
 
@@ -256,17 +268,18 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None) -> _Plan:
                             epi_stages=tiles.epi_stages, c_dtype=d_name, c_major="m")
     cfg = GemmConfig(
         tiles=tiles, a_rank=a.dim(), has_c=p.has_c, tma_store=_tma_ok(probe, d_major),
+        raster_swizzle=raster[0], raster_along_m=raster[1],
         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]),
     )
     p.fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
     return p
 
 
-def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None):
+def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None, raster=None):
     sig = _signature(a, b, out, c, beta, out_dtype)
     p = _plans.get(sig) if tiles is None else None
     if p is None:
-        p = _make_plan(a, b, out, c, beta, out_dtype, tiles)
+        p = _make_plan(a, b, out, c, beta, out_dtype, tiles, raster)
         if tiles is None:
             _plans[sig] = p
     if out is None:
@@ -294,13 +307,19 @@ def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None):
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, out_dtype=None,
-         alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None) -> torch.Tensor:
+         alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None, tune: bool = False) -> torch.Tensor:
     """``out = alpha * a @ b + beta * c`` on Hopper tensor cores (fp32 accumulation).
 
     a: (M, K) or (L, M, K); b: (K, N) or (L, K, N); fp16/bf16, each row- or column-major.
     out / out_dtype: fp16, bf16 or fp32 (default: a's dtype).  c: same shape as out, any strides.
     Under ``torch.compile`` this goes through the ``cute_kernels::gemm`` custom op.
+    ``tune=True`` benchmarks candidate configs for this shape once (results persist on disk and are
+    used by later calls, tuned or not); see :mod:`cute_kernels.tune`.
     """
+    if tune:
+        from .tune import tune_gemm
+
+        tune_gemm(a, b, out_dtype=(out.dtype if out is not None else out_dtype))
     if torch.compiler.is_compiling():
         res = torch.ops.cute_kernels.gemm(a, b, c, float(alpha), float(beta), out_dtype)
         if out is not None:

@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="first three shapes, one round")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quack-tuned", action="store_true", help="quack with its autotuner (slow first call)")
+    ap.add_argument("--tune", action="store_true", help="autotune cute-kernels per shape first (persisted)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     shapes = SHAPES[:3] if args.quick else SHAPES
@@ -62,6 +63,13 @@ def main():
         b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
         ref = torch.matmul(a.float(), b.float())
         data[shape] = (a, b)
+        if args.tune:
+            try:
+                t0 = time.time()
+                cute_kernels.gemm(a, b, tune=True)
+                print(f"tuned {shape} in {time.time() - t0:.1f} s", flush=True)
+            except Exception as e:
+                print(f"tune {shape} failed: {e}", flush=True)
         for name, fn in impls.items():
             try:
                 t0 = time.time()
@@ -116,7 +124,8 @@ def main():
     except Exception:
         commit = "?"
     env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-           "commit": commit, "repeats": repeats, "quack_tuned": args.quack_tuned}
+           "commit": commit, "repeats": repeats, "quack_tuned": args.quack_tuned,
+           "cute_kernels_tuned": args.tune}
     summary = {name: {"geomean_vs_cublas": geo(name), "geomean_large": geo(name, LARGE)} for name in impls}
     lines = [f"# GEMM bf16, {env['gpu']}, {env['date']}, commit {commit}", "",
              "| M x N x K | " + " | ".join(f"{n} TFLOP/s (x cuBLAS)" for n in impls) + " |",

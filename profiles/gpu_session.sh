@@ -11,7 +11,7 @@ if [[ $what == tests || $what == all ]]; then
   timeout 420 python3 -m pytest -q -m gpu --maxfail=20 -p no:cacheprovider $targets 2>&1 | tail -n 80 | tee "$OUT/gpu-tests.log"
 fi
 if [[ $what == bench || $what == all ]]; then
-  timeout 400 python3 profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bench-gemm.log"
+  timeout 420 python3 profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/bench-gemm.log"
 fi
 if [[ $what == host || $what == all ]]; then
   timeout 200 python3 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log"
