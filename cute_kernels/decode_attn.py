@@ -211,7 +211,7 @@ class DecodeAttnKernel:
         t_end = cutlass.min(t_begin + tiles_per_split, n_tiles)
         n_iter = cutlass.max(t_end - t_begin, 0)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         kv_ptr = storage.sKV.data_ptr()
@@ -863,7 +863,10 @@ def decode_attn_workspace(
 def decode_attn_reference(
     q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None
 ):
-    """Float32 reference: returns (out float32 (B,Sq,Hq,D), lse float32 (B,Hq,Sq), natural log)."""
+    """Float32 torch reference (no tricks, one sequence at a time; reads the lengths on the host).
+
+    Returns (out float32 (B, Sq, Hq, D), lse float32 (B, Hq, Sq), natural log); rows that see no
+    key get out = 0 and lse = -inf."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
@@ -882,21 +885,20 @@ def decode_attn_reference(
             pages = block_table[b, : -(-L // ps)].long()
             kb = k_cache[pages].reshape(-1, Hkv, D)[:L]
             vb = v_cache[pages].reshape(-1, Hkv, D)[:L]
-        kb = kb.float().repeat_interleave(G, dim=1)  # (L, Hq, D)
-        vb = vb.float().repeat_interleave(G, dim=1)
-        qb = q[b].float()  # (Sq, Hq, D)
-        s = torch.einsum("thd,lhd->htl", qb, kb) * scale  # (Hq, Sq, L)
+        qb = q[b].float().view(Sq, Hkv, G, D)
+        s = torch.einsum("tkgd,lkd->kgtl", qb, kb.float()) * scale  # (Hkv, G, Sq, L)
         if causal:
             pos = torch.arange(L, device=q.device)
             lim = L - Sq + torch.arange(Sq, device=q.device)  # (Sq,)
-            s = s.masked_fill(pos[None, None, :] > lim[None, :, None], float("-inf"))
+            s = s.masked_fill(pos[None, None, None, :] > lim[None, None, :, None], float("-inf"))
         m = s.amax(-1, keepdim=True)
         m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
         p = torch.exp(s - m)
         l = p.sum(-1, keepdim=True)
-        o = torch.einsum("htl,lhd->thd", p / torch.where(l > 0, l, torch.ones_like(l)), vb)
-        out[b] = o
-        lse[b] = (m + torch.log(l)).squeeze(-1)
+        p = p / torch.where(l > 0, l, torch.ones_like(l))
+        o = torch.einsum("kgtl,lkd->tkgd", p, vb.float())  # (Sq, Hkv, G, D)
+        out[b] = o.reshape(Sq, Hq, D)
+        lse[b] = (m + torch.log(l)).squeeze(-1).reshape(Hq, Sq)
     return out, lse
 
 
@@ -1001,6 +1003,8 @@ def decode_attn(
     _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace)
     B, Sq, Hq, D = q.shape
     scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"decode_attn: softmax_scale must be a positive finite number, got {softmax_scale}")
     if _checked_default(checked):
         _check_device_values(k_cache, cache_seqlens, block_table)
     if q.device.type == "cuda":
