@@ -1,0 +1,207 @@
+"""The layout explorer on the CPU: known CuTe algebra results, the sm90 wgmma accumulator fragment,
+128B-swizzle bank groups, the tile scheduler's order, and the text/SVG/PNG/CLI outputs."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cute_kernels  # noqa: F401  (sets the DSL arch before cutlass is imported)
+import cutlass.cute as cute
+from layouts import cli, explore, render, tiles
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- CuTe algebra, evaluated by the DSL --------------------------------------------------------
+
+
+def test_composition_known_result():
+    def f():
+        A = cute.make_layout((6, 2), stride=(8, 2))
+        B = cute.make_layout((4, 3), stride=(3, 1))
+        R = cute.composition(A, B)
+        return str(R), [R(i) for i in range(cute.size(R))], [A(B(i)) for i in range(cute.size(B))]
+
+    text, r, ab = explore.in_dsl(f)
+    assert text == "((2,2),3):((24,2),8)"
+    assert r == ab  # R = A o B pointwise
+
+
+def test_divides_known_results():
+    def f():
+        ld = cute.logical_divide(cute.make_layout((4, 2, 3), stride=(2, 1, 8)), cute.make_layout(4, stride=2))
+        zd = cute.zipped_divide(cute.make_layout((8, 8), stride=(1, 8)), (2, 4))
+        return str(ld), str(zd)
+
+    assert explore.in_dsl(f) == ("((2,2),(2,3)):((4,1),(2,8))", "((2,4),(4,2)):((1,8),(2,32))")
+
+
+def test_complement_known_result():
+    t = explore.evaluate(lambda: cute.complement(cute.make_layout(4, stride=2), 24))
+    assert t.text == "(2,3):(1,8)"
+    assert t.shape == (2, 3) and t.stride == (1, 8)
+    assert t.offsets == ((0, 8, 16), (1, 9, 17))
+
+
+def test_evaluate_row_and_col_major():
+    row = explore.evaluate(lambda: cute.make_layout((4, 8), stride=(8, 1)))
+    col = explore.evaluate(lambda: cute.make_layout((4, 8)))
+    assert (row.rows, row.cols) == (col.rows, col.cols) == (4, 8)
+    assert all(row(r, c) == 8 * r + c and col(r, c) == r + 4 * c for r in range(4) for c in range(8))
+
+
+def test_evaluate_flattens_higher_modes_and_rank1():
+    t = explore.evaluate(lambda: cute.make_layout((2, 3, 4)))
+    assert (t.rows, t.cols) == (2, 12) and t(1, 5) == 1 + 2 * 5
+    v = explore.evaluate(lambda: cute.make_layout(5, stride=3))
+    assert (v.rows, v.cols) == (5, 1) and [v(r, 0) for r in range(5)] == [0, 3, 6, 9, 12]
+
+
+# ---- wgmma fragments ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("atom_n", [128, 64])
+def test_wgmma_accumulator_fragment(atom_n):
+    own = explore.mma_fragment_ownership(tiles.MmaTile(atom_n=atom_n), "C")
+    assert own.tile_shape == (64, atom_n) and own.num_threads == 128 and not own.broadcast
+    for t in range(128):
+        w, lane = divmod(t, 32)
+        rows = {16 * w + lane // 4, 16 * w + lane // 4 + 8}
+        cols = {(lane % 4) * 2 + e + 8 * j for e in (0, 1) for j in range(atom_n // 8)}
+        mine = own.elements_of(t)
+        assert {(r, c) for r, c, _ in mine} == {(r, c) for r in rows for c in cols}
+        assert [v for *_, v in mine] == list(range(atom_n // 2))  # each thread holds N/2 accumulators
+    # register order: v = 4 j + 2 (row + 8) + (col % 2), as the PTX fragment figure numbers them
+    assert own.value[0][:4] == (0, 1, 0, 1) and own.value[8][:2] == (2, 3) and own.value[0][8] == 4
+
+
+def test_wgmma_tiled_c_covers_both_warpgroups():
+    own = explore.mma_fragment_ownership(tiles.MmaTile(), "C", tiled=True)
+    assert own.tile_shape == (128, 128) and own.num_threads == 256
+    assert own.thread[64][0] == 128 and own.thread[0][0] == 0
+
+
+def test_wgmma_smem_operands_are_owned_by_the_warpgroup():
+    a = explore.mma_fragment_ownership(tiles.MmaTile(), "A")
+    assert a.tile_shape == (64, 16) and a.broadcast
+    assert {o for row in a.owners for o in row} == {128}
+    assert sorted(v for row in a.value for v in row) == list(range(64 * 16))
+    b = explore.mma_fragment_ownership(tiles.MmaTile(atom_n=64), "B")
+    assert b.tile_shape == (64, 16) and b.broadcast
+
+
+# ---- shared-memory banks -----------------------------------------------------------------------
+
+
+def test_sw128_atom_rows_hit_distinct_bank_groups():
+    atom = explore.evaluate(lambda: tiles.make_smem_layout_atom("K_SW128", "bfloat16"), elem_bytes=2)
+    assert (atom.rows, atom.cols) == (8, 64) and atom.swizzle == "S<3,4,3>"
+    # chunk j of row r sits in 16-byte group j ^ r: each column of chunks covers all 8 groups
+    groups = [[atom(r, 8 * j) * 2 // 16 % 8 for j in range(8)] for r in range(8)]
+    assert groups == [[j ^ r for j in range(8)] for r in range(8)]
+    assert all(sorted(col) == list(range(8)) for col in zip(*groups))
+
+
+@pytest.mark.parametrize("operand,major", [("A", "k"), ("B", "k"), ("A", "mn")])
+def test_smem_bank_pattern_conflict_free(operand, major):
+    t = tiles.GemmTiles(tile_mnk=(128, 128, 64), mma=tiles.MmaTile(a_major=major, b_major=major))
+    bp = explore.smem_bank_pattern(t, operand, stage=1)
+    rows = bp.atom_rows()
+    assert len(rows) == 8 and all(sorted(col[:8]) == list(range(8)) for col in zip(*rows))
+    assert bp.conflict_free()
+    assert bp.offsets[0][0] == 128 * 64  # stage 1 starts one (128x64) stage in
+    assert 0 <= bp.bank(3, 17) < 32
+
+
+def test_epilogue_bank_pattern():
+    bp = explore.smem_bank_pattern(tiles.GemmTiles(), "epi")
+    assert bp.swizzle == "S<2,4,3>" and bp.conflict_free()
+    assert len(bp.chunk_groups[0]) == 4  # 32 bf16 = 64 bytes per line
+
+
+# ---- tile scheduler ----------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    mt=st.integers(1, 13), nt=st.integers(1, 13), cm=st.sampled_from([1, 2]), cn=st.sampled_from([1, 2]),
+    swizzle=st.integers(1, 5), along_m=st.booleans(),
+)
+def test_raster_order_is_a_permutation(mt, nt, cm, cn, swizzle, along_m):
+    r = explore.cta_raster_order((mt, nt), (cm, cn), swizzle, along_m, num_ctas=2 * cm * cn)
+    inside = [mn for i, mn in enumerate(r.order) if r.in_bounds(i)]
+    assert sorted(inside) == [(m, n) for m in range(mt) for n in range(nt)]
+    assert len(set(r.order)) == len(r.order)
+    assert sorted(i for row in r.visit for i in row) == [i for i in range(len(r.order)) if r.in_bounds(i)]
+
+
+def test_raster_formulas():
+    plain = explore.cta_raster_order((3, 4))
+    assert list(plain.order) == [(m, n) for n in range(4) for m in range(3)]  # swizzle 1: column-major
+    grouped = explore.cta_raster_order((4, 4), swizzle=2, num_ctas=3)
+    assert list(grouped.order[:6]) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert grouped.tiles_of_cta(1) == [grouped.order[i] for i in (1, 4, 7, 10, 13)]
+    clustered = explore.cta_raster_order((4, 2), cluster_mn=(2, 1))
+    assert list(clustered.order[:4]) == [(0, 0), (1, 0), (2, 0), (3, 0)]  # CTA rank along M in a cluster
+    assert explore.tile_coord(5, (3, 4)) == (2, 1)
+    with pytest.raises(ValueError):
+        explore.cta_raster_order((4, 4), cluster_mn=(2, 1), num_ctas=3)
+
+
+# ---- rendering and CLI -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def c_fragment():
+    return explore.mma_fragment_ownership(tiles.MmaTile(), "C")
+
+
+def test_text_render(c_fragment):
+    text = render.to_text(c_fragment)
+    assert "TV layout C" in text and " 0:0 " in text
+    assert len(text.splitlines()) == 64 + 6
+
+
+def test_svg_is_xml_and_small(c_fragment):
+    svg = render.to_svg(c_fragment)
+    assert svg._repr_svg_() is svg.data
+    root = ET.fromstring(svg.data)
+    assert root.tag.endswith("svg")
+    assert len(svg.data.encode()) < 300_000
+    small = render.to_svg(explore.cta_raster_order((4, 5), swizzle=2, num_ctas=6))
+    assert sum(1 for e in ET.fromstring(small.data).iter() if e.tag.endswith("path")) >= 2
+
+
+def test_png(tmp_path, c_fragment):
+    data = render.to_png(c_fragment)
+    assert data.startswith(PNG_MAGIC) and len(data) < 300_000
+    assert render.save(explore.cta_raster_order((4, 4)), tmp_path / "r.png") == "png"
+    assert (tmp_path / "r.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_cli_writes_files(tmp_path, capsys):
+    svg, png = tmp_path / "banks.svg", tmp_path / "raster.png"
+    assert cli.main(["gemm", "--what", "banks", "--out", str(svg)]) == 0
+    ET.parse(svg)
+    assert cli.main(["gemm", "--what", "raster", "--problem", "1024,1024", "--swizzle", "2", "--out", str(png)]) == 0
+    assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size < 300_000
+    assert cli.main(["gemm", "--what", "layout", "--layout", "(4,8):(8,1)"]) == 0
+    out = capsys.readouterr().out
+    assert "layout (4,8):(8,1)" in out and "31" in out
+    assert cli.main(["layouts", "gemm", "--what", "mma-a", "--tile", "128,128,64", "--format", "svg"]) == 0
+    ET.fromstring(capsys.readouterr().out)
+
+
+def test_cli_errors(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["attention"])
+    assert "known kernels: gemm" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["gemm", "--tile", "100,256,64"])  # not a multiple of the MMA tile
+    assert "multiple" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["gemm", "--what", "raster", "--format", "png"])  # png needs --out
