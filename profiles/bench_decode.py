@@ -1,0 +1,375 @@
+"""Decode-attention benchmark: this project (contiguous and paged) vs cuDNN SDPA, FlashAttention-2 SDPA
+and FlashAttention-4 (flash_attn.cute), one process, one harness.
+
+Timing: ``triton.testing.do_bench`` median with its L2 flush before every call (cold L2); without
+triton, CUDA events around each call after writing a 512 MB buffer.  Each shape runs ``--repeats``
+interleaved rounds (every implementation once per round); the reported time is the median over the
+rounds and ratios are taken within this run.  Bandwidth = KV bytes read / time with
+KV bytes = 2 * B * L * Hkv * D * 2 (bf16 K and V, each byte once).
+
+    python profiles/bench_decode.py                  # the six issue shapes -> profiles/results/
+    python profiles/bench_decode.py --sweep          # + tile / split sweep of this project's kernel
+    python profiles/bench_decode.py --quick          # 1 round, short do_bench
+
+Writes profiles/results/bench_decode.json and .md (``--tag`` appends a suffix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cute_kernels import decode_attn as DA  # noqa: E402
+from cute_kernels.decode_attn import decode_attn  # noqa: E402
+
+SHAPES = [
+    # name, B, Hq, Hkv, L, page size of our paged run
+    ("b1_hq32_hkv8_L32768", 1, 32, 8, 32768, 16),
+    ("b1_hq32_hkv32_L131072", 1, 32, 32, 131072, 16),
+    ("b8_hq32_hkv8_L8192", 8, 32, 8, 8192, 16),
+    ("b32_hq32_hkv8_L4096", 32, 32, 8, 4096, 16),
+    ("b4_hq64_hkv8_L65536", 4, 64, 8, 65536, 16),
+    ("b64_hq32_hkv8_L2048_paged16", 64, 32, 8, 2048, 16),
+]
+BIG = {"b1_hq32_hkv32_L131072", "b4_hq64_hkv8_L65536", "b1_hq32_hkv8_L32768", "b8_hq32_hkv8_L8192"}
+D = 128
+DTYPE = torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------- timing
+def make_bench(quick: bool):
+    try:
+        import triton.testing as tt
+
+        def bench(fn):
+            return tt.do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 120, return_mode="median") * 1e3
+
+        return bench, "triton.testing.do_bench (median, L2 flushed per call)"
+    except Exception:  # pragma: no cover - depends on the GPU machine
+        flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+
+        def bench(fn):
+            for _ in range(3):
+                fn()
+            times = []
+            n = 10 if quick else 40
+            for _ in range(n):
+                flush.zero_()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e) * 1e3)
+            return statistics.median(times)
+
+        return bench, "CUDA events (median, 512 MB write before each call)"
+
+
+# ---------------------------------------------------------------------------------------- inputs
+def to_paged(k, v, page_size, seed=0):
+    B, L, H, Dd = k.shape
+    pps = -(-L // page_size)
+    n_pages = B * pps
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_pages, generator=g).to(k.device)
+    kp = torch.empty(n_pages, page_size, H, Dd, dtype=k.dtype, device=k.device)
+    vp = torch.empty_like(kp)
+    pad = pps * page_size - L
+    kk = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(n_pages, page_size, H, Dd)
+    vv = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(n_pages, page_size, H, Dd)
+    kp[perm] = kk
+    vp[perm] = vv
+    return kp, vp, perm.view(B, pps).to(torch.int32).contiguous()
+
+
+def build_impls(B, Hq, Hkv, L, page, notes):
+    """Returns {name: (callable, output getter)} with inputs allocated once."""
+    torch.manual_seed(0)
+    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=DTYPE)
+    k = torch.randn(B, L, Hkv, D, device="cuda", dtype=DTYPE)
+    v = torch.randn(B, L, Hkv, D, device="cuda", dtype=DTYPE)
+    seqlens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    impls = {}
+
+    out_c = torch.empty_like(q)
+    impls["cute"] = (lambda: decode_attn(q, k, v, cache_seqlens=seqlens, out=out_c), lambda: out_c)
+    kp, vp, bt = to_paged(k, v, page)
+    out_p = torch.empty_like(q)
+    impls[f"cute_paged{page}"] = (
+        lambda: decode_attn(q, kp, vp, cache_seqlens=seqlens, block_table=bt, out=out_p),
+        lambda: out_p,
+    )
+
+    # torch SDPA baselines want (B, H, L, D); give them contiguous copies (not timed)
+    qt = q.transpose(1, 2).contiguous()
+    kt = k.transpose(1, 2).contiguous()
+    vt = v.transpose(1, 2).contiguous()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    F = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa_impl(backend, name):
+        def run_gqa():
+            with sdpa_kernel(backend):
+                return F(qt, kt, vt, enable_gqa=True)
+
+        try:
+            o = run_gqa()
+            torch.cuda.synchronize()
+            impls[name] = (run_gqa, lambda: run_gqa().transpose(1, 2))
+        except Exception as e:  # expanded heads as a fallback (reads Hq/Hkv x more bytes)
+            notes.append(f"{name}: enable_gqa failed ({type(e).__name__}: {str(e)[:120]}); expanded K/V heads")
+            ke = kt.repeat_interleave(Hq // Hkv, 1)
+            ve = vt.repeat_interleave(Hq // Hkv, 1)
+
+            def run_exp():
+                with sdpa_kernel(backend):
+                    return F(qt, ke, ve)
+
+            try:
+                run_exp()
+                torch.cuda.synchronize()
+                impls[name] = (run_exp, lambda: run_exp().transpose(1, 2))
+            except Exception as e2:
+                notes.append(f"{name}: unavailable ({type(e2).__name__}: {str(e2)[:120]})")
+
+    sdpa_impl(SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa")
+    sdpa_impl(SDPBackend.FLASH_ATTENTION, "fa2_sdpa")
+
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        def fa4(ns):
+            def run():
+                r = flash_attn_func(q, k, v, causal=False, num_splits=ns)
+                return r[0] if isinstance(r, tuple) else r
+
+            return run
+
+        for ns in (0, 1):
+            try:
+                fa4(ns)()
+                torch.cuda.synchronize()
+                impls["fa4"] = (fa4(ns), fa4(ns))
+                if ns == 1:
+                    notes.append("fa4: num_splits=0 (auto) failed, using 1")
+                break
+            except Exception as e:
+                notes.append(f"fa4 num_splits={ns}: {type(e).__name__}: {str(e)[:160]}")
+    except Exception as e:
+        notes.append(f"fa4: flash_attn.cute not importable ({type(e).__name__}: {str(e)[:100]})")
+    return impls
+
+
+# ---------------------------------------------------------------------------------------- main
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def run_shapes(args, bench):
+    results, notes_all = [], {}
+    for name, B, Hq, Hkv, L, page in SHAPES:
+        if args.only and args.only not in name:
+            continue
+        notes = []
+        impls = build_impls(B, Hq, Hkv, L, page, notes)
+        kv_bytes = 2 * B * L * Hkv * D * 2
+        # correctness sanity against the first available SDPA output
+        ref = None
+        for rn in ("fa2_sdpa", "cudnn_sdpa"):
+            if rn in impls:
+                ref = impls[rn][1]().float()
+                break
+        errs = {}
+        for n, (fn, get) in impls.items():
+            fn()
+        torch.cuda.synchronize()
+        if ref is not None:
+            for n, (fn, get) in impls.items():
+                errs[n] = (get().float() - ref).abs().max().item()
+        times = {n: [] for n in impls}
+        for _ in range(args.repeats):
+            for n, (fn, _) in impls.items():
+                times[n].append(bench(fn))
+        row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "D": D, "kv_bytes": kv_bytes, "impls": {}}
+        for n, ts in times.items():
+            med = statistics.median(ts)
+            row["impls"][n] = {
+                "times_us": ts,
+                "median_us": med,
+                "TBps": kv_bytes / (med * 1e-6) / 1e12,
+                "max_abs_err_vs_sdpa": errs.get(n),
+            }
+        cud = row["impls"].get("cudnn_sdpa", {}).get("median_us")
+        row["speedup_vs_cudnn"] = {
+            n: (cud / v["median_us"]) if cud else None for n, v in row["impls"].items()
+        }
+        row["num_splits"] = DA._plan(
+            torch.empty(B, 1, Hq, D, dtype=DTYPE, device="cuda"),
+            torch.empty(B, L, Hkv, D, dtype=DTYPE, device="meta"),
+            None, None, True,
+        )[1]
+        results.append(row)
+        notes_all[name] = notes
+        line = "  ".join(f"{n}={v['median_us']:.1f}us/{v['TBps']:.2f}TB/s" for n, v in row["impls"].items())
+        print(f"{name:32s} splits={row['num_splits']:3d}  {line}", flush=True)
+        for nt in notes:
+            print(f"    note: {nt}", flush=True)
+        del impls
+        torch.cuda.empty_cache()
+    return results, notes_all
+
+
+def run_sweep(args, bench):
+    """This project's kernel only: tile configs x split multipliers per shape."""
+    configs = [
+        dict(n_tile=64, stages=4, num_threads=128),
+        dict(n_tile=64, stages=3, num_threads=128),
+        dict(n_tile=64, stages=6, num_threads=128),
+        dict(n_tile=128, stages=3, num_threads=128),
+        dict(n_tile=64, stages=2, num_threads=128),
+    ]
+    out = []
+    for name, B, Hq, Hkv, L, page in SHAPES:
+        if args.only and args.only not in name:
+            continue
+        torch.manual_seed(0)
+        q = torch.randn(B, 1, Hq, D, device="cuda", dtype=DTYPE)
+        k = torch.randn(B, L, Hkv, D, device="cuda", dtype=DTYPE)
+        v = torch.randn(B, L, Hkv, D, device="cuda", dtype=DTYPE)
+        s = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        kv_bytes = 2 * B * L * Hkv * D * 2
+        o = torch.empty_like(q)
+        for cfg in configs:
+            with DA.override_config(**cfg):
+                auto = DA._plan(q, k, None, None, True)[1]
+                cands = sorted({max(1, int(round(auto * f))) for f in (0.5, 1, 2)} | {1})
+                for P in cands:
+                    try:
+                        fn = lambda: decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=o)  # noqa: E731
+                        fn()
+                        torch.cuda.synchronize()
+                        t = bench(fn)
+                    except Exception as e:
+                        print(f"  {name} {cfg} P={P}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    rec = dict(shape=name, **cfg, num_splits=P, auto=(P == auto), us=t, TBps=kv_bytes / (t * 1e-6) / 1e12)
+                    out.append(rec)
+                    print(f"  sweep {name:30s} {cfg} P={P:3d}{'*' if P == auto else ' '} {t:8.1f} us {rec['TBps']:.2f} TB/s", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return out
+
+
+def write_md(path, meta, results, notes, sweep):
+    lines = [f"# Decode attention benchmark ({meta['device']})", ""]
+    lines.append(f"{meta['timer']}; {meta['repeats']} interleaved rounds, median; bf16, D=128, q_len=1.")
+    lines.append("KV bytes = 2·B·L·Hkv·D·2; TB/s = KV bytes / time.  Speedup = cuDNN time / time (same run).")
+    lines.append("")
+    names = []
+    for r in results:
+        for n in r["impls"]:
+            if n not in names:
+                names.append(n)
+    lines.append("| shape | splits | " + " | ".join(f"{n} µs (TB/s)" for n in names) + " | cute / cuDNN | cute paged / cuDNN |")
+    lines.append("|---|---|" + "---|" * len(names) + "---|---|")
+    for r in results:
+        cells = []
+        for n in names:
+            v = r["impls"].get(n)
+            cells.append(f"{v['median_us']:.1f} ({v['TBps']:.2f})" if v else "—")
+        sp = r["speedup_vs_cudnn"]
+        pn = [n for n in r["impls"] if n.startswith("cute_paged")]
+        fmt = lambda x: f"{x:.2f}×" if x else "—"  # noqa: E731
+        lines.append(
+            f"| {r['shape']} | {r['num_splits']} | " + " | ".join(cells)
+            + f" | {fmt(sp.get('cute'))} | {fmt(sp.get(pn[0]) if pn else None)} |"
+        )
+    lines.append("")
+    s = meta["summary"]
+    lines.append(f"Geomean speedup vs cuDNN: contiguous {s['geomean_cute_vs_cudnn']:.3f}×, paged {s['geomean_paged_vs_cudnn']:.3f}× (target ≥ 1.15×).")
+    lines.append(f"Min bandwidth on big shapes ({', '.join(sorted(BIG))}): {s['min_TBps_big']:.2f} TB/s (target ≥ 4.0).")
+    lines.append("")
+    for shape, ns in notes.items():
+        for n in ns:
+            lines.append(f"- {shape}: {n}")
+    if sweep:
+        lines += ["", "## Sweep (this project, contiguous)", "", "| shape | n_tile | stages | threads | splits | µs | TB/s |", "|---|---|---|---|---|---|---|"]
+        for r in sweep:
+            lines.append(
+                f"| {r['shape']} | {r['n_tile']} | {r['stages']} | {r['num_threads']} | {r['num_splits']}{'*' if r['auto'] else ''} | {r['us']:.1f} | {r['TBps']:.2f} |"
+            )
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also sweep tile configs / split counts")
+    ap.add_argument("--only", default="", help="substring filter on shape names")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out-dir", default=str(ROOT / "profiles" / "results"))
+    args = ap.parse_args()
+    if args.quick:
+        args.repeats = 1
+    if not torch.cuda.is_available():
+        sys.exit("bench_decode: needs a CUDA device")
+    bench, timer = make_bench(args.quick)
+    t0 = time.time()
+    results, notes = run_shapes(args, bench)
+    sweep = run_sweep(args, bench) if args.sweep else []
+    sp_c = [r["speedup_vs_cudnn"].get("cute") for r in results]
+    sp_p = [next((v for n, v in r["speedup_vs_cudnn"].items() if n.startswith("cute_paged")), None) for r in results]
+    big = [r["impls"]["cute"]["TBps"] for r in results if r["shape"] in BIG]
+    summary = {
+        "geomean_cute_vs_cudnn": geomean(sp_c),
+        "geomean_paged_vs_cudnn": geomean(sp_p),
+        "min_TBps_big": min(big) if big else float("nan"),
+        "targets": {"TBps_big": 4.0, "geomean_vs_cudnn": 1.15},
+    }
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "timer": timer,
+        "repeats": args.repeats,
+        "seconds": round(time.time() - t0, 1),
+        "summary": summary,
+    }
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "bench_decode" + (f"_{args.tag}" if args.tag else "")
+    (out_dir / f"{stem}.json").write_text(
+        json.dumps({"meta": meta, "results": results, "notes": notes, "sweep": sweep}, indent=1)
+    )
+    write_md(out_dir / f"{stem}.md", meta, results, notes, sweep)
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {out_dir / (stem + '.json')} and .md in {meta['seconds']} s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit:
+        raise
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
