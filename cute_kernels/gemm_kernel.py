@@ -221,7 +221,8 @@ class GemmSm90:
         m_t, n_t, _ = self.tile_mnk
         mma_tidx = tidx - 128
         wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
-        thr_mma = tiled_mma.get_slice(wg_layout(mma_tidx // 128))
+        thr_mma = tiled_mma.get_slice(wg_layout(mma_tidx // 128))  # A/B: one slice per warpgroup
+        thr_mma_c = tiled_mma.get_slice(mma_tidx)  # C: each thread's own accumulator fragment
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         num_k_blocks = cute.size(tCrA, mode=[2])
@@ -281,9 +282,9 @@ class GemmSm90:
 
             # ---- alpha / beta in registers (C read with predicates: any strides, ragged tiles)
             tile_mnl = (tile[0], tile[1], tile[2])
-            tCcD = thr_mma.partition_C(cD[(None, None, *tile_mnl)])
+            tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
             if cutlass.const_expr(cfg.has_c):
-                tCgC = thr_mma.partition_C(gC[(None, None, *tile_mnl)])
+                tCgC = thr_mma_c.partition_C(gC[(None, None, *tile_mnl)])
                 for i in cutlass.range_constexpr(cute.size(acc)):
                     v = acc[i] * alpha
                     if cute.elem_less(tCcD[i], mD.shape):
@@ -317,7 +318,7 @@ class GemmSm90:
                         store_pipe.producer_acquire()
                     epi_barrier.arrive_and_wait()
             else:
-                tCgD = thr_mma.partition_C(gD[(None, None, *tile_mnl)])
+                tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])
                 for i in cutlass.range_constexpr(cute.size(acc)):
                     if cute.elem_less(tCcD[i], mD.shape):
                         tCgD[i] = acc[i].to(self.c_dtype)
