@@ -66,6 +66,7 @@ class DecodeAttnKernel:
         split: bool,
         q_in_regs: bool,
         min_blocks_per_mp: int = 1,
+        merge_mode: str = "kernel",
     ):
         self.dtype = dtype
         self.D = head_dim
@@ -78,6 +79,12 @@ class DecodeAttnKernel:
         self.causal = causal
         self.split = split
         self.q_in_regs = q_in_regs
+        # how split partials are merged: "kernel" (combine kernel), "pdl" (combine kernel launched as
+        # a programmatic dependent), "fused" (the last CTA of each (batch, KV head, row block) merges,
+        # found with an atomic counter that it resets to 0 afterwards)
+        assert merge_mode in ("kernel", "pdl", "fused")
+        self.merge_mode = merge_mode if split else "kernel"
+        self.merger = MergeStatesKernel(Float32, dtype, head_dim)  # its merge_row, for "fused"
         self.min_blocks_per_mp = min_blocks_per_mp
         self.num_warps = num_threads // 32
         self.warps_m = m_tile // 16
@@ -110,6 +117,7 @@ class DecodeAttnKernel:
         mLSE: cute.Tensor,  # (B, Hq, Sq) fp32
         mOp: Optional[cute.Tensor],  # (P, B, Sq, Hq, D) fp32 | None (direct)
         mLSEp: Optional[cute.Tensor],  # (P, B, Sq, Hq) fp32 | None
+        mCnt: Optional[cute.Tensor],  # (>= B*Hkv*row_blocks,) int32 zeros | None (fused merge only)
         scale_log2: Float32,
         stream,
     ):
@@ -122,6 +130,7 @@ class DecodeAttnKernel:
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, 2 * kv_elems], 1024]
             sM: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
             sL: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
+            sFlag: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
 
         # the fp32 warp-merge buffer reuses the K/V ring after the main loop
         assert self.warps_n * self.m_tile * self.acc_stride * 4 <= 2 * kv_elems * self.dtype.width // 8
@@ -147,7 +156,7 @@ class DecodeAttnKernel:
         if const_expr(self.split):
             num_splits = mOp.shape[0]
         self.kernel(
-            mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, scale_log2,
+            mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, mCnt, scale_log2,
             sQ_layout, sKV_layout, gmem_tiled_copy, tiled_mma, SharedStorage,
         ).launch(
             grid=[num_splits, Hkv * n_rb, B],
@@ -156,10 +165,12 @@ class DecodeAttnKernel:
             stream=stream,
             min_blocks_per_mp=self.min_blocks_per_mp,
         )
-        if const_expr(self.split):
+        if const_expr(self.split and self.merge_mode != "fused"):
             # combine: (P, B, Sq, Hq, D) -> (B, Sq, Hq, D); LSE out viewed as (B, Sq, Hq)
             mLSE_bsh = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[0, 2, 1]))
-            MergeStatesKernel(Float32, self.dtype, self.D)(mOp, mLSEp, mO, mLSE_bsh, stream)
+            MergeStatesKernel(Float32, self.dtype, self.D, pdl=self.merge_mode == "pdl")(
+                mOp, mLSEp, mO, mLSE_bsh, stream
+            )
 
     # ---- device side -----------------------------------------------------------------------
     @cute.kernel
@@ -174,6 +185,7 @@ class DecodeAttnKernel:
         mLSE: cute.Tensor,
         mOp: Optional[cute.Tensor],
         mLSEp: Optional[cute.Tensor],
+        mCnt: Optional[cute.Tensor],
         scale_log2: Float32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -184,6 +196,9 @@ class DecodeAttnKernel:
         tidx, _, _ = cute.arch.thread_idx()
         split, hrb, b = cute.arch.block_idx()
         num_splits, _, _ = cute.arch.grid_dim()
+        if const_expr(self.merge_mode == "pdl"):
+            # let the combine kernel's CTAs launch now (they wait for this grid before reading)
+            cute.arch.griddepcontrol_launch_dependents()
         warp_id = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
         wm = warp_id % self.warps_m
@@ -431,6 +446,28 @@ class DecodeAttnKernel:
                         if c == 0:
                             mLSE[b, hq, t] = lse
 
+        if const_expr(self.merge_mode == "fused"):
+            # publish this split's partial state, count, and let the last CTA merge all splits
+            sFlag = storage.sFlag.get_tensor(cute.make_layout((4,)))
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier()
+            cnt_idx = b * (Hkv * n_rb) + hrb
+            if tidx == 0:
+                old = cute.arch.atomic_add(mCnt.iterator + cnt_idx, Int32(1), sem="acq_rel", scope="gpu")
+                sFlag[0] = old
+            cute.arch.barrier()
+            if sFlag[0] == num_splits - 1:
+                cute.arch.fence_acq_rel_gpu()
+                mLSE_bsh = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[0, 2, 1]))
+                n_rows_cta = cutlass.min(R - rb * self.m_tile, self.m_tile)
+                for r in cutlass.range(warp_id, n_rows_cta, self.num_warps, unroll=1):
+                    rr = rb * self.m_tile + r
+                    t = rr // G
+                    hq = hkv * G + (rr - t * G)
+                    self.merger.merge_row(mOp, mLSEp, mO, mLSE_bsh, b, t, hq, lane)
+                if tidx == 0:
+                    mCnt[cnt_idx] = 0  # ready for the next launch (CUDA-graph replays included)
+
     # ---- helpers ------------------------------------------------------------------------
     @cute.jit
     def _load_tile(
@@ -524,6 +561,7 @@ class DecodeConfig:
     split: bool  # False: num_splits == 1, write the output directly
     q_in_regs: bool
     min_blocks_per_mp: int = 1
+    merge_mode: str = "kernel"  # "kernel" | "pdl" | "fused" (split only)
 
 
 def _cdtype(name):
@@ -559,7 +597,9 @@ def _decode_builder(cfg: DecodeConfig):
             mBT = make_fake_tensor(cutlass.Int32, (B, cute.sym_int()), (s64(), 1), assumed_align=4)
         mO = make_fake_compact_tensor(dt, (B, Sq, Hq, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
-        mOp = mLSEp = None
+        mOp = mLSEp = mCnt = None
+        if cfg.split and cfg.merge_mode == "fused":
+            mCnt = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
         if cfg.split:
             P = cute.sym_int()
             mOp = make_fake_compact_tensor(
@@ -570,10 +610,10 @@ def _decode_builder(cfg: DecodeConfig):
             )
         k = DecodeAttnKernel(
             dt, D, cfg.m_tile, cfg.n_tile, cfg.stages, cfg.num_threads, cfg.paged, cfg.page_size,
-            cfg.causal, cfg.split, cfg.q_in_regs, cfg.min_blocks_per_mp,
+            cfg.causal, cfg.split, cfg.q_in_regs, cfg.min_blocks_per_mp, cfg.merge_mode,
         )
         return k, (
-            mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, Float32(1.0),
+            mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, mCnt, Float32(1.0),
             make_fake_stream(use_tvm_ffi_env_stream=True),
         )
 
@@ -635,7 +675,7 @@ def make_config(
     if warps_n == 1:
         n_tile = 32 if head_dim == 256 else 64
     stages = max(2, min(4, (128 * 1024) // (n_tile * 4 * head_dim)))
-    kw = dict(n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1)
+    kw = dict(n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1, merge_mode="kernel")
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)
     # the warps split the rows first; every warp needs >= 16 tokens of the tile
@@ -656,6 +696,7 @@ def make_config(
         split=split,
         q_in_regs=head_dim <= 128,
         min_blocks_per_mp=kw["min_blocks_per_mp"],
+        merge_mode=kw["merge_mode"] if split else "kernel",
     )
 
 
@@ -696,10 +737,12 @@ def choose_num_splits(
 
 
 def workspace_numel(num_splits: int, batch: int, seqlen_q: int, heads_q: int, head_dim: int) -> int:
-    """float32 elements of a decode workspace: partial outputs and partial LSEs of every split."""
+    """float32 elements of a decode workspace: partial outputs and LSEs of every split, then int32
+    merge counters (zero-initialized by :func:`decode_attn_workspace`, left at zero by the kernel)."""
     if num_splits <= 1:
         return 1
-    return num_splits * batch * seqlen_q * heads_q * (head_dim + 1)
+    rows = batch * seqlen_q * heads_q
+    return num_splits * rows * (head_dim + 1) + rows
 
 
 def _checked_default(checked: Optional[bool]) -> bool:
@@ -831,7 +874,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
         q = q.contiguous()
     scale_log2 = float(softmax_scale) * LOG2_E
     if P == 1:
-        fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, None, scale_log2)
+        fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, None, None, scale_log2)
         return
     rows = B * Sq * Hq
     need = P * rows * (D + 1)
@@ -844,15 +887,24 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
         )
     o_part = workspace[: P * rows * D].view(P, B, Sq, Hq, D)
     lse_part = workspace[P * rows * D : need].view(P, B, Sq, Hq)
-    fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, scale_log2)
+    cnt = None
+    if cfg.merge_mode == "fused":
+        if workspace.numel() >= need + rows:
+            cnt = workspace[need : need + rows].view(torch.int32)  # zeros from decode_attn_workspace
+        else:
+            cnt = torch.zeros(rows, dtype=torch.int32, device=q.device)
+    fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, cnt, scale_log2)
 
 
 def decode_attn_workspace(
     q: torch.Tensor, num_splits: int
 ) -> torch.Tensor:
-    """A workspace for ``decode_attn(..., num_splits=num_splits, workspace=ws)`` (CUDA-graph friendly)."""
+    """A workspace for ``decode_attn(..., num_splits=num_splits, workspace=ws)`` (CUDA-graph friendly).
+
+    Zero-filled: its tail holds the fused merge's counters, which must start at 0 (the kernel leaves
+    them at 0).  Reuse it only for decode_attn calls of the same or smaller sizes."""
     B, Sq, Hq, D = q.shape
-    return torch.empty(
+    return torch.zeros(
         workspace_numel(num_splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device
     )
 

@@ -66,7 +66,12 @@ class MergeStatesKernel:
     The loop order is fixed, so results are bitwise reproducible.
     """
 
-    def __init__(self, dtype_in, dtype_out, head_dim: int, num_warps: int = 4, unroll: int = 8):
+    def __init__(
+        self, dtype_in, dtype_out, head_dim: int, num_warps: int = 4, unroll: int = 8, pdl: bool = False
+    ):
+        # pdl: launched as a programmatic dependent of the kernel producing the parts (waits on
+        # griddepcontrol.wait before reading them; a no-op without the launch attribute)
+        self.pdl = pdl
         self.dtype_in = dtype_in
         self.dtype_out = dtype_out
         self.head_dim = head_dim
@@ -98,6 +103,7 @@ class MergeStatesKernel:
             # an explicit occupancy bound: without it ptxas squeezes registers and serializes the
             # unrolled loads (one 16-byte load in flight per lane instead of `unroll`)
             min_blocks_per_mp=1,
+            use_pdl=self.pdl,
         )
 
     @cute.jit
@@ -188,6 +194,8 @@ class MergeStatesKernel:
     def kernel(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
         n_h = mO.shape[2]

@@ -253,11 +253,16 @@ _FAST_CFGS = [
 ]
 
 
-def _compile_check(case):
+def _cid(c):
+    return f"{str(c[0])[6:]}-d{c[1]}-r{c[2]}-p{c[3]}-{'causal' if c[4] else 'full'}-{'split' if c[5] else 'direct'}"
+
+
+def _compile_check(case, merge_mode="kernel"):
     from cute_kernels import inspect as ins
 
     dtype, D, rows, page, causal, split = case
-    cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split)
+    with DA.override_config(merge_mode=merge_mode):
+        cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split)
     rep = ins.inspect_builder(DA._decode_builder(cfg))
     ks = [k for k in rep.kernels if "Decode" in k.name]
     assert len(ks) == 1, rep.summary()
@@ -265,12 +270,20 @@ def _compile_check(case):
     assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
     if rep.sass is not None:
         assert k.instructions["HMMA"] > 0 and k.instructions["LDGSTS"] > 0, rep.summary()
-    if split:
+    if split and merge_mode != "fused":
         assert any("Merge" in k.name for k in rep.kernels)
+    if rep.ptx is not None and merge_mode == "pdl":
+        assert "griddepcontrol.wait" in rep.ptx and "griddepcontrol.launch_dependents" in rep.ptx
+    if rep.ptx is not None and merge_mode == "fused":
+        assert "atom.global.acq_rel.add" in rep.ptx and "fence.acq_rel.gpu" in rep.ptx
 
 
-def _cid(c):
-    return f"{str(c[0])[6:]}-d{c[1]}-r{c[2]}-p{c[3]}-{'causal' if c[4] else 'full'}-{'split' if c[5] else 'direct'}"
+@pytest.mark.parametrize("merge_mode", ["pdl", "fused"])
+@pytest.mark.parametrize(
+    "case", [(torch.bfloat16, 128, 8, 16, True, True), (torch.float16, 256, 64, 0, False, True)], ids=_cid
+)
+def test_compiles_merge_modes(case, merge_mode):
+    _compile_check(case, merge_mode)
 
 
 @pytest.mark.parametrize("case", _FAST_CFGS, ids=_cid)
@@ -342,35 +355,62 @@ def test_gpu_paged_equals_contiguous(page_size, Sq):
     check_close(out, lse, ro, rl, q.dtype, f"paged {page_size}")
 
 
+MERGE_MODES = ["kernel", "pdl", "fused"]
+
+
 @gpu
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
 @pytest.mark.parametrize("num_splits", [1, None, 3, 64, 300])
-def test_gpu_split_counts(num_splits):
+def test_gpu_split_counts(num_splits, merge_mode):
     """Split 1, auto, a few, more splits than chunks (L=100 -> 2 tiles; 300 splits for L<=9000)."""
     q, k, v, s = make_inputs(3, 2, 16, 2, 128, [100, 9000, 3], device="cuda", seed=11)
-    out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=num_splits)
-    check_close(out, lse, ro, rl, q.dtype, f"splits={num_splits}")
+    with DA.override_config(merge_mode=merge_mode):
+        out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=num_splits)
+        check_close(out, lse, ro, rl, q.dtype, f"splits={num_splits} {merge_mode}")
+        # the same call again (fused: the counters were reset by the previous launch)
+        out2 = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits)
+        assert torch.equal(out2, out)
 
 
 @gpu
-def test_gpu_deterministic_many_splits():
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_merge_modes_agree_bitwise(merge_mode):
+    """All merge modes run the same math in the same order: identical bits."""
+    q, k, v, s = make_inputs(4, 4, 32, 8, 128, [7000, 1, 0, 3333], device="cuda", seed=12)
+    kp, vp, bt = to_paged(k, v, 32)
+    base = decode_attn(q, k, v, cache_seqlens=s, num_splits=24, return_lse=True)
+    with DA.override_config(merge_mode=merge_mode):
+        for _ in range(3):
+            o, l = decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt, num_splits=24, return_lse=True)
+            assert torch.equal(o, base[0]) and torch.equal(l, base[1])
+
+
+@gpu
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_deterministic_many_splits(merge_mode):
     q, k, v, s = make_inputs(2, 4, 32, 4, 128, [20000, 13001], device="cuda", seed=3)
-    first = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
-    for _ in range(20):
-        o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
-        assert torch.equal(o, first[0]) and torch.equal(l, first[1])
+    with DA.override_config(merge_mode=merge_mode):
+        first = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
+        for _ in range(20):
+            o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
+            assert torch.equal(o, first[0]) and torch.equal(l, first[1])
     auto = DA._plan(q, k, None, None, True)[1]
     for _ in range(5):
         assert torch.equal(decode_attn(q, k, v, cache_seqlens=s, num_splits=auto), decode_attn(q, k, v, cache_seqlens=s))
 
 
 @gpu
-def test_gpu_poisoned_buffers():
-    """out and workspace full of NaN before the launch: every element is rewritten."""
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_poisoned_buffers(merge_mode):
+    """out and workspace (all but the merge counters) full of NaN: every element is rewritten."""
     q, k, v, s = make_inputs(3, 4, 16, 2, 128, [4000, 0, 2], device="cuda", seed=5)
     P = 40
-    ws = decode_attn_workspace(q, P).fill_(float("nan"))
+    ws = decode_attn_workspace(q, P)
+    rows = 3 * 4 * 16
+    ws[: P * rows * 129].fill_(float("nan"))
     out = torch.full_like(q, float("nan"))
-    o, lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws, return_lse=True)
+    with DA.override_config(merge_mode=merge_mode):
+        o, lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws, return_lse=True)
     assert o.data_ptr() == out.data_ptr()
     ro, rl = decode_attn_reference(q, k, v, s)
     check_close(o, lse, ro, rl, q.dtype, "poisoned")
@@ -380,7 +420,13 @@ def test_gpu_poisoned_buffers():
 
 
 @gpu
-def test_gpu_cuda_graph_capture_replay():
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_cuda_graph_capture_replay(merge_mode):
+    with DA.override_config(merge_mode=merge_mode):
+        _graph_case()
+
+
+def _graph_case():
     B, Sq, Hq, Hkv, D = 2, 2, 16, 4, 128
     Lmax = 8192
     q, k, v, s = make_inputs(B, Sq, Hq, Hkv, D, [6000, 300], Lmax=Lmax, device="cuda", seed=9)
