@@ -118,7 +118,10 @@ class MergeStatesKernel:
         h: Int32,
         lane: Int32,
     ):
-        """Merge the P parts of row (b, s, h); called by the 32 lanes of one warp."""
+        """Merge the P parts of row (b, s, h); called by the 32 lanes of one warp.
+
+        Parts are read with L2-only loads (ld.global.cg): the decode kernel's fused merge reads parts
+        other CTAs wrote during the same launch, which a stale L1 line must not shadow."""
         num_parts = mLp.shape[0]
         n_groups = (num_parts + 31) // 32
         # 1) max LSE: lanes read 32 parts at a time, butterfly max (order-independent, exact)
@@ -127,7 +130,7 @@ class MergeStatesKernel:
             p = g * 32 + lane
             lse_l = -Float32.inf
             if p < num_parts:
-                lse_l = mLp[p, b, s, h]
+                lse_l = self._ld_lse(mLp, p, b, s, h)
             lse_max = cute.arch.fmax(lse_max, lse_l)
         lse_max = cute.arch.warp_reduction_max(lse_max)
         lse_max_safe = lse_max
@@ -141,7 +144,7 @@ class MergeStatesKernel:
             p_l = g * 32 + lane
             w_l = Float32(0.0)
             if p_l < num_parts:
-                w_l = cute.math.exp2((mLp[p_l, b, s, h] - lse_max_safe) * LOG2_E, fastmath=True)
+                w_l = cute.math.exp2((self._ld_lse(mLp, p_l, b, s, h) - lse_max_safe) * LOG2_E, fastmath=True)
             n_in_group = cutlass.min(num_parts - g * 32, 32)
             # blocks of `unroll` parts: issue all loads first (clamped to a valid part), then FMA
             for q0 in cutlass.range(0, n_in_group, self.unroll, unroll=1):
@@ -159,15 +162,11 @@ class MergeStatesKernel:
                     gOp = mOp[g * 32 + q, b, s, h, None]
                     for j in cutlass.range_constexpr(self.chunks_per_lane):
                         c = lane + 32 * j
-                        if const_expr(self.chunks % 32 == 0):
-                            vals[None, j, u].store(
-                                cute.local_tile(gOp, (self.vec,), (c,)).load().to(Float32)
-                            )
-                        else:
+                        if const_expr(self.chunks % 32 != 0):
                             c = cutlass.min(c, self.chunks - 1)
-                            vals[None, j, u].store(
-                                cute.local_tile(gOp, (self.vec,), (c,)).load().to(Float32)
-                            )
+                        tmp = cute.make_rmem_tensor((self.vec,), self.dtype_in)
+                        cute.copy(self._atom_cg(self.dtype_in, self.vec), cute.local_tile(gOp, (self.vec,), (c,)), tmp)
+                        vals[None, j, u].store(tmp.load().to(Float32))
                 for u in cutlass.range_constexpr(self.unroll):
                     w = ws[u]
                     w_sum += w
@@ -189,6 +188,21 @@ class MergeStatesKernel:
                 out.store((acc[None, j].load() * inv).to(self.dtype_out))
         if lane == 0:
             mL[b, s, h] = lse_max_safe + cute.math.log(w_sum, fastmath=False)
+
+    @staticmethod
+    def _atom_cg(dtype, n):
+        return cute.make_copy_atom(
+            cute.nvgpu.CopyG2ROp(),
+            dtype,
+            num_bits_per_copy=n * dtype.width,
+            load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,
+        )
+
+    @cute.jit
+    def _ld_lse(self, mLp: cute.Tensor, p: Int32, b: Int32, s: Int32, h: Int32) -> Float32:
+        r = cute.make_rmem_tensor((1,), Float32)
+        cute.copy(self._atom_cg(Float32, 1), cute.local_tile(mLp[None, b, s, h], (1,), (p,)), r)
+        return r[0]
 
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor):

@@ -32,7 +32,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cute_kernels import decode_attn as DA  # noqa: E402
+import importlib  # noqa: E402
+
+DA = importlib.import_module("cute_kernels.decode_attn")  # the module (the package exports the function)
 from cute_kernels.decode_attn import decode_attn  # noqa: E402
 
 SHAPES = [

@@ -12,7 +12,10 @@ import math
 import pytest
 import torch
 
-from cute_kernels import decode_attn as DA
+import importlib
+
+# the package exports the function under the module's name: fetch the module itself
+DA = importlib.import_module("cute_kernels.decode_attn")
 from cute_kernels.decode_attn import decode_attn, decode_attn_reference, decode_attn_workspace
 
 HAS_CUDA = torch.cuda.is_available()
