@@ -1,0 +1,162 @@
+"""``cute-kernels`` / ``python -m cute_kernels``: demo, layouts, tune, report, warmup.
+
+    cute-kernels demo [--out DIR]      GPU: each kernel vs a PyTorch reference (error, speed).
+                                       CPU: compile every kernel for sm_90a, print the resource report,
+                                       write layout pictures to DIR.
+    cute-kernels layouts gemm [...]    print / draw tile layouts (see `cute-kernels layouts --help`)
+    cute-kernels tune gemm M N K       autotune the GEMM for one shape (needs a GPU); persisted
+    cute-kernels report                compile report only
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+
+def _demo_pictures(out_dir: str) -> list[str]:
+    from layouts import cli as lcli
+
+    os.makedirs(out_dir, exist_ok=True)
+    made = []
+    for what, name in [("mma-c", "gemm_mma_c_fragment.svg"), ("smem-a", "gemm_smem_a_swizzle.svg"),
+                       ("banks", "gemm_smem_a_banks.svg"), ("raster", "gemm_raster_8192.png")]:
+        path = os.path.join(out_dir, name)
+        extra = ["--problem", "8192,8192", "--num-ctas", "132"] if what == "raster" else []
+        lcli.main(["gemm", "--what", what, *extra, "--out", path])
+        made.append(path)
+    return made
+
+
+def _bench_ms(fn):
+    import torch
+
+    try:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=10, rep=50, return_mode="median")
+    except ImportError:
+        fn()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(20):
+            fn()
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e) / 20
+
+
+def _gpu_demo() -> int:
+    import torch
+
+    import cute_kernels
+
+    print(f"GPU: {torch.cuda.get_device_name(0)}")
+    bad = 0
+    print("\nGEMM bf16 (A row-major, B row-major), vs torch.matmul:")
+    for m, n, k in [(4096, 4096, 4096), (4097, 4096, 4096), (128, 4096, 4096), (1000, 3000, 520), (7, 1000, 136)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        out = cute_kernels.gemm(a, b)
+        ref = a.double() @ b.double()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        ms, ms_ref = _bench_ms(lambda: cute_kernels.gemm(a, b)), _bench_ms(lambda: torch.matmul(a, b))
+        ok = err < 2e-2
+        bad += not ok
+        tf = 2 * m * n * k / 1e9
+        print(f"  {m:5d}x{n:5d}x{k:5d}: rel err {err:.1e} {'ok' if ok else 'WRONG'}; "
+              f"{tf / ms:6.0f} TFLOP/s vs cuBLAS {tf / ms_ref:6.0f} ({ms_ref / ms:.2f}x)")
+    try:
+        DA = importlib.import_module("cute_kernels.decode_attn")
+
+        print("\nDecode attention bf16 d128 (KV bytes read per second), vs float32 reference:")
+        for b_, hq, hkv, L in [(1, 32, 8, 32768), (8, 32, 8, 8192)]:
+            q = torch.randn(b_, 1, hq, 128, device="cuda", dtype=torch.bfloat16)
+            kc = torch.randn(b_, L, hkv, 128, device="cuda", dtype=torch.bfloat16)
+            vc = torch.randn_like(kc)
+            lens = torch.full((b_,), L, device="cuda", dtype=torch.int32)
+            o = cute_kernels.decode_attn(q, kc, vc, cache_seqlens=lens)
+            ref = DA.decode_attn_reference(q, kc, vc, cache_seqlens=lens)
+            ref = ref[0] if isinstance(ref, tuple) else ref
+            err = ((o.double() - ref.double()).norm() / ref.double().norm()).item()
+            ms = _bench_ms(lambda: cute_kernels.decode_attn(q, kc, vc, cache_seqlens=lens))
+            ok = err < 2e-2
+            bad += not ok
+            print(f"  b{b_} hq{hq} hkv{hkv} L{L}: rel err {err:.1e} {'ok' if ok else 'WRONG'}; "
+                  f"{2 * kc.numel() * 2 / ms / 1e9:.2f} TB/s")
+    except Exception as e:  # report, don't hide
+        print(f"  decode demo failed: {type(e).__name__}: {e}")
+        bad += 1
+    return 1 if bad else 0
+
+
+def cmd_demo(args) -> int:
+    from .arch import has_gpu
+
+    if has_gpu() and not args.cpu:
+        return _gpu_demo()
+    from .report import compile_report
+
+    print("No CUDA device: compiling every kernel for sm_90a (CPU-only build) instead.\n")
+    compile_report()
+    paths = _demo_pictures(args.out)
+    print("\nLayout pictures:\n" + "\n".join(f"  {p}" for p in paths))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    import torch
+
+    import cute_kernels
+    from .tune import tune_gemm
+
+    if args.kernel != "gemm":
+        print(f"tune: unknown kernel {args.kernel!r}; known: gemm", file=sys.stderr)
+        return 2
+    dt = getattr(torch, args.dtype)
+    a = torch.randn(args.m, args.k, device="cuda", dtype=dt)
+    b = torch.randn(args.k, args.n, device="cuda", dtype=dt)
+    best = tune_gemm(a, b)
+    print(f"best for {args.m}x{args.n}x{args.k} {args.dtype}: {best}")
+    cute_kernels.gemm(a, b)
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "layouts":
+        from layouts import cli as lcli
+
+        return lcli.main(argv[1:]) or 0
+    ap = argparse.ArgumentParser(prog="cute-kernels", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="run (GPU) or compile (CPU) every kernel")
+    d.add_argument("--out", default="cute-kernels-demo", help="folder for layout pictures (CPU demo)")
+    d.add_argument("--cpu", action="store_true", help="the CPU demo even when a GPU is present")
+    sub.add_parser("layouts", help="print / draw tile layouts")
+    sub.add_parser("report", help="compile every kernel for sm_90a and print resources")
+    t = sub.add_parser("tune", help="autotune a kernel for one shape (GPU)")
+    t.add_argument("kernel")
+    t.add_argument("m", type=int)
+    t.add_argument("n", type=int)
+    t.add_argument("k", type=int)
+    t.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    args = ap.parse_args(argv)
+    if args.cmd == "demo":
+        return cmd_demo(args)
+    if args.cmd == "report":
+        from .report import compile_report
+
+        compile_report()
+        return 0
+    if args.cmd == "tune":
+        return cmd_tune(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

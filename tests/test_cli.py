@@ -1,0 +1,42 @@
+"""The CLI and the CPU compile report: every kernel family builds for sm_90a without spills."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cute_kernels import report
+
+
+def test_compile_report_every_kernel():
+    rows = report.compile_report(print_fn=lambda *_: None)
+    labels = {r["label"] for r in rows}
+    assert any(l.startswith("gemm") for l in labels)
+    assert any(l.startswith("decode_attn") for l in labels)
+    assert any(l.startswith("merge_states") for l in labels)
+    for r in rows:
+        assert r["spills"] == 0 and r["stack"] == 0, r
+        if r["label"].startswith("gemm"):
+            assert r.get("HGMMA", 0) > 0 and r.get("UTMALDG", 0) > 0, r
+
+
+def test_cli_layouts_text():
+    out = subprocess.run([sys.executable, "-m", "cute_kernels", "layouts", "gemm", "--what", "mma-c"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "thread" in out.stdout.lower() or "t0" in out.stdout.lower()
+
+
+def test_cli_demo_cpu(tmp_path):
+    """The CPU demo compiles everything and writes the layout pictures."""
+    out = subprocess.run([sys.executable, "-m", "cute_kernels", "demo", "--cpu", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    files = sorted(os.listdir(tmp_path))
+    assert any(f.endswith(".svg") for f in files) and any(f.endswith(".png") for f in files), files
+
+
+def test_cli_unknown_kernel():
+    out = subprocess.run([sys.executable, "-m", "cute_kernels", "layouts", "nope"], capture_output=True, text=True)
+    assert out.returncode != 0 and "known" in (out.stderr + out.stdout)
