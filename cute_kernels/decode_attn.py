@@ -751,7 +751,7 @@ def _checked_default(checked: Optional[bool]) -> bool:
     return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
 
 
-def _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace):
+def _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True):
     def err(cls, msg):
         raise cls(f"decode_attn: {msg}")
 
@@ -782,7 +782,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace):
         if t.stride(-1) != 1:
             err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got stride {t.stride()}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.data_ptr() % 16 != 0 or any(s % 8 != 0 for s in t.stride()[:-1]):
+        if (check_ptrs and t.data_ptr() % 16 != 0) or any(s % 8 != 0 for s in t.stride()[:-1]):
             err(ValueError, f"{name} rows must be 16-byte aligned (strides multiple of 8 elements), got {t.stride()}")
     devs = {t.device for t in (q, k_cache, v_cache, cache_seqlens)}
     if block_table is not None:
@@ -811,10 +811,12 @@ def _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace):
     if out is not None:
         if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
             err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
+        if check_ptrs and out.data_ptr() % 16 != 0:
+            err(ValueError, "out must be 16-byte aligned")
     if workspace is not None:
         if workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.device != q.device:
             err(ValueError, "workspace must be a contiguous float32 tensor on q's device")
-        if workspace.data_ptr() % 16 != 0:
+        if check_ptrs and workspace.data_ptr() % 16 != 0:
             err(ValueError, "workspace must be 16-byte aligned")
 
 
@@ -880,7 +882,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
     need = P * rows * (D + 1)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
-    elif workspace.numel() < need:
+    elif workspace.numel() < workspace_numel(P, B, Sq, Hq, D):
         raise ValueError(
             f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
             f"(num_splits={P}); see decode_attn_workspace()"
@@ -889,9 +891,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
     lse_part = workspace[P * rows * D : need].view(P, B, Sq, Hq)
     cnt = None
     if cfg.merge_mode == "fused":
-        if workspace.numel() >= need + rows:
-            cnt = workspace[need : need + rows].view(torch.int32)  # zeros from decode_attn_workspace
-        else:
+        if workspace.numel() >= need + rows:  # a caller's workspace: zeros from decode_attn_workspace
+            cnt = workspace[need : need + rows].view(torch.int32)
+        else:  # our own per-call workspace
             cnt = torch.zeros(rows, dtype=torch.int32, device=q.device)
     fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, cnt, scale_log2)
 
@@ -969,7 +971,7 @@ def _decode_attn_out_op(
     out: torch.Tensor,
     lse: torch.Tensor,
     workspace: Optional[torch.Tensor],
-    num_splits: int,
+    num_splits: Optional[int],
     causal: bool,
     softmax_scale: float,
 ) -> None:
@@ -993,7 +995,7 @@ def _decode_attn_op(
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor],
-    num_splits: int,
+    num_splits: Optional[int],
     causal: bool,
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1052,31 +1054,37 @@ def decode_attn(
 
     Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.
     """
-    _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace)
+    # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code)
+    compiling = torch.compiler.is_compiling()
+    _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=not compiling)
     B, Sq, Hq, D = q.shape
     scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"decode_attn: softmax_scale must be a positive finite number, got {softmax_scale}")
-    if _checked_default(checked):
+    if num_splits is not None:
+        num_splits = int(num_splits)
+        if num_splits < 1:
+            raise ValueError(f"decode_attn: num_splits must be >= 1, got {num_splits}")
+    if not compiling and _checked_default(checked):
         _check_device_values(k_cache, cache_seqlens, block_table)
-    if q.device.type == "cuda":
-        _, P = _plan(q, k_cache, block_table, num_splits, causal)
-    else:
-        P = 1 if num_splits is None else int(num_splits)
-        if P < 1:
-            raise ValueError(f"decode_attn: num_splits must be >= 1, got {P}")
-    if out is None and workspace is None:
-        o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, P, causal, scale)
-        return (o, lse) if return_lse else o
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if workspace is not None:
+    if not compiling and workspace is not None:
+        if q.device.type == "cuda":
+            P = _plan(q, k_cache, block_table, num_splits, causal)[1]
+        else:
+            P = num_splits or 1
         need = workspace_numel(P, B, Sq, Hq, D)
         if workspace.numel() < need:
             raise ValueError(
                 f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
                 f"(num_splits={P}); see decode_attn_workspace()"
             )
+    if out is None and workspace is None:
+        o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale)
+        return (o, lse) if return_lse else o
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, P, causal, scale)
+    _decode_attn_out_op(
+        q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale
+    )
     return (out, lse) if return_lse else out

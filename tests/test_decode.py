@@ -523,3 +523,18 @@ def test_gpu_torch_compile():
     out = f(q, k, v, s)
     ro, rl = decode_attn_reference(q, k, v, s)
     check_close(out / 2, None, 2 * ro / 2, rl, q.dtype, "torch.compile")
+
+
+def test_cpu_torch_compile_traces():
+    """The public function traces into one graph (custom ops + fake implementations)."""
+    q, k, v, s = make_inputs(2, 1, 8, 2, 64, [5, 9])
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, k, v, s):
+        o, lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=2, return_lse=True)
+        return o.float() * 2, lse
+
+    o, lse = f(q, k, v, s)
+    ro, rl = decode_attn_reference(q, k, v, s)
+    torch.testing.assert_close(o, 2 * ro.to(q.dtype).float())
+    torch.testing.assert_close(lse, rl)
