@@ -627,6 +627,32 @@ def get_decode_kernel(cfg: DecodeConfig):
 jit.register_warmup("decode_attn", get_decode_kernel)
 
 
+def _precompile_one(cfg: DecodeConfig) -> str:
+    try:
+        get_decode_kernel(cfg)
+        return ""
+    except Exception as e:  # reported, and raised again where the config is used
+        return f"{cfg}: {type(e).__name__}: {e}"
+
+
+def precompile(configs, processes: Optional[int] = None) -> list[str]:
+    """Compile decode configs into the disk cache in parallel processes (``cute.compile`` is not
+    thread-safe); later ``get_decode_kernel`` calls load them in ~1 ms.  Returns error strings."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    configs = list(dict.fromkeys(configs))
+    if not configs:
+        return []
+    if not jit.disk_cache_enabled():
+        return [_precompile_one(c) for c in configs]
+    n = processes or max(1, min(len(configs), (os.cpu_count() or 2) - 1, 16))
+    if n == 1:
+        return [e for e in map(_precompile_one, configs) if e]
+    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
+        return [e for e in ex.map(_precompile_one, configs) if e]
+
+
 # ------------------------------------------------------------------------------------------------
 # host side: config heuristic, split count, validation
 # ------------------------------------------------------------------------------------------------

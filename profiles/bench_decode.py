@@ -183,6 +183,41 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def precompile_all(args):
+    """Compile every config this run needs in parallel processes (disk cache), before timing."""
+    cfgs = []
+    modes = [None]
+    if args.sweep:
+        modes = ["kernel", "pdl", "fused", dict(n_tile=64, stages=3), dict(n_tile=64, stages=6),
+                 dict(n_tile=128, stages=3), dict(n_tile=64, stages=2)]
+    for name, B, Hq, Hkv, L, page in SHAPES:
+        if args.only and args.only not in name:
+            continue
+        q = torch.empty(B, 1, Hq, D, dtype=DTYPE, device="meta")
+        for m in modes:
+            over = {} if m is None else (dict(merge_mode=m) if isinstance(m, str) else m)
+            prev = DA._CONFIG_OVERRIDE
+            DA._CONFIG_OVERRIDE = {**(prev or {}), **over} or None
+            try:
+                for paged in (False, True):
+                    if paged and args.sweep:
+                        continue
+                    k = torch.empty(B if not paged else 1, L if not paged else page, Hkv, D, dtype=DTYPE, device="meta")
+                    bt = torch.empty(B, -(-L // page), dtype=torch.int32, device="meta") if paged else None
+                    cfg, P = DA._plan(q, k, bt, None, True)
+                    cfgs.append(cfg)
+                    if args.sweep:
+                        for f in (0.5, 2):
+                            cfgs.append(DA._plan(q, k, bt, max(1, int(round(P * f))), True)[0])
+            finally:
+                DA._CONFIG_OVERRIDE = prev
+    t0 = time.time()
+    errs = DA.precompile(cfgs)
+    print(f"precompiled {len(set(cfgs))} configs in {time.time() - t0:.1f} s", flush=True)
+    for e in errs:
+        print("  precompile error:", e[:300], flush=True)
+
+
 def run_shapes(args, bench):
     results, notes_all = [], {}
     for name, B, Hq, Hkv, L, page in SHAPES:
@@ -358,6 +393,7 @@ def main():
     t0 = time.time()
     if args.merge_mode:
         DA._CONFIG_OVERRIDE = dict(merge_mode=args.merge_mode)
+    precompile_all(args)
     if args.sweep:
         results, notes = [], {}
         sweep = run_sweep(args, bench)

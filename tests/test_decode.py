@@ -538,3 +538,52 @@ def test_cpu_torch_compile_traces():
     ro, rl = decode_attn_reference(q, k, v, s)
     torch.testing.assert_close(o, 2 * ro.to(q.dtype).float())
     torch.testing.assert_close(lse, rl)
+
+
+# --------------------------------------------------------------------- GPU: parallel precompile
+def gpu_test_configs():
+    """The DecodeConfigs the GPU tests above use (compiled up front, in parallel)."""
+    bf, f16 = torch.bfloat16, torch.float16
+    cases = set()
+
+    def add(dtype, D, rows, page, causal, modes=("kernel",)):
+        for split in (False, True):
+            for m in modes if split else ("kernel",):
+                cases.add((dtype, D, rows, page, causal, split, m))
+
+    for G in (1, 4, 8):
+        for Sq in (1, 4):
+            add(bf, 128, G * Sq, 0, True)
+    for dt in (bf, f16):
+        for D in (64, 256):
+            for rows in (8, 12, 64):
+                add(dt, D, rows, 0, True)
+    for rows in (32, 128, 16):
+        for c in (True, False):
+            add(bf, 128, rows, 0, c)
+    for ps in (16, 64, 128, 256, 48):
+        for rows in (4, 16):
+            add(bf, 128, rows, ps, True)
+    for rows, page in ((16, 0), (16, 32), (32, 0), (8, 0)):
+        add(bf, 128, rows, page, True, modes=("kernel", "pdl", "fused"))
+    add(bf, 128, 4, 0, True)
+    cfgs = []
+    for dtype, D, rows, page, causal, split, mode in sorted(cases, key=str):
+        with DA.override_config(merge_mode=mode):
+            cfgs.append(DA.make_config(dtype, D, rows, page > 0, page, causal, split))
+    return list(dict.fromkeys(cfgs))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompile_for_gpu_tests(request):
+    if not HAS_CUDA:
+        return
+    if not any("gpu" in item.keywords for item in request.session.items if item.module is request.module):
+        return
+    errors = DA.precompile(gpu_test_configs())
+    for e in errors:
+        print("precompile:", e)
+
+
+def test_gpu_config_list_is_small():
+    assert 10 <= len(gpu_test_configs()) <= 80
