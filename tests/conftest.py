@@ -10,13 +10,17 @@ os.environ.setdefault("CUTE_KERNELS_CACHE_DIR", os.path.join(os.path.dirname(__f
 HAS_CUDA = torch.cuda.is_available()
 
 
+RUN_SLOW = os.environ.get("CUTE_KERNELS_SLOW_TESTS", "") not in ("", "0")
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_slow = pytest.mark.skip(reason="slow (exhaustive compile sweep): set CUTE_KERNELS_SLOW_TESTS=1")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not RUN_SLOW:
+            item.add_marker(skip_slow)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
