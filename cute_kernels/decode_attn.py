@@ -696,11 +696,11 @@ def make_config(
     num_threads = 128
     warps_n = (num_threads // 32) // (m_tile // 16)
     # ~32 KB of K+V per stage (64 tokens at D=128), at least 16 tokens per warp; fewer tokens per
-    # warp at D=256 with one warp column (registers); a ~128 KB ring
+    # warp at D=256 with one warp column (registers); a ~96 KB ring, so two CTAs share an SM
     n_tile = max(8192 // head_dim, 16 * warps_n)
     if warps_n == 1:
         n_tile = 32 if head_dim == 256 else 64
-    stages = max(2, min(4, (128 * 1024) // (n_tile * 4 * head_dim)))
+    stages = max(2, min(4, (96 * 1024) // (n_tile * 4 * head_dim)))
     kw = dict(n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1, merge_mode="kernel")
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)

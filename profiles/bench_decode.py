@@ -188,7 +188,7 @@ def precompile_all(args):
     cfgs = []
     modes = [None]
     if args.sweep:
-        modes = ["kernel", "pdl", "fused", dict(n_tile=64, stages=3), dict(n_tile=64, stages=6),
+        modes = ["kernel", "pdl", "fused", dict(n_tile=64, stages=4), dict(n_tile=64, stages=6),
                  dict(n_tile=128, stages=3), dict(n_tile=64, stages=2)]
     for name, B, Hq, Hkv, L, page in SHAPES:
         if args.only and args.only not in name:
@@ -280,7 +280,7 @@ def run_sweep(args, bench):
         for f in (0.5, 1, 2):
             variants.append((dict(merge_mode=mode), f))
     for cfg in (
-        dict(n_tile=64, stages=3),
+        dict(n_tile=64, stages=4),
         dict(n_tile=64, stages=6),
         dict(n_tile=128, stages=3),
         dict(n_tile=64, stages=2),
