@@ -802,7 +802,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, c
     Hkv = k_cache.shape[2]
     if k_cache.shape[3] != D:
         err(ValueError, f"cache head_dim {k_cache.shape[3]} != q head_dim {D}")
-    if Hkv < 1 or Hq % Hkv != 0:
+    if Hkv < 1 or Hq < 1 or Hq % Hkv != 0:
         err(ValueError, f"heads_q ({Hq}) must be a multiple of heads_kv ({Hkv})")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
@@ -896,6 +896,8 @@ def _plan(q, k_cache, block_table, num_splits, causal):
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
     """Launch on CUDA tensors; out (B,Sq,Hq,D), lse (B,Hq,Sq) fp32 are written."""
     B, Sq, Hq, D = q.shape
+    if B == 0:
+        return
     cfg, P = _plan(q, k_cache, block_table, num_splits, causal)
     fn = get_decode_kernel(cfg)
     if q.stride(-1) != 1 or any(s % 8 != 0 for s in q.stride()[:-1]) or q.data_ptr() % 16 != 0:

@@ -115,6 +115,12 @@ def test_bad_inputs(make, exc, match):
         _call(make())
 
 
+def test_empty_batch():
+    q, k, v, s = make_inputs(1, 1, 8, 2, 64, [3])
+    out = decode_attn(q[:0], k[:0], v[:0], cache_seqlens=s[:0])
+    assert out.shape == (0, 1, 8, 64)
+
+
 def test_contiguous_cache_batch_mismatch():
     q, k, v, s = make_inputs(2, 1, 8, 2, 128, [5, 9])
     with pytest.raises(ValueError, match="batch"):
@@ -516,7 +522,7 @@ def test_gpu_strided_inputs():
 def test_gpu_torch_compile():
     q, k, v, s = make_inputs(2, 1, 8, 2, 128, [100, 2000], device="cuda")
 
-    @torch.compile(fullgraph=True)
+    @torch.compile(fullgraph=True, backend="aot_eager")
     def f(q, k, v, s):
         return decode_attn(q, k, v, cache_seqlens=s, num_splits=4) * 2
 
@@ -587,3 +593,14 @@ def _precompile_for_gpu_tests(request):
 
 def test_gpu_config_list_is_small():
     assert 10 <= len(gpu_test_configs()) <= 80
+
+
+@gpu
+def test_gpu_empty_batch_and_lengths_shorter_than_q():
+    q, k, v, s = make_inputs(1, 1, 8, 2, 128, [3], device="cuda")
+    assert decode_attn(q[:0], k[:0], v[:0], cache_seqlens=s[:0]).shape == (0, 1, 8, 128)
+    # L < Sq: the first new tokens see nothing (zeros, -inf LSE), the last ones see the cache
+    q, k, v, s = make_inputs(2, 8, 8, 2, 128, [3, 0], Lmax=64, device="cuda")
+    for P in (1, 5):
+        out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=P)
+        check_close(out, lse, ro, rl, q.dtype, f"L<Sq P={P}")
