@@ -922,8 +922,25 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
         if workspace.numel() >= need + rows:  # a caller's workspace: zeros from decode_attn_workspace
             cnt = workspace[need : need + rows].view(torch.int32)
         else:  # our own per-call workspace
-            cnt = torch.zeros(rows, dtype=torch.int32, device=q.device)
+            cnt = _counters(q.device, rows)
     fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, cnt, scale_log2)
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    """Zeroed int32 merge counters for the fused merge, cached per (device, stream): the kernel
+    leaves them at zero and launches on one stream are ordered.  While a CUDA graph is being
+    captured a fresh buffer is used (captured as a memset), so graphs never share counters."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf[:n]
 
 
 def decode_attn_workspace(
