@@ -128,27 +128,34 @@ def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
     dt = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
     M, N, K, L = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
 
-    def mat(dtype, rows, cols, major, tma):
-        div = 16 // (dtype.width // 8) if tma else 1
+    def mat(dtype, rows, cols, major, tma, vec=None):
+        # vec: bytes per vector of the cp.async mainloop (base and non-unit strides are multiples of it)
+        align = vec if vec is not None else (16 if tma else dtype.width // 8)
+        div = align // (dtype.width // 8)
         s = cute.sym_int(divisibility=div)
         stride = (s, 1) if major == "row" else (1, s)
         shape = (rows, cols)
         if cfg.a_rank == 3:
             shape, stride = (L, *shape), (cute.sym_int(divisibility=div), *stride)
-        return make_fake_tensor(dtype, shape, stride, assumed_align=16 if tma else dtype.width // 8)
+        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
     t = cfg.tiles
     a_major = "row" if t.mma.a_major == "k" else "col"
     b_major = "col" if t.mma.b_major == "k" else "row"
     d_major = "row" if t.c_major == "n" else "col"
-    a = mat(dt[ab_dtype], M, K, a_major, True)
-    b = mat(dt[ab_dtype], K, N, b_major, True)
+    cp = cfg.mainloop == "cpasync"
+    a = mat(dt[ab_dtype], M, K, a_major, True, cfg.vec_a if cp else None)
+    b = mat(dt[ab_dtype], K, N, b_major, True, cfg.vec_b if cp else None)
     d = mat(dt[d_dtype], M, N, d_major, cfg.tma_store)
     c = mat(dt[c_dtype], M, N, "row", False) if cfg.has_c else mat(dt[d_dtype], M, N, d_major, False)
     if cfg.has_c:  # C may have any strides: both symbolic
         shape = (M, N) if cfg.a_rank == 2 else (L, M, N)
         c = make_fake_tensor(dt[c_dtype], shape, tuple(cute.sym_int() for _ in shape), assumed_align=dt[c_dtype].width // 8)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)  # torch's current stream at call time
+    if cp:
+        from .gemm_cpasync_kernel import GemmSm90CpAsync
+
+        return GemmSm90CpAsync(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0), stream)
     return GemmSm90(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0), stream)
 
 
@@ -229,15 +236,26 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
     # canonical-stride fixes are views; remember whether this signature needs them
     p.a_fix = a_major if _canonical_strides(a, a_major) is not a else None
     p.b_fix = b_major if _canonical_strides(b, b_major) is not b else None
+    cp_async = None
     if not (_tma_ok(a, a_major) and _tma_ok(b, b_major)):
-        raise ValueError(
-            "gemm: a and b need 16-byte aligned data pointers and leading dimensions that are multiples "
-            f"of 8 elements for TMA (a strides {tuple(a.stride())}, b strides {tuple(b.stride())}); "
-            "the predicated cp.async path for such shapes is not implemented yet"
+        # TMA cannot describe A or B: predicated cp.async mainloop, reading them where they are (no
+        # copy).  Vector width per operand from the strides, the contiguous extent and the pointers'
+        # low bits; those bits are OR-ed over a, b and out as in the plan signature, so every call that
+        # reuses this plan is at least as aligned.  (1, 1) cluster, no tuned tiles, no split-K.
+        from .gemm_cpasync_kernel import choose_vec_bytes
+
+        ptr_bits = (a.data_ptr() | b.data_ptr() | (out.data_ptr() if out is not None else 0)) & 15
+        es = a.element_size()
+        cp_async = dict(
+            mainloop="cpasync",
+            vec_a=choose_vec_bytes(ptr_bits, a.shape, a.stride(), es, a.dim() - (1 if a_major == "row" else 2)),
+            vec_b=choose_vec_bytes(ptr_bits, b.shape, b.stride(), es, b.dim() - (1 if b_major == "row" else 2)),
         )
     ab = _TORCH_TO_NAME[a.dtype]
     d_name = _TORCH_TO_NAME[p.out_dtype]
     am, bm = ("k" if a_major == "row" else "mn"), ("mn" if b_major == "row" else "k")
+    if tiles is None and cp_async is not None:
+        tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
     if tiles is None:
         tuned = _tuned_choice(m, n, k, l, ab, am, bm, d_name)
         if tuned is not None:
@@ -245,7 +263,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
         else:
             tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
     raster = raster or (1, True)
-    p.splits = split_k_factor(m, n, k, l, tiles)
+    if cp_async is not None:
+        from .gemm_cpasync_kernel import cpasync_tiles
+
+        tiles = cpasync_tiles(tiles)
+    p.splits = split_k_factor(m, n, k, l, tiles) if cp_async is None else 1
     if p.splits > 1:
         # partials: a batched GEMM over K slices into an fp32 (S, M, N) workspace, then one reduce
         tiles = T.GemmTiles(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, mma=tiles.mma,
@@ -270,6 +292,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
         tiles=tiles, a_rank=a.dim(), has_c=p.has_c, tma_store=_tma_ok(probe, d_major),
         raster_swizzle=raster[0], raster_along_m=raster[1],
         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]),
+        **(cp_async or {}),
     )
     p.fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
     return p

@@ -42,6 +42,12 @@ class GemmConfig:
     raster_swizzle: int = 1
     raster_along_m: bool = True
     max_active_clusters: int = 132
+    # A/B mainloop: "tma" (GemmSm90) or "cpasync" (gemm_cpasync_kernel.GemmSm90CpAsync, for operands
+    # whose strides/base break TMA); vec_a / vec_b: bytes per global->shared vector on that path
+    # (16, 8, 4: cp.async; 2: synchronous loads through registers).
+    mainloop: str = "tma"
+    vec_a: int = 16
+    vec_b: int = 16
 
     @property
     def a_major(self):
