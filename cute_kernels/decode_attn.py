@@ -873,7 +873,23 @@ def _check_device_values(k_cache, cache_seqlens, block_table):
                 )
 
 
+_PLANS: dict = {}
+
+
 def _plan(q, k_cache, block_table, num_splits, causal):
+    """(DecodeConfig, num_splits) from static facts only; memoized (host overhead per call)."""
+    key = (
+        tuple(q.shape), q.dtype, k_cache.shape[2], k_cache.shape[1], block_table is not None,
+        _capacity(k_cache, block_table), num_splits, causal,
+        tuple(sorted(_CONFIG_OVERRIDE.items())) if _CONFIG_OVERRIDE else None,
+    )
+    hit = _PLANS.get(key)
+    if hit is None:
+        hit = _PLANS[key] = _plan_uncached(q, k_cache, block_table, num_splits, causal)
+    return hit
+
+
+def _plan_uncached(q, k_cache, block_table, num_splits, causal):
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     rows = (Hq // Hkv) * Sq
@@ -1004,6 +1020,15 @@ def decode_attn_reference(
 # ------------------------------------------------------------------------------------------------
 # torch.library ops and the public function
 # ------------------------------------------------------------------------------------------------
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
+    if q.device.type != "cuda":
+        o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale)
+        out.copy_(o.to(out.dtype))
+        lse.copy_(l)
+        return
+    _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale)
+
+
 @torch.library.custom_op(
     "cute_kernels::decode_attn_", mutates_args=("out", "lse", "workspace"), device_types=None
 )
@@ -1020,12 +1045,7 @@ def _decode_attn_out_op(
     causal: bool,
     softmax_scale: float,
 ) -> None:
-    if q.device.type != "cuda":
-        o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale)
-        out.copy_(o.to(out.dtype))
-        lse.copy_(l)
-        return
-    _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale)
+    _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale)
 
 
 @_decode_attn_out_op.register_fake
@@ -1123,13 +1143,13 @@ def decode_attn(
                 f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
                 f"(num_splits={P}); see decode_attn_workspace()"
             )
-    if out is None and workspace is None:
+    if compiling and out is None and workspace is None:
         o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale)
         return (o, lse) if return_lse else o
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    _decode_attn_out_op(
-        q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale
-    )
+    # eager calls skip the dispatcher; under torch.compile the custom op is traced
+    run = _decode_attn_out_op if compiling else _decode_impl
+    run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale)
     return (out, lse) if return_lse else out
