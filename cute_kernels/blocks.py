@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 MBARRIER_BYTES_RESERVED = 1024  # barriers + alignment slack kept out of the stage budget
 
@@ -84,3 +84,30 @@ def as_mkl(t: cute.Tensor, order: tuple[int, ...]) -> cute.Tensor:
     if cutlass.const_expr(len(order) == 2):
         lay = cute.append(lay, cute.make_layout(1, stride=0))
     return cute.make_tensor(t.iterator, lay)
+
+
+@cute.jit
+def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                   ab_pipe, read, release, k_tiles):
+    """acc += A @ B over ``k_tiles`` stages of the ring, one wgmma group in flight.
+
+    A stage is released only once the wgmma group that read it has retired (``wait_group(1)`` after
+    the next group was committed), so the producer can refill it while the tensor cores keep going.
+    """
+    num_k_blocks = cute.size(tCrA, mode=[2])
+    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.fence()
+    for kt in range(k_tiles):
+        ab_pipe.consumer_wait(read)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)
+        if kt > 0:
+            ab_pipe.consumer_release(release)
+            release.advance()
+        read.advance()
+    warpgroup.wait_group(0)
+    if k_tiles > 0:
+        ab_pipe.consumer_release(release)
+        release.advance()

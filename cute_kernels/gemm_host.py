@@ -96,25 +96,44 @@ def _check(a, b, out, c, out_dtype):
 
 
 # ---------------------------------------------------------------------------- configuration
-def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major: str,
-                  c_dtype: str, c_major: str) -> T.GemmTiles:
-    """Shape heuristic: 128x256 tiles with two consumer warpgroups for large problems; 128x128 when the
-    256-wide tiles would leave most SMs idle."""
-    sms = current_arch().sm_count
-    tiles_256 = math.ceil(m / 128) * math.ceil(n / 256) * l
-    atom_n = 256 if tiles_256 >= sms or n > 4096 else 128
-    tile_n = atom_n
-    cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 and m * n * l >= 2048 * 2048 else (1, 1)
-    mma = T.MmaTile(ab_dtype=ab, atom_n=atom_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
-    c_bytes = 4 if c_dtype == "float32" else 2
-    epi = (128, 32)  # the epilogue sub-tile spans both consumer warpgroups along M
-    epi_stages = 2
-    per_stage = (128 + tile_n) * 64 * 2
+def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str, b_major: str,
+                    c_dtype: str, c_major: str = "n") -> T.GemmTiles:
+    """A 128 x tile_n x 64 CTA tile over two consumer warpgroups, as many operand stages as fit.
+
+    The epilogue sub-tile spans both warpgroups' rows; it is 64 columns wide for 16-bit outputs (half
+    the sub-tiles, so half the epilogue barriers, of a 32-wide one) when that still leaves 4 stages.
+    """
     from .blocks import stage_count
 
-    stages = stage_count(current_arch().smem_per_cta, per_stage, epi[0] * epi[1] * c_bytes * epi_stages)
+    smem = current_arch().smem_per_cta
+    c_bytes = 4 if c_dtype == "float32" else 2
+    per_stage = (128 + tile_n) * 64 * 2
+    epi_n = 32
+    if c_bytes == 2 and tile_n % 64 == 0 and stage_count(smem, per_stage, 128 * 64 * c_bytes * 2) >= 4:
+        epi_n = 64
+    stages = stage_count(smem, per_stage, 128 * epi_n * c_bytes * 2)
+    mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
     return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
-                       epi_tile_mn=epi, epi_stages=epi_stages, c_dtype=c_dtype, c_major=c_major)
+                       epi_tile_mn=(128, epi_n), epi_stages=2, c_dtype=c_dtype, c_major=c_major)
+
+
+def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major: str,
+                  c_dtype: str, c_major: str) -> T.GemmTiles:
+    """Shape heuristic.  Pick the tile width whose last wave is fullest, weighting each wave by the
+    tile's area and a small efficiency penalty for narrow wgmma (N=128 re-reads A from smem twice as
+    often per FLOP as N=256).  Tiny problems that cannot fill the SMs take 128-wide tiles (and split-K)."""
+    sms = current_arch().sm_count
+    best = None
+    for tile_n, eff in ((256, 1.0), (192, 0.97), (128, 0.92)):
+        n_tiles = math.ceil(m / 128) * math.ceil(n / tile_n) * l
+        cost = math.ceil(n_tiles / sms) * tile_n / eff
+        if n_tiles * 2 <= sms:  # split-K territory: narrow tiles give more, cheaper slices
+            cost = 0 if tile_n == 128 else float("inf")
+        if best is None or cost < best[0]:
+            best = (cost, tile_n)
+    tile_n = best[1]
+    cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 and m * n * l >= 2048 * 2048 else (1, 1)
+    return make_gemm_tiles(tile_n, cluster, ab, a_major, b_major, c_dtype, c_major)
 
 
 def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
@@ -181,22 +200,62 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 
 
 # ---------------------------------------------------------------------------- split-K
-def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles) -> int:
-    """Pure Python: how many K slices to run as a batch so that the output tiles fill the SMs.
+#: "cluster": K slices on the CTAs of one cluster, reduced through DSMEM (gemm_splitk_kernel.py);
+#: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel.  Both deterministic.
+SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
 
-    Only used when the tiles cannot fill half the SMs, K divides into whole 64-wide k-tiles per slice,
-    and each slice keeps at least 8 k-tiles to stream (the partials cost an fp32 write + read).
+
+def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str | None = None) -> int:
+    """Pure Python: how many K slices make the output tiles fill the SMs (1: no split).
+
+    Only when the tiles cannot fill half the SMs and each slice keeps >= 8 k-tiles to stream.  The
+    cluster mode needs 128x128 tiles, a power-of-two slice count <= 8, no batch, and takes K tails
+    (TMA zero-fills past K); the workspace mode needs whole k-tiles per slice (K % (64 * S) == 0).
     """
+    mode = mode or SPLITK_MODE
     sms = current_arch().sm_count
     tm, tn, tk = tiles.tile_mnk
     n_tiles = math.ceil(m / tm) * math.ceil(n / tn) * l
     if l != 1 or n_tiles * 2 > sms:
         return 1
+    k_tiles = math.ceil(k / tk)
     best = 1
+    if mode == "cluster":
+        if (tm, tn) != (128, 128):
+            return 1
+        for s in (2, 4, 8):
+            if k_tiles >= 8 * s and n_tiles * s <= sms:
+                best = s
+        return best
     for s in range(2, 17):
         if k % (tk * s) == 0 and k // s >= 8 * tk and n_tiles * s <= sms:
             best = s
     return best
+
+
+def compiled_splitk_cluster(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
+    return jit.get_compiled("gemm_sm90_splitk_cluster", (cfg, ab_dtype, d_dtype, c_dtype),
+                            lambda: _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype))
+
+
+def _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype):
+    """A/B as for the TMA GEMM (16-byte strides); D and C with any strides (stored element-wise)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .gemm_splitk_kernel import GemmSm90SplitKCluster
+
+    dt = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+    M, N, K = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    t = cfg.tiles
+    s_ = lambda: cute.sym_int(divisibility=8)  # noqa: E731
+    a = make_fake_tensor(dt[ab_dtype], (M, K), (s_(), 1) if t.mma.a_major == "k" else (1, s_()), assumed_align=16)
+    b = make_fake_tensor(dt[ab_dtype], (K, N), (1, s_()) if t.mma.b_major == "k" else (s_(), 1), assumed_align=16)
+    d = make_fake_tensor(dt[d_dtype], (M, N), (cute.sym_int(), cute.sym_int()), assumed_align=dt[d_dtype].width // 8)
+    c = make_fake_tensor(dt[c_dtype], (M, N), (cute.sym_int(), cute.sym_int()), assumed_align=dt[c_dtype].width // 8)
+    return GemmSm90SplitKCluster(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0),
+                                       make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 # ---------------------------------------------------------------------------- public entry
@@ -268,11 +327,17 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
 
         tiles = cpasync_tiles(tiles)
     p.splits = split_k_factor(m, n, k, l, tiles) if cp_async is None else 1
+    if p.splits > 1 and SPLITK_MODE == "cluster":
+        from .gemm_splitk_kernel import SplitKClusterConfig
+
+        scfg = SplitKClusterConfig(tiles=make_gemm_tiles(128, (1, 1), ab, am, bm, d_name), splits=p.splits,
+                                   a_rank=2, has_c=p.has_c)
+        p.fn = compiled_splitk_cluster(scfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
+        p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
+        return p
     if p.splits > 1:
         # partials: a batched GEMM over K slices into an fp32 (S, M, N) workspace, then one reduce
-        tiles = T.GemmTiles(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, mma=tiles.mma,
-                            ab_stages=tiles.ab_stages, epi_tile_mn=tiles.epi_tile_mn,
-                            epi_stages=tiles.epi_stages, c_dtype="float32", c_major="n")
+        tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, "float32")
         cfg = GemmConfig(tiles=tiles, a_rank=3, has_c=False, tma_store=True, raster_swizzle=raster[0],
                          raster_along_m=raster[1], max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]))
         p.fn = compiled_gemm(cfg, ab, "float32", "float32")
@@ -285,9 +350,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
     d_major = _major(probe, "out", "M", "N")
     p.d_fix = d_major if _canonical_strides(probe, d_major) is not probe else None
     if d_major == "col":
-        tiles = T.GemmTiles(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, mma=tiles.mma,
-                            ab_stages=tiles.ab_stages, epi_tile_mn=tiles.epi_tile_mn,
-                            epi_stages=tiles.epi_stages, c_dtype=d_name, c_major="m")
+        tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, d_name, "m")
     cfg = GemmConfig(
         tiles=tiles, a_rank=a.dim(), has_c=p.has_c, tma_store=_tma_ok(probe, d_major),
         raster_swizzle=raster[0], raster_along_m=raster[1],

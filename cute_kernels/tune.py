@@ -47,19 +47,14 @@ def lookup(m, n, k, l, ab, am, bm, d_name):
 
 
 def _tiles(tile_n, cluster, ab, am, bm, d_name) -> T.GemmTiles:
-    from .blocks import stage_count
+    from .gemm_host import make_gemm_tiles
 
-    c_bytes = 4 if d_name == "float32" else 2
-    epi = (128, 32)
-    stages = stage_count(current_arch().smem_per_cta, (128 + tile_n) * 64 * 2, epi[0] * epi[1] * c_bytes * 2)
-    mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=am, b_major=bm)
-    return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
-                       epi_tile_mn=epi, epi_stages=2, c_dtype=d_name, c_major="n")
+    return make_gemm_tiles(tile_n, cluster, ab, am, bm, d_name)
 
 
 def candidates(m, n, ab, am, bm, d_name):
     out = []
-    for tile_n in (256, 128):
+    for tile_n in (256, 192, 128):
         for cluster in ((1, 1), (2, 1), (1, 2)):
             if cluster[0] == 2 and -(-m // 128) % 2 or cluster[1] == 2 and -(-n // tile_n) % 2:
                 continue
