@@ -23,7 +23,6 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from layouts import tiles as T
@@ -231,7 +230,6 @@ class GemmSm90:
         thr_mma_c = tiled_mma.get_slice(mma_tidx)  # C: each thread's own accumulator fragment
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        num_k_blocks = cute.size(tCrA, mode=[2])
 
         gD = cute.local_tile(mD, (m_t, n_t), (None, None, None))  # (m_t, n_t, tm, tn, l)
         gC = cute.local_tile(mC, (m_t, n_t), (None, None, None))
@@ -268,23 +266,7 @@ class GemmSm90:
             tile = work.tile_idx
             # ---- mainloop: keep one wgmma group in flight, release the stage it no longer reads
             acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.fence()
-            for kt in range(k_tiles):
-                ab_pipe.consumer_wait(read)
-                for kb in cutlass.range_constexpr(num_k_blocks):
-                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
-                              tCrB[(None, None, kb, read.index)], acc)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                if kt > 0:
-                    ab_pipe.consumer_release(release)
-                    release.advance()
-                read.advance()
-            warpgroup.wait_group(0)
-            if k_tiles > 0:
-                ab_pipe.consumer_release(release)
-                release.advance()
+            blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles)
 
             # ---- alpha / beta in registers (C read with predicates: any strides, ragged tiles)
             tile_mnl = (tile[0], tile[1], tile[2])
