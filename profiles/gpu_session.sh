@@ -1,18 +1,23 @@
 #!/bin/bash
 # One device call: GPU tests, then benchmarks.  Logs and results land in $OUT (at most 8 files).
-#   source .device/setup.sh && bash profiles/gpu_session.sh [tests|bench|all] [pytest -k expr]
+#   source .device/setup.sh && bash profiles/gpu_session.sh STEP...
+# steps: gemm-tests attn-tests bench-gemm bench-gemm-tune bench-decode host demo
 set -o pipefail
-what=${1:-all}; targets=${2:-tests}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export CUTE_KERNELS_CACHE_DIR=/tmp/ck-cache
+export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-{ echo "commit $commit (+ uncommitted changes: $(git status --porcelain 2>/dev/null | wc -l) files)"; date -u; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv; } > "$OUT/session.log"
-if [[ $what == tests || $what == all ]]; then
-  timeout 420 python3 -m pytest -q -m gpu --maxfail=20 -p no:cacheprovider $targets 2>&1 | tail -n 80 | tee "$OUT/gpu-tests.log"
-fi
-if [[ $what == bench || $what == all ]]; then
-  timeout 420 python3 profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/bench-gemm.log"
-fi
-if [[ $what == host || $what == all ]]; then
-  timeout 200 python3 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log"
-fi
+{ echo "commit $commit (+ uncommitted: $(git status --porcelain 2>/dev/null | wc -l) files)"; date -u;
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv; } > "$OUT/session.log"
+py() { timeout "$1" python3 "${@:2}"; }
+for step in "$@"; do
+  echo "=== $step $(date -u +%T)" | tee -a "$OUT/session.log"
+  case $step in
+    gemm-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
+    attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
+    bench-gemm) py 400 profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-gemm.log" ;;
+    bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-gemm.log" ;;
+    bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-decode.log" ;;
+    host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
+    demo) py 300 -m cute_kernels demo 2>&1 | grep -v "Warning\|warn" | tee "$OUT/demo.log" ;;
+  esac
+done
