@@ -203,6 +203,9 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: "cluster": K slices on the CTAs of one cluster, reduced through DSMEM (gemm_splitk_kernel.py);
 #: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel.  Both deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
+#: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe: it
+#: compiles, but hung on the H200 in its first run (2026-11-29); off until that is understood.
+CPASYNC_ENABLED = os.environ.get("CUTE_KERNELS_CPASYNC", "0") not in ("0", "")
 
 
 def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str | None = None) -> int:
@@ -301,6 +304,13 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
         # copy).  Vector width per operand from the strides, the contiguous extent and the pointers'
         # low bits; those bits are OR-ed over a, b and out as in the plan signature, so every call that
         # reuses this plan is at least as aligned.  (1, 1) cluster, no tuned tiles, no split-K.
+        if not CPASYNC_ENABLED:
+            raise ValueError(
+                "gemm: TMA needs 16-byte aligned data pointers and leading dimensions that are multiples "
+                f"of 8 elements (a strides {tuple(a.stride())}, b strides {tuple(b.stride())}); the "
+                "cp.async mainloop for such operands is experimental (it hung in its first H200 run) and "
+                "is enabled only with CUTE_KERNELS_CPASYNC=1"
+            )
         from .gemm_cpasync_kernel import choose_vec_bytes
 
         ptr_bits = (a.data_ptr() | b.data_ptr() | (out.data_ptr() if out is not None else 0)) & 15
