@@ -205,6 +205,7 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
 #: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe: it
 #: compiles, but hung on the H200 in its first run (2026-11-29); off until that is understood.
+FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
 CPASYNC_ENABLED = os.environ.get("CUTE_KERNELS_CPASYNC", "0") not in ("0", "")
 
 
@@ -216,6 +217,8 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
     (TMA zero-fills past K); the workspace mode needs whole k-tiles per slice (K % (64 * S) == 0).
     """
     mode = mode or SPLITK_MODE
+    if FORCE_SPLITS is not None:  # benchmarks / sweeps
+        return FORCE_SPLITS
     sms = current_arch().sm_count
     tm, tn, tk = tiles.tile_mnk
     n_tiles = math.ceil(m / tm) * math.ceil(n / tn) * l
