@@ -86,6 +86,13 @@ def as_mkl(t: cute.Tensor, order: tuple[int, ...]) -> cute.Tensor:
     return cute.make_tensor(t.iterator, lay)
 
 
+def gemm_views(a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, rank: int):
+    """Torch-ordered GEMM operands as the kernels' (M,K,L), (N,K,L), (M,N,L), (M,N,L) views."""
+    if rank == 3:
+        return as_mkl(a, (1, 2, 0)), as_mkl(b, (2, 1, 0)), as_mkl(d, (1, 2, 0)), as_mkl(c, (1, 2, 0))
+    return as_mkl(a, (0, 1)), as_mkl(b, (1, 0)), as_mkl(d, (0, 1)), as_mkl(c, (0, 1))
+
+
 @cute.jit
 def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
                    ab_pipe, read, release, k_tiles):

@@ -84,16 +84,7 @@ class GemmSm90:
                  alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
         cfg = self.cfg
         t = cfg.tiles
-        if cutlass.const_expr(cfg.a_rank == 3):
-            mA = blocks.as_mkl(a, (1, 2, 0))  # (L,M,K) -> (M,K,L)
-            mB = blocks.as_mkl(b, (2, 1, 0))  # (L,K,N) -> (N,K,L)
-            mD = blocks.as_mkl(d, (1, 2, 0))
-            mC = blocks.as_mkl(c, (1, 2, 0))
-        else:
-            mA = blocks.as_mkl(a, (0, 1))
-            mB = blocks.as_mkl(b, (1, 0))
-            mD = blocks.as_mkl(d, (0, 1))
-            mC = blocks.as_mkl(c, (0, 1))
+        mA, mB, mD, mC = blocks.gemm_views(a, b, d, c, cfg.a_rank)
 
         tiled_mma = T.make_tiled_mma(t.mma)
         sA_layout = T.make_smem_layout_a(t)
