@@ -34,6 +34,11 @@ def representative_builders() -> list[tuple[str, Callable]]:
         cfg = GemmConfig(tiles=tiles, a_rank=2, has_c=has_c)
         out.append((label, lambda cfg=cfg, ab=ab, cd=cd: G._fake_args(cfg, ab, cd, "float32")))
 
+    from .gemm_splitk_kernel import SplitKClusterConfig
+
+    scfg = SplitKClusterConfig(tiles=G.make_gemm_tiles(128, (1, 1), "bfloat16", "k", "mn", "bfloat16"), splits=2)
+    out.append(("gemm split-K over a 2-CTA cluster (DSMEM reduction)",
+                lambda: G._fake_args_splitk(scfg, "bfloat16", "bfloat16", "bfloat16")))
     from .splitk_reduce import SplitKReduce  # noqa: F401
     from . import splitk_reduce as R
 
