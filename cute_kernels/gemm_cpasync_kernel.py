@@ -5,9 +5,12 @@ dimension that breaks that (row-major A with K = 4100: rows 8200 B apart) cannot
 tensor map; rather than copying the operand into an aligned buffer behind the caller's back, this
 kernel reads it where it is.
 
-What changes against :class:`GemmSm90` (``gemm_kernel.py``): only the producer.  The consumer
-warpgroups run ``GemmSm90.consumer`` unchanged: same tiled wgmma, same swizzled shared-memory stages
-(from :mod:`layouts.tiles`), same alpha/beta/C and TMA-store or direct-store epilogue.
+What changes against :class:`GemmSm90` (``gemm_kernel.py``): the producer.  The consumer
+warpgroups run a copy of ``GemmSm90.consumer`` (same tiled wgmma, same swizzled shared-memory stages
+from :mod:`layouts.tiles`, same alpha/beta/C and TMA-store or direct-store epilogue) whose only
+difference is that the ring's read/release states survive from one persistent tile to the next (see
+:func:`wgmma_mainloop_carry`: the shared ``blocks.wgmma_mainloop`` drops them, which deadlocked this
+kernel on its first GPU run at K = 4100).
 
 Producer: the whole producer warpgroup (128 threads) copies each A/B k-tile global -> shared with
 ``cp.async`` vectors of ``cfg.vec_a`` / ``cfg.vec_b`` bytes (16: ``cp.async.cg``, 8 or 4:
@@ -262,7 +265,7 @@ class GemmSm90CpAsync(GemmSm90):
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             self.producer(mA, mB, sA, sB, ab_pipe, k_tiles, sched_params, tidx)
         else:
-            # ================= consumer warpgroups: GemmSm90's wgmma mainloop + epilogue, unchanged
+            # ================= consumer warpgroups: GemmSm90's wgmma mainloop + epilogue (states carried)
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
                           alpha, beta, tidx, warp_idx)

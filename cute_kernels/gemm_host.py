@@ -57,7 +57,7 @@ def _canonical_strides(t: torch.Tensor, major: str) -> torch.Tensor:
     return t.as_strided(t.shape, want) if changed else t
 
 
-def _check(a, b, out, c, out_dtype):
+def _check(a, b, out, c, out_dtype, allow_cpu=False):
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -69,7 +69,7 @@ def _check(a, b, out, c, out_dtype):
         raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     if a.dim() != b.dim():
         raise ValueError(f"gemm: a is {a.dim()}-D but b is {b.dim()}-D; both 2-D or both 3-D")
-    if a.device != b.device or a.device.type != "cuda":
+    if a.device != b.device or (a.device.type != "cuda" and not allow_cpu):
         raise ValueError(f"gemm: a and b must be on the same CUDA device, got {a.device} and {b.device}")
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"gemm: a is (.., M, K={a.shape[-1]}) but b is (.., K={b.shape[-2]}, N)")
@@ -185,8 +185,29 @@ def compiled_gemm(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
                             lambda: _fake_args(cfg, ab_dtype, d_dtype, c_dtype))
 
 
+def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfloat16,
+                a_major: str = "row", b_major: str = "row", out_dtype=None, with_c: bool = False) -> None:
+    """Compile (or load from disk) exactly what ``gemm`` will run for this problem, without running it.
+
+    Works without a GPU (the operands are empty CPU tensors of the right layout), so a build machine
+    can fill ``CUTE_KERNELS_CACHE_DIR`` for a GPU one.  Majors: 'row' or 'col' of the torch-ordered
+    a (M, K) and b (K, N).
+    """
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def operand(rows, cols, major):
+        lead = (batch,) if batch else ()
+        if major == "row":
+            return torch.empty((*lead, rows, cols), dtype=dtype, device=dev)
+        return torch.empty((*lead, cols, rows), dtype=dtype, device=dev).transpose(-1, -2)
+
+    a, b = operand(m, k, a_major), operand(k, n, b_major)
+    c = torch.empty((*((batch,) if batch else ()), m, n), dtype=out_dtype or dtype, device=dev) if with_c else None
+    _make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=dev == "cpu")
+
+
 def _warm(spec):
-    compiled_gemm(*spec)
+    warmup_gemm(**spec)
 
 
 jit.register_warmup("gemm", _warm)
@@ -280,10 +301,10 @@ def _signature(a, b, out, c, beta, out_dtype):
             None if c is None else (c.shape, c.stride(), c.dtype, c.device), beta != 0.0)
 
 
-def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None) -> _Plan:
+def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu=False) -> _Plan:
     from .gemm_kernel import GemmConfig
 
-    shape = _check(a, b, out, c, out_dtype)
+    shape = _check(a, b, out, c, out_dtype, allow_cpu)
     if beta != 0.0 and c is None:
         raise ValueError("gemm: beta != 0 needs c")
     p = _Plan()

@@ -186,7 +186,13 @@ def register_warmup(name: str, fn: Callable[[Any], Any]) -> None:
 
 
 def warmup(configs) -> int:
-    """Precompile ``[(kernel_name, config), ...]`` (configs as each kernel's ``*Config``). Returns count."""
+    """Precompile ``[(kernel_name, spec), ...]``; returns how many were handled.
+
+    ``("gemm", dict(m=4096, n=4096, k=4096, dtype=torch.bfloat16, a_major="row", b_major="row"))``
+    compiles what ``gemm`` would run for that problem (see :func:`cute_kernels.gemm_host.warmup_gemm`);
+    ``("decode_attn", DecodeConfig)`` / ``("merge_states", MergeConfig)`` take those kernels' configs.
+    Without a GPU this fills the disk cache for a GPU machine with the same arch facts.
+    """
     n = 0
     for name, cfg in configs:
         if name not in _warmers:

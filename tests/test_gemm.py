@@ -296,3 +296,18 @@ def test_gemm_empty_dims():
     assert torch.allclose(cute_kernels.gemm(a, b, c=c, beta=2.0), 2 * c)
     assert cute_kernels.gemm(torch.randn(0, 8, device="cuda", dtype=torch.bfloat16),
                              torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)).shape == (0, 8)
+
+
+def test_warmup_compiles_what_gemm_runs():
+    """warmup() on the CPU compiles the kernel a later call would use; a second warmup is a cache hit."""
+    from cute_kernels import jit
+
+    spec = dict(m=300, n=520, k=136, a_major="row", b_major="col", out_dtype=torch.float32)
+    before = jit.stats["compiles"] + jit.stats["disk_hits"]
+    assert cute_kernels.warmup([("gemm", spec)]) == 1
+    assert jit.stats["compiles"] + jit.stats["disk_hits"] == before + 1
+    hits = jit.stats["memory_hits"]
+    cute_kernels.warmup([("gemm", spec)])
+    assert jit.stats["memory_hits"] == hits + 1
+    with pytest.raises(ValueError, match="unknown kernel"):
+        cute_kernels.warmup([("nope", {})])
