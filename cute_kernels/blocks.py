@@ -100,6 +100,12 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
 
     A stage is released only once the wgmma group that read it has retired (``wait_group(1)`` after
     the next group was committed), so the producer can refill it while the tensor cores keep going.
+
+    Returns the advanced ``(read, release)`` states, and callers must rebind them
+    (``read, release = wgmma_mainloop(...)``): a DSL loop carries a value across iterations only if its
+    body assigns it or calls a method on it, so a persistent tile loop that merely passes the states
+    in would restart every tile at stage 0 / phase 0 while the producer runs on (deadlock whenever
+    ``k_tiles`` is not a multiple of 2 x stages and a CTA gets more than one tile).
     """
     num_k_blocks = cute.size(tCrA, mode=[2])
     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -118,3 +124,4 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
     if k_tiles > 0:
         ab_pipe.consumer_release(release)
         release.advance()
+    return read, release

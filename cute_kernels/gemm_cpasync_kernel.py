@@ -6,11 +6,10 @@ tensor map; rather than copying the operand into an aligned buffer behind the ca
 kernel reads it where it is.
 
 What changes against :class:`GemmSm90` (``gemm_kernel.py``): the producer.  The consumer
-warpgroups run a copy of ``GemmSm90.consumer`` (same tiled wgmma, same swizzled shared-memory stages
-from :mod:`layouts.tiles`, same alpha/beta/C and TMA-store or direct-store epilogue) whose only
-difference is that the ring's read/release states survive from one persistent tile to the next (see
-:func:`wgmma_mainloop_carry`: the shared ``blocks.wgmma_mainloop`` drops them, which deadlocked this
-kernel on its first GPU run at K = 4100).
+warpgroups run ``GemmSm90.consumer`` unchanged (same tiled wgmma, same swizzled shared-memory stages
+from :mod:`layouts.tiles`, same alpha/beta/C and TMA-store or direct-store epilogue).  Its first GPU
+run deadlocked at K = 4100 because the shared mainloop then dropped the ring's read/release states
+between persistent tiles (see ``blocks.wgmma_mainloop``; fixed there).
 
 Producer: the whole producer warpgroup (128 threads) copies each A/B k-tile global -> shared with
 ``cp.async`` vectors of ``cfg.vec_a`` / ``cfg.vec_b`` bytes (16: ``cp.async.cg``, 8 or 4:
@@ -51,9 +50,8 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir import ir
-from cutlass.cute.nvgpu import LoadCacheMode, cpasync, warpgroup
+from cutlass.cute.nvgpu import LoadCacheMode, cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import Agent, CooperativeGroup, PipelineOp, pipeline_init_arrive, pipeline_init_wait
 
@@ -130,42 +128,6 @@ class CpAsyncAbPipeline(pipeline.PipelineAsync):
                          ip: Optional[ir.InsertionPoint] = None) -> None:
         with cute.arch.elect_one(loc=loc, ip=ip):  # one arrival per consumer warp
             self.sync_object_empty.arrive(state.index, None, loc=loc, ip=ip)
-
-
-# ---------------------------------------------------------------------------- the consumer mainloop
-@cute.jit
-def wgmma_mainloop_carry(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-                         ab_pipe, read: pipeline.PipelineState, release: pipeline.PipelineState, k_tiles):
-    """:func:`blocks.wgmma_mainloop` that *returns* the advanced ``read`` / ``release`` states.
-
-    Why: a ``@cute.jit`` callee's ``state.advance()`` rebinds the callee's own names only.  The
-    caller's persistent tile loop carries a value across iterations only if the loop body assigns it
-    or calls a method on it (``base_dsl/ast_preprocessor.py``, ``RegionAnalyzer``); passing ``read``
-    to a function is neither, so with ``blocks.wgmma_mainloop(..., read, release, k_tiles)`` the
-    consumer restarts every tile at stage 0 / phase 0 (visible in the PTX: the state registers are
-    re-zeroed at the top of the tile loop) while the producer's state runs on.  Harmless only when
-    ``k_tiles`` is a multiple of ``2 * ab_stages`` or a CTA gets one tile; otherwise full/empty
-    barriers are waited on with the wrong index and parity (K = 4100: 65 k-tiles, 4 stages, 3-4 tiles
-    per CTA -> deadlock).  The caller must rebind: ``read, release = wgmma_mainloop_carry(...)``.
-    """
-    num_k_blocks = cute.size(tCrA, mode=[2])
-    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.fence()
-    for kt in range(k_tiles):
-        ab_pipe.consumer_wait(read)
-        for kb in cutlass.range_constexpr(num_k_blocks):
-            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)
-        if kt > 0:
-            ab_pipe.consumer_release(release)
-            release.advance()
-        read.advance()
-    warpgroup.wait_group(0)
-    if k_tiles > 0:
-        ab_pipe.consumer_release(release)
-        release.advance()
-    return read, release
 
 
 # ---------------------------------------------------------------------------- the kernel
@@ -269,110 +231,6 @@ class GemmSm90CpAsync(GemmSm90):
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
                           alpha, beta, tidx, warp_idx)
-
-    @cute.jit
-    def consumer(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
-                 ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
-                 mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
-                 tidx, warp_idx):
-        """:meth:`GemmSm90.consumer` verbatim except that the pipeline states are carried across
-        tiles (``read, release = wgmma_mainloop_carry(...)``).  The shared
-        ``blocks.wgmma_mainloop`` loses them (see :func:`wgmma_mainloop_carry`); drop this override
-        once the shared consumer rebinds its states."""
-        cfg = self.cfg
-        t = cfg.tiles
-        m_t, n_t, _ = self.tile_mnk
-        mma_tidx = tidx - 128
-        wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
-        thr_mma = tiled_mma.get_slice(wg_layout(mma_tidx // 128))  # A/B: one slice per warpgroup
-        thr_mma_c = tiled_mma.get_slice(mma_tidx)  # C: each thread's own accumulator fragment
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-
-        gD = cute.local_tile(mD, (m_t, n_t), (None, None, None))  # (m_t, n_t, tm, tn, l)
-        gC = cute.local_tile(mC, (m_t, n_t), (None, None, None))
-        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), (m_t, n_t), (None, None, None))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
-
-        # epilogue: registers -> smem (stmatrix for 16-bit D) -> TMA store
-        epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
-        c_layout = T.c_layout_enum(t)
-        # The thread->element map of the copy comes from a 16-bit stmatrix atom over the MMA's C layout
-        # (for any D width); the store op itself is stmatrix for 16-bit D, plain stores for fp32.
-        c_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), cutlass.Float16
-        )
-        r2s_atom = sm90_utils.get_smem_store_op(c_layout, self.c_dtype, self.acc_dtype)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
-        thr_r2s = tiled_r2s.get_slice(mma_tidx)
-        tRS_sD = thr_r2s.partition_D(sD)
-        tRS_acc = tiled_r2s.retile(acc)
-        rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
-        tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
-        tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
-        n_rD = cute.size(tRS_rD)
-        store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=t.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
-        )
-
-        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-        while work.is_valid_tile:
-            tile = work.tile_idx
-            # ---- mainloop: keep one wgmma group in flight, release the stage it no longer reads
-            acc.fill(0.0)
-            # the states must be rebound here, in the tile loop: see wgmma_mainloop_carry
-            read, release = wgmma_mainloop_carry(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles)
-
-            # ---- alpha / beta in registers (C read with predicates: any strides, ragged tiles)
-            tile_mnl = (tile[0], tile[1], tile[2])
-            tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
-            if cutlass.const_expr(cfg.has_c):
-                tCgC = thr_mma_c.partition_C(gC[(None, None, *tile_mnl)])
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    v = acc[i] * alpha
-                    if cute.elem_less(tCcD[i], mD.shape):
-                        v = v + beta * tCgC[i].to(cutlass.Float32)
-                    acc[i] = v
-            else:
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] * alpha
-
-            if cutlass.const_expr(cfg.tma_store):
-                gD_tile = cute.local_tile(mD_tma, (m_t, n_t), (None, None, None))[(None, None, *tile_mnl)]
-                gD_epi = cute.zipped_divide(gD_tile, t.epi_tile_mn)
-                bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                    tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi,
-                )
-                epi_shape = gD_epi.shape[1]
-                epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-                n_epi = cute.size(gD_epi, mode=[1])
-                prev = sched.num_tiles_executed * n_epi
-                for e in cutlass.range_constexpr(n_epi):
-                    for v in cutlass.range_constexpr(n_rD):
-                        tRS_rD[v] = tRS_acc[e * n_rD + v]
-                    tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-                    buf = (prev + e) % t.epi_stages
-                    cute.copy(tiled_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    epi_barrier.arrive_and_wait()
-                    if warp_idx == self.epi_store_warp:
-                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
-                        store_pipe.producer_commit()
-                        store_pipe.producer_acquire()
-                    epi_barrier.arrive_and_wait()
-            else:
-                tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    if cute.elem_less(tCcD[i], mD.shape):
-                        tCgD[i] = acc[i].to(self.c_dtype)
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
-        if cutlass.const_expr(cfg.tma_store):
-            store_pipe.producer_tail()
 
     def _g2s_copy(self, vec_bytes: int, rows: int, k_major: bool) -> cute.TiledCopy:
         """128-thread tiled copy of one (rows, tile_k) stage, ``vec_bytes`` per thread and instruction,

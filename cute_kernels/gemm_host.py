@@ -179,8 +179,6 @@ def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
 
 
 def compiled_gemm(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
-    from .gemm_kernel import GemmConfig  # noqa: F401  (type of cfg)
-
     return jit.get_compiled("gemm_sm90", (cfg, ab_dtype, d_dtype, c_dtype),
                             lambda: _fake_args(cfg, ab_dtype, d_dtype, c_dtype))
 
@@ -225,7 +223,9 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel.  Both deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
 #: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe: it
-#: compiles, but hung on the H200 in its first run (2026-11-29); off until that is understood.
+#: hung on the H200 in its first run (2026-11-29) -- cause found on the CPU (the shared mainloop lost
+#: its pipeline states between persistent tiles, see blocks.wgmma_mainloop) and fixed, but off until a
+#: GPU run passes tests/test_gemm_cpasync.py.
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
 CPASYNC_ENABLED = os.environ.get("CUTE_KERNELS_CPASYNC", "0") not in ("0", "")
 

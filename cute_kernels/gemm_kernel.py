@@ -257,7 +257,7 @@ class GemmSm90:
             tile = work.tile_idx
             # ---- mainloop: keep one wgmma group in flight, release the stage it no longer reads
             acc.fill(0.0)
-            blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles)
+            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles)
 
             # ---- alpha / beta in registers (C read with predicates: any strides, ragged tiles)
             tile_mnl = (tile[0], tile[1], tile[2])

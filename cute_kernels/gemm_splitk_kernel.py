@@ -20,7 +20,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass.cute.nvgpu import warpgroup
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
@@ -169,7 +168,7 @@ class GemmSm90SplitKCluster:
             acc.fill(0.0)
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-            blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
+            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
             # every stage has been consumed: the A buffers are free for the fp32 partial tile
             pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg).arrive_and_wait()
             tCsRed = thr_mma_c.partition_C(sRed)

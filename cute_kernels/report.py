@@ -39,7 +39,6 @@ def representative_builders() -> list[tuple[str, Callable]]:
     scfg = SplitKClusterConfig(tiles=G.make_gemm_tiles(128, (1, 1), "bfloat16", "k", "mn", "bfloat16"), splits=2)
     out.append(("gemm split-K over a 2-CTA cluster (DSMEM reduction)",
                 lambda: G._fake_args_splitk(scfg, "bfloat16", "bfloat16", "bfloat16")))
-    from .splitk_reduce import SplitKReduce  # noqa: F401
     from . import splitk_reduce as R
 
     out.append(("split-K reduce -> bf16", lambda: _reduce_args(R)))

@@ -86,8 +86,6 @@ def _bench(fn, reps=20):
 
 def tune_gemm(a, b, out_dtype=None, verbose=True):
     """Time every candidate on (a, b); store and return the best entry."""
-    import torch
-
     from .gemm_host import _TORCH_TO_NAME, _gemm_impl, _major
 
     m, k = a.shape[-2:]

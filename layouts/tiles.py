@@ -19,7 +19,6 @@ set_dsl_arch_env()
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-import cutlass.utils as utils  # noqa: E402,F401
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402

@@ -311,3 +311,22 @@ def test_warmup_compiles_what_gemm_runs():
     assert jit.stats["memory_hits"] == hits + 1
     with pytest.raises(ValueError, match="unknown kernel"):
         cute_kernels.warmup([("nope", {})])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(2176, 2048, 130), (4096, 4096, 4160), (8192, 1024, 200)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gemm_persistent_multi_tile_odd_k(mnk):
+    """More output tiles than CTAs and a k-tile count that is not a multiple of 2 x stages: each CTA
+    carries the ring's read/release states from one tile to the next (a mainloop that restarted them
+    every tile deadlocked or read stale stages exactly here; the first H200 runs never hit this case)."""
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    n_tiles = -(-m // tiles.tile_mnk[0]) * -(-n // tiles.tile_mnk[1])
+    assert n_tiles > 132 and (-(-k // 64)) % (2 * tiles.ab_stages) != 0
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    torch.cuda.synchronize()
+    assert rel_err(out, _ref(a, b)) < 2e-2

@@ -62,7 +62,7 @@ def cpu_plan(monkeypatch):
     """``_make_plan`` on CPU tensors: device checks skipped, the compile replaced by a recorder."""
     seen = []
     monkeypatch.setattr(G, "CPASYNC_ENABLED", True)
-    monkeypatch.setattr(G, "_check", lambda a, b, out, c, od: (*a.shape[:-1], b.shape[-1]))
+    monkeypatch.setattr(G, "_check", lambda a, b, out, c, od, *_: (*a.shape[:-1], b.shape[-1]))
     monkeypatch.setattr(G, "compiled_gemm", lambda cfg, *rest: seen.append(cfg))
     monkeypatch.setattr(G, "compiled_splitk_cluster", lambda cfg, *rest: seen.append(cfg))
 
