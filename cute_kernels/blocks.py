@@ -93,6 +93,16 @@ def gemm_views(a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, r
     return as_mkl(a, (0, 1)), as_mkl(b, (1, 0)), as_mkl(d, (0, 1)), as_mkl(c, (0, 1))
 
 
+def gemm_host_setup(tiles, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, rank: int):
+    """What every GEMM kernel's host entry starts with: operand views, the tiled MMA and the staged
+    shared-memory layouts of A, B and the epilogue, all from :mod:`layouts.tiles`."""
+    from layouts import tiles as T
+
+    mA, mB, mD, mC = gemm_views(a, b, d, c, rank)
+    return (mA, mB, mD, mC, T.make_tiled_mma(tiles.mma), T.make_smem_layout_a(tiles),
+            T.make_smem_layout_b(tiles), T.make_smem_layout_epi(tiles))
+
+
 @cute.jit
 def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
                    ab_pipe, read, release, k_tiles):

@@ -161,12 +161,7 @@ class GemmSm90CpAsync(GemmSm90):
                  alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
         cfg = self.cfg
         t = cfg.tiles
-        mA, mB, mD, mC = blocks.gemm_views(a, b, d, c, cfg.a_rank)
-
-        tiled_mma = T.make_tiled_mma(t.mma)
-        sA_layout = T.make_smem_layout_a(t)
-        sB_layout = T.make_smem_layout_b(t)
-        sD_layout = T.make_smem_layout_epi(t)
+        mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, sD_layout = blocks.gemm_host_setup(t, a, b, d, c, cfg.a_rank)
         m_t, n_t, _ = self.tile_mnk
         tma_d, tma_mD = blocks.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 

@@ -70,10 +70,7 @@ class GemmSm90SplitKCluster:
                  alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
         cfg = self.cfg
         t = cfg.tiles
-        mA, mB, mD, mC = blocks.gemm_views(a, b, d, c, cfg.a_rank)
-        tiled_mma = T.make_tiled_mma(t.mma)
-        sA_layout = T.make_smem_layout_a(t)
-        sB_layout = T.make_smem_layout_b(t)
+        mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, _ = blocks.gemm_host_setup(t, a, b, d, c, cfg.a_rank)
         m_t, n_t, k_t = self.tile_mnk
         tma_a, tma_mA = blocks.make_tma_load(mA, sA_layout, (m_t, k_t))
         tma_b, tma_mB = blocks.make_tma_load(mB, sB_layout, (n_t, k_t))
