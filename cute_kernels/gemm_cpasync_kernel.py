@@ -162,22 +162,10 @@ class GemmSm90CpAsync(GemmSm90):
         cfg = self.cfg
         t = cfg.tiles
         mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, sD_layout = blocks.gemm_host_setup(t, a, b, d, c, cfg.a_rank)
-        m_t, n_t, _ = self.tile_mnk
         tma_d, tma_mD = blocks.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 
-        num_tiles = cute.ceil_div(cute.shape(mD), (m_t, n_t, 1))
-        sched_params, grid = blocks.persistent_scheduler_params(
-            num_tiles, (1, 1), cfg.raster_swizzle, cfg.raster_along_m, cfg.max_active_clusters
-        )
-
-        @cute.struct
-        class SharedStorage:
-            ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-            sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(sD_layout)], 1024]
-
-        self.shared_storage = SharedStorage
+        sched_params, grid = self.schedule(mD)  # cluster (1, 1) on this path (checked in __init__)
+        self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
         self.kernel(
             mA, mB, tma_d, tma_mD, mD, mC, alpha, beta, tiled_mma, sA_layout, sB_layout, sD_layout, sched_params,
         ).launch(

@@ -91,19 +91,8 @@ class GemmSm90:
         tma_b, tma_mB = blocks.make_tma_load(mB, sB_layout, (n_t, k_t), self.mcast_b)
         tma_d, tma_mD = blocks.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 
-        num_tiles = cute.ceil_div(cute.shape(mD), (m_t, n_t, 1))
-        sched_params, grid = blocks.persistent_scheduler_params(
-            num_tiles, self.cluster_mn, cfg.raster_swizzle, cfg.raster_along_m, cfg.max_active_clusters
-        )
-
-        @cute.struct
-        class SharedStorage:
-            ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-            sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(sD_layout)], 1024]
-
-        self.shared_storage = SharedStorage
+        sched_params, grid = self.schedule(mD)
+        self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_d, tma_mD, mD, mC, alpha, beta,
             tiled_mma, sA_layout, sB_layout, sD_layout, sched_params,
@@ -114,6 +103,30 @@ class GemmSm90:
             min_blocks_per_mp=1,
             stream=stream,
         )
+
+    def schedule(self, mD: cute.Tensor):
+        """Persistent tile-scheduler parameters and grid for D's output tiles (host side of the jit)."""
+        m_t, n_t, _ = self.tile_mnk
+        num_tiles = cute.ceil_div(cute.shape(mD), (m_t, n_t, 1))
+        return blocks.persistent_scheduler_params(
+            num_tiles, self.cluster_mn, self.cfg.raster_swizzle, self.cfg.raster_along_m,
+            self.cfg.max_active_clusters,
+        )
+
+    @cute.jit  # traced like __call__, so the struct's (string) annotations get evaluated
+    def make_shared_storage(self, sA_layout, sB_layout, sD_layout):
+        """Barriers of the A/B ring, the A/B stages and the epilogue buffers, 1024-byte aligned
+        (the 128-byte swizzle repeats every 1024 bytes)."""
+        stages = self.cfg.tiles.ab_stages
+
+        @cute.struct
+        class SharedStorage:
+            ab_barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+            sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(sD_layout)], 1024]
+
+        return SharedStorage
 
     # ---------------------------------------------------------------- device code
     @cute.kernel

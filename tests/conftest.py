@@ -29,3 +29,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     return ((o - r).norm() / r.norm().clamp_min(1e-30)).item()
+
+
+def make_c(kind: str, m: int, n: int) -> torch.Tensor:
+    """A fresh random (m, n) C operand: 'row' bf16, 'transposed' bf16 (column-major view), 'fp32'."""
+    if kind == "row":
+        return torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    if kind == "transposed":
+        return torch.randn(n, m, device="cuda", dtype=torch.bfloat16).t()
+    return torch.randn(m, n, device="cuda", dtype=torch.float32)

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import make_c, rel_err
 
 import cute_kernels
 from cute_kernels import gemm_host as G
@@ -136,12 +136,7 @@ def test_gemm_alpha_beta(c_kind):
     m, n, k = 333, 520, 136
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    if c_kind == "row":
-        c = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    elif c_kind == "transposed":
-        c = torch.randn(n, m, device="cuda", dtype=torch.bfloat16).t()
-    else:
-        c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    c = make_c(c_kind, m, n)
     out = cute_kernels.gemm(a, b, alpha=0.5, beta=-1.25, c=c, out_dtype=torch.float32)
     assert rel_err(out, _ref(a, b, 0.5, -1.25, c)) < 1e-2
 

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import make_c, rel_err
 
 import cute_kernels
 from cute_kernels import gemm_host as G
@@ -309,12 +309,7 @@ def test_cpasync_alpha_beta(seen_cfgs, c_kind):
     m, n, k = 333, 520, 4100
     a = _operand((m, k), "row", torch.bfloat16)
     b = _operand((k, n), "row", torch.bfloat16)
-    if c_kind == "row":
-        c = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    elif c_kind == "transposed":
-        c = torch.randn(n, m, device="cuda", dtype=torch.bfloat16).t()
-    else:
-        c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    c = make_c(c_kind, m, n)
     out = torch.empty(m, n, device="cuda", dtype=torch.float32)
     cfg = _gemm(seen_cfgs, a, b, out, alpha=0.5, beta=-1.25, c=c)
     assert cfg.mainloop == "cpasync" and cfg.has_c
