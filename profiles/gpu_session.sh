@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call: GPU tests, then benchmarks.  Logs and results land in $OUT (at most 8 files).
 #   source .device/setup.sh && bash profiles/gpu_session.sh STEP...
-# steps: gemm-tests attn-tests bench-gemm bench-gemm-tune bench-decode host demo
+# steps: oddk cpasync all-tests gemm-tests attn-tests sanitize bench-gemm bench-gemm-tune bench-decode host demo
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
@@ -12,6 +12,11 @@ py() { timeout "$1" python3 "${@:2}"; }
 for step in "$@"; do
   echo "=== $step $(date -u +%T)" | tee -a "$OUT/session.log"
   case $step in
+    oddk) py 90 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k odd_k 2>&1 | grep -v Warning | tail -n 8 | tee "$OUT/oddk.log" ;;
+    cpasync) CUTE_KERNELS_CPASYNC=1 py 150 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/cpasync.log" ;;
+    all-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gpu-tests.log" ;;
+    sanitize) { py 120 profiles/sanitize.py; for tool in memcheck racecheck synccheck; do echo "--- compute-sanitizer --tool $tool";
+                SKIP_DECODE=${SKIP_DECODE:-} timeout 150 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "Warning\|warn" | tail -n 25; done; } | tee "$OUT/sanitize.log" ;;
     gemm-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     bench-gemm) py 400 profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-gemm.log" ;;

@@ -1,0 +1,64 @@
+"""Small cases for compute-sanitizer (memcheck / racecheck / synccheck).
+
+    python3 profiles/sanitize.py            # warm the compile cache (run once without the sanitizer)
+    compute-sanitizer --tool memcheck python3 profiles/sanitize.py
+
+Each case is checked against a float64 reference and prints one line; the exit status is the number
+of wrong results.  Cases cover the TMA-store epilogue, the predicated direct-store epilogue (ragged,
+misaligned D), batched L, alpha/beta with C, the cluster split-K, and one decode call with splits.
+"""
+import importlib
+import os
+import sys
+
+import torch
+
+import cute_kernels
+from cute_kernels import gemm_host as GH
+
+torch.manual_seed(0)
+bad = 0
+
+
+def check(name, out, ref, tol=2e-2):
+    global bad
+    err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    ok = err < tol
+    bad += not ok
+    print(f"{name}: rel err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+
+
+def mm(m, n, k, *, l=None, a_col=False, b_col=False, beta=0.0, splits=None):
+    lead = () if l is None else (l,)
+    a = torch.randn(*lead, k, m, device="cuda", dtype=torch.bfloat16).transpose(-1, -2) if a_col else \
+        torch.randn(*lead, m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(*lead, n, k, device="cuda", dtype=torch.bfloat16).transpose(-1, -2) if b_col else \
+        torch.randn(*lead, k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(*lead, m, n, device="cuda", dtype=torch.bfloat16) if beta else None
+    old = GH.FORCE_SPLITS
+    GH.FORCE_SPLITS = splits
+    try:
+        out = cute_kernels.gemm(a, b, alpha=1.5, beta=beta, c=c)
+    finally:
+        GH.FORCE_SPLITS = old
+    torch.cuda.synchronize()
+    ref = 1.5 * (a.double() @ b.double()) + (beta * c.double() if beta else 0)
+    check(f"gemm {lead}{m}x{n}x{k} a_col={a_col} b_col={b_col} beta={beta} splits={splits}", out, ref)
+
+
+mm(256, 256, 256)                       # full tiles, TMA store
+mm(200, 136, 72, a_col=True)            # ragged M/N/K, TMA OOB fill
+mm(7, 129, 64, b_col=True)              # D rows not 16-byte aligned -> direct stores
+mm(130, 264, 200, l=3, beta=0.5)        # batched, alpha/beta with C
+mm(128, 256, 1024, splits=2)            # cluster split-K (DSMEM reduction)
+if os.environ.get("SKIP_DECODE") is None:
+    DA = importlib.import_module("cute_kernels.decode_attn")
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    lens = torch.tensor([1000, 333], device="cuda", dtype=torch.int32)
+    o = cute_kernels.decode_attn(q, kc, vc, cache_seqlens=lens, num_splits=4)
+    torch.cuda.synchronize()
+    ref, _ = DA.decode_attn_reference(q, kc, vc, lens)
+    check("decode b2 hq8 hkv2 L1000 splits=4", o, ref.double())
+sys.exit(bad)
