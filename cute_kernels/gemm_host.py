@@ -222,12 +222,12 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: "cluster": K slices on the CTAs of one cluster, reduced through DSMEM (gemm_splitk_kernel.py);
 #: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel.  Both deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
-#: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe: it
-#: hung on the H200 in its first run (2026-11-29) -- cause found on the CPU (the shared mainloop lost
-#: its pipeline states between persistent tiles, see blocks.wgmma_mainloop) and fixed, but off until a
-#: GPU run passes tests/test_gemm_cpasync.py.
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
-CPASYNC_ENABLED = os.environ.get("CUTE_KERNELS_CPASYNC", "0") not in ("0", "")
+#: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe.  Its
+#: first H200 run hung (the shared mainloop lost its pipeline states between persistent tiles, fixed in
+#: blocks.wgmma_mainloop); it passed tests/test_gemm_cpasync.py on the H200 on 2026-11-29 (session 2,
+#: run 1) and is on by default.  CUTE_KERNELS_CPASYNC=0 turns it off (such operands then raise).
+CPASYNC_ENABLED = os.environ.get("CUTE_KERNELS_CPASYNC", "1") not in ("0", "")
 
 
 def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str | None = None) -> int:
@@ -330,9 +330,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         if not CPASYNC_ENABLED:
             raise ValueError(
                 "gemm: TMA needs 16-byte aligned data pointers and leading dimensions that are multiples "
-                f"of 8 elements (a strides {tuple(a.stride())}, b strides {tuple(b.stride())}); the "
-                "cp.async mainloop for such operands is experimental (it hung in its first H200 run) and "
-                "is enabled only with CUTE_KERNELS_CPASYNC=1"
+                f"of 8 elements (a strides {tuple(a.stride())}, b strides {tuple(b.stride())}), and the "
+                "cp.async mainloop for such operands is disabled (CUTE_KERNELS_CPASYNC=0)"
             )
         from .gemm_cpasync_kernel import choose_vec_bytes
 
