@@ -5,7 +5,7 @@
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${CK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  # pass CK_COMMIT: the copy's .git may be stale
 { echo "commit $commit (+ uncommitted: $(git status --porcelain 2>/dev/null | wc -l) files)"; date -u;
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv; } > "$OUT/session.log"
 py() { timeout "$1" python3 "${@:2}"; }
@@ -15,11 +15,11 @@ for step in "$@"; do
     oddk) py 90 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k odd_k 2>&1 | grep -v Warning | tail -n 8 | tee "$OUT/oddk.log" ;;
     cpasync) CUTE_KERNELS_CPASYNC=1 py 150 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/cpasync.log" ;;
     all-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gpu-tests.log" ;;
-    sanitize) { py 120 profiles/sanitize.py; for tool in memcheck racecheck synccheck; do echo "--- compute-sanitizer --tool $tool";
-                SKIP_DECODE=${SKIP_DECODE:-} timeout 150 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "Warning\|warn" | tail -n 25; done; } | tee "$OUT/sanitize.log" ;;
+    sanitize) { py 90 profiles/sanitize.py; for tool in memcheck racecheck synccheck; do echo "--- compute-sanitizer --tool $tool";
+                SKIP_DECODE=${SKIP_DECODE:-} timeout 100 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "Warning\|warn" | tail -n 25; done; } | tee "$OUT/sanitize.log" ;;
     gemm-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
-    bench-gemm) py 400 profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-gemm.log" ;;
+    bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-decode.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
