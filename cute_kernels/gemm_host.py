@@ -223,6 +223,10 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel.  Both deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
+#: Cluster split-K tile width (64, 128, 192 or 256); None: the measured default (128).  Env
+#: CUTE_KERNELS_SPLITK_TILE_N pins it for a process; sweeps set the attribute.
+FORCE_SPLITK_TILE_N: int | None = int(os.environ["CUTE_KERNELS_SPLITK_TILE_N"]) if os.environ.get(
+    "CUTE_KERNELS_SPLITK_TILE_N") else None
 #: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe.  Its
 #: first H200 run hung (the shared mainloop lost its pipeline states between persistent tiles, fixed in
 #: blocks.wgmma_mainloop); it passed tests/test_gemm_cpasync.py on the H200 on 2026-11-29 (session 2,
@@ -242,13 +246,15 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
         return FORCE_SPLITS
     sms = current_arch().sm_count
     tm, tn, tk = tiles.tile_mnk
+    if mode == "cluster" and FORCE_SPLITK_TILE_N is not None:
+        tn = FORCE_SPLITK_TILE_N
     n_tiles = math.ceil(m / tm) * math.ceil(n / tn) * l
     if l != 1 or n_tiles * 2 > sms:
         return 1
     k_tiles = math.ceil(k / tk)
     best = 1
     if mode == "cluster":
-        if (tm, tn) != (128, 128):
+        if tm != 128 or tn not in (64, 128, 192, 256) or (tn != 128 and FORCE_SPLITK_TILE_N is None):
             return 1
         # measured (run 7, 128x4096x4096): S=2 22.4 us, S=4 27.7 us, S=8 33.5 us, no split 25.6 us;
         # clusters of 4-8 CTAs schedule worse than pairs, so only pairs are used.
@@ -257,6 +263,24 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
         if k % (tk * s) == 0 and k // s >= 8 * tk and n_tiles * s <= sms:
             best = s
     return best
+
+
+def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str) -> T.GemmTiles:
+    """Tiles of the cluster split-K kernel: 128 x tile_n x 64, two consumer warpgroups, and as many
+    operand stages as fit (it has no epilogue buffer: the fp32 reduction tile reuses the stages).
+    Each CTA streams only 16-64 k-tiles, so the deeper ring mostly shortens the pipeline fill."""
+    from .blocks import stage_count
+    from .gemm_splitk_kernel import stage_bytes
+
+    stages = stage_count(current_arch().smem_per_cta, stage_bytes(tile_n), 0, max_stages=10)
+    mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
+    return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=(1, 1), mma=mma, ab_stages=stages,
+                       epi_tile_mn=(128, 64), epi_stages=1, c_dtype=d_dtype, c_major="n")
+
+
+def splitk_vec_store_ok(out: torch.Tensor) -> bool:
+    """Pure Python: D row-major with 16-byte aligned base and rows (the cluster kernel's vector stores)."""
+    return (out.dim() == 2 and out.stride(1) == 1 and out.stride(0) % 8 == 0 and out.data_ptr() % 16 == 0)
 
 
 def compiled_splitk_cluster(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
@@ -278,7 +302,10 @@ def _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype):
     s_ = lambda: cute.sym_int(divisibility=8)  # noqa: E731
     a = make_fake_tensor(dt[ab_dtype], (M, K), (s_(), 1) if t.mma.a_major == "k" else (1, s_()), assumed_align=16)
     b = make_fake_tensor(dt[ab_dtype], (K, N), (1, s_()) if t.mma.b_major == "k" else (s_(), 1), assumed_align=16)
-    d = make_fake_tensor(dt[d_dtype], (M, N), (cute.sym_int(), cute.sym_int()), assumed_align=dt[d_dtype].width // 8)
+    if getattr(cfg, "vec_store", False):  # row-major, 16-byte aligned rows (splitk_vec_store_ok)
+        d = make_fake_tensor(dt[d_dtype], (M, N), (s_(), 1), assumed_align=16)
+    else:
+        d = make_fake_tensor(dt[d_dtype], (M, N), (cute.sym_int(), cute.sym_int()), assumed_align=dt[d_dtype].width // 8)
     c = make_fake_tensor(dt[c_dtype], (M, N), (cute.sym_int(), cute.sym_int()), assumed_align=dt[c_dtype].width // 8)
     return GemmSm90SplitKCluster(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0),
                                        make_fake_stream(use_tvm_ffi_env_stream=True))
@@ -362,8 +389,9 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     if p.splits > 1 and SPLITK_MODE == "cluster":
         from .gemm_splitk_kernel import SplitKClusterConfig
 
-        scfg = SplitKClusterConfig(tiles=make_gemm_tiles(128, (1, 1), ab, am, bm, d_name), splits=p.splits,
-                                   a_rank=2, has_c=p.has_c)
+        probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
+        scfg = SplitKClusterConfig(tiles=splitk_tiles(FORCE_SPLITK_TILE_N or 128, ab, am, bm, d_name),
+                                   splits=p.splits, a_rank=2, has_c=p.has_c, vec_store=splitk_vec_store_ok(probe))
         p.fn = compiled_splitk_cluster(scfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
         return p

@@ -3,10 +3,17 @@
 Why: for skinny problems (128 x 4096 x 4096, 1024 x 1024 x 32768) the output tiles cannot fill 132 SMs,
 so K is split.  Writing fp32 partials to HBM and reducing them in a second kernel costs a write + read
 of S x M x N x 4 bytes and a launch; here the S CTAs of one cluster (cluster shape (S, 1, 1)) each
-compute one K slice of the same 128 x 128 output tile, park their fp32 accumulators in their own shared
-memory (reusing the drained A-stage buffers), and after a cluster barrier CTA r sums rows
+compute one K slice of the same 128 x tile_n output tile, park their fp32 accumulators in their own
+shared memory (reusing the drained operand stages), and after a cluster barrier CTA r sums rows
 [r * 128/S, (r+1) * 128/S) of all S partial tiles, in rank order 0..S-1 (deterministic), applies
 alpha / beta * C and stores D.  HBM traffic is the operands plus D, as in an unsplit GEMM.
+
+Variants (all fields of :class:`SplitKClusterConfig`, so one sweep can compare them):
+- tile_n 64 / 128 / 192 / 256 (``tiles.tile_mnk[1]``): 128x64 tiles give twice the CTAs of 128x128
+  at the same split (more SMs streaming B), 128x256 tiles the most efficient wgmma per SM.
+- splits 1 / 2 / 4 / 8: cluster size.  splits=1 is a plain (non-persistent) GEMM with this epilogue.
+- vec_store: D row-major with 16-byte aligned rows: 8 consecutive outputs per thread go out as one
+  vector store (16 B for 16-bit D) instead of 8 predicated scalar stores; ragged edges stay scalar.
 
 Roles are those of :class:`cute_kernels.gemm_kernel.GemmSm90` (warp 0 of warpgroup 0 issues TMA, two
 consumer warpgroups issue wgmma); the grid is not persistent: one cluster per output tile.
@@ -29,6 +36,9 @@ from layouts import tiles as T
 from . import blocks
 
 RED_PAD = 8  # fp32 words of padding per row of the reduction tile: 2-way instead of 8-way bank conflicts
+VEC = 8  # consecutive output columns one thread reduces and stores
+TILE_NS = (64, 128, 192, 256)
+SPLITS = (1, 2, 4, 8)
 
 
 @dsl_user_op
@@ -37,12 +47,21 @@ def _load_dsmem_f32(ptr, *, loc=None, ip=None):
     return cutlass.Float32(llvm.load(cutlass.Float32.mlir_type, ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
+def stage_bytes(tile_n: int) -> int:
+    return (128 + tile_n) * 64 * 2
+
+
+def red_bytes(tile_n: int) -> int:
+    return 128 * (tile_n + RED_PAD) * 4
+
+
 @dataclass(frozen=True)
 class SplitKClusterConfig:
-    tiles: T.GemmTiles  # tile 128 x 128 x 64, cluster_mn (1, 1): the cluster is along K here
-    splits: int = 4  # CTAs per cluster = K slices (2, 4 or 8)
+    tiles: T.GemmTiles  # tile 128 x tile_n x 64, cluster_mn (1, 1): the cluster is along K here
+    splits: int = 2  # CTAs per cluster = K slices (1, 2, 4 or 8)
     a_rank: int = 2
     has_c: bool = False
+    vec_store: bool = False  # D row-major, rows 16-byte aligned (see module doc)
 
 
 class GemmSm90SplitKCluster:
@@ -51,12 +70,14 @@ class GemmSm90SplitKCluster:
 
     def __init__(self, cfg: SplitKClusterConfig):
         t = cfg.tiles
-        if t.tile_mnk[:2] != (128, 128) or t.cluster_mn != (1, 1):
-            raise ValueError("cluster split-K uses 128x128 tiles and no multicast cluster")
-        if cfg.splits not in (2, 4, 8):
-            raise ValueError(f"splits must be 2, 4 or 8, got {cfg.splits}")
-        if t.ab_stages * 128 * 64 * 2 < 128 * (128 + RED_PAD) * 4:  # A stage bytes vs fp32 tile
-            raise ValueError("the A stages are too small to hold the fp32 reduction tile")
+        m_t, n_t, k_t = t.tile_mnk
+        if m_t != 128 or n_t not in TILE_NS or k_t != 64 or t.cluster_mn != (1, 1):
+            raise ValueError(f"cluster split-K uses 128 x {TILE_NS} x 64 tiles and no multicast cluster, got "
+                             f"{t.tile_mnk} / {t.cluster_mn}")
+        if cfg.splits not in SPLITS:
+            raise ValueError(f"splits must be one of {SPLITS}, got {cfg.splits}")
+        if t.ab_stages * stage_bytes(n_t) < red_bytes(n_t):
+            raise ValueError("the operand stages are too small to hold the fp32 reduction tile")
         self.cfg = cfg
         self.tile_mnk = t.tile_mnk
         self.num_mma_wg = t.mma.num_warpgroups
@@ -75,6 +96,7 @@ class GemmSm90SplitKCluster:
         tma_a, tma_mA = blocks.make_tma_load(mA, sA_layout, (m_t, k_t))
         tma_b, tma_mB = blocks.make_tma_load(mB, sB_layout, (n_t, k_t))
 
+        # sA and sB are adjacent (each a multiple of 1024 B): the reduction tile may span both
         @cute.struct
         class SharedStorage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
@@ -119,7 +141,9 @@ class GemmSm90SplitKCluster:
         )
         ab_pipe = blocks.make_tma_pipeline(storage.ab_barriers.data_ptr(), t.ab_stages, tx_bytes,
                                            4 * self.num_mma_wg, cute.make_layout((1, 1, 1)), 1)
-        pipeline_init_arrive(cluster_shape_mn=(S, 1), is_relaxed=True)
+        # the ring is CTA-local (no multicast): a CTA barrier publishes the mbarrier inits; the cluster
+        # barrier before the reduction is the first point where peers touch each other's memory
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         gA = cute.local_tile(mA, (m_t, k_t), (None, None, None))  # (m_t, k_t, m, k, l)
         gB = cute.local_tile(mB, (n_t, k_t), (None, None, None))
@@ -133,9 +157,9 @@ class GemmSm90SplitKCluster:
                                                       cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                                       cute.group_modes(gB, 0, 2))
-        pipeline_init_wait(cluster_shape_mn=(S, 1))
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        # fp32 reduction tile, row-major with padding, over the A stages (drained by then)
+        # fp32 reduction tile, row-major with padding, over the operand stages (drained by then)
         red_ptr = cute.recast_ptr(storage.sA.data_ptr(), dtype=cutlass.Float32)
         red_layout = cute.make_layout((m_t, n_t), stride=(n_t + RED_PAD, 1))
         sRed = cute.make_tensor(red_ptr, red_layout)
@@ -166,7 +190,7 @@ class GemmSm90SplitKCluster:
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
             read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
-            # every stage has been consumed: the A buffers are free for the fp32 partial tile
+            # every stage has been consumed: the operand buffers are free for the fp32 partial tile
             pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg).arrive_and_wait()
             tCsRed = thr_mma_c.partition_C(sRed)
             for i in cutlass.range_constexpr(cute.size(acc)):
@@ -178,28 +202,48 @@ class GemmSm90SplitKCluster:
 
         if wg_idx > 0:
             rows = m_t // S
-            chunks = rows * (n_t // 4)  # 4 consecutive fp32 per chunk
+            per_row = n_t // VEC
+            chunks = rows * per_row  # VEC consecutive fp32 per chunk
+            nthr = 128 * self.num_mma_wg
             mma_tidx = tidx - 128
-            for it in cutlass.range_constexpr((chunks + 128 * self.num_mma_wg - 1) // (128 * self.num_mma_wg)):
-                ch = it * 128 * self.num_mma_wg + mma_tidx
+            m_size = cute.size(mD, mode=[0])
+            n_size = cute.size(mD, mode=[1])
+            for it in cutlass.range_constexpr((chunks + nthr - 1) // nthr):
+                ch = it * nthr + mma_tidx
                 if ch < chunks:
-                    r = rank * rows + ch // (n_t // 4)
-                    c0 = (ch % (n_t // 4)) * 4
-                    vals = cute.make_rmem_tensor((4,), cutlass.Float32)
+                    r = rank * rows + ch // per_row
+                    c0 = (ch % per_row) * VEC
+                    vals = cute.make_rmem_tensor((VEC,), cutlass.Float32)
                     vals.fill(0.0)
                     off = r * (n_t + RED_PAD) + c0
                     for q in cutlass.range_constexpr(S):  # fixed order: bitwise reproducible
                         remote = cute.arch.map_dsmem_ptr(red_ptr, q) + off
-                        for j in cutlass.range_constexpr(4):
+                        for j in cutlass.range_constexpr(VEC):
                             vals[j] = vals[j] + _load_dsmem_f32(remote + j)
                     gm = m_idx * m_t + r
-                    for j in cutlass.range_constexpr(4):
-                        gn = n_idx * n_t + c0 + j
-                        if gm < cute.size(mD, mode=[0]) and gn < cute.size(mD, mode=[1]):
-                            v = vals[j] * alpha
-                            if cutlass.const_expr(cfg.has_c):
-                                v = v + beta * mC[gm, gn, l_idx].to(cutlass.Float32)
-                            mD[gm, gn, l_idx] = v.to(self.d_dtype)
+                    gn0 = n_idx * n_t + c0
+                    for j in cutlass.range_constexpr(VEC):
+                        vals[j] = vals[j] * alpha
+                    if gm < m_size:
+                        if cutlass.const_expr(cfg.has_c):
+                            for j in cutlass.range_constexpr(VEC):
+                                if gn0 + j < n_size:
+                                    vals[j] = vals[j] + beta * mC[gm, gn0 + j, l_idx].to(cutlass.Float32)
+                        if cutlass.const_expr(cfg.vec_store):
+                            if gn0 + VEC <= n_size:
+                                outv = cute.make_rmem_tensor((1, VEC), self.d_dtype)
+                                for j in cutlass.range_constexpr(VEC):
+                                    outv[0, j] = vals[j].to(self.d_dtype)
+                                gD = cute.local_tile(mD[None, None, l_idx], (1, VEC), (gm, gn0 // VEC))
+                                cute.autovec_copy(outv, gD)
+                            else:
+                                for j in cutlass.range_constexpr(VEC):
+                                    if gn0 + j < n_size:
+                                        mD[gm, gn0 + j, l_idx] = vals[j].to(self.d_dtype)
+                        else:
+                            for j in cutlass.range_constexpr(VEC):
+                                if gn0 + j < n_size:
+                                    mD[gm, gn0 + j, l_idx] = vals[j].to(self.d_dtype)
         # nobody leaves while a peer may still read its shared memory
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
