@@ -325,3 +325,88 @@ def test_gemm_persistent_multi_tile_odd_k(mnk):
     cute_kernels.gemm(a, b, out=out)
     torch.cuda.synchronize()
     assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+# ---- cluster split-K variants (tile width x split count x store path) -----------------------------
+SPLITK_COMPILE_CASES = [(64, 2, True, False), (128, 4, True, True), (256, 4, True, False), (192, 1, False, True),
+                        (256, 2, True, True), (64, 8, False, False)]
+
+
+@pytest.mark.parametrize("tn,s,vec,has_c", SPLITK_COMPILE_CASES, ids=lambda v: str(v))
+def test_splitk_cluster_variants_compile(tn, s, vec, has_c):
+    """Every tile width / split count builds for sm_90a: HGMMA of the tile's width, no local memory,
+    and 16-byte global stores on the vector-store path."""
+    from cute_kernels import inspect as ins
+    from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig
+
+    cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s,
+                              has_c=has_c, vec_store=vec)
+    rep = ins.inspect_builder(lambda: G._fake_args_splitk(cfg, "bfloat16", "bfloat16", "float32"))
+    (k,) = rep.kernels
+    assert k.instructions["HGMMA"] > 0 and f"HGMMA.64x{tn}x16" in rep.sass
+    # a few variants (C operand, S=8 x 256) keep one tile index in local memory across the mainloop
+    # (the kernel is compiled for 168 registers/thread): allowed, but never inside the mainloop
+    lines = rep.sass.splitlines()
+    hg = [i for i, ln in enumerate(lines) if "HGMMA" in ln]
+    assert not any(("LDL" in ln or "STL" in ln) for ln in lines[hg[0]:hg[-1]])
+    assert k.spills <= 6
+    assert ("STG.E.128" in rep.sass) == vec
+
+
+def test_splitk_tiles_fit():
+    from cute_kernels.gemm_splitk_kernel import TILE_NS, red_bytes, stage_bytes
+
+    for tn in TILE_NS:
+        t = G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16")
+        assert t.ab_stages >= 4 and t.ab_stages * stage_bytes(tn) >= red_bytes(tn)
+        assert 1024 + t.ab_stages * stage_bytes(tn) <= 227 * 1024
+
+
+SPLITK_GPU_VARIANTS = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (192, 1), (64, 1), (192, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", SPLITK_GPU_VARIANTS, ids=lambda v: f"tn{v[0]}-s{v[1]}")
+@pytest.mark.parametrize("mnk", [(1, 256, 4096), (7, 1000, 520), (127, 4096, 4168), (1000, 3000, 520),
+                                 (131, 264, 6008), (257, 136, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_splitk_cluster_variant_numerics(variant, mnk):
+    """Each variant on ragged shapes (M=1, 7, 127, 1000; N and K tails; fewer k-tiles than splits):
+    matches a float64 reference, writes every element (NaN-poisoned out), vector and scalar stores
+    (a padded out whose rows are not 16-byte aligned), bitwise identical run to run."""
+    from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig
+
+    tn, s = variant
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    ref = _ref(a, b)
+    for vec in (True, False):
+        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, vec_store=vec)
+        fn = G.compiled_splitk_cluster(cfg, "bfloat16", "bfloat16", "bfloat16")
+        big = torch.full((m, n + (0 if vec else 3)), float("nan"), device="cuda", dtype=torch.bfloat16)
+        out = big[:, :n]
+        assert G.splitk_vec_store_ok(out) == vec
+        fn(a, b, out, out, 1.0, 0.0)
+        assert rel_err(out, ref) < 2e-2, (vec, rel_err(out, ref))
+        if not vec:
+            assert torch.isnan(big[:, n:]).all()
+        for _ in range(2):
+            again = torch.full_like(big, float("nan"))
+            fn(a, b, again[:, :n], again[:, :n], 1.0, 0.0)
+            assert torch.equal(out, again[:, :n]), "split-K reduction must be deterministic"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_n", [64, 256])
+def test_gemm_split_k_forced_tile_n(tile_n, monkeypatch):
+    """gemm() with FORCE_SPLITK_TILE_N: alpha/beta/C on the forced cluster variant."""
+    monkeypatch.setattr(G, "FORCE_SPLITK_TILE_N", tile_n)
+    monkeypatch.setattr(G, "_plans", {})
+    m, n, k = 200, 1024, 8200
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert G.split_k_factor(m, n, k, 1, tiles) > 1
+    out = cute_kernels.gemm(a, b, alpha=0.75, beta=0.5, c=c)
+    assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2
