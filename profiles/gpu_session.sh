@@ -16,7 +16,7 @@ for step in "$@"; do
     cpasync) CUTE_KERNELS_CPASYNC=1 py 150 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/cpasync.log" ;;
     all-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gpu-tests.log" ;;
     sanitize) { py 90 profiles/sanitize.py; for tool in memcheck racecheck synccheck; do echo "--- compute-sanitizer --tool $tool";
-                SKIP_DECODE=${SKIP_DECODE:-} timeout 100 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "Warning\|warn" | tail -n 25; done; } | tee "$OUT/sanitize.log" ;;
+                SKIP_DECODE=${SKIP_DECODE:-} timeout 100 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "UserWarning\|DeprecationWarning\|warnings.warn\|^  " | tail -n 40; done; } | tee "$OUT/sanitize.log" ;;
     gemm-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/bench-gemm.log" ;;
