@@ -152,12 +152,16 @@ def main():
             r["cublas_us"] = t_cub
             if "us" in r:
                 ok = r["err"] < 1e-2 and (r["ragged_err"] is None or r["ragged_err"] < 1e-2) and r["deterministic"] is not False
-                say(f"  {r['variant']:32s} {r['us']:7.1f} {r['tflops']:8.0f} {r['vs_cublas']:8.3f} {r.get('ctas', ''):>5} "
-                    f"{r['err']:8.1e} {r['ragged_err'] if r['ragged_err'] is None else format(r['ragged_err'], '8.1e'):>8} "
-                    f"{r['deterministic']}{'' if ok else '  <-- WRONG'}")
+                rag = "-" if r["ragged_err"] is None else format(r["ragged_err"], ".1e")
+                say(f"  {r['variant']:32s} {r['us']:7.1f} {r['tflops']:8.0f} {r['vs_cublas']:8.3f} {str(r.get('ctas', '')):>5} "
+                    f"{r['err']:8.1e} {rag:>8} {r['deterministic']}{'' if ok else '  <-- WRONG'}")
             else:
                 say(f"  {r['variant']:32s} ERROR {r['error'][:200]}")
         rows += shape_rows
+        with open(os.path.join(args.out, "splitk-sweep.json"), "w") as f:  # after every shape: a hang
+            json.dump(rows, f, indent=1)  # or timeout later still leaves the finished shapes
+        with open(os.path.join(args.out, "splitk-sweep.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
     say(f"\nsweep took {time.time() - t_start:.0f} s")
     with open(os.path.join(args.out, "splitk-sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
