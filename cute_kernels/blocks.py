@@ -135,3 +135,33 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
         ab_pipe.consumer_release(release)
         release.advance()
     return read, release
+
+
+@cute.jit
+def wgmma_mainloop_handoff(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                           ab_pipe, read, release, k_tiles, handoff_barrier_id, handoff_threads: int):
+    """:func:`wgmma_mainloop` for ping-pong consumers: once this warpgroup has issued its last wgmma
+    of the tile, it arrives on the named barrier ``handoff_barrier_id`` (``handoff_threads`` threads:
+    this warpgroup's arrive + the other warpgroup's sync), so the other warpgroup starts issuing its
+    tile's wgmmas while the tensor cores still drain these.  Same contract otherwise: returns the
+    advanced ``(read, release)`` states, which callers must rebind.
+    """
+    num_k_blocks = cute.size(tCrA, mode=[2])
+    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.fence()
+    for kt in range(k_tiles):
+        ab_pipe.consumer_wait(read)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)
+        if kt > 0:
+            ab_pipe.consumer_release(release)
+            release.advance()
+        read.advance()
+    cute.arch.barrier_arrive(barrier_id=handoff_barrier_id, number_of_threads=handoff_threads)
+    warpgroup.wait_group(0)
+    if k_tiles > 0:
+        ab_pipe.consumer_release(release)
+        release.advance()
+    return read, release

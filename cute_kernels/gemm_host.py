@@ -97,34 +97,45 @@ def _check(a, b, out, c, out_dtype, allow_cpu=False):
 
 # ---------------------------------------------------------------------------- configuration
 def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str, b_major: str,
-                    c_dtype: str, c_major: str = "n") -> T.GemmTiles:
+                    c_dtype: str, c_major: str = "n", pingpong: bool = False) -> T.GemmTiles:
     """A 128 x tile_n x 64 CTA tile over two consumer warpgroups, as many operand stages as fit.
 
     The epilogue sub-tile spans both warpgroups' rows; it is 64 columns wide for 16-bit outputs (half
     the sub-tiles, so half the epilogue barriers, of a 32-wide one) when that still leaves 4 stages.
+    ``pingpong``: each warpgroup owns whole 128 x tile_n tiles (tile_n <= 192: its accumulators must fit
+    in registers), one-warpgroup MMA, 64-row epilogue sub-tiles, and one set of epilogue buffers per
+    warpgroup.
     """
     from .blocks import stage_count
 
     smem = current_arch().smem_per_cta
     c_bytes = 4 if c_dtype == "float32" else 2
     per_stage = (128 + tile_n) * 64 * 2
+    epi_m, wg_mn, bufs = (64, (1, 1), 4) if pingpong else (128, (2, 1), 2)
     epi_n = 32
-    if c_bytes == 2 and tile_n % 64 == 0 and stage_count(smem, per_stage, 128 * 64 * c_bytes * 2) >= 4:
-        epi_n = 64
-    stages = stage_count(smem, per_stage, 128 * epi_n * c_bytes * 2)
-    mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
+    if c_bytes == 2 and tile_n % 64 == 0:
+        s64 = stage_count(smem, per_stage, epi_m * 64 * c_bytes * bufs)
+        # ping-pong epilogues overlap the other warpgroup's mainloop: wide sub-tiles only if free
+        if s64 >= 4 and (not pingpong or s64 == stage_count(smem, per_stage, epi_m * 32 * c_bytes * bufs)):
+            epi_n = 64
+    stages = stage_count(smem, per_stage, epi_m * epi_n * c_bytes * bufs)
+    mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=wg_mn, a_major=a_major, b_major=b_major)
     return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
-                       epi_tile_mn=(128, epi_n), epi_stages=2, c_dtype=c_dtype, c_major=c_major)
+                       epi_tile_mn=(epi_m, epi_n), epi_stages=2, c_dtype=c_dtype, c_major=c_major,
+                       pingpong=pingpong)
 
 
 def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major: str,
-                  c_dtype: str, c_major: str) -> T.GemmTiles:
+                  c_dtype: str, c_major: str, pingpong: bool | None = None) -> T.GemmTiles:
     """Shape heuristic.  Pick the tile width whose last wave is fullest, weighting each wave by the
     tile's area and a small efficiency penalty for narrow wgmma (N=128 re-reads A from smem twice as
-    often per FLOP as N=256).  Tiny problems that cannot fill the SMs take 128-wide tiles (and split-K)."""
+    often per FLOP as N=256).  Tiny problems that cannot fill the SMs take 128-wide tiles (and split-K).
+    ``pingpong`` (default: ``PINGPONG``, env CUTE_KERNELS_PINGPONG=1): ping-pong consumers, whose
+    one-warpgroup accumulators allow 192- or 128-wide tiles."""
     sms = current_arch().sm_count
+    pingpong = PINGPONG if pingpong is None else pingpong
     best = None
-    for tile_n, eff in ((256, 1.0), (192, 0.97), (128, 0.92)):
+    for tile_n, eff in ((192, 1.0), (128, 0.97)) if pingpong else ((256, 1.0), (192, 0.97), (128, 0.92)):
         n_tiles = math.ceil(m / 128) * math.ceil(n / tile_n) * l
         cost = math.ceil(n_tiles / sms) * tile_n / eff
         if n_tiles * 2 <= sms:  # split-K territory: narrow tiles give more, cheaper slices
@@ -133,7 +144,7 @@ def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major
             best = (cost, tile_n)
     tile_n = best[1]
     cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 and m * n * l >= 2048 * 2048 else (1, 1)
-    return make_gemm_tiles(tile_n, cluster, ab, a_major, b_major, c_dtype, c_major)
+    return make_gemm_tiles(tile_n, cluster, ab, a_major, b_major, c_dtype, c_major, pingpong=pingpong)
 
 
 def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
@@ -232,6 +243,10 @@ FORCE_SPLITK_TILE_N: int | None = int(os.environ["CUTE_KERNELS_SPLITK_TILE_N"]) 
 #: blocks.wgmma_mainloop); it passed tests/test_gemm_cpasync.py on the H200 on 2026-11-29 (session 2,
 #: run 1) and is on by default.  CUTE_KERNELS_CPASYNC=0 turns it off (such operands then raise).
 CPASYNC_ENABLED = os.environ.get("CUTE_KERNELS_CPASYNC", "1") not in ("0", "")
+#: Ping-pong consumer warpgroups (GemmTiles.pingpong, gemm_kernel.GemmSm90.consumer_pingpong) for the
+#: heuristic's tiles; off by default until measured.  Tuned choices on disk are cooperative, so they
+#: are skipped while this is on.
+PINGPONG = os.environ.get("CUTE_KERNELS_PINGPONG", "0") not in ("0", "")
 
 
 def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str | None = None) -> int:
@@ -373,9 +388,9 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     d_name = _TORCH_TO_NAME[p.out_dtype]
     am, bm = ("k" if a_major == "row" else "mn"), ("mn" if b_major == "row" else "k")
     if tiles is None and cp_async is not None:
-        tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
+        tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)
     if tiles is None:
-        tuned = _tuned_choice(m, n, k, l, ab, am, bm, d_name)
+        tuned = None if PINGPONG else _tuned_choice(m, n, k, l, ab, am, bm, d_name)
         if tuned is not None:
             tiles, raster = tuned
         else:
@@ -409,8 +424,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
     d_major = _major(probe, "out", "M", "N")
     p.d_fix = d_major if _canonical_strides(probe, d_major) is not probe else None
+    if tiles.pingpong and p.has_c and tiles.tile_mnk[1] > 128:  # C's registers: 192 wide spills
+        tiles = make_gemm_tiles(128, tiles.cluster_mn, ab, am, bm, tiles.c_dtype, tiles.c_major, pingpong=True)
     if d_major == "col":
-        tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, d_name, "m")
+        tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, d_name, "m",
+                                pingpong=tiles.pingpong)
     cfg = GemmConfig(
         tiles=tiles, a_rank=a.dim(), has_c=p.has_c, tma_store=_tma_ok(probe, d_major),
         raster_swizzle=raster[0], raster_along_m=raster[1],

@@ -10,6 +10,15 @@ Roles (one CTA = 1 producer warpgroup + ``num_mma_warpgroups`` consumer warpgrou
     sub-tile, or predicated direct stores when D's strides are not TMA-compatible.
 Tails in M/N/K come for free: TMA fills out-of-bounds reads with zeros and clips out-of-bounds writes.
 
+Two consumer schemes (``GemmTiles.pingpong``):
+  * cooperative (default): both consumer warpgroups work on one CTA tile (64 rows each), then both run
+    its epilogue; the tensor cores idle during the epilogue.
+  * ping-pong: each consumer warpgroup owns whole CTA tiles (128 x N, so N <= ~192 for the accumulators
+    to fit in registers); warpgroup 0 takes the CTA's even tiles, warpgroup 1 the odd ones.  The producer
+    loads tiles in schedule order, i.e. in the order they are consumed, and two named barriers hand the
+    tensor cores from one warpgroup to the other after each mainloop, so one warpgroup's epilogue runs
+    while the other's wgmmas do.  See :meth:`GemmSm90.consumer_pingpong` for the barrier protocol.
+
 The tiling (CTA tile, MMA, smem layouts, epilogue tile) comes only from :mod:`layouts.tiles`.
 """
 
@@ -62,15 +71,28 @@ class GemmSm90:
 
     PRODUCER_REGS = 40
     CONSUMER_REGS = 232
+    # Named barriers (id 0 is __syncthreads).  Cooperative: EPI_BARRIER over both consumer warpgroups.
+    # Ping-pong: PP_EPI_BARRIER + c (c = consumer 0/1, its 128 threads) and PP_MMA_BARRIER + c (256
+    # threads: consumer 1-c arrives when it has issued its last wgmma of a tile, consumer c syncs before
+    # its next mainloop).
+    EPI_BARRIER = 1
+    PP_EPI_BARRIER = 2
+    PP_MMA_BARRIER = 4
 
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
         t = cfg.tiles
         self.tile_mnk = t.tile_mnk
         self.cluster_mn = t.cluster_mn
-        self.num_mma_wg = t.mma.num_warpgroups
-        self.threads = 128 * (1 + self.num_mma_wg)
-        self.num_mma_threads = 128 * self.num_mma_wg
+        self.pingpong = t.pingpong
+        self.num_mma_wg = t.mma.num_warpgroups  # warpgroups sharing one tile (each stage's consumers)
+        self.num_consumer_wg = t.num_consumer_warpgroups  # ping-pong: 2, each on its own tiles
+        self.threads = 128 * (1 + self.num_consumer_wg)
+        self.num_mma_threads = 128 * self.num_mma_wg  # threads of one tile's epilogue
+        if self.pingpong and t.tile_mnk[0] * t.tile_mnk[1] > 128 * 128:
+            # one warpgroup holds a whole 128 x N fp32 tile (N > 128: > 128 accumulator registers per
+            # thread); as in quack, the producer gives up more (24 * 128 + 240 * 256 = 64512 <= 65536)
+            self.PRODUCER_REGS, self.CONSUMER_REGS = 24, 240
         self.epi_store_warp = 4  # first consumer warp issues the TMA stores
         self.mcast_a = t.cluster_mn[1]  # A tile is shared by the CTAs of a cluster row
         self.mcast_b = t.cluster_mn[0]
@@ -212,14 +234,19 @@ class GemmSm90:
         else:
             # ================= consumer warpgroups: wgmma mainloop + epilogue
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
-                          alpha, beta, tidx, warp_idx)
+            if cutlass.const_expr(self.pingpong):
+                self.consumer_pingpong(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma,
+                                       mD, mC, alpha, beta, tidx, warp_idx)
+            else:
+                self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
+                              alpha, beta, tidx, warp_idx)
 
     @cute.jit
     def consumer(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
                  ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
                  mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
                  tidx, warp_idx):
+        """Cooperative consumers: both warpgroups on every tile (64 rows each), then its epilogue."""
         cfg = self.cfg
         t = cfg.tiles
         m_t, n_t, _ = self.tile_mnk
@@ -235,27 +262,9 @@ class GemmSm90:
         cD = cute.local_tile(cute.make_identity_tensor(mD.shape), (m_t, n_t), (None, None, None))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
 
-        # epilogue: registers -> smem (stmatrix for 16-bit D) -> TMA store
-        epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
-        c_layout = T.c_layout_enum(t)
-        # The thread->element map of the copy comes from a 16-bit stmatrix atom over the MMA's C layout
-        # (for any D width); the store op itself is stmatrix for 16-bit D, plain stores for fp32.
-        c_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), cutlass.Float16
-        )
-        r2s_atom = sm90_utils.get_smem_store_op(c_layout, self.c_dtype, self.acc_dtype)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
-        thr_r2s = tiled_r2s.get_slice(mma_tidx)
-        tRS_sD = thr_r2s.partition_D(sD)
-        tRS_acc = tiled_r2s.retile(acc)
-        rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
-        tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
-        tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
-        n_rD = cute.size(tRS_rD)
-        store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=t.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
-        )
+        epi_barrier = pipeline.NamedBarrier(barrier_id=self.EPI_BARRIER, num_threads=self.num_mma_threads)
+        epi = self.make_epilogue(tiled_mma, sD, acc, mma_tidx)
+        store_pipe = epi[-1]
 
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
@@ -266,50 +275,172 @@ class GemmSm90:
             # ---- mainloop: keep one wgmma group in flight, release the stage it no longer reads
             acc.fill(0.0)
             read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles)
-
-            # ---- alpha / beta in registers (C read with predicates: any strides, ragged tiles)
-            tile_mnl = (tile[0], tile[1], tile[2])
-            tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
-            if cutlass.const_expr(cfg.has_c):
-                tCgC = thr_mma_c.partition_C(gC[(None, None, *tile_mnl)])
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    v = acc[i] * alpha
-                    if cute.elem_less(tCcD[i], mD.shape):
-                        v = v + beta * tCgC[i].to(cutlass.Float32)
-                    acc[i] = v
-            else:
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] * alpha
-
-            if cutlass.const_expr(cfg.tma_store):
-                gD_tile = cute.local_tile(mD_tma, (m_t, n_t), (None, None, None))[(None, None, *tile_mnl)]
-                gD_epi = cute.zipped_divide(gD_tile, t.epi_tile_mn)
-                bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                    tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi,
-                )
-                epi_shape = gD_epi.shape[1]
-                epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-                n_epi = cute.size(gD_epi, mode=[1])
-                prev = sched.num_tiles_executed * n_epi
-                for e in cutlass.range_constexpr(n_epi):
-                    for v in cutlass.range_constexpr(n_rD):
-                        tRS_rD[v] = tRS_acc[e * n_rD + v]
-                    tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-                    buf = (prev + e) % t.epi_stages
-                    cute.copy(tiled_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    epi_barrier.arrive_and_wait()
-                    if warp_idx == self.epi_store_warp:
-                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
-                        store_pipe.producer_commit()
-                        store_pipe.producer_acquire()
-                    epi_barrier.arrive_and_wait()
-            else:
-                tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    if cute.elem_less(tCcD[i], mD.shape):
-                        tCgD[i] = acc[i].to(self.c_dtype)
+            self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
+                          self.epi_store_warp, 0, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
+                          warp_idx)
             sched.advance_to_next_work()
             work = sched.get_current_work()
         if cutlass.const_expr(cfg.tma_store):
             store_pipe.producer_tail()
+
+    @cute.jit
+    def consumer_pingpong(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
+                          ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
+                          mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
+                          tidx, warp_idx):
+        """Ping-pong consumers: consumer ``c`` (0/1) runs the CTA's schedule tiles ``c, c+2, c+4, ...``.
+
+        Order of the A/B ring: the producer fills stages tile by tile in schedule order, so consumer c's
+        tile ``j`` occupies ring positions ``[(2j + c) * k_tiles, (2j + c + 1) * k_tiles)``.  Each
+        consumer keeps its own (read, release) states over the *whole* ring: consumer 1 starts
+        ``k_tiles`` positions in, and after each tile both skip the other's ``k_tiles`` positions
+        (``advance(k_tiles)`` flips the phase as often as a stage-by-stage walk would).
+
+        Turn-taking (named barriers, 256 threads each: one consumer arrives, the other syncs):
+          * MMA(c) = PP_MMA_BARRIER + c.  Consumer c syncs on MMA(c) before every mainloop except
+            consumer 0's first; consumer 1-c arrives on it right after issuing a tile's last wgmma.
+            Hence the mainloops alternate strictly 0, 1, 0, 1, ... in schedule order.  This also keeps
+            the ring's phase bits unambiguous: when consumer c waits on position p of its tile, every
+            position before the tile start was already waited on (by the other consumer, before it
+            handed over), so the producer is at most one ring lap ahead of p, never two.
+          * Arrivals and syncs balance: consumer 0 has ceil(T/2) tiles and consumer 1 floor(T/2) of a
+            CTA's T tiles; MMA(0) gets floor(T/2) arrivals and ceil(T/2) - 1 syncs, MMA(1) ceil(T/2)
+            arrivals and floor(T/2) syncs.  At most one arrival per barrier is left when the CTA exits
+            (as in CUTLASS/quack ping-pong); no sync ever waits for a tile that does not exist.
+          * Epilogues are not ordered: each consumer has its own ``epi_stages`` shared-memory buffers,
+            its own 128-thread epilogue barrier (PP_EPI_BARRIER + c) and its own TMA-store warp.
+        """
+        cfg = self.cfg
+        t = cfg.tiles
+        m_t, n_t, _ = self.tile_mnk
+        cons = cute.arch.make_warp_uniform((tidx - 128) // 128)  # consumer 0 / 1
+        wg_tidx = tidx % 128
+        thr_mma = tiled_mma.get_slice(0)  # A/B: the warpgroup's slice (one warpgroup per tile)
+        thr_mma_c = tiled_mma.get_slice(wg_tidx)  # C: each thread's own accumulator fragment
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+
+        gD = cute.local_tile(mD, (m_t, n_t), (None, None, None))  # (m_t, n_t, tm, tn, l)
+        gC = cute.local_tile(mC, (m_t, n_t), (None, None, None))
+        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), (m_t, n_t), (None, None, None))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
+
+        epi_barrier = pipeline.NamedBarrier(barrier_id=self.PP_EPI_BARRIER + cons, num_threads=128)
+        epi = self.make_epilogue(tiled_mma, sD, acc, wg_tidx)
+        store_pipe = epi[-1]
+        store_warp = self.epi_store_warp + 4 * cons  # the first warp of each consumer warpgroup
+        my_bufs = cons * t.epi_stages  # this consumer's epilogue buffers: [my_bufs, my_bufs + epi_stages)
+        mma_bar = self.PP_MMA_BARRIER + cons
+        other_mma_bar = self.PP_MMA_BARRIER + 1 - cons
+
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
+        if cons == 1:  # consumer 1 starts at the CTA's second tile, k_tiles ring positions in
+            read.advance(k_tiles)
+            release.advance(k_tiles)
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            acc.fill(0.0)
+            # consumer 0's first tile goes first; every other mainloop waits for the hand-over from the
+            # other consumer (num_tiles_executed: consumer 0 starts at 0, consumer 1 at 1)
+            if sched.num_tiles_executed > 0:
+                cute.arch.barrier(barrier_id=mma_bar, number_of_threads=256)
+            read, release = blocks.wgmma_mainloop_handoff(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release,
+                                                          k_tiles, other_mma_bar, 256)
+            self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
+                          store_warp, my_bufs, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
+                          warp_idx)
+            # skip the other consumer's tile: its k_tiles ring positions and its schedule slot
+            read.advance(k_tiles)
+            release.advance(k_tiles)
+            sched.advance_to_next_work(advance_count=2)
+            work = sched.get_current_work()
+        if cutlass.const_expr(cfg.tma_store):
+            store_pipe.producer_tail()
+
+    # ---------------------------------------------------------------- epilogue pieces
+    @cute.jit
+    def make_epilogue(self, tiled_mma: cute.TiledMma, sD: cute.Tensor, acc: cute.Tensor, thr_idx):
+        """Per-thread views of the epilogue: registers -> smem (stmatrix for 16-bit D) -> TMA store.
+
+        Returns ``(tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe)``; ``thr_idx`` is the
+        thread's index among the threads that share one tile's accumulators."""
+        t = self.cfg.tiles
+        c_layout = T.c_layout_enum(t)
+        # The thread->element map of the copy comes from a 16-bit stmatrix atom over the MMA's C layout
+        # (for any D width); the store op itself is stmatrix for 16-bit D, plain stores for fp32.
+        c_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), cutlass.Float16
+        )
+        r2s_atom = sm90_utils.get_smem_store_op(c_layout, self.c_dtype, self.acc_dtype)
+        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+        thr_r2s = tiled_r2s.get_slice(thr_idx)
+        tRS_sD = thr_r2s.partition_D(sD)
+        tRS_acc = tiled_r2s.retile(acc)
+        rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
+        tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
+        tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=t.epi_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+        )
+        return tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe
+
+    @cute.jit
+    def epilogue(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gD: cute.Tensor, gC: cute.Tensor, cD: cute.Tensor,
+                 sD: cute.Tensor, epi, epi_barrier, store_warp, buf_base, tiles_done, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
+                 mD: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx):
+        """One tile's epilogue by the threads that hold its accumulators: alpha/beta in registers (C read
+        with predicates: any strides, ragged tiles), then sub-tile by sub-tile registers -> smem buffer
+        ``buf_base + (running sub-tile count) % epi_stages`` -> TMA store issued by ``store_warp``; or
+        predicated direct stores when D's strides are not TMA-compatible.  ``tiles_done`` counts this
+        storer's earlier tiles (it only has to grow by one per tile)."""
+        cfg = self.cfg
+        t = cfg.tiles
+        m_t, n_t, _ = self.tile_mnk
+        tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
+        n_rD = cute.size(tRS_rD)
+        tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
+        if cutlass.const_expr(cfg.has_c):
+            tCgC = thr_mma_c.partition_C(gC[(None, None, *tile_mnl)])
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                v = acc[i] * alpha
+                if cute.elem_less(tCcD[i], mD.shape):
+                    v = v + beta * tCgC[i].to(cutlass.Float32)
+                acc[i] = v
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] * alpha
+
+        if cutlass.const_expr(cfg.tma_store):
+            gD_tile = cute.local_tile(mD_tma, (m_t, n_t), (None, None, None))[(None, None, *tile_mnl)]
+            gD_epi = cute.zipped_divide(gD_tile, t.epi_tile_mn)
+            bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi,
+            )
+            epi_shape = gD_epi.shape[1]
+            epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+            n_epi = cute.size(gD_epi, mode=[1])
+            prev = tiles_done * n_epi
+            for e in cutlass.range_constexpr(n_epi):
+                for v in cutlass.range_constexpr(n_rD):
+                    tRS_rD[v] = tRS_acc[e * n_rD + v]
+                tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                buf = buf_base + (prev + e) % t.epi_stages
+                cute.copy(tiled_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                epi_barrier.arrive_and_wait()
+                if warp_idx == store_warp:
+                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
+                    store_pipe.producer_commit()
+                    store_pipe.producer_acquire()
+                epi_barrier.arrive_and_wait()
+        else:
+            tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                if cute.elem_less(tCcD[i], mD.shape):
+                    tCgD[i] = acc[i].to(self.c_dtype)

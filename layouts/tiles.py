@@ -85,10 +85,19 @@ class GemmTiles:
     epi_stages: int = 2
     c_dtype: str = "bfloat16"
     c_major: str = "n"
+    # Ping-pong consumers: two warpgroups on different output tiles, each running the whole CTA tile
+    # with ``mma`` (one warpgroup, warpgroups_mn=(1, 1)), taking turns at the tensor cores so one
+    # tile's epilogue overlaps the next tile's mainloop.  Each warpgroup has its own epilogue buffers.
+    pingpong: bool = False
 
     def __post_init__(self):
         m, n, k = self.tile_mnk
         wm, wn = self.mma.tile_mn
+        if self.pingpong and (self.mma.warpgroups_mn != (1, 1) or n != wn or m not in (64, 128)):
+            raise ValueError(
+                f"ping-pong tiles need a one-warpgroup MMA (warpgroups_mn=(1, 1)) spanning the CTA tile's N "
+                f"and M of 64 or 128 (got tile {self.tile_mnk}, MMA {self.mma.warpgroups_mn} x {self.mma.tile_mn})"
+            )
         if m % wm or n % wn:
             raise ValueError(f"CTA tile {self.tile_mnk} is not a multiple of the MMA tile {self.mma.tile_mn}")
         if self.epi_tile_mn[0] != wm or n % self.epi_tile_mn[1]:
@@ -99,12 +108,22 @@ class GemmTiles:
         if k % WGMMA_K_16BIT:
             raise ValueError(f"CTA tile K={k} must be a multiple of {WGMMA_K_16BIT}")
 
+    @property
+    def num_consumer_warpgroups(self) -> int:
+        """Consumer warpgroups of the CTA: the MMA's, or two ping-pong ones."""
+        return 2 if self.pingpong else self.mma.num_warpgroups
+
+    @property
+    def epi_buffers(self) -> int:
+        """Epilogue sub-tile buffers in shared memory: ``epi_stages`` per storing warpgroup."""
+        return self.epi_stages * (2 if self.pingpong else 1)
+
     def smem_bytes(self) -> int:
         """Shared memory for the A/B stages and the epilogue buffers (excluding barriers)."""
         m, n, k = self.tile_mnk
         ab = 2 * (m * k + n * k) * self.ab_stages
         c_bytes = DTYPES[self.c_dtype].width // 8
-        return ab + self.epi_tile_mn[0] * self.epi_tile_mn[1] * c_bytes * self.epi_stages
+        return ab + self.epi_tile_mn[0] * self.epi_tile_mn[1] * c_bytes * self.epi_buffers
 
 
 # ---- builders (call inside a DSL context) -------------------------------------------------------
@@ -141,10 +160,11 @@ def make_smem_layout_b(t: GemmTiles, stages: int | None = None):
 
 
 def make_smem_layout_epi(t: GemmTiles, stages: int | None = None):
-    """Staged layout of the epilogue's output sub-tile in shared memory (source of the TMA store)."""
+    """Staged layout of the epilogue's output sub-tile in shared memory (source of the TMA store);
+    ``t.epi_buffers`` stages by default (ping-pong: the first ``epi_stages`` belong to consumer 0)."""
     return sm90_utils.make_smem_layout_epi(
         dtype(t.c_dtype), _major_enum(t.c_major, operand="c"), t.epi_tile_mn,
-        t.epi_stages if stages is None else stages,
+        t.epi_buffers if stages is None else stages,
     )
 
 
