@@ -43,7 +43,7 @@ from .merge import LN_2, LOG2_E, MergeStatesKernel
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32, Int32, const_expr  # noqa: E402
-from cutlass.cute.nvgpu import cpasync, warp  # noqa: E402
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
 
 __all__ = ["decode_attn", "DecodeConfig", "DecodeAttnKernel", "choose_num_splits", "make_config"]
 
@@ -67,6 +67,8 @@ class DecodeAttnKernel:
         q_in_regs: bool,
         min_blocks_per_mp: int = 1,
         merge_mode: str = "kernel",
+        load: str = "cpasync",
+        pdl_in: bool = False,
     ):
         self.dtype = dtype
         self.D = head_dim
@@ -86,6 +88,16 @@ class DecodeAttnKernel:
         self.merge_mode = merge_mode if split else "kernel"
         self.merger = MergeStatesKernel(Float32, dtype, head_dim)  # its merge_row, for "fused"
         self.min_blocks_per_mp = min_blocks_per_mp
+        # K/V loads: "cpasync" (every thread, 16-byte cp.async, rows clamped to the length) or "tma"
+        # (contiguous caches only: thread 0 issues one TMA tensor load per K/V tile into the swizzled
+        # ring, completion on one mbarrier per slot; rows past the capacity are zero-filled by the TMA
+        # unit, rows between the length and the capacity are zeroed in V before use)
+        assert load in ("cpasync", "tma")
+        assert not (load == "tma" and paged), "tma loads: contiguous caches only"
+        self.load = load
+        # pdl_in: launched as a programmatic dependent of the previous kernel on the stream (its CTAs
+        # start while that kernel drains; griddepcontrol.wait before the first global read)
+        self.pdl_in = pdl_in
         self.num_warps = num_threads // 32
         self.warps_m = m_tile // 16
         assert self.num_warps % self.warps_m == 0
@@ -131,6 +143,7 @@ class DecodeAttnKernel:
             sM: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
             sL: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
             sFlag: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+            mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
 
         # the fp32 warp-merge buffer reuses the K/V ring after the main loop
         assert self.warps_n * self.m_tile * self.acc_stride * 4 <= 2 * kv_elems * self.dtype.width // 8
@@ -146,6 +159,22 @@ class DecodeAttnKernel:
             warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16)
         )
 
+        tma_atom_K = tma_atom_V = tma_K = tma_V = sKV_tma = None
+        if const_expr(self.load == "tma"):
+            # the same ring, its swizzle written the way the TMA unit wants it (on the byte address:
+            # S<3,4,3> in bytes == S<3,3,3> in 16-bit elements, 1024-byte aligned slots)
+            sKV_tma = cute.tile_to_shape(
+                warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype),
+                (self.n_tile, self.D, self.stages), (0, 1, 2),
+            )
+            # (Lmax, D, Hkv, B) views: one TMA copy = one (n_tile, D) ring slot of one (batch, KV head)
+            sKV_one = cute.slice_(sKV_tma, (None, None, 0))
+            op = cpasync.CopyBulkTensorTileG2SOp()
+            mK_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 3, 2, 0]))
+            mV_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(op, mK_t, sKV_one, (self.n_tile, self.D))
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(op, mV_t, sKV_one, (self.n_tile, self.D))
+
         B = mQ.shape[0]
         Sq = mQ.shape[1]
         Hq = mQ.shape[2]
@@ -158,12 +187,14 @@ class DecodeAttnKernel:
         self.kernel(
             mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, mCnt, scale_log2,
             sQ_layout, sKV_layout, gmem_tiled_copy, tiled_mma, SharedStorage,
+            tma_atom_K, tma_K, tma_atom_V, tma_V, sKV_tma,
         ).launch(
             grid=[num_splits, Hkv * n_rb, B],
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=self.min_blocks_per_mp,
+            use_pdl=self.pdl_in,
         )
         if const_expr(self.split and self.merge_mode != "fused"):
             # combine: (P, B, Sq, Hq, D) -> (B, Sq, Hq, D); LSE out viewed as (B, Sq, Hq)
@@ -192,6 +223,11 @@ class DecodeAttnKernel:
         gmem_tiled_copy: cute.TiledCopy,
         tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
+        tma_atom_K: Optional[cute.CopyAtom],
+        tma_K: Optional[cute.Tensor],
+        tma_atom_V: Optional[cute.CopyAtom],
+        tma_V: Optional[cute.Tensor],
+        sKV_tma: Optional[cute.ComposedLayout],
     ):
         tidx, _, _ = cute.arch.thread_idx()
         split, hrb, b = cute.arch.block_idx()
@@ -213,6 +249,22 @@ class DecodeAttnKernel:
         hkv = hrb // n_rb
         rb = hrb - hkv * n_rb
 
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        mbar = storage.mbar.data_ptr()
+        if const_expr(self.load == "tma"):
+            if tidx == 0:
+                cpasync.prefetch_descriptor(tma_atom_K)
+                cpasync.prefetch_descriptor(tma_atom_V)
+                for s in cutlass.range_constexpr(self.stages):
+                    cute.arch.mbarrier_init(mbar + s, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()
+        if const_expr(self.pdl_in):
+            # everything above overlaps the previous kernel's tail; its outputs (q, lengths, caches)
+            # are read only below
+            cute.arch.griddepcontrol_wait()
+
         # ---- this CTA's range of KV tiles (lengths on the device, clamped to the capacity) ----
         if const_expr(self.paged):
             cap = mBT.shape[1] * self.page_size
@@ -226,8 +278,6 @@ class DecodeAttnKernel:
         t_end = cutlass.min(t_begin + tiles_per_split, n_tiles)
         n_iter = cutlass.max(t_end - t_begin, 0)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         kv_ptr = storage.sKV.data_ptr()
         kv_elems = cute.cosize(sKV_layout)
@@ -283,12 +333,31 @@ class DecodeAttnKernel:
             kv_head_V = mV[None, None, hkv, None]
 
             load_args = (gmem_tiled_copy, tKsK, tVsV, tKVc, kv_head_K, kv_head_V, mBT, b, seqlen)
+            tma_args = None
+            if const_expr(self.load == "tma"):
+                gK = cute.local_tile(tma_K[None, None, hkv, b], (self.n_tile, self.D), (None, 0))
+                gV = cute.local_tile(tma_V[None, None, hkv, b], (self.n_tile, self.D), (None, 0))
+                sK_t = cute.make_tensor(cute.recast_ptr(kv_ptr, sKV_tma.inner, dtype=self.dtype), sKV_tma.outer)
+                sV_t = cute.make_tensor(
+                    cute.recast_ptr(kv_ptr + kv_elems, sKV_tma.inner, dtype=self.dtype), sKV_tma.outer
+                )
+                tKsK_t, tKgK_t = cpasync.tma_partition(
+                    tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK_t, 0, 2), cute.group_modes(gK, 0, 2)
+                )
+                tVsV_t, tVgV_t = cpasync.tma_partition(
+                    tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV_t, 0, 2), cute.group_modes(gV, 0, 2)
+                )
+                tma_args = (tma_atom_K, tma_atom_V, tKsK_t, tKgK_t, tVsV_t, tVgV_t, mbar, tidx)
 
             # prologue: stages-1 tiles in flight
             for s in cutlass.range_constexpr(self.stages - 1):
-                if s < n_iter:
-                    self._load_tile(*load_args, t_begin + s, s)
-                cute.arch.cp_async_commit_group()
+                if const_expr(self.load == "tma"):
+                    if s < n_iter:
+                        self._tma_load_tile(*tma_args, t_begin + s, s)
+                else:
+                    if s < n_iter:
+                        self._load_tile(*load_args, t_begin + s, s)
+                    cute.arch.cp_async_commit_group()
 
             # ---- consumer views for this warp ----
             sQw = cute.flat_divide(sQ, (16, self.D))[None, None, wm, 0]
@@ -327,21 +396,39 @@ class DecodeAttnKernel:
                     lim = cutlass.min(seqlen - Sq + t_row, seqlen - 1)
                 row_limit[r] = lim
 
+            if const_expr(self.load == "tma"):
+                cute.arch.cp_async_wait_group(0)  # Q (the only cp.async group), visible after a barrier
             if const_expr(self.q_in_regs):
-                cute.arch.cp_async_wait_group(self.stages - 1)  # Q landed (committed first)
+                if const_expr(self.load != "tma"):
+                    cute.arch.cp_async_wait_group(self.stages - 1)  # Q landed (committed first)
                 cute.arch.barrier()
                 cute.copy(s2r_Q, tSsQ, tSrQ_v)
 
             for i in cutlass.range(n_iter, unroll=1):
                 tile = t_begin + i
                 stage = i % self.stages
-                # tile i landed (everything but the stages-2 newest groups), visible to all threads
-                cute.arch.cp_async_wait_group(self.stages - 2)
-                cute.arch.barrier()
-                # refill the slot consumed in iteration i-1
-                if i + self.stages - 1 < n_iter:
-                    self._load_tile(*load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages)
-                cute.arch.cp_async_commit_group()
+                if const_expr(self.load == "tma"):
+                    cute.arch.mbarrier_wait(mbar + stage, (i // self.stages) % 2)
+                    if (tile + 1) * self.n_tile > seqlen:
+                        # the sequence's last tile: V rows past the length hold whatever the cache
+                        # holds there (masked P is 0, but 0 * NaN is not): zero them
+                        for m in cutlass.range_constexpr(cute.size(tVsV, mode=[1])):
+                            if tile * self.n_tile + tKVc[0, m, 0][0] >= seqlen:
+                                tVsV[None, m, None, stage].fill(0)
+                    # every thread is done with the slot consumed in iteration i-1
+                    cute.arch.barrier()
+                    if i + self.stages - 1 < n_iter:
+                        self._tma_load_tile(
+                            *tma_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages
+                        )
+                else:
+                    # tile i landed (everything but the stages-2 newest groups), visible to all threads
+                    cute.arch.cp_async_wait_group(self.stages - 2)
+                    cute.arch.barrier()
+                    # refill the slot consumed in iteration i-1
+                    if i + self.stages - 1 < n_iter:
+                        self._load_tile(*load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages)
+                    cute.arch.cp_async_commit_group()
 
                 # ---- S = Q K^T (16 x n_warp) ----
                 acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.n_warp)), Float32)
@@ -509,6 +596,27 @@ class DecodeAttnKernel:
                 srcV = gVrow[None, c]
                 cute.copy(gmem_tiled_copy, cute.make_tensor(srcV.iterator, dV.layout), dV)
 
+    @cute.jit
+    def _tma_load_tile(
+        self,
+        atom_K: cute.CopyAtom,
+        atom_V: cute.CopyAtom,
+        tKsK: cute.Tensor,  # (TMA, stages)
+        tKgK: cute.Tensor,  # (TMA, tiles)
+        tVsV: cute.Tensor,
+        tVgV: cute.Tensor,
+        mbar: cute.Pointer,
+        tidx: Int32,
+        tile: Int32,
+        stage: Int32,
+    ):
+        """Thread 0: K and V tile `tile` -> ring slot `stage`, completion counted on mbar[stage]."""
+        if tidx == 0:
+            nbytes = 2 * self.n_tile * self.D * (self.dtype.width // 8)
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, nbytes)
+            cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage)
+            cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage)
+
     @staticmethod
     def _mn_view(t: cute.Tensor) -> cute.Tensor:
         """((2,2), MMA_M, MMA_N) accumulator -> ((2, MMA_M), (2, MMA_N)) row/column view."""
@@ -562,6 +670,8 @@ class DecodeConfig:
     q_in_regs: bool
     min_blocks_per_mp: int = 1
     merge_mode: str = "kernel"  # "kernel" | "pdl" | "fused" (split only)
+    load: str = "cpasync"  # "cpasync" | "tma" (contiguous caches only)
+    pdl_in: bool = False  # launched as a programmatic dependent of the previous kernel
 
 
 def _cdtype(name):
@@ -611,6 +721,7 @@ def _decode_builder(cfg: DecodeConfig):
         k = DecodeAttnKernel(
             dt, D, cfg.m_tile, cfg.n_tile, cfg.stages, cfg.num_threads, cfg.paged, cfg.page_size,
             cfg.causal, cfg.split, cfg.q_in_regs, cfg.min_blocks_per_mp, cfg.merge_mode,
+            cfg.load, cfg.pdl_in,
         )
         return k, (
             mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, mCnt, Float32(1.0),
@@ -701,7 +812,10 @@ def make_config(
     if warps_n == 1:
         n_tile = 32 if head_dim == 256 else 64
     stages = max(2, min(4, (96 * 1024) // (n_tile * 4 * head_dim)))
-    kw = dict(n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1, merge_mode="kernel")
+    kw = dict(
+        n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1, merge_mode="kernel",
+        load="cpasync", pdl_in=False,
+    )
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)
     # the warps split the rows first; every warp needs >= 16 tokens of the tile
@@ -723,6 +837,8 @@ def make_config(
         q_in_regs=head_dim <= 128,
         min_blocks_per_mp=kw["min_blocks_per_mp"],
         merge_mode=kw["merge_mode"] if split else "kernel",
+        load=kw["load"] if not paged else "cpasync",  # TMA: contiguous caches only
+        pdl_in=bool(kw["pdl_in"]),
     )
 
 

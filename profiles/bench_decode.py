@@ -10,6 +10,16 @@ KV bytes = 2 * B * L * Hkv * D * 2 (bf16 K and V, each byte once).
     python profiles/bench_decode.py                  # the six issue shapes -> profiles/results/
     python profiles/bench_decode.py --sweep          # + tile / split sweep of this project's kernel
     python profiles/bench_decode.py --quick          # 1 round, short do_bench
+    python profiles/bench_decode.py --variants --out-dir DIR   # v2 variants vs default vs cuDNN (~2-4 min)
+
+``--variants``: every load/launch/split variant of this project's kernel against the default and cuDNN,
+interleaved rounds (every implementation once per round, medians), on the issue shapes (most rounds on
+b1 L32768, b8 L8192 and paged b64).  Each variant is first run once in a child process with a time
+limit (a variant that hangs or differs is dropped, not timed).  Besides do_bench (whose L2 flush is a
+256 MB *write*, leaving up to the whole L2 dirty for the timed call), the main variants and cuDNN are
+also timed after a *read-only* L2 flush ("clean") and as CUDA-graph replays of 20 calls without flush
+("graph", back-to-back: launch gaps hidden): the differences show how much of the small shapes'
+time is the flush's write-back and launch overhead rather than the kernel.
 
 Writes profiles/results/bench_decode.json and .md (``--tag`` appends a suffix).
 """
@@ -333,6 +343,321 @@ def run_sweep(args, bench):
     return out
 
 
+# ---------------------------------------------------------------------------------------- variants
+#: label -> (DecodeConfig overrides, split rule); split rule: None = automatic, ("x", f) = auto * f,
+#: ("slots", k) = the largest count with batch*Hkv*count <= k*SMs (fills k CTAs per SM exactly), ("n", n)
+VARIANTS = {
+    "default": ({}, None),
+    "merge_pdl": (dict(merge_mode="pdl"), None),
+    "pdl_in": (dict(pdl_in=True), None),
+    "pdl_both": (dict(pdl_in=True, merge_mode="pdl"), None),
+    "tma": (dict(load="tma"), None),
+    "tma_pdl": (dict(load="tma", pdl_in=True, merge_mode="pdl"), None),
+    "tma_s4_1cta": (dict(load="tma", stages=4), None),
+    "tma_s6_1cta": (dict(load="tma", stages=6, pdl_in=True, merge_mode="pdl"), None),
+    "cp_s4_1cta": (dict(stages=4), None),
+    "split_half": ({}, ("x", 0.5)),
+    "split_x2": ({}, ("x", 2)),
+    "split_fill1": (dict(pdl_in=True, merge_mode="pdl"), ("slots", 1)),
+    "split_fill2": (dict(pdl_in=True, merge_mode="pdl"), ("slots", 2)),
+    "tma_fill1_s6": (dict(load="tma", stages=6, pdl_in=True, merge_mode="pdl"), ("slots", 1)),
+}
+#: (shape name, rounds, variants); paged shapes run the paged cache (TMA falls back to cp.async there)
+VARIANT_PLAN = [
+    ("b1_hq32_hkv8_L32768", 7, list(VARIANTS)),
+    ("b8_hq32_hkv8_L8192", 7, list(VARIANTS)),
+    ("b64_hq32_hkv8_L2048_paged16", 5, ["default", "pdl_in", "cp_s4_1cta", "split_x2", "split_fill2"]),
+    ("b1_hq32_hkv32_L131072", 3, ["default", "pdl_both", "tma", "tma_pdl", "tma_s6_1cta"]),
+    ("b32_hq32_hkv8_L4096", 3, ["default", "pdl_in", "tma", "tma_pdl", "split_x2"]),
+    ("b4_hq64_hkv8_L65536", 3, ["default", "pdl_both", "tma", "tma_pdl", "tma_s6_1cta"]),
+]
+#: timed also with the clean flush and as graph replays (b1/b8 only: where overheads matter)
+EXTRA_TIMED = ["default", "pdl_both", "tma_pdl", "tma_fill1_s6", "cudnn"]
+
+
+def _variant_splits(rule, auto, base, sm):
+    if rule is None:
+        return auto
+    kind, val = rule
+    if kind == "x":
+        return max(1, int(round(auto * val)))
+    if kind == "slots":
+        return max(1, (val * sm) // base)
+    return int(val)
+
+
+def _shape(name):
+    return next(sh for sh in SHAPES if sh[0] == name)
+
+
+def _variant_inputs(name):
+    _, B, Hq, Hkv, L, page = _shape(name)
+    torch.manual_seed(0)
+    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=DTYPE)
+    k = torch.randn(B, L, Hkv, D, device="cuda", dtype=DTYPE)
+    v = torch.randn(B, L, Hkv, D, device="cuda", dtype=DTYPE)
+    s = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    paged = "paged" in name
+    kp = vp = bt = None
+    if paged:
+        kp, vp, bt = to_paged(k, v, page)
+    return q, k, v, s, kp, vp, bt, paged
+
+
+def _variant_fn(label, q, k, v, s, kp, vp, bt, paged):
+    """(callable, cfg, P) for one variant; its workspace and output are allocated here (untimed)."""
+    over, rule = VARIANTS[label]
+    B, Hkv = q.shape[0], k.shape[2]
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    with DA.override_config(**over):
+        kk = kp if paged else k
+        auto = DA._plan(q, kk, bt, None, True)[1]
+        P = _variant_splits(rule, auto, B * Hkv, sm)
+        cfg = DA._plan(q, kk, bt, P, True)[0]
+    ws = DA.decode_attn_workspace(q, P)
+    o = torch.empty_like(q)
+    kc, vc = (kp, vp) if paged else (k, v)
+
+    def fn():
+        with DA.override_config(**over):
+            decode_attn(q, kc, vc, cache_seqlens=s, block_table=bt, num_splits=P, out=o, workspace=ws)
+        return o
+
+    return fn, cfg, P
+
+
+def _variant_configs(shapes_only=""):
+    cfgs = []
+    for name, _, labels in VARIANT_PLAN:
+        if shapes_only and shapes_only not in name:
+            continue
+        _, B, Hq, Hkv, L, page = _shape(name)
+        paged = "paged" in name
+        q = torch.empty(B, 1, Hq, D, dtype=DTYPE, device="meta")
+        k = torch.empty(1 if paged else B, page if paged else L, Hkv, D, dtype=DTYPE, device="meta")
+        bt = torch.empty(B, -(-L // page), dtype=torch.int32, device="meta") if paged else None
+        sm = torch.cuda.get_device_properties(0).multi_processor_count
+        for lab in labels:
+            over, rule = VARIANTS[lab]
+            with DA.override_config(**over):
+                auto = DA._plan(q, k, bt, None, True)[1]
+                P = _variant_splits(rule, auto, B * Hkv, sm)
+                cfgs.append(DA._plan(q, k, bt, P, True)[0])
+    return cfgs
+
+
+def smoke_variants(args):
+    """Child process: run every planned variant once per shape, compare with the default's bits.
+    Prints one JSON line {"ok": [...], "bad": {...}}."""
+    ok, bad = [], {}
+    for name, _, labels in VARIANT_PLAN:
+        if args.only and args.only not in name:
+            continue
+        ins = _variant_inputs(name)
+        ref = None
+        for lab in labels:
+            key = f"{name}/{lab}"
+            try:
+                fn, cfg, P = _variant_fn(lab, *ins)
+                out = fn().clone()
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = out
+                diff = (out.float() - ref.float()).abs().max().item()
+                if not torch.isfinite(out).all() or diff > 0.05:
+                    bad[key] = f"max diff vs default {diff}"
+                else:
+                    ok.append(key)
+            except Exception as e:
+                bad[key] = f"{type(e).__name__}: {str(e)[:200]}"
+        del ins
+        torch.cuda.empty_cache()
+    print("SMOKE " + json.dumps({"ok": ok, "bad": bad}), flush=True)
+
+
+def _bench_clean(fn, n=30):
+    """CUDA events around one call after a read-only 256 MB pass (L2 holds clean lines only)."""
+    buf = _bench_clean.buf
+    sink = _bench_clean.sink
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(n):
+        torch.sum(buf, dim=0, out=sink)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+
+
+def _bench_graph(fn, calls=20, n=10):
+    """Per-call time of `calls` back-to-back calls captured in one CUDA graph (no flush: the KV of
+    the big shapes exceeds L2 anyway; b1 L32768's 128 MiB is 2.5x the L2)."""
+    fn()
+    torch.cuda.synchronize()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        fn()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / calls)
+    del g
+    return statistics.median(ts)
+
+
+def run_variants(args, bench):
+    import subprocess
+
+    t0 = time.time()
+    cfgs = _variant_configs(args.only)
+    errs = DA.precompile(cfgs)
+    print(f"precompiled {len(set(cfgs))} configs in {time.time() - t0:.1f} s", flush=True)
+    for e in errs:
+        print("  precompile error:", e[:300], flush=True)
+    # smoke test in a child process with a time limit (a hanging variant must not stall the run)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke-variants"] + (["--only", args.only] if args.only else [])
+    ok, bad = None, {}
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.smoke_timeout)
+        line = next((l for l in r.stdout.splitlines() if l.startswith("SMOKE ")), None)
+        if line:
+            d = json.loads(line[6:])
+            ok, bad = set(d["ok"]), d["bad"]
+        else:
+            print("smoke child failed:\n" + r.stdout[-2000:] + r.stderr[-3000:], flush=True)
+    except subprocess.TimeoutExpired:
+        print(f"smoke child timed out after {args.smoke_timeout} s: timing default/merge_pdl/split_* only", flush=True)
+    if ok is None:  # child died or hung: only the variants that use the old kernel paths
+        safe = {"default", "merge_pdl", "split_half", "split_x2", "cp_s4_1cta"}
+        ok = {f"{n}/{l}" for n, _, ls in VARIANT_PLAN for l in ls if l in safe}
+    for k_, v_ in bad.items():
+        print(f"  dropped {k_}: {v_}", flush=True)
+    if not hasattr(_bench_clean, "buf"):
+        _bench_clean.buf = torch.ones(256 * 1024 * 1024 // 4, 1, dtype=torch.float32, device="cuda")
+        _bench_clean.sink = torch.empty(1, dtype=torch.float32, device="cuda")
+
+    rows = []
+    for name, rounds, labels in VARIANT_PLAN:
+        if args.only and args.only not in name:
+            continue
+        _, B, Hq, Hkv, L, page = _shape(name)
+        kv_bytes = 2 * B * L * Hkv * D * 2
+        ins = _variant_inputs(name)
+        q, k, v = ins[0], ins[1], ins[2]
+        impls = {}
+        for lab in labels:
+            if f"{name}/{lab}" not in ok:
+                continue
+            fn, cfg, P = _variant_fn(lab, *ins)
+            impls[lab] = (fn, cfg, P)
+        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+
+        try:
+            cudnn()
+            torch.cuda.synchronize()
+            impls["cudnn"] = (cudnn, None, None)
+        except Exception as e:
+            print(f"  cudnn unavailable: {e}", flush=True)
+        times = {lab: [] for lab in impls}
+        for _ in range(rounds if not args.quick else 1):
+            for lab, (fn, _, _) in impls.items():
+                times[lab].append(bench(fn))
+        extra = {}
+        if "L32768" in name or "L8192" in name:
+            for lab in EXTRA_TIMED:
+                if lab in impls:
+                    fn = impls[lab][0]
+                    try:
+                        extra[lab] = (_bench_clean(fn), _bench_graph(fn))
+                    except Exception as e:
+                        print(f"  {name} {lab} clean/graph: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        cud = statistics.median(times["cudnn"]) if "cudnn" in times else None
+        for lab, ts in times.items():
+            med = statistics.median(ts)
+            fn, cfg, P = impls[lab]
+            rec = dict(
+                shape=name, variant=lab, us=med, us_min=min(ts), TBps=kv_bytes / (med * 1e-6) / 1e12,
+                vs_cudnn=(cud / med) if cud else None, splits=P,
+                cfg=None if cfg is None else dict(
+                    n_tile=cfg.n_tile, stages=cfg.stages, merge=cfg.merge_mode, load=cfg.load, pdl_in=cfg.pdl_in,
+                ),
+                clean_us=extra.get(lab, (None, None))[0], graph_us=extra.get(lab, (None, None))[1],
+                kv_bytes=kv_bytes,
+            )
+            rows.append(rec)
+            ex = ""
+            if rec["clean_us"]:
+                ex = f"  clean={rec['clean_us']:.1f}us graph={rec['graph_us']:.1f}us"
+            print(
+                f"{name:30s} {lab:14s} P={str(P):>4s} {med:8.1f} us (min {min(ts):.1f}) {rec['TBps']:.2f} TB/s"
+                f"  x{rec['vs_cudnn'] or float('nan'):.3f} cuDNN{ex}",
+                flush=True,
+            )
+        del ins, impls, qt, kt, vt, q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def write_variants_md(path, meta, rows):
+    lines = [f"# Decode attention variants ({meta['device']})", "",
+             f"{meta['timer']}; interleaved rounds (median); bf16, D=128, q_len=1; TB/s = KV bytes / time.",
+             "clean = CUDA events after a read-only 256 MB L2 flush; graph = per call of 20 back-to-back calls "
+             "in one CUDA graph (no flush).", "",
+             "| shape | variant | splits | load | stages | merge | pdl_in | µs | min µs | TB/s | × cuDNN | clean µs (TB/s) | graph µs (TB/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["cfg"] or {}
+        tb = lambda us: f"{us:.1f} ({r['kv_bytes'] / (us * 1e-6) / 1e12:.2f})" if us else "—"  # noqa: E731
+        lines.append(
+            f"| {r['shape']} | {r['variant']} | {r['splits'] if r['splits'] is not None else '—'} | {c.get('load', '—')} | "
+            f"{c.get('stages', '—')} | {c.get('merge', '—')} | {c.get('pdl_in', '—')} | {r['us']:.1f} | {r['us_min']:.1f} | "
+            f"{r['TBps']:.2f} | {r['vs_cudnn']:.3f} | {tb(r['clean_us'])} | {tb(r['graph_us'])} |"
+            if r["vs_cudnn"] else
+            f"| {r['shape']} | {r['variant']} | {r['splits']} | {c.get('load', '—')} | {c.get('stages', '—')} | "
+            f"{c.get('merge', '—')} | {c.get('pdl_in', '—')} | {r['us']:.1f} | {r['us_min']:.1f} | {r['TBps']:.2f} | — | "
+            f"{tb(r['clean_us'])} | {tb(r['graph_us'])} |"
+        )
+    # best variant per shape and the issue's numbers with it
+    lines += ["", "## Best per shape (do_bench median)", "", "| shape | best variant | TB/s | default TB/s | cuDNN TB/s | best × cuDNN |",
+              "|---|---|---|---|---|---|"]
+    by = {}
+    for r in rows:
+        by.setdefault(r["shape"], []).append(r)
+    for shp, rs in by.items():
+        ours = [r for r in rs if r["variant"] != "cudnn"]
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r["us"])
+        dflt = next((r for r in rs if r["variant"] == "default"), None)
+        cud = next((r for r in rs if r["variant"] == "cudnn"), None)
+        lines.append(
+            f"| {shp} | {best['variant']} | {best['TBps']:.2f} | {dflt['TBps'] if dflt else float('nan'):.2f} | "
+            f"{cud['TBps'] if cud else float('nan'):.2f} | {best['vs_cudnn'] or float('nan'):.3f} |"
+        )
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
 def write_md(path, meta, results, notes, sweep):
     lines = [f"# Decode attention benchmark ({meta['device']})", ""]
     lines.append(f"{meta['timer']}; {meta['repeats']} interleaved rounds, median; bf16, D=128, q_len=1.")
@@ -384,13 +709,30 @@ def main():
     ap.add_argument("--only", default="", help="substring filter on shape names")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(ROOT / "profiles" / "results"))
+    ap.add_argument("--variants", action="store_true", help="v2 load/launch/split variants vs default vs cuDNN")
+    ap.add_argument("--smoke-variants", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke-timeout", type=int, default=150)
     args = ap.parse_args()
     if args.quick:
         args.repeats = 1
     if not torch.cuda.is_available():
         sys.exit("bench_decode: needs a CUDA device")
+    if args.smoke_variants:
+        smoke_variants(args)
+        return
     bench, timer = make_bench(args.quick)
     t0 = time.time()
+    if args.variants:
+        rows = run_variants(args, bench)
+        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "timer": timer,
+                "seconds": round(time.time() - t0, 1)}
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = "bench_decode_variants" + (f"_{args.tag}" if args.tag else "")
+        (out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        write_variants_md(out_dir / f"{stem}.md", meta, rows)
+        print(f"wrote {out_dir / (stem + '.md')} in {meta['seconds']} s")
+        return
     if args.merge_mode:
         DA._CONFIG_OVERRIDE = dict(merge_mode=args.merge_mode)
     precompile_all(args)

@@ -604,3 +604,80 @@ def test_gpu_empty_batch_and_lengths_shorter_than_q():
     for P in (1, 5):
         out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=P)
         check_close(out, lse, ro, rl, q.dtype, f"L<Sq P={P}")
+
+
+# ------------------------------------------------------------------ load / launch variants (v2)
+VARIANTS = {
+    "tma": dict(load="tma"),
+    "pdl_in": dict(pdl_in=True),
+    "tma_pdl": dict(load="tma", pdl_in=True, merge_mode="pdl"),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize(
+    "case",
+    [(torch.bfloat16, 128, 8, 0, True, True), (torch.float16, 256, 64, 0, False, False),
+     (torch.bfloat16, 64, 32, 0, True, True)],
+    ids=_cid,
+)
+def test_compiles_variants(case, variant):
+    from cute_kernels import inspect as ins
+
+    dtype, D, rows, page, causal, split = case
+    with DA.override_config(**VARIANTS[variant]):
+        cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split)
+    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    k = [k for k in rep.kernels if "Decode" in k.name][0]
+    assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
+    if rep.sass is not None and cfg.load == "tma":
+        assert k.instructions["UTMALDG"] > 0 and k.instructions["HMMA"] > 0, rep.summary()
+    if rep.ptx is not None and cfg.pdl_in:
+        assert "griddepcontrol.wait" in rep.ptx
+
+
+def test_tma_falls_back_for_paged():
+    with DA.override_config(load="tma"):
+        assert DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).load == "cpasync"
+        assert DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).load == "tma"
+
+
+@gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("num_splits", [1, None, 48])
+def test_gpu_variants_bitwise_equal_default(variant, num_splits):
+    """Ragged lengths (0/1/7/1000/65537) in a cache whose unused rows are NaN: every variant gives
+    the default kernel's bits (same math, same order) and matches the float32 reference."""
+    lens = [0, 1, 7, 1000, 65537]
+    Lmax = 65600
+    q, k, v, s = make_inputs(len(lens), 1, 16, 4, 128, lens, Lmax=Lmax, device="cuda", seed=21)
+    for b, L in enumerate(lens):
+        k[b, L:] = float("nan")
+        v[b, L:] = float("nan")
+    base, base_lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits, return_lse=True)
+    with DA.override_config(**VARIANTS[variant]):
+        for _ in range(2):
+            o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits, return_lse=True)
+            assert torch.equal(o, base) and torch.equal(l, base_lse), variant
+        ro, rl = decode_attn_reference(q, k, v, s)
+        check_close(o, l, ro, rl, q.dtype, variant)
+        # strided caches (views of one K/V buffer), Sq > 1, D = 256
+        B, Sq, Hq, Hkv, D, L = 2, 3, 8, 2, 256, 1500
+        kv = torch.randn(B, L, 2, Hkv, D, device="cuda").to(torch.bfloat16)
+        q2 = torch.randn(B, Sq, Hq, D, device="cuda").to(torch.bfloat16)
+        s2 = torch.tensor([L, 999], dtype=torch.int32, device="cuda")
+        out, lse, ro, rl = run_and_ref(q2, kv[:, :, 0], kv[:, :, 1], s2, num_splits=num_splits)
+        check_close(out, lse, ro, rl, q2.dtype, f"{variant} strided D=256")
+        # bad lengths stay in bounds
+        s3 = torch.tensor([10**6, -5], dtype=torch.int32, device="cuda")
+        o3 = decode_attn(q2, kv[:, :, 0], kv[:, :, 1], cache_seqlens=s3, num_splits=num_splits)
+        torch.cuda.synchronize()
+        ro3, _ = decode_attn_reference(q2, kv[:, :, 0], kv[:, :, 1], s3.clamp(0, L))
+        check_close(o3, None, ro3, None, q2.dtype, f"{variant} clamped")
+
+
+@gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_variants_graph_replay(variant):
+    with DA.override_config(**VARIANTS[variant]):
+        _graph_case()
