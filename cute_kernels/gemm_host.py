@@ -271,13 +271,25 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
     if mode == "cluster":
         if tm != 128 or tn not in (64, 128, 192, 256) or (tn != 128 and FORCE_SPLITK_TILE_N is None):
             return 1
-        # measured (run 7, 128x4096x4096): S=2 22.4 us, S=4 27.7 us, S=8 33.5 us, no split 25.6 us;
-        # clusters of 4-8 CTAs schedule worse than pairs, so only pairs are used.
+        tn = FORCE_SPLITK_TILE_N or splitk_tile_n(m, n)
+        n_tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        # measured (session 2 run 3, 128x4096x4096, cuBLAS 17.8-19.2 us): pairs of 64-wide tiles
+        # 19.4 us, pairs of 128-wide 20.6, no split 22.0 (64-wide) / 26.7 (128-wide), clusters of 4
+        # 26.5-32.2, of 8 44.4: clusters of 4-8 CTAs schedule worse than pairs, so only pairs are used.
         return 2 if k_tiles >= 16 and n_tiles * 2 <= sms else 1
     for s in range(2, 17):
         if k % (tk * s) == 0 and k // s >= 8 * tk and n_tiles * s <= sms:
             best = s
     return best
+
+
+def splitk_tile_n(m: int, n: int) -> int:
+    """Pure Python: tile width of the cluster split-K kernel.  64-wide tiles when pairs of them still
+    fit the SMs (twice the CTAs streaming B: 128x4096x4096 19.4 us vs 20.6 us with 128-wide pairs,
+    session 2 run 3), else 128-wide (1024x1024x32768: 128-wide pairs 117 us, the best cluster variant)."""
+    if FORCE_SPLITK_TILE_N is not None:
+        return FORCE_SPLITK_TILE_N
+    return 64 if math.ceil(m / 128) * math.ceil(n / 64) * 2 <= current_arch().sm_count else 128
 
 
 def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str) -> T.GemmTiles:
@@ -405,7 +417,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         from .gemm_splitk_kernel import SplitKClusterConfig
 
         probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
-        scfg = SplitKClusterConfig(tiles=splitk_tiles(FORCE_SPLITK_TILE_N or 128, ab, am, bm, d_name),
+        scfg = SplitKClusterConfig(tiles=splitk_tiles(splitk_tile_n(m, n), ab, am, bm, d_name),
                                    splits=p.splits, a_rank=2, has_c=p.has_c, vec_store=splitk_vec_store_ok(probe))
         p.fn = compiled_splitk_cluster(scfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
