@@ -477,20 +477,9 @@ def smoke_variants(args):
 
 def _bench_clean(fn, n=30):
     """CUDA events around one call after a read-only 256 MB pass (L2 holds clean lines only)."""
-    buf = _bench_clean.buf
-    sink = _bench_clean.sink
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(n):
-        torch.sum(buf, dim=0, out=sink)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
+    from timing import bench_clean
+
+    return bench_clean(fn, n)
 
 
 def _bench_graph(fn, calls=20, n=10):
@@ -548,9 +537,6 @@ def run_variants(args, bench):
         ok = {f"{n}/{l}" for n, _, ls in VARIANT_PLAN for l in ls if l in safe}
     for k_, v_ in bad.items():
         print(f"  dropped {k_}: {v_}", flush=True)
-    if not hasattr(_bench_clean, "buf"):
-        _bench_clean.buf = torch.ones(256 * 1024 * 1024 // 4, 1, dtype=torch.float32, device="cuda")
-        _bench_clean.sink = torch.empty(1, dtype=torch.float32, device="cuda")
 
     rows = []
     for name, rounds, labels in VARIANT_PLAN:

@@ -100,6 +100,16 @@ def main():
                 ms = do_bench(lambda: fn(a, b), warmup=25, rep=100, return_mode="median")
                 times.setdefault((shape, name), []).append(ms)
 
+    # second timer, once per shape: after a read-only L2 flush (see profiles/timing.py for why)
+    from timing import bench_clean
+
+    clean = {}
+    for shape in shapes:
+        a, b = data[shape]
+        for name, fn in impls.items():
+            if (shape, name) not in errors:
+                clean[(shape, name)] = bench_clean(lambda: fn(a, b))
+
     rows = []
     for shape in shapes:
         m, n, k = shape
@@ -109,7 +119,8 @@ def main():
             ts = times.get((shape, name))
             if ts:
                 row[name] = {"ms": statistics.median(ts), "tflops": flops / statistics.median(ts) / 1e9,
-                             "first_call_s": first_call.get((shape, name))}
+                             "first_call_s": first_call.get((shape, name)),
+                             "clean_flush_us": clean.get((shape, name))}
             else:
                 row[name] = {"error": errors.get((shape, name), "not run")}
         base = times.get((shape, "cuBLAS"))
@@ -159,6 +170,14 @@ def main():
         if s["geomean_vs_cublas"]:
             lines.append(f"- {name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS, large shapes {s['geomean_large'] or 0:.3f}x"
                          + (f"; vs best peer {s['geomean_vs_best_peer']:.3f}x" if "geomean_vs_best_peer" in s else ""))
+    lines += ["", "Second timer (one round, CUDA events after a read-only 256 MB L2 flush instead of do_bench's "
+              "zero_, which leaves ~50 MB of dirty L2 to write back during the call), microseconds:", "",
+              "| M x N x K | " + " | ".join(impls) + " | cute-kernels x cuBLAS |", "|---|" + "---|" * (len(impls) + 1)]
+    for shape in shapes:
+        cs = [clean.get((shape, n_)) for n_ in impls]
+        cb, ck = clean.get((shape, "cuBLAS")), clean.get((shape, "cute-kernels"))
+        lines.append(f"| {'x'.join(map(str, shape))} | " + " | ".join(f"{c:.1f}" if c else "-" for c in cs)
+                     + (f" | {cb / ck:.2f}x |" if cb and ck else " | - |"))
     text = "\n".join(lines)
     print(text)
     os.makedirs(args.out, exist_ok=True)
