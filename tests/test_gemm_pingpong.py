@@ -1,0 +1,349 @@
+"""Ping-pong GEMM consumers (GemmTiles.pingpong).  CPU: tile validation, plan selection, sm_90a compiles
+with resource checks, the epilogue's register -> tile map.  GPU: numerics against a float64 reference
+with NaN-poisoned outputs, ragged shapes, multi-tile persistent CTAs with odd k-tile counts, alpha/beta/C,
+batched, every output path (TMA store, column-major D, predicated direct stores).
+
+The GPU tests pin the kernel: explicit ping-pong tiles, split-K off (``FORCE_SPLITS = 1``), and a check
+that the config that was compiled really is a ping-pong one.
+"""
+
+import itertools
+import re
+
+import pytest
+import torch
+
+from conftest import make_c, rel_err
+
+import cute_kernels  # noqa: F401  (sets the arch before cutlass is imported)
+from cute_kernels import gemm_host as G
+from cute_kernels.gemm_kernel import GemmConfig, GemmSm90
+from layouts import tiles as T
+
+
+# ------------------------------------------------------------------------------------------- CPU
+def test_pingpong_tiles():
+    t = G.make_gemm_tiles(128, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True)
+    assert t.pingpong and t.mma.warpgroups_mn == (1, 1) and t.mma.tile_mn == (64, 128)
+    assert t.epi_tile_mn[0] == 64 and t.num_consumer_warpgroups == 2 and t.epi_buffers == 2 * t.epi_stages
+    assert t.ab_stages >= 4 and t.smem_bytes() + 1024 <= 227 * 1024
+    t192 = G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True)
+    assert t192.ab_stages >= 4 and t192.smem_bytes() + 1024 <= 227 * 1024
+    with pytest.raises(ValueError, match="ping-pong"):  # two-warpgroup MMA cannot ping-pong
+        T.GemmTiles(tile_mnk=(128, 128, 64), mma=T.MmaTile(atom_n=128), pingpong=True)
+    with pytest.raises(ValueError, match="ping-pong"):  # the MMA must span the tile's N
+        T.GemmTiles(tile_mnk=(128, 256, 64), mma=T.MmaTile(atom_n=128, warpgroups_mn=(1, 2)),
+                    epi_tile_mn=(64, 32), pingpong=True)
+    coop = G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16")
+    assert not coop.pingpong and coop.epi_buffers == coop.epi_stages and coop.mma.warpgroups_mn == (2, 1)
+    k = GemmSm90(GemmConfig(tiles=t))
+    assert k.threads == 384 and k.num_mma_threads == 128 and k.CONSUMER_REGS == 232
+    k192 = GemmSm90(GemmConfig(tiles=t192))
+    assert (k192.PRODUCER_REGS, k192.CONSUMER_REGS) == (24, 240)
+    assert 128 * k192.PRODUCER_REGS + 256 * k192.CONSUMER_REGS <= 65536
+    # the barrier ids of the two schemes do not collide with each other or with barrier 0
+    ids = {GemmSm90.EPI_BARRIER, GemmSm90.PP_EPI_BARRIER, GemmSm90.PP_EPI_BARRIER + 1,
+           GemmSm90.PP_MMA_BARRIER, GemmSm90.PP_MMA_BARRIER + 1}
+    assert len(ids) == 5 and 0 not in ids and max(ids) < 16
+
+
+def test_pingpong_heuristic():
+    pick = lambda m, n: G.default_tiles(m, n, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n", pingpong=True)  # noqa: E731
+    for m, n in ((4096, 4096), (8192, 8192), (16384, 4096), (4096, 14336), (1000, 3000)):
+        t = pick(m, n)
+        assert t.pingpong and t.tile_mnk[1] in (128, 192)
+    assert not G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n",
+                               pingpong=False).pingpong
+
+
+@pytest.fixture
+def record_cfgs(monkeypatch):
+    """Record the GemmConfigs the host compiles (without compiling) and forget cached plans."""
+    seen = []
+    monkeypatch.setattr(G, "compiled_gemm", lambda cfg, *args: seen.append(cfg) or (lambda *a: None))
+    monkeypatch.setattr(G, "_plans", {})
+    return seen
+
+
+def test_pingpong_plan_selection(monkeypatch, record_cfgs):
+    monkeypatch.setattr(G, "PINGPONG", True)
+    monkeypatch.setattr(G, "FORCE_SPLITS", 1)
+    a = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    b = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
+    assert record_cfgs[-1].tiles.pingpong
+    # C forces 128-wide tiles (192 x C spills); a column-major D keeps ping-pong
+    G._make_plan(a, torch.empty(4096, 14336, dtype=torch.bfloat16), None,
+                 torch.empty(4096, 14336, dtype=torch.float32), 0.5, None, allow_cpu=True)
+    cfg = record_cfgs[-1]
+    assert cfg.tiles.pingpong and cfg.has_c and cfg.tiles.tile_mnk[1] == 128
+    G._make_plan(a, b, torch.empty(4096, 4096, dtype=torch.bfloat16).t(), None, 0.0, None, allow_cpu=True)
+    cfg = record_cfgs[-1]
+    assert cfg.tiles.pingpong and cfg.tiles.c_major == "m"
+    # the cp.async mainloop (operands TMA cannot describe) stays cooperative
+    n_before = len(record_cfgs)
+    G._make_plan(torch.empty(300, 100, dtype=torch.bfloat16), torch.empty(100, 60, dtype=torch.bfloat16)[:, :50],
+                 None, None, 0.0, None, allow_cpu=True)
+    assert len(record_cfgs) == n_before + 1 and record_cfgs[-1].mainloop == "cpasync"
+    assert not record_cfgs[-1].tiles.pingpong
+    # off: cooperative
+    monkeypatch.setattr(G, "PINGPONG", False)
+    monkeypatch.setattr(G, "_plans", {})
+    G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
+    assert not record_cfgs[-1].tiles.pingpong
+
+
+COMPILE_CASES = [
+    # (tile_n, cluster, a_major, b_major, rank, has_c, tma_store, d dtype, c_major)
+    (128, (2, 1), "k", "mn", 2, False, True, "bfloat16", "n"),
+    (192, (2, 1), "k", "mn", 2, False, True, "bfloat16", "n"),
+    (128, (1, 1), "k", "k", 3, True, True, "float32", "n"),
+    (128, (1, 1), "mn", "k", 2, False, False, "bfloat16", "n"),
+    (192, (1, 1), "k", "k", 2, True, True, "bfloat16", "n"),
+    (128, (1, 2), "mn", "mn", 2, False, True, "float16", "m"),
+    (192, (1, 1), "k", "mn", 3, False, True, "float32", "n"),
+]
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_pingpong_compiles_for_sm90a(case):
+    """HGMMA + TMA present, no local memory, the hand-over barrier (BAR.ARV / BAR.SYNC over 256
+    threads) present, and the register split the kernel asks for."""
+    from cute_kernels import inspect as ins
+
+    tile_n, cluster, am, bm, rank, has_c, tma, cd, cmaj = case
+    ab = "float16" if cd == "float16" else "bfloat16"
+    tiles = G.make_gemm_tiles(tile_n, cluster, ab, am, bm, cd, cmaj, pingpong=True)
+    cfg = GemmConfig(tiles=tiles, a_rank=rank, has_c=has_c, tma_store=tma)
+    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, cd, "bfloat16"))
+    (k,) = rep.kernels
+    assert k.instructions["HGMMA"] > 0 and k.instructions["UTMALDG"] > 0, rep.summary()
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    if tma:
+        assert k.instructions["UTMASTG"] > 0, rep.summary()
+    sass = rep.sass
+    assert re.search(r"BAR\.ARV R\d+, 0x100", sass) and re.search(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100", sass), \
+        "hand-over barrier (256 threads, register id) missing"
+    kern = GemmSm90(cfg)
+    assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(kern.PRODUCER_REGS)}" in sass
+    assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(kern.CONSUMER_REGS)}" in sass
+
+
+# The epilogue copies accumulator register e * n_rD + v into sub-tile e's register v.  That is right only
+# if both views of a thread's registers name the same element of the CTA tile; checked statically here
+# for the ping-pong (one warpgroup, 2 x 64 rows) and, as a control, the cooperative tiles.
+EPI_MAP_CASES = [(True, 128, "bfloat16", "n"), (True, 192, "bfloat16", "n"), (True, 128, "float32", "n"),
+                 (True, 128, "float16", "m"), (True, 192, "float32", "m"), (False, 256, "bfloat16", "n")]
+
+
+@pytest.mark.parametrize("case", EPI_MAP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_epilogue_register_map(case):
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+
+    pp, tile_n, cd, cmaj = case
+    t = G.make_gemm_tiles(tile_n, (1, 1), "bfloat16", "k", "k", cd, cmaj, pingpong=pp)
+    found = {}
+
+    @cute.jit
+    def probe():
+        tiled_mma = T.make_tiled_mma(t.mma)
+        m_t, n_t, _ = t.tile_mnk
+        em, en = t.epi_tile_mn
+        c_layout = T.c_layout_enum(t)
+        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4),
+                                     cutlass.Float16)
+        r2s_atom = sm90_utils.get_smem_store_op(c_layout, T.dtype(t.c_dtype), cutlass.Float32)
+        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+        ident = cute.make_identity_tensor((m_t, n_t))
+        epi_ident = cute.make_identity_tensor((em, en))
+        n_epi_n = n_t // en
+        bad, checked = 0, 0
+        for thr in cutlass.range_constexpr(0, 128 * t.mma.num_warpgroups, 5):
+            tCcD = tiled_mma.get_slice(thr).partition_C(ident)
+            tRS_c = tiled_r2s.get_slice(thr).partition_S(epi_ident)
+            n_rD = cute.size(tRS_c)
+            for e in cutlass.range_constexpr((m_t // em) * n_epi_n):
+                for v in cutlass.range_constexpr(n_rD):
+                    r, c = tCcD[e * n_rD + v]
+                    r2, c2 = tRS_c[v]
+                    checked += 1
+                    if cutlass.const_expr(r != (e // n_epi_n) * em + r2 or c != (e % n_epi_n) * en + c2):
+                        bad += 1
+        found["bad"], found["checked"] = bad, checked
+
+    cute.compile(probe)
+    assert found["checked"] > 0 and found["bad"] == 0, found
+
+
+# ------------------------------------------------------------------------------------------- GPU
+def _operand(shape, major, dtype, batch=None):
+    rows, cols = shape
+    full = (batch, rows, cols) if batch else (rows, cols)
+    if major == "row":
+        return torch.randn(full, device="cuda", dtype=dtype)
+    t = torch.randn((*full[:-2], cols, rows), device="cuda", dtype=dtype)
+    return t.transpose(-1, -2)
+
+
+def _ref(a, b, alpha=1.0, beta=0.0, c=None):
+    r = alpha * (a.double() @ b.double())
+    if c is not None:
+        r = r + beta * c.double()
+    return r
+
+
+def _tol(dtype):
+    return 2e-2 if dtype == torch.bfloat16 else 5e-3
+
+
+@pytest.fixture
+def pingpong_gemm(monkeypatch):
+    """gemm through the real host path with explicit ping-pong tiles, split-K off, and a check that
+    the compiled config is a ping-pong one (TMA mainloop)."""
+    seen = []
+    orig = G.compiled_gemm
+
+    def recording(cfg, *args):
+        seen.append(cfg)
+        return orig(cfg, *args)
+
+    monkeypatch.setattr(G, "compiled_gemm", recording)
+    monkeypatch.setattr(G, "FORCE_SPLITS", 1)
+
+    def run(a, b, *, out=None, c=None, alpha=1.0, beta=0.0, out_dtype=None, tile_n=128, cluster=(1, 1)):
+        am = "k" if G._major(a, "a", "M", "K") == "row" else "mn"
+        bm = "mn" if G._major(b, "b", "K", "N") == "row" else "k"
+        d_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
+        tiles = G.make_gemm_tiles(tile_n, cluster, G._TORCH_TO_NAME[a.dtype], am, bm, G._TORCH_TO_NAME[d_dtype],
+                                  pingpong=True)
+        seen.clear()
+        res = G._gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=tiles)
+        torch.cuda.synchronize()
+        assert seen and seen[-1].tiles.pingpong and seen[-1].mainloop == "tma", seen
+        return res
+
+    return run
+
+
+def _tma_able(*ts):
+    return all(G._tma_ok(t, G._major(t, "x", "r", "c")) for t in ts)
+
+
+@pytest.mark.gpu
+def test_pingpong_smoke(pingpong_gemm):
+    """First GPU contact: several tiles per CTA (both consumers busy), 3 k-tiles per tile (not a
+    multiple of 2 x stages), cluster 2x1 multicast.  A hang here means the barrier protocol is wrong."""
+    m, n, k = 2304, 2048, 136  # 18 x 16 tiles of 128 x 128: 2-3 per CTA
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    pingpong_gemm(a, b, out=out, cluster=(2, 1))
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 264), (131, 64, 8),
+          (2, 4096, 4096), (997, 1013, 136), (4099, 1024, 1000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("majors,tile_n", [(mj, 128) for mj in itertools.product(["row", "col"], repeat=2)]
+                         + [(("row", "row"), 192), (("col", "col"), 192)], ids=lambda x: str(x))
+def test_pingpong_shapes_majors(pingpong_gemm, mnk, majors, tile_n):
+    m, n, k = mnk
+    a = _operand((m, k), majors[0], torch.bfloat16)
+    b = _operand((k, n), majors[1], torch.bfloat16)
+    if not _tma_able(a, b):
+        pytest.skip("operands TMA cannot describe take the cp.async mainloop (cooperative only)")
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    pingpong_gemm(a, b, out=out, tile_n=tile_n)
+    assert rel_err(out, _ref(a, b)) < _tol(out.dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(2304, 2048, 136), (4096, 4096, 4160), (8192, 1024, 200), (4096, 2048, 64),
+                                 (2048, 3072, 384), (3840, 2304, 840), (256, 17408, 72)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("tile_n,cluster", [(128, (1, 1)), (128, (2, 1)), (192, (2, 1)), (192, (1, 1))],
+                         ids=lambda x: str(x))
+def test_pingpong_persistent_multi_tile(pingpong_gemm, mnk, tile_n, cluster):
+    """Many tiles per CTA (even and odd counts per CTA, so either consumer may finish last), k-tile
+    counts of 1, 2, 3, 4, 6 (= the stage count of 128-wide tiles; 192-wide: 5), 14, 65: each consumer's
+    ring states skip the other's positions, so any off-by-one in that bookkeeping hangs or reads stale
+    stages.  (Every M here has an even tile count, as the host requires for 2x1 clusters.)"""
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    pingpong_gemm(a, b, out=out, tile_n=tile_n, cluster=cluster)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_pingpong_alpha_beta(pingpong_gemm, c_kind, out_dtype):
+    m, n, k = 2333, 2088, 136  # 19 x 17 tiles of 128 x 128: 2-3 per CTA
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = make_c(c_kind, m, n)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+    pingpong_gemm(a, b, out=out, alpha=0.5, beta=-1.25, c=c, tile_n=192)  # the host narrows C tiles to 128
+    assert rel_err(out, _ref(a, b, 0.5, -1.25, c)) < _tol(out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_pingpong_dtypes(pingpong_gemm, in_dtype, out_dtype):
+    a = torch.randn(509, 384, device="cuda", dtype=in_dtype)
+    b = torch.randn(384, 520, device="cuda", dtype=in_dtype)
+    out = pingpong_gemm(a, b, out_dtype=out_dtype)
+    assert out.dtype == out_dtype
+    assert rel_err(out, _ref(a, b)) < _tol(in_dtype if out_dtype == torch.float32 else out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("majors", [("row", "row"), ("col", "col")])
+@pytest.mark.parametrize("tile_n", [128, 192])
+def test_pingpong_batched(pingpong_gemm, majors, tile_n):
+    L, m, n, k = 3, 1296, 1064, 200
+    a = _operand((m, k), majors[0], torch.bfloat16, batch=L)
+    b = _operand((k, n), majors[1], torch.bfloat16, batch=L)
+    out = torch.full((L, m, n), float("nan"), device="cuda", dtype=torch.float32)
+    pingpong_gemm(a, b, out=out, tile_n=tile_n)
+    assert rel_err(out, _ref(a, b)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_pingpong_column_major_and_unaligned_out(pingpong_gemm):
+    m, n, k = 1000, 2000, 264
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.bfloat16).t()  # column-major D
+    pingpong_gemm(a, b, out=out)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    big = torch.full((m, n + 1), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[:, :n]  # rows not 16-byte aligned: predicated direct stores
+    pingpong_gemm(a, b, out=out)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    assert torch.isnan(big[:, n]).all(), "wrote past the view"
+
+
+@pytest.mark.gpu
+def test_pingpong_env_default_path(monkeypatch):
+    """CUTE_KERNELS_PINGPONG=1 (the module flag): the plain gemm() call picks ping-pong tiles."""
+    seen = []
+    orig = G.compiled_gemm
+    monkeypatch.setattr(G, "compiled_gemm", lambda cfg, *a: seen.append(cfg) or orig(cfg, *a))
+    monkeypatch.setattr(G, "PINGPONG", True)
+    monkeypatch.setattr(G, "_plans", {})
+    for m, n, k in ((4096, 4096, 4096), (2048, 14336, 1024)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cute_kernels.gemm(a, b, out=out)
+        assert seen and seen[-1].tiles.pingpong
+        assert rel_err(out, _ref(a, b)) < 2e-2
