@@ -129,6 +129,80 @@ def test_pingpong_compiles_for_sm90a(case):
     assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(kern.CONSUMER_REGS)}" in sass
 
 
+def _protocol_model(T, K, S, seed, handoff=True):
+    """Random-interleaving model of consumer_pingpong's protocol: a TMA producer filling an S-slot
+    mbarrier ring in schedule order, consumers 0/1 on alternate tiles of K k-tiles, each skipping the
+    other's ring positions, mbarrier waits by phase *parity* (as the hardware does), and the two
+    arrive/sync hand-over barriers.  Returns 'ok', 'deadlock' or 'alias' (a parity wait passed on the
+    wrong phase: a stale or unfilled stage)."""
+    import random
+
+    rng = random.Random(seed)
+    full, empty = [0] * S, [0] * S  # completed phases per slot
+    bar = {0: [0, 0], 1: [0, 0]}  # hand-over barrier c: [parties arrived, generation]
+    errors = []
+
+    def producer():
+        for p in range(T * K):
+            j, r = p % S, p // S
+            while empty[j] % 2 != r % 2:  # producer phase starts at 1
+                yield
+            errors.extend([p] if empty[j] != r else [])
+            full[j] += 1
+            yield
+
+    def arrive(b):
+        bar[b][0] += 1
+        if bar[b][0] == 2:
+            bar[b] = [0, bar[b][1] + 1]
+
+    def sync(b):
+        g = bar[b][1]
+        arrive(b)
+        while bar[b][1] == g:
+            yield
+
+    def consumer(c):
+        for n, t in enumerate(range(c, T, 2)):
+            if handoff and n + c > 0:  # every mainloop but consumer 0's first
+                yield from sync(c)
+            for kt in range(K):
+                p = t * K + kt
+                j, r = p % S, p // S
+                while full[j] % 2 == r % 2:
+                    yield
+                errors.extend([p] if full[j] != r + 1 else [])
+                yield
+                if kt > 0:
+                    empty[(p - 1) % S] += 1
+            if handoff:
+                arrive(1 - c)  # after the last wgmma issue, before wait_group(0)
+            yield
+            empty[(t * K + K - 1) % S] += 1
+            for _ in range(rng.randint(0, 3)):  # epilogue
+                yield
+
+    agents = [producer(), consumer(0), consumer(1)]
+    for _ in range(100000):
+        if not agents:
+            return "alias" if errors else "ok"
+        a = rng.choice(agents)
+        try:
+            next(a)
+        except StopIteration:
+            agents.remove(a)
+    return "deadlock"
+
+
+def test_protocol_model():
+    for T, K, S in itertools.product([1, 2, 3, 4, 5, 7], [1, 2, 3, 5, 6, 7, 13], [4, 5, 6]):
+        for seed in range(4):
+            assert _protocol_model(T, K, S, seed) == "ok", (T, K, S, seed)
+    # control: without the hand-over the model does catch parity aliasing / out-of-order consumption
+    assert any(_protocol_model(T, K, S, seed, handoff=False) != "ok"
+               for T in (2, 3, 4) for K in (1, 2, 3) for S in (2, 4) for seed in range(10))
+
+
 # The epilogue copies accumulator register e * n_rD + v into sub-tile e's register v.  That is right only
 # if both views of a thread's registers name the same element of the CTA tile; checked statically here
 # for the ping-pong (one warpgroup, 2 x 64 rows) and, as a control, the cooperative tiles.
