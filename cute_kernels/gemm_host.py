@@ -231,7 +231,9 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 
 # ---------------------------------------------------------------------------- split-K
 #: "cluster": K slices on the CTAs of one cluster, reduced through DSMEM (gemm_splitk_kernel.py);
-#: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel.  Both deterministic.
+#: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel; "fixup": S CTAs per
+#: tile (no cluster), the last one to finish sums the fp32 partials from a cached workspace
+#: (GemmSm90SplitKFixup, splitk_fixup_choice).  All deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
 #: Cluster split-K tile width (64, 128, 192 or 256); None: the measured default (128).  Env
@@ -277,6 +279,8 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
         # 19.4 us, pairs of 128-wide 20.6, no split 22.0 (64-wide) / 26.7 (128-wide), clusters of 4
         # 26.5-32.2, of 8 44.4: clusters of 4-8 CTAs schedule worse than pairs, so only pairs are used.
         return 2 if k_tiles >= 16 and n_tiles * 2 <= sms else 1
+    if mode == "fixup":
+        return splitk_fixup_choice(m, n, k)[1]
     for s in range(2, 17):
         if k % (tk * s) == 0 and k // s >= 8 * tk and n_tiles * s <= sms:
             best = s
@@ -290,6 +294,24 @@ def splitk_tile_n(m: int, n: int) -> int:
     if FORCE_SPLITK_TILE_N is not None:
         return FORCE_SPLITK_TILE_N
     return 64 if math.ceil(m / 128) * math.ceil(n / 64) * 2 <= current_arch().sm_count else 128
+
+
+def splitk_fixup_choice(m: int, n: int, k: int) -> tuple[int, int]:
+    """Pure Python: (tile_n, splits) of the fixup split-K (CUTE_KERNELS_SPLITK=fixup).  The most CTAs
+    up to one per SM, slices of >= 8 k-tiles, S <= 8; ties go to 256-wide tiles (the most efficient
+    wgmma per SM).  FORCE_SPLITK_TILE_N (128 or 256) pins the width.  1024x1024x32768 -> 256 x S=4
+    (128 CTAs, 128 k-tiles each); 128x4096x4096 -> 256 x S=8 (8 k-tiles each).  Not measured yet."""
+    from .gemm_splitk_kernel import FIXUP_TILE_NS
+
+    sms = current_arch().sm_count
+    k_tiles = math.ceil(k / 64)
+    best = None
+    for tn in (FORCE_SPLITK_TILE_N,) if FORCE_SPLITK_TILE_N in FIXUP_TILE_NS else (256, 128):
+        n_tiles = math.ceil(m / 128) * math.ceil(n / tn)
+        s = max(1, min(8, sms // n_tiles, k_tiles // 8))
+        if best is None or n_tiles * s > best[0]:
+            best = (n_tiles * s, tn, s)
+    return best[1], best[2]
 
 
 def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str) -> T.GemmTiles:
@@ -315,13 +337,45 @@ def compiled_splitk_cluster(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
                             lambda: _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype))
 
 
+def compiled_splitk_fixup(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
+    """The fixup split-K kernel (gemm_splitk_kernel.GemmSm90SplitKFixup): fn(a, b, d, c, ws, cnt, alpha, beta)."""
+    return jit.get_compiled("gemm_sm90_splitk_fixup", (cfg, ab_dtype, d_dtype, c_dtype),
+                            lambda: _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype))
+
+
+class SplitKFixupLauncher:
+    """The plan's callable for the fixup split-K: ``(a, b, d, c, alpha, beta)`` like the other kernels,
+    adding the workspace (fp32 partials + int32 counters), cached here per (device, stream): the kernel
+    leaves the counters at 0 and launches on one stream are ordered.  While a CUDA graph is captured a
+    fresh pair is allocated (its counters' zeroing is captured as a memset)."""
+
+    def __init__(self, fn, ws_numel: int, n_counters: int):
+        self.fn, self.ws_numel, self.n_counters, self.cache = fn, ws_numel, n_counters, {}
+
+    def workspace(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.cuda.is_current_stream_capturing():
+            return (torch.empty(self.ws_numel, dtype=torch.float32, device=device),
+                    torch.zeros(self.n_counters, dtype=torch.int32, device=device))
+        key = (device, torch.cuda.current_stream(device).cuda_stream)
+        buf = self.cache.get(key)
+        if buf is None:
+            buf = self.cache[key] = (torch.empty(self.ws_numel, dtype=torch.float32, device=device),
+                                     torch.zeros(self.n_counters, dtype=torch.int32, device=device))
+        return buf
+
+    def __call__(self, a, b, d, c, alpha, beta):
+        ws, cnt = self.workspace(a.device)
+        self.fn(a, b, d, c, ws, cnt, alpha, beta)
+
+
 def _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype):
-    """A/B as for the TMA GEMM (16-byte strides); D and C with any strides (stored element-wise)."""
+    """A/B as for the TMA GEMM (16-byte strides); D and C with any strides (stored element-wise).
+    The fixup kernel also takes its fp32 workspace and int32 counters (1-D, 16-byte aligned)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-    from .gemm_splitk_kernel import GemmSm90SplitKCluster
+    from .gemm_splitk_kernel import GemmSm90SplitKCluster, GemmSm90SplitKFixup, SplitKFixupConfig
 
     dt = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
     M, N, K = cute.sym_int(), cute.sym_int(), cute.sym_int()
@@ -334,6 +388,11 @@ def _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype):
     else:
         d = make_fake_tensor(dt[d_dtype], (M, N), (cute.sym_int(), cute.sym_int()), assumed_align=dt[d_dtype].width // 8)
     c = make_fake_tensor(dt[c_dtype], (M, N), (cute.sym_int(), cute.sym_int()), assumed_align=dt[c_dtype].width // 8)
+    if isinstance(cfg, SplitKFixupConfig):
+        ws = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
+        cnt = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+        return GemmSm90SplitKFixup(cfg), (a, b, d, c, ws, cnt, cutlass.Float32(1.0), cutlass.Float32(0.0),
+                                          make_fake_stream(use_tvm_ffi_env_stream=True))
     return GemmSm90SplitKCluster(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0),
                                        make_fake_stream(use_tvm_ffi_env_stream=True))
 
@@ -420,6 +479,15 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         scfg = SplitKClusterConfig(tiles=splitk_tiles(splitk_tile_n(m, n), ab, am, bm, d_name),
                                    splits=p.splits, a_rank=2, has_c=p.has_c, vec_store=splitk_vec_store_ok(probe))
         p.fn = compiled_splitk_cluster(scfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
+        p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
+        return p
+    if p.splits > 1 and SPLITK_MODE == "fixup" and a.dim() == 2:
+        from .gemm_splitk_kernel import SplitKFixupConfig, fixup_workspace_numel
+
+        tn = splitk_fixup_choice(m, n, k)[0]
+        fcfg = SplitKFixupConfig(tiles=splitk_tiles(tn, ab, am, bm, d_name), splits=p.splits, a_rank=2, has_c=p.has_c)
+        fn = compiled_splitk_fixup(fcfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
+        p.fn = SplitKFixupLauncher(fn, *fixup_workspace_numel(m, n, tn, p.splits))
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
         return p
     if p.splits > 1:

@@ -247,3 +247,210 @@ class GemmSm90SplitKCluster:
         # nobody leaves while a peer may still read its shared memory
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
+
+
+# ==================================================================================================
+# Split-K with a fixup by the last CTA ("fixup"): not limited by the cluster size
+# ==================================================================================================
+FIXUP_TILE_NS = (128, 256)
+FIXUP_SPLITS = (2, 3, 4, 5, 6, 7, 8)
+FIXUP_LOADS_IN_FLIGHT = 16  # 16-byte partial loads per thread per group in the last CTA's sum
+FIXUP_VEC = 4  # fp32 per partial-tile chunk: one 16-byte store / load per thread and chunk
+
+
+def fixup_workspace_numel(m: int, n: int, tile_n: int, splits: int, l: int = 1) -> tuple[int, int]:
+    """(fp32 partial elements, int32 counters) the fixup kernel needs for an (L x) M x N output."""
+    tiles = -(-m // 128) * -(-n // tile_n) * l
+    return tiles * splits * 128 * tile_n, tiles
+
+
+@dataclass(frozen=True)
+class SplitKFixupConfig:
+    tiles: T.GemmTiles  # tile 128 x tile_n x 64, no cluster
+    splits: int = 4  # CTAs per output tile = K slices (2..8)
+    a_rank: int = 2
+    has_c: bool = False
+
+
+class GemmSm90SplitKFixup:
+    """S CTAs (no cluster) compute K slices of one 128 x tile_n output tile; each stores its fp32
+    partial tile to a global workspace, fences, and bumps the tile's int32 counter; the CTA that sees
+    the counter at S-1 (the last one) sums the S partials in rank order 0..S-1 (all read from the
+    workspace, its own included: the same code and order whoever is last, so bitwise deterministic),
+    applies alpha / beta * C, stores D and resets the counter to 0.  Nobody waits for anybody, so any
+    residency works (no deadlock), and the grid can be as large as tiles x S.
+
+    Workspace layout (fp32): slot (tile * S + rank) holds a partial tile in the accumulator's fragment
+    order, chunk-major: ``ws[slot][chunk][thread][4]``, so a warp's 16-byte stores/loads of one chunk
+    cover 512 contiguous bytes.  Memory order: partial stores -> fence.acq_rel.gpu (every thread) ->
+    barrier of the consumer threads -> one thread's atom.add.acq_rel.gpu -> result through shared
+    memory and a second barrier -> the last CTA: fence.acq_rel.gpu -> loads.
+    """
+
+    PRODUCER_REGS = 40
+    CONSUMER_REGS = 232
+
+    def __init__(self, cfg: SplitKFixupConfig):
+        t = cfg.tiles
+        m_t, n_t, k_t = t.tile_mnk
+        if m_t != 128 or n_t not in FIXUP_TILE_NS or k_t != 64 or t.cluster_mn != (1, 1):
+            raise ValueError(f"fixup split-K uses 128 x {FIXUP_TILE_NS} x 64 tiles and no cluster, got "
+                             f"{t.tile_mnk} / {t.cluster_mn}")
+        if cfg.splits not in FIXUP_SPLITS:
+            raise ValueError(f"splits must be one of {FIXUP_SPLITS}, got {cfg.splits}")
+        self.cfg = cfg
+        self.tile_mnk = t.tile_mnk
+        self.num_mma_wg = t.mma.num_warpgroups
+        self.threads = 128 * (1 + self.num_mma_wg)
+        self.ab_dtype = T.dtype(t.mma.ab_dtype)
+        self.acc_dtype = T.dtype(t.mma.acc_dtype)
+        self.d_dtype = T.dtype(t.c_dtype)
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
+                 cnt: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
+        cfg = self.cfg
+        t = cfg.tiles
+        mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, _ = blocks.gemm_host_setup(t, a, b, d, c, cfg.a_rank)
+        m_t, n_t, k_t = self.tile_mnk
+        tma_a, tma_mA = blocks.make_tma_load(mA, sA_layout, (m_t, k_t))
+        tma_b, tma_mB = blocks.make_tma_load(mB, sB_layout, (n_t, k_t))
+
+        @cute.struct
+        class SharedStorage:
+            ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
+            flag: cute.struct.MemRange[cutlass.Int32, 4]
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        m_tiles = cute.ceil_div(cute.size(mD, mode=[0]), m_t)
+        n_tiles = cute.ceil_div(cute.size(mD, mode=[1]), n_t)
+        grid = (cfg.splits, n_tiles, m_tiles * cute.size(mD, mode=[2]))
+        self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, ws, cnt, alpha, beta, tiled_mma, sA_layout,
+                    sB_layout, m_tiles, n_tiles).launch(grid=grid, block=[self.threads, 1, 1],
+                                                        min_blocks_per_mp=1, stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+               mD: cute.Tensor, mC: cute.Tensor, mWs: cute.Tensor, mCnt: cute.Tensor, alpha: cutlass.Float32,
+               beta: cutlass.Float32, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
+               sB_layout: cute.ComposedLayout, m_tiles: cutlass.Int32, n_tiles: cutlass.Int32):
+        cfg = self.cfg
+        t = cfg.tiles
+        S = cfg.splits
+        m_t, n_t, k_t = self.tile_mnk
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        rank, n_idx, ml = cute.arch.block_idx()
+        m_idx = ml % m_tiles
+        l_idx = ml // m_tiles
+        tile_id = ml * n_tiles + n_idx
+
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
+        tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.ab_dtype, cute.slice_(sB_layout, (None, None, 0))
+        )
+        ab_pipe = blocks.make_tma_pipeline(storage.ab_barriers.data_ptr(), t.ab_stages, tx_bytes,
+                                           4 * self.num_mma_wg, cute.make_layout((1, 1, 1)), 1)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        gA = cute.local_tile(mA, (m_t, k_t), (None, None, None))  # (m_t, k_t, m, k, l)
+        gB = cute.local_tile(mB, (n_t, k_t), (None, None, None))
+        k_total = cute.size(gA, mode=[3])
+        k_per = (k_total + S - 1) // S
+        k_begin = rank * k_per
+        k_end = cutlass.min(k_begin + k_per, k_total)
+        k_count = cutlass.max(k_end - k_begin, 0)
+
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
+                                                      cute.group_modes(gA, 0, 2))
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
+                                                      cute.group_modes(gB, 0, 2))
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.ab_stages)
+                tAgA_t = tAgA[(None, m_idx, None, l_idx)]
+                tBgB_t = tBgB[(None, n_idx, None, l_idx)]
+                for i in range(k_count):
+                    ab_pipe.producer_acquire(state)
+                    bar = ab_pipe.producer_get_barrier(state)
+                    cute.copy(tma_a, tAgA_t[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_b, tBgB_t[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                    ab_pipe.producer_commit(state)
+                    state.advance()
+                ab_pipe.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            nthr = 128 * self.num_mma_wg
+            mma_tidx = tidx - 128
+            thr_mma = tiled_mma.get_slice(cute.make_layout(self.num_mma_wg, stride=128)(mma_tidx // 128))
+            thr_mma_c = tiled_mma.get_slice(mma_tidx)
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            tCcD = thr_mma_c.partition_C(cute.make_identity_tensor((m_t, n_t)))
+            acc = cute.make_rmem_tensor(tCcD.shape, self.acc_dtype)
+            acc.fill(0.0)
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
+            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
+            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
+
+            V = FIXUP_VEC
+            chunks = cute.size(acc) // V
+            # ws[slot][chunk][thread][V], slot = tile_id * S + rank
+            ws = cute.make_tensor(mWs.iterator, cute.make_layout((V, nthr, chunks, cute.size(mWs) // (m_t * n_t)),
+                                                                 stride=(1, V, V * nthr, m_t * n_t)))
+            slot0 = tile_id * S
+            for j in cutlass.range_constexpr(chunks):
+                part = cute.make_rmem_tensor((V,), cutlass.Float32)
+                for e in cutlass.range_constexpr(V):
+                    part[e] = acc[j * V + e]
+                cute.autovec_copy(part, ws[(None, mma_tidx, j, slot0 + rank)])
+            # publish the partial, then count it
+            cute.arch.fence_acq_rel_gpu()
+            pipeline.NamedBarrier(barrier_id=1, num_threads=nthr).arrive_and_wait()
+            if mma_tidx == 0:
+                old = cute.arch.atomic_add(mCnt.iterator + tile_id, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+                sFlag[0] = old
+            pipeline.NamedBarrier(barrier_id=1, num_threads=nthr).arrive_and_wait()
+            if sFlag[0] == S - 1:
+                cute.arch.fence_acq_rel_gpu()
+                if mma_tidx == 0:
+                    mCnt[tile_id] = 0  # every split has counted: ready for the next launch / graph replay
+                # groups of G chunks: G x S 16-byte loads in flight per thread (the D stores between
+                # groups keep the compiler from hoisting more loads, which would spill), summed in rank
+                # order into acc (whose own value is in the workspace already), then stored
+                G = max(1, FIXUP_LOADS_IN_FLIGHT // S)
+                m_size = cute.size(mD, mode=[0])
+                n_size = cute.size(mD, mode=[1])
+                for g in cutlass.range_constexpr((chunks + G - 1) // G):
+                    for j in cutlass.range_constexpr(g * G, min(chunks, (g + 1) * G)):
+                        for q in cutlass.range_constexpr(S):  # fixed rank order: bitwise reproducible
+                            part = cute.make_rmem_tensor((V,), cutlass.Float32)
+                            cute.autovec_copy(ws[(None, mma_tidx, j, slot0 + q)], part)
+                            for e in cutlass.range_constexpr(V):
+                                if cutlass.const_expr(q == 0):
+                                    acc[j * V + e] = part[e]
+                                else:
+                                    acc[j * V + e] = acc[j * V + e] + part[e]
+                    for i in cutlass.range_constexpr(g * G * V, min(chunks, (g + 1) * G) * V):
+                        r, cn = tCcD[i]
+                        gm = m_idx * m_t + r
+                        gn = n_idx * n_t + cn
+                        if gm < m_size and gn < n_size:
+                            v = acc[i] * alpha
+                            if cutlass.const_expr(cfg.has_c):
+                                v = v + beta * mC[gm, gn, l_idx].to(cutlass.Float32)
+                            mD[gm, gn, l_idx] = v.to(self.d_dtype)
