@@ -410,3 +410,142 @@ def test_gemm_split_k_forced_tile_n(tile_n, monkeypatch):
     assert G.split_k_factor(m, n, k, 1, tiles) > 1
     out = cute_kernels.gemm(a, b, alpha=0.75, beta=0.5, c=c)
     assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2
+
+
+# ---- fixup split-K (S CTAs per tile, no cluster; the last CTA sums the fp32 partials) -------------
+FIXUP_COMPILE_CASES = [(256, 4, False), (128, 2, True), (256, 8, True), (128, 8, False), (256, 3, False),
+                       (128, 4, False), (256, 2, True)]
+
+
+@pytest.mark.parametrize("tn,s,has_c", FIXUP_COMPILE_CASES, ids=lambda v: str(v))
+def test_splitk_fixup_compiles(tn, s, has_c):
+    """sm_90a build: HGMMA of the tile's width, no local memory at all, 16-byte partial stores/loads,
+    the gpu-scope fence + acq_rel atomic of the counter protocol."""
+    from cute_kernels import inspect as ins
+    from cute_kernels.gemm_splitk_kernel import SplitKFixupConfig
+
+    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, has_c=has_c)
+    rep = ins.inspect_builder(lambda: G._fake_args_splitk(cfg, "bfloat16", "bfloat16", "float32"))
+    (k,) = rep.kernels
+    assert k.instructions["HGMMA"] > 0 and f"HGMMA.64x{tn}x16" in rep.sass
+    lines = rep.sass.splitlines()
+    hg = [i for i, ln in enumerate(lines) if "HGMMA" in ln]
+    assert not any(("LDL" in ln or "STL" in ln) for ln in lines[hg[0]:hg[-1]])
+    assert k.spills == 0 and k.stack_frame == 0
+    assert "STG.E.128" in rep.sass and "LDG.E.128" in rep.sass
+    assert "ATOMG.E.ADD" in rep.sass and "MEMBAR.ALL.GPU" in rep.sass
+    assert rep.ptx.count("fence.acq_rel.gpu") >= 2 and "atom.global.acq_rel.add" in rep.ptx
+
+
+def test_splitk_fixup_choice():
+    assert G.splitk_fixup_choice(1024, 1024, 32768) == (256, 4)  # 32 tiles x 4 = 128 CTAs
+    tn, s = G.splitk_fixup_choice(128, 4096, 4096)
+    assert 2 <= s <= 8 and -(-4096 // tn) * s <= 132
+    tiles = G.default_tiles(1024, 1024, 32768, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert G.split_k_factor(1024, 1024, 32768, 1, tiles, "fixup") == 4
+
+
+def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16"):
+    from cute_kernels.gemm_splitk_kernel import SplitKFixupConfig
+
+    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", d_dtype), splits=s, has_c=has_c)
+    return G.compiled_splitk_fixup(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
+
+
+def _fixup_ws(m, n, tn, s):
+    from cute_kernels.gemm_splitk_kernel import fixup_workspace_numel
+
+    numel, n_cnt = fixup_workspace_numel(m, n, tn, s)
+    return (torch.full((numel,), float("nan"), device="cuda", dtype=torch.float32),
+            torch.zeros(n_cnt, device="cuda", dtype=torch.int32))
+
+
+FIXUP_GPU_VARIANTS = [(128, 2), (128, 4), (256, 4), (256, 8), (128, 8), (256, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", FIXUP_GPU_VARIANTS, ids=lambda v: f"tn{v[0]}-s{v[1]}")
+@pytest.mark.parametrize("mnk", [(1, 256, 4096), (7, 1000, 520), (127, 4096, 4168), (1000, 3000, 520),
+                                 (131, 264, 6008), (257, 136, 64), (1024, 1024, 8192)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_splitk_fixup_numerics(variant, mnk):
+    """Ragged M (1, 7, 127, 1000), N and K tails, more slices than k-tiles (K=64, 520): float64
+    reference, every element written (NaN-poisoned out), bitwise identical over 10 repeats (whoever
+    is last), the counters back at 0 after every call (the workspace is reused as is)."""
+    tn, s = variant
+    m, n, k = mnk
+    fn = _fixup_fn(tn, s)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    ws, cnt = _fixup_ws(m, n, tn, s)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fn(a, b, out, out, ws, cnt, 1.0, 0.0)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    assert int(cnt.abs().sum()) == 0, "the last CTA must reset its tile's counter"
+    for _ in range(10):
+        again = torch.full_like(out, float("nan"))
+        fn(a, b, again, again, ws, cnt, 1.0, 0.0)
+        assert torch.equal(out, again), "fixup split-K must be bitwise deterministic"
+    assert int(cnt.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
+def test_splitk_fixup_alpha_beta_c(c_kind, monkeypatch):
+    """gemm() with CUTE_KERNELS_SPLITK=fixup: alpha / beta * C (any C strides), fp32 and bf16 out."""
+    monkeypatch.setattr(G, "SPLITK_MODE", "fixup")
+    monkeypatch.setattr(G, "_plans", {})
+    m, n, k = 200, 1000, 8200
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert G.split_k_factor(m, n, k, 1, tiles) > 1
+    c = make_c(c_kind, m, n)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+        cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
+        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+    p = next(iter(G._plans.values()))
+    assert isinstance(p.fn, G.SplitKFixupLauncher)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_splitk_fixup_back_to_back_and_graph(tile_n, monkeypatch):
+    """Two calls back to back (no sync) reuse one cached workspace; a CUDA graph replays correctly;
+    the counters stay at 0; the large skinny shape matches and repeats bitwise."""
+    monkeypatch.setattr(G, "SPLITK_MODE", "fixup")
+    monkeypatch.setattr(G, "FORCE_SPLITK_TILE_N", tile_n)
+    monkeypatch.setattr(G, "_plans", {})
+    m, n, k = 1024, 1024, 32768
+    a1, a2 = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    b1, b2 = (torch.randn(k, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    o1 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    o2 = torch.full_like(o1, float("nan"))
+    cute_kernels.gemm(a1, b1, out=o1)
+    cute_kernels.gemm(a2, b2, out=o2)
+    torch.cuda.synchronize()
+    assert rel_err(o1, _ref(a1, b1)) < 2e-2 and rel_err(o2, _ref(a2, b2)) < 2e-2
+    (p,) = G._plans.values()
+    assert isinstance(p.fn, G.SplitKFixupLauncher) and len(p.fn.cache) == 1
+    (ws, cnt), = p.fn.cache.values()
+    assert int(cnt.abs().sum()) == 0
+    for _ in range(3):
+        assert torch.equal(cute_kernels.gemm(a1, b1), o1)
+    # CUDA graph: captured on a side stream (fresh workspace), replayed twice with new inputs
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cute_kernels.gemm(a1, b1, out=o1)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            cute_kernels.gemm(a1, b1, out=o1)
+    torch.cuda.current_stream().wait_stream(s)
+    a1_orig = a1.clone()
+    for src in (a2, a1_orig):
+        a1.copy_(src)
+        o1.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(o1, _ref(a1, b1)) < 2e-2
