@@ -340,13 +340,13 @@ def test_pingpong_shapes_majors(pingpong_gemm, mnk, majors, tile_n):
 @pytest.mark.parametrize("mnk", [(2304, 2048, 136), (4096, 4096, 4160), (8192, 1024, 200), (4096, 2048, 64),
                                  (2048, 3072, 384), (3840, 2304, 840), (256, 17408, 72)],
                          ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("tile_n,cluster", [(128, (1, 1)), (128, (2, 1)), (192, (2, 1)), (192, (1, 1))],
+@pytest.mark.parametrize("tile_n,cluster", [(128, (1, 1)), (128, (2, 1)), (192, (2, 1)), (192, (1, 1)), (128, (1, 2))],
                          ids=lambda x: str(x))
 def test_pingpong_persistent_multi_tile(pingpong_gemm, mnk, tile_n, cluster):
     """Many tiles per CTA (even and odd counts per CTA, so either consumer may finish last), k-tile
     counts of 1, 2, 3, 4, 6 (= the stage count of 128-wide tiles; 192-wide: 5), 14, 65: each consumer's
     ring states skip the other's positions, so any off-by-one in that bookkeeping hangs or reads stale
-    stages.  (Every M here has an even tile count, as the host requires for 2x1 clusters.)"""
+    stages.  (Every M and N here has an even 128-tile count, as 2x1 / 1x2 clusters need.)"""
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
