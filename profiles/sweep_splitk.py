@@ -8,6 +8,10 @@ Each variant is first checked against an fp32 torch reference on the benchmark s
 one (M=127, N=1000, K=4168: partial M/N tiles and a K tail), with a NaN-poisoned output and a
 run-to-run bitwise comparison; then timed with triton's do_bench (median, L2 flushed between calls).
 cuBLAS (torch.matmul) is timed before and after each shape's variants; ratios use their mean.
+Fixup split-K variants (S CTAs per 128 x tile_n tile without a cluster, the last CTA sums the fp32
+partials: GemmSm90SplitKFixup) on 1024x1024x32768 and 128x4096x4096, tile_n 128/256 x S 2/4/8, with
+5 extra bitwise repeats and a counters-back-at-zero check; ``--fixup-only`` runs just those (plus
+cuBLAS and the default gemm() path, for same-run ratios) on those two shapes (~1 min).
 Writes splitk-sweep.json and splitk-sweep.txt to --out.
 """
 import argparse
@@ -36,6 +40,10 @@ QUICK = {
     (1024, 1024, 32768): [(128, 2), (256, 4)],
     (1000, 3000, 520): [(192, 1), (256, 1)],
 }
+FIXUP_VARIANTS = {
+    (1024, 1024, 32768): [(256, 4), (256, 2), (256, 8), (128, 2), (128, 4), (128, 8)],
+    (128, 4096, 4096): [(256, 8), (256, 4), (256, 2), (128, 4), (128, 2), (128, 8)],
+}
 VEC_OFF = {(128, 4096, 4096): (64, 2), (1024, 1024, 32768): (128, 2), (1000, 3000, 520): (192, 1)}
 
 
@@ -56,6 +64,24 @@ def splitk_fn(tile_n, s, vec=True, has_c=False):
     return G.compiled_splitk_cluster(cfg, "bfloat16", "bfloat16", "float32" if has_c else "bfloat16")
 
 
+def fixup_fn(tile_n, s, has_c=False):
+    """The fixup kernel wrapped as fn(a, b, d, c, alpha, beta), one cached workspace per output shape."""
+    from cute_kernels.gemm_splitk_kernel import SplitKFixupConfig, fixup_workspace_numel
+
+    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tile_n, "bfloat16", "k", "mn", "bfloat16"), splits=s, has_c=has_c)
+    raw = G.compiled_splitk_fixup(cfg, "bfloat16", "bfloat16", "float32" if has_c else "bfloat16")
+    launchers = {}
+
+    def fn(a, b, d, c, alpha, beta):
+        key = tuple(d.shape)
+        if key not in launchers:
+            launchers[key] = G.SplitKFixupLauncher(raw, *fixup_workspace_numel(*key, tile_n, s))
+        launchers[key](a, b, d, c, alpha, beta)
+
+    fn.launchers = launchers
+    return fn
+
+
 def check_variant(fn, a, b, ref, ragged):
     out = torch.full(ref.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
     fn(a, b, out, out, 1.0, 0.0)
@@ -73,6 +99,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--fixup-only", action="store_true", help="only the fixup split-K variants (+ cuBLAS, gemm())")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
@@ -97,6 +124,8 @@ def main():
     ragged = (ra, rb, ra.float() @ rb.float())
     rows = []
     variants = QUICK if args.quick else VARIANTS
+    if args.fixup_only:
+        variants = {shape: [] for shape in FIXUP_VARIANTS}
     for (m, n, k), vlist in variants.items():
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -111,7 +140,7 @@ def main():
             shape_rows.append(r)
             print(r, flush=True)
 
-        cases = [(tn, s, True) for tn, s in vlist] + [(*VEC_OFF[(m, n, k)], False)]
+        cases = [(tn, s, True) for tn, s in vlist] + ([] if args.fixup_only else [(*VEC_OFF[(m, n, k)], False)])
         for tn, s, vec in cases:
             name = f"cluster tn={tn} S={s}{'' if vec else ' scalar-store'}"
             try:
@@ -124,6 +153,36 @@ def main():
             except Exception as e:
                 traceback.print_exc()
                 shape_rows.append(dict(shape=[m, n, k], variant=name, error=str(e)[:300]))
+        for tn, s in FIXUP_VARIANTS.get((m, n, k), []):
+            name = f"fixup tn={tn} S={s}"
+            try:
+                fn = fixup_fn(tn, s)
+                err, det, rerr, out0 = check_variant(fn, a, b, ref, ragged)
+                for _ in range(5):  # whoever is last, the same bits
+                    again = torch.full_like(out0, float("nan"))
+                    fn(a, b, again, again, 1.0, 0.0)
+                    det = det and torch.equal(out0, again)
+                cnt_ok = all(int(l.cache[next(iter(l.cache))][1].abs().sum()) == 0 for l in fn.launchers.values())
+                out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                t = bench(lambda: fn(a, b, out, out, 1.0, 0.0))
+                ctas = s * -(-m // 128) * -(-n // tn)
+                record(name, t, err, det and cnt_ok, rerr, dict(ctas=ctas, counters_zero=cnt_ok))
+            except Exception as e:
+                traceback.print_exc()
+                shape_rows.append(dict(shape=[m, n, k], variant=name, error=str(e)[:300]))
+        if FIXUP_VARIANTS.get((m, n, k)):  # the host path: gemm() with CUTE_KERNELS_SPLITK=fixup
+            G.SPLITK_MODE = "fixup"
+            G._plans.clear()
+            try:
+                out = cute_kernels.gemm(a, b)
+                tn_s = G.splitk_fixup_choice(m, n, k)
+                record(f"gemm() fixup tn={tn_s[0]} S={tn_s[1]}", bench(lambda: cute_kernels.gemm(a, b)), rel(out, ref))
+            except Exception as e:
+                traceback.print_exc()
+                shape_rows.append(dict(shape=[m, n, k], variant="gemm() fixup", error=str(e)[:300]))
+            finally:
+                G.SPLITK_MODE = "cluster"
+                G._plans.clear()
         # the library's default path (heuristic) and the workspace split-K
         G._plans.clear()
         try:
@@ -131,7 +190,7 @@ def main():
             record("gemm() default", bench(lambda: cute_kernels.gemm(a, b)), rel(out, ref))
         except Exception as e:
             shape_rows.append(dict(shape=[m, n, k], variant="gemm() default", error=str(e)[:300]))
-        if not args.quick and k >= 4096:
+        if not args.quick and not args.fixup_only and k >= 4096:
             for s in (2, 4):
                 G.SPLITK_MODE, G.FORCE_SPLITS = "workspace", s
                 G._plans.clear()
