@@ -55,29 +55,26 @@ def red_bytes(tile_n: int) -> int:
     return 128 * (tile_n + RED_PAD) * 4
 
 
-@dataclass(frozen=True)
-class SplitKClusterConfig:
-    tiles: T.GemmTiles  # tile 128 x tile_n x 64, cluster_mn (1, 1): the cluster is along K here
-    splits: int = 2  # CTAs per cluster = K slices (1, 2, 4 or 8)
-    a_rank: int = 2
-    has_c: bool = False
-    vec_store: bool = False  # D row-major, rows 16-byte aligned (see module doc)
+class _SplitKBase:
+    """What both split-K kernels share: S CTAs per 128 x tile_n output tile (grid (S, n tiles, m tiles x
+    L)), CTA ``rank`` streams k-tiles [rank * ceil(K/S), ...) of A and B through a CTA-local TMA ring
+    (warp 0 produces, two consumer warpgroups run the wgmma mainloop), leaving each consumer thread
+    with its fp32 accumulator fragment.  Subclasses differ only in how the S partial tiles meet."""
 
-
-class GemmSm90SplitKCluster:
     PRODUCER_REGS = 40
     CONSUMER_REGS = 232
+    KIND = ""
+    TILE_NS: tuple = ()
+    SPLITS_OK: tuple = ()
 
-    def __init__(self, cfg: SplitKClusterConfig):
+    def __init__(self, cfg):
         t = cfg.tiles
         m_t, n_t, k_t = t.tile_mnk
-        if m_t != 128 or n_t not in TILE_NS or k_t != 64 or t.cluster_mn != (1, 1):
-            raise ValueError(f"cluster split-K uses 128 x {TILE_NS} x 64 tiles and no multicast cluster, got "
-                             f"{t.tile_mnk} / {t.cluster_mn}")
-        if cfg.splits not in SPLITS:
-            raise ValueError(f"splits must be one of {SPLITS}, got {cfg.splits}")
-        if t.ab_stages * stage_bytes(n_t) < red_bytes(n_t):
-            raise ValueError("the operand stages are too small to hold the fp32 reduction tile")
+        if m_t != 128 or n_t not in self.TILE_NS or k_t != 64 or t.cluster_mn != (1, 1):
+            raise ValueError(f"{self.KIND} split-K uses 128 x {self.TILE_NS} x 64 tiles and no multicast "
+                             f"cluster, got {t.tile_mnk} / {t.cluster_mn}")
+        if cfg.splits not in self.SPLITS_OK:
+            raise ValueError(f"splits must be one of {self.SPLITS_OK}, got {cfg.splits}")
         self.cfg = cfg
         self.tile_mnk = t.tile_mnk
         self.num_mma_wg = t.mma.num_warpgroups
@@ -86,54 +83,27 @@ class GemmSm90SplitKCluster:
         self.acc_dtype = T.dtype(t.mma.acc_dtype)
         self.d_dtype = T.dtype(t.c_dtype)
 
-    @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
-                 alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
+    def _host_operands(self, a, b, d, c):
+        """Host side (inside ``__call__``): views, tiled MMA, smem layouts, TMA atoms and the grid."""
         cfg = self.cfg
-        t = cfg.tiles
-        mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, _ = blocks.gemm_host_setup(t, a, b, d, c, cfg.a_rank)
+        mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, _ = blocks.gemm_host_setup(cfg.tiles, a, b, d, c, cfg.a_rank)
         m_t, n_t, k_t = self.tile_mnk
         tma_a, tma_mA = blocks.make_tma_load(mA, sA_layout, (m_t, k_t))
         tma_b, tma_mB = blocks.make_tma_load(mB, sB_layout, (n_t, k_t))
-
-        # sA and sB are adjacent (each a multiple of 1024 B): the reduction tile may span both
-        @cute.struct
-        class SharedStorage:
-            ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-
-        self.shared_storage = SharedStorage
         m_tiles = cute.ceil_div(cute.size(mD, mode=[0]), m_t)
         n_tiles = cute.ceil_div(cute.size(mD, mode=[1]), n_t)
         grid = (cfg.splits, n_tiles, m_tiles * cute.size(mD, mode=[2]))
-        self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, alpha, beta, tiled_mma, sA_layout, sB_layout,
-                    m_tiles).launch(grid=grid, block=[self.threads, 1, 1], cluster=(cfg.splits, 1, 1),
-                                    min_blocks_per_mp=1, stream=stream)
+        return mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, n_tiles, grid
 
-    @cute.kernel
-    def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
-               mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
-               tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-               m_tiles: cutlass.Int32):
-        cfg = self.cfg
-        t = cfg.tiles
-        S = cfg.splits
+    @cute.jit
+    def _ring(self, storage, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+              sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, rank):
+        """Kernel side, every thread: the operand ring and this CTA's K range.
+
+        The ring is CTA-local (no multicast): a CTA barrier publishes the mbarrier inits."""
+        t = self.cfg.tiles
+        S = self.cfg.splits
         m_t, n_t, k_t = self.tile_mnk
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        _, n_idx, ml = cute.arch.block_idx()
-        m_idx = ml % m_tiles
-        l_idx = ml // m_tiles
-
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
-
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
@@ -141,8 +111,6 @@ class GemmSm90SplitKCluster:
         )
         ab_pipe = blocks.make_tma_pipeline(storage.ab_barriers.data_ptr(), t.ab_stages, tx_bytes,
                                            4 * self.num_mma_wg, cute.make_layout((1, 1, 1)), 1)
-        # the ring is CTA-local (no multicast): a CTA barrier publishes the mbarrier inits; the cluster
-        # barrier before the reduction is the first point where peers touch each other's memory
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         gA = cute.local_tile(mA, (m_t, k_t), (None, None, None))  # (m_t, k_t, m, k, l)
@@ -158,6 +126,96 @@ class GemmSm90SplitKCluster:
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                                       cute.group_modes(gB, 0, 2))
         pipeline_init_wait(cluster_shape_mn=(1, 1))
+        return sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count
+
+    @cute.jit
+    def _produce(self, ab_pipe, tma_a: cute.CopyAtom, tAgA: cute.Tensor, tAsA: cute.Tensor,
+                 tma_b: cute.CopyAtom, tBgB: cute.Tensor, tBsB: cute.Tensor, m_idx, n_idx, l_idx, k_begin, k_count):
+        """Warp 0 of the producer warpgroup: this CTA's K range of the tile, then the ring's tail."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.tiles.ab_stages)
+        state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, l_idx)], tAsA,
+                                           tma_b, tBgB[(None, n_idx, None, l_idx)], tBsB, k_begin, k_count)
+        ab_pipe.producer_tail(state)
+
+    @cute.jit
+    def _consume(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, ab_pipe, k_count, mma_tidx):
+        """A consumer thread: its fp32 fragment of the CTA's partial tile (and the fragment's tile
+        coordinates and MMA slice, for the reduction)."""
+        m_t, n_t, _ = self.tile_mnk
+        thr_mma = tiled_mma.get_slice(cute.make_layout(self.num_mma_wg, stride=128)(mma_tidx // 128))
+        thr_mma_c = tiled_mma.get_slice(mma_tidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        tCcD = thr_mma_c.partition_C(cute.make_identity_tensor((m_t, n_t)))
+        acc = cute.make_rmem_tensor(tCcD.shape, self.acc_dtype)
+        acc.fill(0.0)
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.tiles.ab_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.tiles.ab_stages)
+        read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
+        return acc, tCcD, thr_mma_c
+
+
+@dataclass(frozen=True)
+class SplitKClusterConfig:
+    tiles: T.GemmTiles  # tile 128 x tile_n x 64, cluster_mn (1, 1): the cluster is along K here
+    splits: int = 2  # CTAs per cluster = K slices (1, 2, 4 or 8)
+    a_rank: int = 2
+    has_c: bool = False
+    vec_store: bool = False  # D row-major, rows 16-byte aligned (see module doc)
+
+
+class GemmSm90SplitKCluster(_SplitKBase):
+    KIND = "cluster"
+    TILE_NS = TILE_NS
+    SPLITS_OK = SPLITS
+
+    def __init__(self, cfg: SplitKClusterConfig):
+        super().__init__(cfg)
+        if cfg.tiles.ab_stages * stage_bytes(self.tile_mnk[1]) < red_bytes(self.tile_mnk[1]):
+            raise ValueError("the operand stages are too small to hold the fp32 reduction tile")
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
+                 alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
+        t = self.cfg.tiles
+        (mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, _,
+         grid) = self._host_operands(a, b, d, c)
+
+        # sA and sB are adjacent (each a multiple of 1024 B): the reduction tile may span both
+        @cute.struct
+        class SharedStorage:
+            ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, alpha, beta, tiled_mma, sA_layout, sB_layout,
+                    m_tiles).launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.cfg.splits, 1, 1),
+                                    min_blocks_per_mp=1, stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+               mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
+               tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+               m_tiles: cutlass.Int32):
+        cfg = self.cfg
+        S = cfg.splits
+        m_t, n_t, k_t = self.tile_mnk
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        _, n_idx, ml = cute.arch.block_idx()
+        m_idx = ml % m_tiles
+        l_idx = ml // m_tiles
+
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        # the cluster barrier before the reduction is the first point where peers touch each other
+        sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
+            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank)
 
         # fp32 reduction tile, row-major with padding, over the operand stages (drained by then)
         red_ptr = cute.recast_ptr(storage.sA.data_ptr(), dtype=cutlass.Float32)
@@ -167,29 +225,10 @@ class GemmSm90SplitKCluster:
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.ab_stages)
-                tAgA_t = tAgA[(None, m_idx, None, l_idx)]
-                tBgB_t = tBgB[(None, n_idx, None, l_idx)]
-                for i in range(k_count):
-                    ab_pipe.producer_acquire(state)
-                    bar = ab_pipe.producer_get_barrier(state)
-                    cute.copy(tma_a, tAgA_t[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, tBgB_t[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                    ab_pipe.producer_commit(state)
-                    state.advance()
-                ab_pipe.producer_tail(state)
+                self._produce(ab_pipe, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, m_idx, n_idx, l_idx, k_begin, k_count)
         else:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            mma_tidx = tidx - 128
-            thr_mma = tiled_mma.get_slice(cute.make_layout(self.num_mma_wg, stride=128)(mma_tidx // 128))
-            thr_mma_c = tiled_mma.get_slice(mma_tidx)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-            acc = cute.make_rmem_tensor(thr_mma_c.partition_C(sRed).shape, self.acc_dtype)
-            acc.fill(0.0)
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
+            acc, _, thr_mma_c = self._consume(tiled_mma, sA, sB, ab_pipe, k_count, tidx - 128)
             # every stage has been consumed: the operand buffers are free for the fp32 partial tile
             pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg).arrive_and_wait()
             tCsRed = thr_mma_c.partition_C(sRed)
@@ -272,7 +311,7 @@ class SplitKFixupConfig:
     has_c: bool = False
 
 
-class GemmSm90SplitKFixup:
+class GemmSm90SplitKFixup(_SplitKBase):
     """S CTAs (no cluster) compute K slices of one 128 x tile_n output tile; each stores its fp32
     partial tile to a global workspace, fences, and bumps the tile's int32 counter; the CTA that sees
     the counter at S-1 (the last one) sums the S partials in rank order 0..S-1 (all read from the
@@ -287,34 +326,16 @@ class GemmSm90SplitKFixup:
     memory and a second barrier -> the last CTA: fence.acq_rel.gpu -> loads.
     """
 
-    PRODUCER_REGS = 40
-    CONSUMER_REGS = 232
-
-    def __init__(self, cfg: SplitKFixupConfig):
-        t = cfg.tiles
-        m_t, n_t, k_t = t.tile_mnk
-        if m_t != 128 or n_t not in FIXUP_TILE_NS or k_t != 64 or t.cluster_mn != (1, 1):
-            raise ValueError(f"fixup split-K uses 128 x {FIXUP_TILE_NS} x 64 tiles and no cluster, got "
-                             f"{t.tile_mnk} / {t.cluster_mn}")
-        if cfg.splits not in FIXUP_SPLITS:
-            raise ValueError(f"splits must be one of {FIXUP_SPLITS}, got {cfg.splits}")
-        self.cfg = cfg
-        self.tile_mnk = t.tile_mnk
-        self.num_mma_wg = t.mma.num_warpgroups
-        self.threads = 128 * (1 + self.num_mma_wg)
-        self.ab_dtype = T.dtype(t.mma.ab_dtype)
-        self.acc_dtype = T.dtype(t.mma.acc_dtype)
-        self.d_dtype = T.dtype(t.c_dtype)
+    KIND = "fixup"
+    TILE_NS = FIXUP_TILE_NS
+    SPLITS_OK = FIXUP_SPLITS
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
                  cnt: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
-        cfg = self.cfg
-        t = cfg.tiles
-        mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, _ = blocks.gemm_host_setup(t, a, b, d, c, cfg.a_rank)
-        m_t, n_t, k_t = self.tile_mnk
-        tma_a, tma_mA = blocks.make_tma_load(mA, sA_layout, (m_t, k_t))
-        tma_b, tma_mB = blocks.make_tma_load(mB, sB_layout, (n_t, k_t))
+        t = self.cfg.tiles
+        (mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, n_tiles,
+         grid) = self._host_operands(a, b, d, c)
 
         @cute.struct
         class SharedStorage:
@@ -324,9 +345,6 @@ class GemmSm90SplitKFixup:
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        m_tiles = cute.ceil_div(cute.size(mD, mode=[0]), m_t)
-        n_tiles = cute.ceil_div(cute.size(mD, mode=[1]), n_t)
-        grid = (cfg.splits, n_tiles, m_tiles * cute.size(mD, mode=[2]))
         self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, ws, cnt, alpha, beta, tiled_mma, sA_layout,
                     sB_layout, m_tiles, n_tiles).launch(grid=grid, block=[self.threads, 1, 1],
                                                         min_blocks_per_mp=1, stream=stream)
@@ -337,7 +355,6 @@ class GemmSm90SplitKFixup:
                beta: cutlass.Float32, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
                sB_layout: cute.ComposedLayout, m_tiles: cutlass.Int32, n_tiles: cutlass.Int32):
         cfg = self.cfg
-        t = cfg.tiles
         S = cfg.splits
         m_t, n_t, k_t = self.tile_mnk
         tidx, _, _ = cute.arch.thread_idx()
@@ -351,61 +368,20 @@ class GemmSm90SplitKFixup:
         if warp_idx == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
-
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
-        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
-        tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
-            self.ab_dtype, cute.slice_(sB_layout, (None, None, 0))
-        )
-        ab_pipe = blocks.make_tma_pipeline(storage.ab_barriers.data_ptr(), t.ab_stages, tx_bytes,
-                                           4 * self.num_mma_wg, cute.make_layout((1, 1, 1)), 1)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-
-        gA = cute.local_tile(mA, (m_t, k_t), (None, None, None))  # (m_t, k_t, m, k, l)
-        gB = cute.local_tile(mB, (n_t, k_t), (None, None, None))
-        k_total = cute.size(gA, mode=[3])
-        k_per = (k_total + S - 1) // S
-        k_begin = rank * k_per
-        k_end = cutlass.min(k_begin + k_per, k_total)
-        k_count = cutlass.max(k_end - k_begin, 0)
-
-        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                                      cute.group_modes(gA, 0, 2))
-        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                                      cute.group_modes(gB, 0, 2))
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
+            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.ab_stages)
-                tAgA_t = tAgA[(None, m_idx, None, l_idx)]
-                tBgB_t = tBgB[(None, n_idx, None, l_idx)]
-                for i in range(k_count):
-                    ab_pipe.producer_acquire(state)
-                    bar = ab_pipe.producer_get_barrier(state)
-                    cute.copy(tma_a, tAgA_t[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, tBgB_t[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                    ab_pipe.producer_commit(state)
-                    state.advance()
-                ab_pipe.producer_tail(state)
+                self._produce(ab_pipe, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, m_idx, n_idx, l_idx, k_begin, k_count)
         else:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             nthr = 128 * self.num_mma_wg
             mma_tidx = tidx - 128
-            thr_mma = tiled_mma.get_slice(cute.make_layout(self.num_mma_wg, stride=128)(mma_tidx // 128))
-            thr_mma_c = tiled_mma.get_slice(mma_tidx)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-            tCcD = thr_mma_c.partition_C(cute.make_identity_tensor((m_t, n_t)))
-            acc = cute.make_rmem_tensor(tCcD.shape, self.acc_dtype)
-            acc.fill(0.0)
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
+            acc, tCcD, _ = self._consume(tiled_mma, sA, sB, ab_pipe, k_count, mma_tidx)
 
             V = FIXUP_VEC
             chunks = cute.size(acc) // V
