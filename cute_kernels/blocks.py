@@ -105,7 +105,7 @@ def gemm_host_setup(tiles, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cu
 
 @cute.jit
 def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-                   ab_pipe, read, release, k_tiles):
+                   ab_pipe, read, release, k_tiles, handoff_barrier_id=None, handoff_threads: int = 0):
     """acc += A @ B over ``k_tiles`` stages of the ring, one wgmma group in flight.
 
     A stage is released only once the wgmma group that read it has retired (``wait_group(1)`` after
@@ -116,6 +116,11 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
     body assigns it or calls a method on it, so a persistent tile loop that merely passes the states
     in would restart every tile at stage 0 / phase 0 while the producer runs on (deadlock whenever
     ``k_tiles`` is not a multiple of 2 x stages and a CTA gets more than one tile).
+
+    Ping-pong consumers pass ``handoff_barrier_id``: once this warpgroup has issued its last wgmma of
+    the tile it arrives on that named barrier (``handoff_threads`` threads: this warpgroup's arrive +
+    the other warpgroup's sync), so the other warpgroup starts issuing its tile's wgmmas while the
+    tensor cores still drain these.
     """
     num_k_blocks = cute.size(tCrA, mode=[2])
     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -130,6 +135,8 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
             ab_pipe.consumer_release(release)
             release.advance()
         read.advance()
+    if cutlass.const_expr(handoff_barrier_id is not None):
+        cute.arch.barrier_arrive(barrier_id=handoff_barrier_id, number_of_threads=handoff_threads)
     warpgroup.wait_group(0)
     if k_tiles > 0:
         ab_pipe.consumer_release(release)
@@ -137,34 +144,11 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
     return read, release
 
 
-@cute.jit
 def wgmma_mainloop_handoff(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
                            ab_pipe, read, release, k_tiles, handoff_barrier_id, handoff_threads: int):
-    """:func:`wgmma_mainloop` for ping-pong consumers: once this warpgroup has issued its last wgmma
-    of the tile, it arrives on the named barrier ``handoff_barrier_id`` (``handoff_threads`` threads:
-    this warpgroup's arrive + the other warpgroup's sync), so the other warpgroup starts issuing its
-    tile's wgmmas while the tensor cores still drain these.  Same contract otherwise: returns the
-    advanced ``(read, release)`` states, which callers must rebind.
-    """
-    num_k_blocks = cute.size(tCrA, mode=[2])
-    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.fence()
-    for kt in range(k_tiles):
-        ab_pipe.consumer_wait(read)
-        for kb in cutlass.range_constexpr(num_k_blocks):
-            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)
-        if kt > 0:
-            ab_pipe.consumer_release(release)
-            release.advance()
-        read.advance()
-    cute.arch.barrier_arrive(barrier_id=handoff_barrier_id, number_of_threads=handoff_threads)
-    warpgroup.wait_group(0)
-    if k_tiles > 0:
-        ab_pipe.consumer_release(release)
-        release.advance()
-    return read, release
+    """:func:`wgmma_mainloop` with the ping-pong hand-over arrive (see there)."""
+    return wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles,
+                          handoff_barrier_id, handoff_threads)
 
 
 @cute.jit
