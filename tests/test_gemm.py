@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 
-from conftest import make_c, rel_err
+from conftest import capture_graph, make_c, rel_err
+from conftest import gemm_operand as _operand, gemm_ref as _ref, gemm_tol as _tol
 
 import cute_kernels
 from cute_kernels import gemm_host as G
@@ -69,26 +70,6 @@ def test_compiles_for_sm90a(case):
 
 
 # ------------------------------------------------------------------------------------------- GPU
-def _operand(shape, major, dtype, batch=None):
-    """A (rows, cols) operand stored row- or column-major, fresh random values."""
-    rows, cols = shape
-    full = (batch, rows, cols) if batch else (rows, cols)
-    if major == "row":
-        return torch.randn(full, device="cuda", dtype=dtype)
-    t = torch.randn((*full[:-2], cols, rows), device="cuda", dtype=dtype)
-    return t.transpose(-1, -2)
-
-
-def _ref(a, b, alpha=1.0, beta=0.0, c=None):
-    r = alpha * (a.double() @ b.double())
-    if c is not None:
-        r = r + beta * c.double()
-    return r
-
-
-def _tol(dtype):
-    return 2e-2 if dtype == torch.bfloat16 else 5e-3
-
 
 SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 264), (256, 1024, 1000),
           (131, 64, 8), (2, 4096, 4096)]
@@ -166,15 +147,7 @@ def test_gemm_no_recompile_and_graph_capture():
     for m in (512, 640, 1000):  # other sizes: same config, no compile
         cute_kernels.gemm(torch.randn(m, 256, device="cuda", dtype=torch.bfloat16), b)
     assert jit.stats["compiles"] == before
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        cute_kernels.gemm(a, b, out=out)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            cute_kernels.gemm(a, b, out=out)
-    torch.cuda.current_stream().wait_stream(s)
+    g = capture_graph(lambda: cute_kernels.gemm(a, b, out=out))
     a.copy_(torch.randn_like(a))
     out.fill_(float("nan"))
     g.replay()
@@ -533,15 +506,7 @@ def test_splitk_fixup_back_to_back_and_graph(tile_n, monkeypatch):
     for _ in range(3):
         assert torch.equal(cute_kernels.gemm(a1, b1), o1)
     # CUDA graph: captured on a side stream (fresh workspace), replayed twice with new inputs
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        cute_kernels.gemm(a1, b1, out=o1)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            cute_kernels.gemm(a1, b1, out=o1)
-    torch.cuda.current_stream().wait_stream(s)
+    g = capture_graph(lambda: cute_kernels.gemm(a1, b1, out=o1))
     a1_orig = a1.clone()
     for src in (a2, a1_orig):
         a1.copy_(src)

@@ -11,7 +11,8 @@ import itertools
 import pytest
 import torch
 
-from conftest import make_c, rel_err
+from conftest import make_c, rel_err, spy_compiled_gemm
+from conftest import gemm_ref as _ref
 
 import cute_kernels
 from cute_kernels import gemm_host as G
@@ -189,24 +190,10 @@ def _operand(shape, major, dtype, batch=None, ld=None, offset=0):
     return t if batch else t[0]
 
 
-def _ref(a, b, alpha=1.0, beta=0.0, c=None):
-    r = alpha * (a.double() @ b.double())
-    if c is not None:
-        r = r + beta * c.double()
-    return r
-
-
 @pytest.fixture
 def seen_cfgs(monkeypatch):
     """Configs compiled or looked up during the test (plans rebuilt: cache cleared)."""
-    seen = []
-    real = G.compiled_gemm
-
-    def spy(cfg, *rest):
-        seen.append(cfg)
-        return real(cfg, *rest)
-
-    monkeypatch.setattr(G, "compiled_gemm", spy)
+    seen = spy_compiled_gemm(monkeypatch)
     G._plans.clear()
     yield seen
     G._plans.clear()

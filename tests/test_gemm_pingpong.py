@@ -13,7 +13,8 @@ import re
 import pytest
 import torch
 
-from conftest import make_c, rel_err
+from conftest import make_c, rel_err, spy_compiled_gemm
+from conftest import gemm_operand as _operand, gemm_ref as _ref, gemm_tol as _tol
 
 import cute_kernels  # noqa: F401  (sets the arch before cutlass is imported)
 from cute_kernels import gemm_host as G
@@ -252,38 +253,12 @@ def test_epilogue_register_map(case):
 
 
 # ------------------------------------------------------------------------------------------- GPU
-def _operand(shape, major, dtype, batch=None):
-    rows, cols = shape
-    full = (batch, rows, cols) if batch else (rows, cols)
-    if major == "row":
-        return torch.randn(full, device="cuda", dtype=dtype)
-    t = torch.randn((*full[:-2], cols, rows), device="cuda", dtype=dtype)
-    return t.transpose(-1, -2)
-
-
-def _ref(a, b, alpha=1.0, beta=0.0, c=None):
-    r = alpha * (a.double() @ b.double())
-    if c is not None:
-        r = r + beta * c.double()
-    return r
-
-
-def _tol(dtype):
-    return 2e-2 if dtype == torch.bfloat16 else 5e-3
-
 
 @pytest.fixture
 def pingpong_gemm(monkeypatch):
     """gemm through the real host path with explicit ping-pong tiles, split-K off, and a check that
     the compiled config is a ping-pong one (TMA mainloop)."""
-    seen = []
-    orig = G.compiled_gemm
-
-    def recording(cfg, *args):
-        seen.append(cfg)
-        return orig(cfg, *args)
-
-    monkeypatch.setattr(G, "compiled_gemm", recording)
+    seen = spy_compiled_gemm(monkeypatch)
     monkeypatch.setattr(G, "FORCE_SPLITS", 1)
 
     def run(a, b, *, out=None, c=None, alpha=1.0, beta=0.0, out_dtype=None, tile_n=128, cluster=(1, 1)):
