@@ -347,7 +347,7 @@ class DecodeAttnKernel:
                 tVsV_t, tVgV_t = cpasync.tma_partition(
                     tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV_t, 0, 2), cute.group_modes(gV, 0, 2)
                 )
-                tma_args = (tma_atom_K, tma_atom_V, tKsK_t, tKgK_t, tVsV_t, tVgV_t, mbar, tidx)
+                tma_args = (tma_atom_K, tma_atom_V, tKsK_t, tKgK_t, tVsV_t, tVgV_t, mbar, warp_id)
 
             # prologue: stages-1 tiles in flight
             for s in cutlass.range_constexpr(self.stages - 1):
@@ -606,14 +606,21 @@ class DecodeAttnKernel:
         tVsV: cute.Tensor,
         tVgV: cute.Tensor,
         mbar: cute.Pointer,
-        tidx: Int32,
+        warp_id: Int32,
         tile: Int32,
         stage: Int32,
     ):
-        """Thread 0: K and V tile `tile` -> ring slot `stage`, completion counted on mbar[stage]."""
-        if tidx == 0:
+        """Warp 0: K and V tile `tile` -> ring slot `stage`, completion counted on mbar[stage].
+
+        Called by all 32 lanes of warp 0 (warp_id is warp-uniform): the DSL wraps every TMA copy in
+        ``elect.sync 0xffffffff`` itself, so issuing it from one thread (``if tidx == 0``) leaves
+        that lane in a warp-collective ELECT (SASS: ``BRA.DIV`` -> ``WARPSYNC.COLLECTIVE``) waiting
+        for 31 lanes that wait at the next bar.sync: the hang of session 2 run 5.  The arrive +
+        expect_tx (barrier count 1) is done by one elected lane; the byte count is the full boxes."""
+        if warp_id == 0:
             nbytes = 2 * self.n_tile * self.D * (self.dtype.width // 8)
-            cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, nbytes)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, nbytes)
             cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage)
             cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage)
 

@@ -632,8 +632,44 @@ def test_compiles_variants(case, variant):
     assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
     if rep.sass is not None and cfg.load == "tma":
         assert k.instructions["UTMALDG"] > 0 and k.instructions["HMMA"] > 0, rep.summary()
+        # the DSL wraps each TMA copy in elect.sync 0xffffffff: issued from one thread (the v2 bug,
+        # `if tidx == 0`) ptxas emits a divergent fallback (BRA.DIV -> WARPSYNC.COLLECTIVE) in
+        # which that lane waits for 31 lanes that never come (hang).  Issued by a whole warp, none.
+        assert "WARPSYNC.COLLECTIVE" not in rep.sass and "BRA.DIV" not in rep.sass
+    if rep.ptx is not None and cfg.load == "tma":
+        _check_expect_tx(rep.ptx, cfg)
     if rep.ptx is not None and cfg.pdl_in:
         assert "griddepcontrol.wait" in rep.ptx
+
+
+def _check_expect_tx(ptx, cfg):
+    """Every mbarrier.arrive.expect_tx arms exactly the bytes of the TMA boxes issued after it on
+    the same barrier (K + V of one tile: 2 * D/64 boxes of n_tile x 64 elements, 128-byte swizzle;
+    clipped boxes still count whole), and is preceded by an elect.sync (one arrival, count 1)."""
+    import re
+
+    lines = ptx.splitlines()
+    movs = {}
+    arms = []
+    for i, ln in enumerate(lines):
+        m = re.match(r"\s*mov\.b32\s+(%r\d+),\s*(\d+);", ln)
+        if m:
+            movs[m.group(1)] = int(m.group(2))
+        m = re.search(r"mbarrier\.arrive\.expect_tx\.shared\.b64\s+\S+\s+\[[^\]]+\],\s*(%r\d+);", ln)
+        if m:
+            arms.append((i, movs[m.group(1)]))
+    assert arms, "no expect_tx in the PTX"
+    el = 2  # float16 / bfloat16 bytes
+    box = cfg.n_tile * 64 * el
+    for i, nbytes in arms:
+        assert any("elect.sync" in x for x in lines[max(0, i - 6) : i]), lines[max(0, i - 6) : i + 1]
+        n = 0
+        for ln in lines[i + 1 :]:
+            if "expect_tx" in ln or "try_wait" in ln or "bar.sync" in ln:
+                break
+            n += "cp.async.bulk.tensor" in ln
+        assert n == 2 * cfg.head_dim // 64, (i, n)
+        assert nbytes == n * box == 2 * cfg.n_tile * cfg.head_dim * el, (i, nbytes, n, box)
 
 
 def test_tma_falls_back_for_paged():
