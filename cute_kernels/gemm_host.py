@@ -97,22 +97,27 @@ def _check(a, b, out, c, out_dtype, allow_cpu=False):
 
 # ---------------------------------------------------------------------------- configuration
 def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str, b_major: str,
-                    c_dtype: str, c_major: str = "n", pingpong: bool = False) -> T.GemmTiles:
-    """A 128 x tile_n x 64 CTA tile over two consumer warpgroups, as many operand stages as fit.
+                    c_dtype: str, c_major: str = "n", pingpong: bool = False, tile_m: int = 128) -> T.GemmTiles:
+    """A tile_m x tile_n x 64 CTA tile over two consumer warpgroups, as many operand stages as fit.
 
     The epilogue sub-tile spans both warpgroups' rows; it is 64 columns wide for 16-bit outputs (half
-    the sub-tiles, so half the epilogue barriers, of a 32-wide one) when that still leaves 4 stages.
+    the sub-tiles, so half the epilogue barriers, of a 32-wide one) when that still leaves 4 stages,
+    else gcd(32, tile_n) wide (16 for tile_n = 208).
+    ``tile_m = 256`` (cooperative only): each warpgroup owns two 64-row M-blocks (rows 64w.. and
+    128 + 64w..) of a 256 x tile_n tile, tile_n accumulators per thread (tile_n in 128..208).
     ``pingpong``: each warpgroup owns whole 128 x tile_n tiles (tile_n <= 192: its accumulators must fit
     in registers), one-warpgroup MMA, 64-row epilogue sub-tiles, and one set of epilogue buffers per
     warpgroup.
     """
     from .blocks import stage_count
 
+    if tile_m not in (128, 256) or (pingpong and tile_m != 128):
+        raise ValueError(f"make_gemm_tiles: tile_m must be 128 or 256 (128 for ping-pong), got {tile_m}")
     smem = current_arch().smem_per_cta
     c_bytes = 4 if c_dtype == "float32" else 2
-    per_stage = (128 + tile_n) * 64 * 2
+    per_stage = (tile_m + tile_n) * 64 * 2
     epi_m, wg_mn, bufs = (64, (1, 1), 4) if pingpong else (128, (2, 1), 2)
-    epi_n = 32
+    epi_n = math.gcd(32, tile_n)
     if c_bytes == 2 and tile_n % 64 == 0:
         s64 = stage_count(smem, per_stage, epi_m * 64 * c_bytes * bufs)
         # ping-pong epilogues overlap the other warpgroup's mainloop: wide sub-tiles only if free
@@ -120,7 +125,7 @@ def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str
             epi_n = 64
     stages = stage_count(smem, per_stage, epi_m * epi_n * c_bytes * bufs)
     mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=wg_mn, a_major=a_major, b_major=b_major)
-    return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
+    return T.GemmTiles(tile_mnk=(tile_m, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
                        epi_tile_mn=(epi_m, epi_n), epi_stages=2, c_dtype=c_dtype, c_major=c_major,
                        pingpong=pingpong)
 

@@ -11,8 +11,9 @@ Roles (one CTA = 1 producer warpgroup + ``num_mma_warpgroups`` consumer warpgrou
 Tails in M/N/K come for free: TMA fills out-of-bounds reads with zeros and clips out-of-bounds writes.
 
 Two consumer schemes (``GemmTiles.pingpong``):
-  * cooperative (default): both consumer warpgroups work on one CTA tile (64 rows each), then both run
-    its epilogue; the tensor cores idle during the epilogue.
+  * cooperative (default): both consumer warpgroups work on one CTA tile (64 rows each of a 128-row
+    tile; two 64-row M-blocks each of a 256-row tile: rows 64w.. and 128+64w.. for warpgroup w), then
+    both run its epilogue; the tensor cores idle during the epilogue.
   * ping-pong: each consumer warpgroup owns whole CTA tiles (128 x N, so N <= ~192 for the accumulators
     to fit in registers); warpgroup 0 takes the CTA's even tiles, warpgroup 1 the odd ones.  The producer
     loads tiles in schedule order, i.e. in the order they are consumed, and two named barriers hand the
@@ -78,6 +79,11 @@ class GemmSm90:
     EPI_BARRIER = 1
     PP_EPI_BARRIER = 2
     PP_MMA_BARRIER = 4
+    # Accumulator registers per consumer thread above which the split is 24/240 instead of 40/232,
+    # indexed by ``pingpong``: ping-pong 128 x {160..208} and cooperative 256 x 208 take 240 (quack's
+    # thresholds).  256 x 192 stays at 232: with C, 232 spills 24 B (bf16 D) and 240 spills 136 B
+    # (rank-3, fp32 D), ptxas's choice; without C neither spills.
+    HEAVY_ACC_REGS = {False: 192, True: 128}
 
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
@@ -89,9 +95,10 @@ class GemmSm90:
         self.num_consumer_wg = t.num_consumer_warpgroups  # ping-pong: 2, each on its own tiles
         self.threads = 128 * (1 + self.num_consumer_wg)
         self.num_mma_threads = 128 * self.num_mma_wg  # threads of one tile's epilogue
-        if self.pingpong and t.tile_mnk[0] * t.tile_mnk[1] > 128 * 128:
-            # one warpgroup holds a whole 128 x N fp32 tile (N > 128: > 128 accumulator registers per
-            # thread); as in quack, the producer gives up more (24 * 128 + 240 * 256 = 64512 <= 65536)
+        if t.acc_regs_per_thread > self.HEAVY_ACC_REGS[self.pingpong]:
+            # many accumulator registers per thread: ping-pong 128 x N (N > 128) or cooperative 256 x N
+            # (N >= 208); as in quack, the producer gives up more
+            # (24 * 128 + 240 * 256 = 64512 <= 65536)
             self.PRODUCER_REGS, self.CONSUMER_REGS = 24, 240
         self.epi_store_warp = 4  # first consumer warp issues the TMA stores
         self.mcast_a = t.cluster_mn[1]  # A tile is shared by the CTAs of a cluster row
@@ -246,7 +253,9 @@ class GemmSm90:
                  ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
                  mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
                  tidx, warp_idx):
-        """Cooperative consumers: both warpgroups on every tile (64 rows each), then its epilogue."""
+        """Cooperative consumers: both warpgroups on every tile (64 or 2 x 64 rows each), then its
+        epilogue.  The epilogue sub-tile spans the tiled MMA's 128 rows, so a 256-row tile's sub-tiles
+        run M-block-major (the accumulators' order: ``acc`` is (frag, M-blocks, N-blocks))."""
         cfg = self.cfg
         t = cfg.tiles
         m_t, n_t, _ = self.tile_mnk

@@ -1,7 +1,10 @@
 """GEMM autotuning: time candidate configs for one problem, keep the fastest, persist it on disk.
 
 Why: the shape heuristic in :func:`cute_kernels.gemm_host.default_tiles` is a guess; the best CTA
-tile, cluster shape and raster order depend on the shape.  Results live in
+tile, cluster shape and raster order depend on the shape.  Two rounds: every (tile, cluster) of
+:func:`candidates` (cooperative 128x256 and 256x{128..208}, ping-pong 128x{128, 192}, clusters 2x1 /
+1x2, compiled in parallel processes first) with raster (1, M), then the other rasters on the fastest:
+at most 17 timings per shape.  Results live in
 ``<cache dir>/gemm_tuned.json`` keyed by (M, N, K, L, dtypes, majors) and are picked up by every later
 call in any process.  ``cute-kernels tune gemm M N K`` runs it from the shell.
 """
@@ -43,24 +46,96 @@ def lookup(m, n, k, l, ab, am, bm, d_name):
     e = _load().get(_key(m, n, k, l, ab, am, bm, d_name))
     if e is None:
         return None
-    return _tiles(e["tile_n"], tuple(e["cluster"]), ab, am, bm, d_name), (e["swizzle"], e["along_m"])
+    return (_tiles(e["tile_n"], tuple(e["cluster"]), ab, am, bm, d_name, e.get("tile_m", 128), e.get("pingpong", False)),
+            (e["swizzle"], e["along_m"]))
 
 
-def _tiles(tile_n, cluster, ab, am, bm, d_name) -> T.GemmTiles:
+def _tiles(tile_n, cluster, ab, am, bm, d_name, tile_m=128, pingpong=False) -> T.GemmTiles:
     from .gemm_host import make_gemm_tiles
 
-    return make_gemm_tiles(tile_n, cluster, ab, am, bm, d_name)
+    return make_gemm_tiles(tile_n, cluster, ab, am, bm, d_name, pingpong=pingpong, tile_m=tile_m)
 
 
-def candidates(m, n, ab, am, bm, d_name):
+#: Tile families the tuner times, as (tile_m, tile_n, pingpong): the cooperative 128 x 256 of the
+#: heuristic, quack's cooperative 256 x {128, 160, 192, 208} (two 64-row M-blocks per warpgroup) and
+#: ping-pong 128 x {128, 192}; each with clusters 2x1 and 1x2 where the tile counts allow (1x1 when
+#: neither does; 128 x 256 only 2x1 then 1x2).  The heuristic's own choice is always a candidate.
+TILE_FAMILIES = ((128, 256, False), (256, 128, False), (256, 160, False), (256, 192, False), (256, 208, False),
+                 (128, 128, True), (128, 192, True))
+#: Rasters tried, in a second round, on the fastest (tile, cluster) of the first (which uses (1, M)).
+RASTERS = ((1, True), (4, True), (8, False))
+
+
+def _clusters(m, n, tile_m, tile_n, both=True):
+    """Clusters whose CTA pairs tile the grid: 2x1 needs an even count of M tiles, 1x2 of N tiles."""
     out = []
-    for tile_n in (256, 192, 128):
-        for cluster in ((1, 1), (2, 1), (1, 2)):
-            if cluster[0] == 2 and -(-m // 128) % 2 or cluster[1] == 2 and -(-n // tile_n) % 2:
-                continue
-            for swizzle, along_m in ((1, True), (4, True), (8, False)):
-                out.append((tile_n, cluster, swizzle, along_m))
+    if -(-m // tile_m) % 2 == 0:
+        out.append((2, 1))
+    if -(-n // tile_n) % 2 == 0 and (both or not out):
+        out.append((1, 2))
+    return out or [(1, 1)]
+
+
+def candidates(m, n, ab, am, bm, d_name, k=4096, l=1):
+    """First-round candidates ``(tile_m, tile_n, pingpong, cluster, swizzle, along_m)``: at most 14
+    (13 families x clusters + the heuristic's choice), all with raster (1, along M)."""
+    from .gemm_host import default_tiles
+
+    d = default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)
+    out = [(d.tile_mnk[0], d.tile_mnk[1], d.pingpong, d.cluster_mn, 1, True)]
+    for tile_m, tile_n, pp in TILE_FAMILIES:
+        for cluster in _clusters(m, n, tile_m, tile_n, both=(tile_m, tile_n) != (128, 256)):
+            c = (tile_m, tile_n, pp, cluster, 1, True)
+            if c not in out:
+                out.append(c)
     return out
+
+
+def _describe(c):
+    tile_m, tile_n, pp, cluster, swizzle, along_m = c
+    return (f"{'pp ' if pp else ''}{tile_m}x{tile_n} cluster {cluster[0]}x{cluster[1]} swizzle {swizzle}"
+            f"{'m' if along_m else 'n'}")
+
+
+def _precompile(job):
+    """Worker (spawned process): compile one candidate's kernel into the disk cache, no GPU needed."""
+    import torch
+
+    from .gemm_host import _make_plan
+
+    (a_shape, a_stride), (b_shape, b_stride), dtype, out_dtype, (ab, am, bm, d_name), c = job
+    a = torch.empty_strided(a_shape, a_stride, dtype=dtype)  # CPU, never touched: only the layout counts
+    b = torch.empty_strided(b_shape, b_stride, dtype=dtype)
+    tile_m, tile_n, pp, cluster, swizzle, along_m = c
+    try:
+        tiles = _tiles(tile_n, cluster, ab, am, bm, d_name, tile_m, pp)
+        _make_plan(a, b, None, None, 0.0, out_dtype, tiles, (swizzle, along_m), allow_cpu=True)
+        return None
+    except Exception as e:  # reported; the timing loop compiles (and skips) it again
+        return f"{type(e).__name__}: {e}"
+
+
+def _precompile_all(a, b, out_dtype, names, cands):
+    """Compile the candidates in parallel processes (``cute.compile`` is not thread-safe; quack uses a
+    process pool too) so the timing loop only loads them from the disk cache.  Jobs: env
+    CUTE_KERNELS_TUNE_JOBS (default min(8, cores - 1)); 0 or 1, or no disk cache: compile in the loop."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    jobs = int(os.environ.get("CUTE_KERNELS_TUNE_JOBS", min(8, (os.cpu_count() or 1) - 1)))
+    if jobs <= 1 or len(cands) < 2 or not jit.disk_cache_enabled():
+        return
+    spec = ((tuple(a.shape), tuple(a.stride())), (tuple(b.shape), tuple(b.stride())), a.dtype, out_dtype, names)
+    t0 = time.time()
+    try:
+        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(cands)), mp_context=mp.get_context("spawn")) as ex:
+            for c, err in zip(cands, ex.map(_precompile, [(*spec, c) for c in cands])):
+                if err:
+                    jit.log.warning("tune: precompile of %s failed: %s", _describe(c), err)
+    except Exception as e:  # noqa: BLE001 - the timing loop compiles serially instead
+        jit.log.warning("tune: parallel precompile failed (%s); compiling serially", e)
+        return
+    jit.log.info("tune: precompiled %d candidates in %.1f s with %d processes", len(cands), time.time() - t0, jobs)
 
 
 def _bench(fn, reps=20):
@@ -98,20 +173,32 @@ def tune_gemm(a, b, out_dtype=None, verbose=True):
     key = _key(m, n, k, l, ab, am, bm, d_name)
     if key in _load():
         return _load()[key]
-    results = []
     t0 = time.time()
-    for tile_n, cluster, swizzle, along_m in candidates(m, n, ab, am, bm, d_name):
-        tiles = _tiles(tile_n, cluster, ab, am, bm, d_name)
+    results = []
+
+    def run(c):
+        tile_m, tile_n, pp, cluster, swizzle, along_m = c
         try:
+            tiles = _tiles(tile_n, cluster, ab, am, bm, d_name, tile_m, pp)
             ms = _bench(lambda: _gemm_impl(a, b, None, None, 1.0, 0.0, out_dtype, tiles, (swizzle, along_m)))
         except Exception as e:  # a candidate that does not build or run is skipped, not fatal
-            jit.log.warning("tune: %s %s swizzle %s failed: %s", tile_n, cluster, swizzle, e)
-            continue
-        results.append((ms, dict(tile_n=tile_n, cluster=list(cluster), swizzle=swizzle, along_m=along_m)))
+            jit.log.warning("tune: %s failed: %s", _describe(c), e)
+            return
+        results.append((ms, dict(tile_m=tile_m, tile_n=tile_n, pingpong=pp, cluster=list(cluster),
+                                 swizzle=swizzle, along_m=along_m)))
         if verbose:
             tf = 2 * m * n * k * l / ms / 1e9
-            jit.log.info("tune %s: tile 128x%d cluster %s swizzle %d%s: %.3f ms %.0f TFLOP/s", key, tile_n,
-                         cluster, swizzle, "m" if along_m else "n", ms, tf)
+            jit.log.info("tune %s: %s: %.3f ms %.0f TFLOP/s", key, _describe(c), ms, tf)
+
+    first = candidates(m, n, ab, am, bm, d_name, k, l)
+    _precompile_all(a, b, out_dtype, (ab, am, bm, d_name), first)
+    for c in first:
+        run(c)
+    if results:  # second round: the other rasters on the fastest tile/cluster
+        e = min(results, key=lambda r: r[0])[1]
+        for swizzle, along_m in RASTERS:
+            if (swizzle, along_m) != (e["swizzle"], e["along_m"]):
+                run((e["tile_m"], e["tile_n"], e["pingpong"], tuple(e["cluster"]), swizzle, along_m))
     if not results:
         raise RuntimeError(f"tune: no candidate ran for {key}")
     results.sort(key=lambda r: r[0])

@@ -33,6 +33,9 @@ DTYPES = {
 WGMMA_M = 64  # one warpgroup's wgmma covers 64 rows
 WGMMA_K_16BIT = 16  # K per wgmma instruction for 16-bit operands
 THREADS_PER_WARPGROUP = 128
+#: Most fp32 accumulators per consumer thread a tile may need (quack's 256 x 208 cooperative and
+#: 128 x 208 ping-pong tiles; with setmaxnreg 240 the rest of the kernel gets ~30 registers).
+MAX_ACC_REGS_PER_THREAD = 208
 
 
 def dtype(name: str):
@@ -51,7 +54,12 @@ def _major_enum(major: str, *, operand: str) -> LayoutEnum:
 
 @dataclass(frozen=True)
 class MmaTile:
-    """The warpgroup MMA: wgmma atom ``64 x atom_n x 16`` tiled over ``warpgroups_mn`` warpgroups."""
+    """The warpgroup MMA: wgmma atom ``64 x atom_n x 16`` tiled over ``warpgroups_mn`` warpgroups.
+
+    A CTA tile larger than :attr:`tile_mn` repeats the whole tiled MMA over it (CuTe's partition of
+    the CTA tile by the tiled MMA): with 2x1 warpgroups and a 256-row CTA tile, warpgroup ``w`` owns
+    the 64-row M-blocks at rows ``64 w`` and ``128 + 64 w`` and issues two wgmmas per k-block (as
+    quack's 256 x N cooperative tiles do)."""
 
     ab_dtype: str = "bfloat16"
     acc_dtype: str = "float32"
@@ -107,6 +115,24 @@ class GemmTiles:
             )
         if k % WGMMA_K_16BIT:
             raise ValueError(f"CTA tile K={k} must be a multiple of {WGMMA_K_16BIT}")
+        if self.acc_regs_per_thread > MAX_ACC_REGS_PER_THREAD:
+            raise ValueError(
+                f"CTA tile {self.tile_mnk} needs {self.acc_regs_per_thread} fp32 accumulator registers per "
+                f"consumer thread (max {MAX_ACC_REGS_PER_THREAD})"
+            )
+
+    @property
+    def m_blocks_per_warpgroup(self) -> int:
+        """64-row wgmma M-blocks each consumer warpgroup computes per k-block (1, or 2 for 256-row
+        cooperative and 128-row ping-pong tiles)."""
+        return self.tile_mnk[0] // self.mma.tile_mn[0]
+
+    @property
+    def acc_regs_per_thread(self) -> int:
+        """fp32 accumulators each consumer thread holds for one CTA tile."""
+        m, n, _ = self.tile_mnk
+        wgs = 1 if self.pingpong else self.mma.num_warpgroups
+        return m * n // (wgs * THREADS_PER_WARPGROUP)
 
     @property
     def num_consumer_warpgroups(self) -> int:

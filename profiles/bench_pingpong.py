@@ -6,7 +6,7 @@ median over rounds.  Our kernels are called through a plan built once (``_make_p
 preallocated output, so host work per call is one TVM-FFI call.  Every output is checked against
 torch.matmul (fp32 accumulate) before timing.  Writes pingpong.md + pingpong.json to --out.
 
-    python3 profiles/bench_pingpong.py [--out DIR] [--repeats 3] [--shapes 4096x4096x4096,...]
+    python3 profiles/bench_pingpong.py [--out DIR] [--repeats 3] [--shapes 4096x4096x4096,...] [--tiles256]
 """
 
 from __future__ import annotations
@@ -23,6 +23,22 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 LARGE = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 14336, 4096)]
+
+
+def variants_256(m, n, k):
+    """--tiles256: the cooperative default vs quack's 256 x {128..208} cooperative tiles (2x1 / 1x2
+    clusters where the tile counts allow) and 192-wide ping-pong."""
+    from cute_kernels import gemm_host as G
+
+    out = {"coop": G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n", pingpong=False)}
+    for tn in (128, 160, 192, 208):
+        for cl in ((2, 1), (1, 2)):
+            if (cl[0] == 2 and (-(-m // 256)) % 2) or (cl[1] == 2 and (-(-n // tn)) % 2):
+                continue
+            out[f"t256x{tn}-c{cl[0]}{cl[1]}"] = G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16", tile_m=256)
+    if (-(-m // 128)) % 2 == 0:
+        out["pp192-c21"] = G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True)
+    return out
 
 
 def variants(m, n, k):
@@ -55,6 +71,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--shapes", default=None, help="e.g. 4096x4096x4096,8192x8192x8192")
+    ap.add_argument("--tiles256", action="store_true",
+                    help="variants: cooperative 256 x {128..208} tiles vs the default (writes tiles256.md/json)")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else LARGE
     os.makedirs(args.out, exist_ok=True)
@@ -69,7 +87,7 @@ def main():
         ref = torch.matmul(a, b).float()
         fns = {"cuBLAS": (lambda a=a, b=b: torch.matmul(a, b)), }
         desc = {"cuBLAS": "torch.matmul"}
-        for name, tiles in variants(m, n, k).items():
+        for name, tiles in (variants_256 if args.tiles256 else variants)(m, n, k).items():
             t0 = time.time()
             try:
                 p = G._make_plan(a, b, None, None, 0.0, None, tiles=tiles)
@@ -124,10 +142,11 @@ def main():
         f"{nm}={d}" for nm, d in cases[s][1].items()) for s in shapes))
     table = "\n".join(rows)
     print(table)
-    with open(os.path.join(args.out, "pingpong.md"), "w") as f:
+    stem = "tiles256" if args.tiles256 else "pingpong"
+    with open(os.path.join(args.out, f"{stem}.md"), "w") as f:
         f.write(f"{torch.cuda.get_device_name()}, do_bench median (cold L2), {args.repeats} interleaved rounds\n\n")
         f.write(table + "\n")
-    with open(os.path.join(args.out, "pingpong.json"), "w") as f:
+    with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
         json.dump(js, f, indent=1)
 
 
