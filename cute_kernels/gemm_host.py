@@ -511,9 +511,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     p.d_fix = d_major if _canonical_strides(probe, d_major) is not probe else None
     if tiles.pingpong and p.has_c and tiles.tile_mnk[1] > 128:  # C's registers: 192 wide spills
         tiles = make_gemm_tiles(128, tiles.cluster_mn, ab, am, bm, tiles.c_dtype, tiles.c_major, pingpong=True)
+    if tiles.tile_mnk[0] == 256 and p.has_c and tiles.tile_mnk[1] == 192:  # 24 B spill with C at 232 regs
+        tiles = make_gemm_tiles(160, tiles.cluster_mn, ab, am, bm, tiles.c_dtype, tiles.c_major, tile_m=256)
     if d_major == "col":
         tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, d_name, "m",
-                                pingpong=tiles.pingpong)
+                                pingpong=tiles.pingpong, tile_m=tiles.tile_mnk[0])
     cfg = GemmConfig(
         tiles=tiles, a_rank=a.dim(), has_c=p.has_c, tma_store=_tma_ok(probe, d_major),
         raster_swizzle=raster[0], raster_along_m=raster[1],
