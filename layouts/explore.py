@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from cute_kernels.arch import set_dsl_arch_env
@@ -575,3 +575,45 @@ __all__ = [
     "num_tiles",
     "cta_raster_order",
 ]
+
+
+def epilogue_register_map(tiles: _tiles.GemmTiles, thread_step: int = 5) -> dict[str, int]:
+    """Check the epilogue's register bookkeeping without a GPU.
+
+    The GEMM epilogue copies accumulator register ``e * n_rD + v`` into register ``v`` of sub-tile
+    ``e`` (sub-tiles enumerated M-block-major) before the stmatrix copy.  That is right only if both
+    views of a thread's registers name the same element of the CTA tile: the MMA's C partition
+    (``partition_C`` of an identity tensor) and the register->shared copy's *source* partition of one
+    epilogue sub-tile (``partition_S``; ``partition_D`` would give the addresses a thread supplies to
+    stmatrix, not where its values land).  Returns ``{"bad": n, "checked": n}`` over every
+    ``thread_step``-th consumer thread.
+    """
+    import cutlass
+    import cutlass.utils.hopper_helpers as sm90_utils
+
+    def run():
+        tiled_mma = _tiles.make_tiled_mma(tiles.mma)
+        m_t, n_t, _ = tiles.tile_mnk
+        em, en = tiles.epi_tile_mn
+        c_layout = _tiles.c_layout_enum(tiles)
+        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4),
+                                     cutlass.Float16)
+        r2s_atom = sm90_utils.get_smem_store_op(c_layout, _tiles.dtype(tiles.c_dtype), cutlass.Float32)
+        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+        ident = cute.make_identity_tensor((m_t, n_t))
+        epi_ident = cute.make_identity_tensor((em, en))
+        n_epi_n = n_t // en
+        bad = checked = 0
+        for thr in range(0, 128 * tiles.mma.num_warpgroups, thread_step):
+            tCcD = tiled_mma.get_slice(thr).partition_C(ident)
+            tRS_c = tiled_r2s.get_slice(thr).partition_S(epi_ident)
+            n_rD = cute.size(tRS_c)
+            for e in range((m_t // em) * n_epi_n):
+                for v in range(n_rD):
+                    r, c = tCcD[e * n_rD + v]
+                    r2, c2 = tRS_c[v]
+                    checked += 1
+                    bad += int(r != (e // n_epi_n) * em + r2 or c != (e % n_epi_n) * en + c2)
+        return {"bad": bad, "checked": checked}
+
+    return in_dsl(run)

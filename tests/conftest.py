@@ -89,3 +89,104 @@ def capture_graph(fn):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     return g
+
+
+# ---------------------------------------------------------------- GEMM tile-variant GPU checks
+# The ping-pong and 256-row tile tests run the same checks through the real host path with forced
+# tiles; the bodies live here once, each test file keeps its own parametrization.
+VARIANT_SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 264), (131, 64, 8),
+                  (2, 4096, 4096), (997, 1013, 136), (4099, 1024, 1000)]
+
+
+def forced_tiles_gemm(monkeypatch, tiles_kw: dict, expect):
+    """``run(a, b, *, out, c, alpha, beta, out_dtype, tile_n, cluster)``: gemm through the host with
+    ``make_gemm_tiles(tile_n, cluster, ..., **tiles_kw)`` forced, split-K off; ``expect(cfg, tile_n)``
+    checks the config that was compiled (TMA mainloop always)."""
+    from cute_kernels import gemm_host as G
+
+    seen = spy_compiled_gemm(monkeypatch)
+    monkeypatch.setattr(G, "FORCE_SPLITS", 1)
+
+    def run(a, b, *, out=None, c=None, alpha=1.0, beta=0.0, out_dtype=None, tile_n=128, cluster=(1, 1)):
+        am = "k" if G._major(a, "a", "M", "K") == "row" else "mn"
+        bm = "mn" if G._major(b, "b", "K", "N") == "row" else "k"
+        d_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
+        t = G.make_gemm_tiles(tile_n, cluster, G._TORCH_TO_NAME[a.dtype], am, bm, G._TORCH_TO_NAME[d_dtype],
+                              **tiles_kw)
+        seen.clear()
+        res = G._gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=t)
+        torch.cuda.synchronize()
+        assert seen and seen[-1].mainloop == "tma", seen
+        expect(seen[-1], tile_n)
+        return res
+
+    return run
+
+
+def tma_able(*ts) -> bool:
+    from cute_kernels import gemm_host as G
+
+    return all(G._tma_ok(t, G._major(t, "x", "r", "c")) for t in ts)
+
+
+def nan_out(*shape, dtype=torch.bfloat16):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+def check_shapes_majors(run, mnk, majors, tile_n):
+    m, n, k = mnk
+    a = gemm_operand((m, k), majors[0], torch.bfloat16)
+    b = gemm_operand((k, n), majors[1], torch.bfloat16)
+    if not tma_able(a, b):
+        pytest.skip("operands TMA cannot describe take the cp.async mainloop (cooperative 128-row tiles)")
+    out = nan_out(m, n)
+    run(a, b, out=out, tile_n=tile_n)
+    assert rel_err(out, gemm_ref(a, b)) < gemm_tol(out.dtype)
+
+
+def check_random(run, mnk, tol=2e-2, **kw):
+    """Row-major bf16 operands of (m, n, k), NaN-poisoned bf16 out, one forced-tiles call."""
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = nan_out(m, n)
+    run(a, b, out=out, **kw)
+    assert rel_err(out, gemm_ref(a, b)) < tol
+
+
+def check_alpha_beta(run, c_kind, out_dtype, tile_n):
+    m, n, k = 2333, 2088, 136  # ragged in M and N, a few tiles per CTA
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = make_c(c_kind, m, n)
+    out = nan_out(m, n, dtype=out_dtype)
+    run(a, b, out=out, alpha=0.5, beta=-1.25, c=c, tile_n=tile_n)
+    assert rel_err(out, gemm_ref(a, b, 0.5, -1.25, c)) < gemm_tol(out_dtype)
+
+
+def check_dtypes(run, in_dtype, out_dtype, **kw):
+    a = torch.randn(509, 384, device="cuda", dtype=in_dtype)
+    b = torch.randn(384, 520, device="cuda", dtype=in_dtype)
+    out = run(a, b, out_dtype=out_dtype, **kw)
+    assert out.dtype == out_dtype
+    assert rel_err(out, gemm_ref(a, b)) < gemm_tol(in_dtype if out_dtype == torch.float32 else out_dtype)
+
+
+def check_batched(run, majors, tile_n):
+    L, m, n, k = 3, 1296, 1064, 200
+    a = gemm_operand((m, k), majors[0], torch.bfloat16, batch=L)
+    b = gemm_operand((k, n), majors[1], torch.bfloat16, batch=L)
+    out = nan_out(L, m, n, dtype=torch.float32)
+    run(a, b, out=out, tile_n=tile_n)
+    assert rel_err(out, gemm_ref(a, b)) < 1e-2
+
+
+def check_unaligned_out(run, **kw):
+    m, n, k = 1000, 2000, 264
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    big = nan_out(m, n + 1)
+    out = big[:, :n]  # rows not 16-byte aligned: predicated direct stores
+    run(a, b, out=out, **kw)
+    assert rel_err(out, gemm_ref(a, b)) < 2e-2
+    assert torch.isnan(big[:, n]).all(), "wrote past the view"

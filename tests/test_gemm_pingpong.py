@@ -13,13 +13,15 @@ import re
 import pytest
 import torch
 
-from conftest import make_c, rel_err, spy_compiled_gemm
-from conftest import gemm_operand as _operand, gemm_ref as _ref, gemm_tol as _tol
+from conftest import (VARIANT_SHAPES, check_alpha_beta, check_batched, check_dtypes, check_random,
+                      check_shapes_majors, check_unaligned_out, forced_tiles_gemm, rel_err)
+from conftest import gemm_ref as _ref
 
 import cute_kernels  # noqa: F401  (sets the arch before cutlass is imported)
 from cute_kernels import gemm_host as G
 from cute_kernels.gemm_kernel import GemmConfig, GemmSm90
 from layouts import tiles as T
+from layouts.explore import epilogue_register_map
 
 
 # ------------------------------------------------------------------------------------------- CPU
@@ -213,42 +215,9 @@ EPI_MAP_CASES = [(True, 128, "bfloat16", "n"), (True, 192, "bfloat16", "n"), (Tr
 
 @pytest.mark.parametrize("case", EPI_MAP_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_epilogue_register_map(case):
-    import cutlass
-    import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
-
     pp, tile_n, cd, cmaj = case
     t = G.make_gemm_tiles(tile_n, (1, 1), "bfloat16", "k", "k", cd, cmaj, pingpong=pp)
-    found = {}
-
-    @cute.jit
-    def probe():
-        tiled_mma = T.make_tiled_mma(t.mma)
-        m_t, n_t, _ = t.tile_mnk
-        em, en = t.epi_tile_mn
-        c_layout = T.c_layout_enum(t)
-        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4),
-                                     cutlass.Float16)
-        r2s_atom = sm90_utils.get_smem_store_op(c_layout, T.dtype(t.c_dtype), cutlass.Float32)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
-        ident = cute.make_identity_tensor((m_t, n_t))
-        epi_ident = cute.make_identity_tensor((em, en))
-        n_epi_n = n_t // en
-        bad, checked = 0, 0
-        for thr in cutlass.range_constexpr(0, 128 * t.mma.num_warpgroups, 5):
-            tCcD = tiled_mma.get_slice(thr).partition_C(ident)
-            tRS_c = tiled_r2s.get_slice(thr).partition_S(epi_ident)
-            n_rD = cute.size(tRS_c)
-            for e in cutlass.range_constexpr((m_t // em) * n_epi_n):
-                for v in cutlass.range_constexpr(n_rD):
-                    r, c = tCcD[e * n_rD + v]
-                    r2, c2 = tRS_c[v]
-                    checked += 1
-                    if cutlass.const_expr(r != (e // n_epi_n) * em + r2 or c != (e % n_epi_n) * en + c2):
-                        bad += 1
-        found["bad"], found["checked"] = bad, checked
-
-    cute.compile(probe)
+    found = epilogue_register_map(t, thread_step=5)
     assert found["checked"] > 0 and found["bad"] == 0, found
 
 
@@ -258,57 +227,25 @@ def test_epilogue_register_map(case):
 def pingpong_gemm(monkeypatch):
     """gemm through the real host path with explicit ping-pong tiles, split-K off, and a check that
     the compiled config is a ping-pong one (TMA mainloop)."""
-    seen = spy_compiled_gemm(monkeypatch)
-    monkeypatch.setattr(G, "FORCE_SPLITS", 1)
+    def expect(cfg, tile_n):
+        assert cfg.tiles.pingpong, cfg
 
-    def run(a, b, *, out=None, c=None, alpha=1.0, beta=0.0, out_dtype=None, tile_n=128, cluster=(1, 1)):
-        am = "k" if G._major(a, "a", "M", "K") == "row" else "mn"
-        bm = "mn" if G._major(b, "b", "K", "N") == "row" else "k"
-        d_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
-        tiles = G.make_gemm_tiles(tile_n, cluster, G._TORCH_TO_NAME[a.dtype], am, bm, G._TORCH_TO_NAME[d_dtype],
-                                  pingpong=True)
-        seen.clear()
-        res = G._gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=tiles)
-        torch.cuda.synchronize()
-        assert seen and seen[-1].tiles.pingpong and seen[-1].mainloop == "tma", seen
-        return res
-
-    return run
-
-
-def _tma_able(*ts):
-    return all(G._tma_ok(t, G._major(t, "x", "r", "c")) for t in ts)
+    return forced_tiles_gemm(monkeypatch, dict(pingpong=True), expect)
 
 
 @pytest.mark.gpu
 def test_pingpong_smoke(pingpong_gemm):
     """First GPU contact: several tiles per CTA (both consumers busy), 3 k-tiles per tile (not a
     multiple of 2 x stages), cluster 2x1 multicast.  A hang here means the barrier protocol is wrong."""
-    m, n, k = 2304, 2048, 136  # 18 x 16 tiles of 128 x 128: 2-3 per CTA
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    pingpong_gemm(a, b, out=out, cluster=(2, 1))
-    assert rel_err(out, _ref(a, b)) < 2e-2
-
-
-SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 264), (131, 64, 8),
-          (2, 4096, 4096), (997, 1013, 136), (4099, 1024, 1000)]
+    check_random(pingpong_gemm, (2304, 2048, 136), cluster=(2, 1))  # 18 x 16 tiles of 128 x 128: 2-3 per CTA
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mnk", VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("majors,tile_n", [(mj, 128) for mj in itertools.product(["row", "col"], repeat=2)]
                          + [(("row", "row"), 192), (("col", "col"), 192)], ids=lambda x: str(x))
 def test_pingpong_shapes_majors(pingpong_gemm, mnk, majors, tile_n):
-    m, n, k = mnk
-    a = _operand((m, k), majors[0], torch.bfloat16)
-    b = _operand((k, n), majors[1], torch.bfloat16)
-    if not _tma_able(a, b):
-        pytest.skip("operands TMA cannot describe take the cp.async mainloop (cooperative only)")
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    pingpong_gemm(a, b, out=out, tile_n=tile_n)
-    assert rel_err(out, _ref(a, b)) < _tol(out.dtype)
+    check_shapes_majors(pingpong_gemm, mnk, majors, tile_n)
 
 
 @pytest.mark.gpu
@@ -322,48 +259,28 @@ def test_pingpong_persistent_multi_tile(pingpong_gemm, mnk, tile_n, cluster):
     counts of 1, 2, 3, 4, 6 (= the stage count of 128-wide tiles; 192-wide: 5), 14, 65: each consumer's
     ring states skip the other's positions, so any off-by-one in that bookkeeping hangs or reads stale
     stages.  (Every M and N here has an even 128-tile count, as 2x1 / 1x2 clusters need.)"""
-    m, n, k = mnk
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    pingpong_gemm(a, b, out=out, tile_n=tile_n, cluster=cluster)
-    assert rel_err(out, _ref(a, b)) < 2e-2
+    check_random(pingpong_gemm, mnk, tile_n=tile_n, cluster=cluster)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_pingpong_alpha_beta(pingpong_gemm, c_kind, out_dtype):
-    m, n, k = 2333, 2088, 136  # 19 x 17 tiles of 128 x 128: 2-3 per CTA
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = make_c(c_kind, m, n)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-    pingpong_gemm(a, b, out=out, alpha=0.5, beta=-1.25, c=c, tile_n=192)  # the host narrows C tiles to 128
-    assert rel_err(out, _ref(a, b, 0.5, -1.25, c)) < _tol(out_dtype)
+    check_alpha_beta(pingpong_gemm, c_kind, out_dtype, tile_n=192)  # the host narrows C tiles to 128
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_pingpong_dtypes(pingpong_gemm, in_dtype, out_dtype):
-    a = torch.randn(509, 384, device="cuda", dtype=in_dtype)
-    b = torch.randn(384, 520, device="cuda", dtype=in_dtype)
-    out = pingpong_gemm(a, b, out_dtype=out_dtype)
-    assert out.dtype == out_dtype
-    assert rel_err(out, _ref(a, b)) < _tol(in_dtype if out_dtype == torch.float32 else out_dtype)
+    check_dtypes(pingpong_gemm, in_dtype, out_dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("majors", [("row", "row"), ("col", "col")])
 @pytest.mark.parametrize("tile_n", [128, 192])
 def test_pingpong_batched(pingpong_gemm, majors, tile_n):
-    L, m, n, k = 3, 1296, 1064, 200
-    a = _operand((m, k), majors[0], torch.bfloat16, batch=L)
-    b = _operand((k, n), majors[1], torch.bfloat16, batch=L)
-    out = torch.full((L, m, n), float("nan"), device="cuda", dtype=torch.float32)
-    pingpong_gemm(a, b, out=out, tile_n=tile_n)
-    assert rel_err(out, _ref(a, b)) < 1e-2
+    check_batched(pingpong_gemm, majors, tile_n)
 
 
 @pytest.mark.gpu
@@ -374,11 +291,7 @@ def test_pingpong_column_major_and_unaligned_out(pingpong_gemm):
     out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.bfloat16).t()  # column-major D
     pingpong_gemm(a, b, out=out)
     assert rel_err(out, _ref(a, b)) < 2e-2
-    big = torch.full((m, n + 1), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out = big[:, :n]  # rows not 16-byte aligned: predicated direct stores
-    pingpong_gemm(a, b, out=out)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-    assert torch.isnan(big[:, n]).all(), "wrote past the view"
+    check_unaligned_out(pingpong_gemm)
 
 
 @pytest.mark.gpu

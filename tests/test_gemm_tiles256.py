@@ -15,13 +15,16 @@ import re
 import pytest
 import torch
 
-from conftest import make_c, rel_err
+from conftest import (VARIANT_SHAPES, check_alpha_beta, check_batched, check_dtypes, check_random,
+                      check_shapes_majors, check_unaligned_out, forced_tiles_gemm, rel_err)
+from conftest import gemm_ref as _ref
 
 import cute_kernels  # noqa: F401  (sets the arch before cutlass is imported)
 from cute_kernels import gemm_host as G
 from cute_kernels import tune
 from cute_kernels.gemm_kernel import GemmConfig, GemmSm90
 from layouts import tiles as T
+from layouts.explore import epilogue_register_map
 
 WIDTHS = (128, 160, 192, 208)
 
@@ -153,42 +156,9 @@ EPI_MAP_CASES = [(128, "bfloat16", "n"), (160, "bfloat16", "n"), (192, "bfloat16
 def test_tiles256_epilogue_register_map(case):
     """The epilogue copies accumulator register ``e * n_rD + v`` into sub-tile e's register v, sub-tiles
     enumerated M-block-major (``epi_order``): both views must name the same element of the 256-row tile."""
-    import cutlass
-    import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
-
     tile_n, cd, cmaj = case
     t = tiles256(tile_n, d=cd, c_major=cmaj)
-    found = {}
-
-    @cute.jit
-    def probe():
-        tiled_mma = T.make_tiled_mma(t.mma)
-        m_t, n_t, _ = t.tile_mnk
-        em, en = t.epi_tile_mn
-        c_layout = T.c_layout_enum(t)
-        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4),
-                                     cutlass.Float16)
-        r2s_atom = sm90_utils.get_smem_store_op(c_layout, T.dtype(t.c_dtype), cutlass.Float32)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
-        ident = cute.make_identity_tensor((m_t, n_t))
-        epi_ident = cute.make_identity_tensor((em, en))
-        n_epi_n = n_t // en
-        bad, checked = 0, 0
-        for thr in cutlass.range_constexpr(0, 256, 7):
-            tCcD = tiled_mma.get_slice(thr).partition_C(ident)
-            tRS_c = tiled_r2s.get_slice(thr).partition_S(epi_ident)
-            n_rD = cute.size(tRS_c)
-            for e in cutlass.range_constexpr((m_t // em) * n_epi_n):
-                for v in cutlass.range_constexpr(n_rD):
-                    r, c = tCcD[e * n_rD + v]
-                    r2, c2 = tRS_c[v]
-                    checked += 1
-                    if cutlass.const_expr(r != (e // n_epi_n) * em + r2 or c != (e % n_epi_n) * en + c2):
-                        bad += 1
-        found["bad"], found["checked"] = bad, checked
-
-    cute.compile(probe)
+    found = epilogue_register_map(t, thread_step=7)
     assert found["checked"] > 0 and found["bad"] == 0, found
 
 
@@ -228,26 +198,6 @@ def test_tuned_entry_roundtrip(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- GPU
-def _operand(shape, major, dtype, batch=None):
-    rows, cols = shape
-    full = (batch, rows, cols) if batch else (rows, cols)
-    if major == "row":
-        return torch.randn(full, device="cuda", dtype=dtype)
-    t = torch.randn((*full[:-2], cols, rows), device="cuda", dtype=dtype)
-    return t.transpose(-1, -2)
-
-
-def _ref(a, b, alpha=1.0, beta=0.0, c=None):
-    r = alpha * (a.double() @ b.double())
-    if c is not None:
-        r = r + beta * c.double()
-    return r
-
-
-def _tol(dtype):
-    return 2e-2 if dtype == torch.bfloat16 else 5e-3
-
-
 def _cluster_ok(m, n, tile_n, cluster):
     return (cluster[0] == 1 or -(-m // 256) % 2 == 0) and (cluster[1] == 1 or -(-n // tile_n) % 2 == 0)
 
@@ -256,36 +206,11 @@ def _cluster_ok(m, n, tile_n, cluster):
 def gemm256(monkeypatch):
     """gemm through the real host path with explicit 256-row tiles, split-K off, and a check that the
     compiled config has them (TMA mainloop)."""
-    seen = []
-    orig = G.compiled_gemm
+    def expect(cfg, tile_n):
+        want = 160 if tile_n == 192 and cfg.has_c else tile_n  # the host narrows 256x192 with C (spill)
+        assert cfg.tiles.tile_mnk[:2] == (256, want), cfg
 
-    def recording(cfg, *args):
-        seen.append(cfg)
-        return orig(cfg, *args)
-
-    monkeypatch.setattr(G, "compiled_gemm", recording)
-    monkeypatch.setattr(G, "FORCE_SPLITS", 1)
-
-    def run(a, b, *, out=None, c=None, alpha=1.0, beta=0.0, out_dtype=None, tile_n=128, cluster=(1, 1),
-            expect_256=True):
-        am = "k" if G._major(a, "a", "M", "K") == "row" else "mn"
-        bm = "mn" if G._major(b, "b", "K", "N") == "row" else "k"
-        d_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
-        t = G.make_gemm_tiles(tile_n, cluster, G._TORCH_TO_NAME[a.dtype], am, bm, G._TORCH_TO_NAME[d_dtype],
-                              tile_m=256)
-        seen.clear()
-        res = G._gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=t)
-        torch.cuda.synchronize()
-        assert seen and seen[-1].mainloop == "tma", seen
-        if expect_256:
-            assert seen[-1].tiles.tile_mnk[:2] == (256, tile_n), seen[-1]
-        return res
-
-    return run
-
-
-def _tma_able(*ts):
-    return all(G._tma_ok(t, G._major(t, "x", "r", "c")) for t in ts)
+    return forced_tiles_gemm(monkeypatch, dict(tile_m=256), expect)
 
 
 @pytest.mark.gpu
@@ -293,32 +218,16 @@ def _tma_able(*ts):
 def test_tiles256_smoke(gemm256, tile_n):
     """First GPU contact: 1-2 tiles per CTA, 3 k-tiles per tile (not a multiple of the stage count),
     cluster 2x1 multicast."""
-    m, n, k = 2560, 2080, 136
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    gemm256(a, b, out=out, tile_n=tile_n, cluster=(2, 1))
-    assert rel_err(out, _ref(a, b)) < 2e-2
-
-
-SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 264), (131, 64, 8),
-          (2, 4096, 4096), (997, 1013, 136), (4099, 1024, 1000)]
+    check_random(gemm256, (2560, 2080, 136), tile_n=tile_n, cluster=(2, 1))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mnk", VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("majors,tile_n", [(mj, 128) for mj in itertools.product(["row", "col"], repeat=2)]
                          + [(mj, 208) for mj in itertools.product(["row", "col"], repeat=2)]
                          + [(("row", "row"), 160), (("col", "row"), 192)], ids=lambda x: str(x))
 def test_tiles256_shapes_majors(gemm256, mnk, majors, tile_n):
-    m, n, k = mnk
-    a = _operand((m, k), majors[0], torch.bfloat16)
-    b = _operand((k, n), majors[1], torch.bfloat16)
-    if not _tma_able(a, b):
-        pytest.skip("operands TMA cannot describe take the cp.async mainloop")
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    gemm256(a, b, out=out, tile_n=tile_n)
-    assert rel_err(out, _ref(a, b)) < _tol(out.dtype)
+    check_shapes_majors(gemm256, mnk, majors, tile_n)
 
 
 @pytest.mark.gpu
@@ -331,14 +240,9 @@ def test_tiles256_shapes_majors(gemm256, mnk, majors, tile_n):
 def test_tiles256_persistent_multi_tile(gemm256, mnk, tile_n, cluster):
     """Many tiles per CTA, k-tile counts 1, 3, 4, 6, 14, 65 (stages: 4 for N <= 160, 3 above), so the
     ring's phase carries across tiles at every offset; clusters only where they tile the grid."""
-    m, n, k = mnk
-    if not _cluster_ok(m, n, tile_n, cluster):
+    if not _cluster_ok(mnk[0], mnk[1], tile_n, cluster):
         pytest.skip("cluster does not tile this grid")
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    gemm256(a, b, out=out, tile_n=tile_n, cluster=cluster)
-    assert rel_err(out, _ref(a, b)) < 2e-2
+    check_random(gemm256, mnk, tile_n=tile_n, cluster=cluster)
 
 
 @pytest.mark.gpu
@@ -346,49 +250,27 @@ def test_tiles256_persistent_multi_tile(gemm256, mnk, tile_n, cluster):
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_tiles256_alpha_beta(gemm256, c_kind, out_dtype, tile_n):
-    m, n, k = 2333, 2088, 136  # 10 x 11-17 tiles: 1-2 per CTA, ragged in M and N
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = make_c(c_kind, m, n)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-    gemm256(a, b, out=out, alpha=0.5, beta=-1.25, c=c, tile_n=tile_n)
-    assert rel_err(out, _ref(a, b, 0.5, -1.25, c)) < _tol(out_dtype)
+    check_alpha_beta(gemm256, c_kind, out_dtype, tile_n)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_tiles256_dtypes(gemm256, in_dtype, out_dtype):
-    a = torch.randn(509, 384, device="cuda", dtype=in_dtype)
-    b = torch.randn(384, 520, device="cuda", dtype=in_dtype)
-    out = gemm256(a, b, out_dtype=out_dtype, tile_n=208)
-    assert out.dtype == out_dtype
-    assert rel_err(out, _ref(a, b)) < _tol(in_dtype if out_dtype == torch.float32 else out_dtype)
+    check_dtypes(gemm256, in_dtype, out_dtype, tile_n=208)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("majors", [("row", "row"), ("col", "col")])
 @pytest.mark.parametrize("tile_n", [128, 208])
 def test_tiles256_batched(gemm256, majors, tile_n):
-    L, m, n, k = 3, 1296, 1064, 200
-    a = _operand((m, k), majors[0], torch.bfloat16, batch=L)
-    b = _operand((k, n), majors[1], torch.bfloat16, batch=L)
-    out = torch.full((L, m, n), float("nan"), device="cuda", dtype=torch.float32)
-    gemm256(a, b, out=out, tile_n=tile_n)
-    assert rel_err(out, _ref(a, b)) < 1e-2
+    check_batched(gemm256, majors, tile_n)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile_n", [128, 208])
 def test_tiles256_unaligned_out(gemm256, tile_n):
-    m, n, k = 1000, 2000, 264
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    big = torch.full((m, n + 1), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out = big[:, :n]  # rows not 16-byte aligned: predicated direct stores
-    gemm256(a, b, out=out, tile_n=tile_n)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-    assert torch.isnan(big[:, n]).all(), "wrote past the view"
+    check_unaligned_out(gemm256, tile_n=tile_n)
 
 
 @pytest.mark.gpu
