@@ -190,3 +190,28 @@ def check_unaligned_out(run, **kw):
     run(a, b, out=out, **kw)
     assert rel_err(out, gemm_ref(a, b)) < 2e-2
     assert torch.isnan(big[:, n]).all(), "wrote past the view"
+
+
+def check_gemm_compile(case, **tiles_kw):
+    """Compile one persistent-GEMM config for sm_90a (no GPU) and check what every config must have:
+    HGMMA + TMA loads (+ TMA stores when ``tma_store``), no local memory, and the setmaxnreg split the
+    kernel asks for.  ``case`` = (tile_n, cluster, a_major, b_major, rank, has_c, tma_store, d dtype,
+    c_major); ``tiles_kw`` go to ``make_gemm_tiles``.  Returns (kernel resources, GemmSm90, SASS)."""
+    from cute_kernels import gemm_host as G
+    from cute_kernels import inspect as ins
+    from cute_kernels.gemm_kernel import GemmConfig, GemmSm90
+
+    tile_n, cluster, am, bm, rank, has_c, tma, cd, cmaj = case
+    ab = "float16" if cd == "float16" else "bfloat16"
+    tiles = G.make_gemm_tiles(tile_n, cluster, ab, am, bm, cd, cmaj, **tiles_kw)
+    cfg = GemmConfig(tiles=tiles, a_rank=rank, has_c=has_c, tma_store=tma)
+    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, cd, "bfloat16"))
+    (k,) = rep.kernels
+    assert k.instructions["HGMMA"] > 0 and k.instructions["UTMALDG"] > 0, rep.summary()
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    if tma:
+        assert k.instructions["UTMASTG"] > 0, rep.summary()
+    kern = GemmSm90(cfg)
+    assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(kern.PRODUCER_REGS)}" in rep.sass
+    assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(kern.CONSUMER_REGS)}" in rep.sass
+    return k, kern, rep.sass

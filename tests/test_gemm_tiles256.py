@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from conftest import (VARIANT_SHAPES, check_alpha_beta, check_batched, check_dtypes, check_random,
+from conftest import (VARIANT_SHAPES, check_alpha_beta, check_gemm_compile, check_batched, check_dtypes, check_random,
                       check_shapes_majors, check_unaligned_out, forced_tiles_gemm, rel_err)
 from conftest import gemm_ref as _ref
 
@@ -88,23 +88,8 @@ COMPILE_CASES = [
 def test_tiles256_compiles_for_sm90a(case):
     """HGMMA 64xNx16 + TMA present, no local memory, the register split the kernel asks for, and the
     highest register used within it."""
-    from cute_kernels import inspect as ins
-
-    tile_n, cluster, am, bm, rank, has_c, tma, cd, cmaj = case
-    ab = "float16" if cd == "float16" else "bfloat16"
-    t = tiles256(tile_n, cluster, am, bm, cd, cmaj, ab)
-    cfg = GemmConfig(tiles=t, a_rank=rank, has_c=has_c, tma_store=tma)
-    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, cd, "bfloat16"))
-    (k,) = rep.kernels
-    assert k.instructions["HGMMA"] > 0 and k.instructions["UTMALDG"] > 0, rep.summary()
-    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
-    if tma:
-        assert k.instructions["UTMASTG"] > 0, rep.summary()
-    sass = rep.sass
-    assert re.search(rf"HGMMA\.64x{tile_n}x16\.F32", sass), "wgmma 64 x N x 16 missing"
-    kern = GemmSm90(cfg)
-    assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(kern.PRODUCER_REGS)}" in sass
-    assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(kern.CONSUMER_REGS)}" in sass
+    _, kern, sass = check_gemm_compile(case, tile_m=256)
+    assert re.search(rf"HGMMA\.64x{case[0]}x16\.F32", sass), "wgmma 64 x N x 16 missing"
     assert max(int(r) for r in re.findall(r"\bR(\d+)\b", sass)) < kern.CONSUMER_REGS
 
 
