@@ -261,15 +261,9 @@ class GemmSm90:
         m_t, n_t, _ = self.tile_mnk
         mma_tidx = tidx - 128
         wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
-        thr_mma = tiled_mma.get_slice(wg_layout(mma_tidx // 128))  # A/B: one slice per warpgroup
-        thr_mma_c = tiled_mma.get_slice(mma_tidx)  # C: each thread's own accumulator fragment
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-
-        gD = cute.local_tile(mD, (m_t, n_t), (None, None, None))  # (m_t, n_t, tm, tn, l)
-        gC = cute.local_tile(mC, (m_t, n_t), (None, None, None))
-        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), (m_t, n_t), (None, None, None))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
+        # A/B: one slice per warpgroup; C: each thread's own accumulator fragment
+        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
+            tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mC)
 
         epi_barrier = pipeline.NamedBarrier(barrier_id=self.EPI_BARRIER, num_threads=self.num_mma_threads)
         epi = self.make_epilogue(tiled_mma, sD, acc, mma_tidx)
@@ -324,15 +318,9 @@ class GemmSm90:
         m_t, n_t, _ = self.tile_mnk
         cons = cute.arch.make_warp_uniform((tidx - 128) // 128)  # consumer 0 / 1
         wg_tidx = tidx % 128
-        thr_mma = tiled_mma.get_slice(0)  # A/B: the warpgroup's slice (one warpgroup per tile)
-        thr_mma_c = tiled_mma.get_slice(wg_tidx)  # C: each thread's own accumulator fragment
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-
-        gD = cute.local_tile(mD, (m_t, n_t), (None, None, None))  # (m_t, n_t, tm, tn, l)
-        gC = cute.local_tile(mC, (m_t, n_t), (None, None, None))
-        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), (m_t, n_t), (None, None, None))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
+        # A/B: the warpgroup's slice (one warpgroup per tile); C: each thread's own accumulator fragment
+        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
+            tiled_mma, tiled_mma.get_slice(0), wg_tidx, sA, sB, mD, mC)
 
         epi_barrier = pipeline.NamedBarrier(barrier_id=self.PP_EPI_BARRIER + cons, num_threads=128)
         epi = self.make_epilogue(tiled_mma, sD, acc, wg_tidx)
@@ -373,6 +361,21 @@ class GemmSm90:
 
     # ---------------------------------------------------------------- epilogue pieces
     @cute.jit
+    def consumer_views(self, tiled_mma: cute.TiledMma, thr_mma, c_idx, sA: cute.Tensor, sB: cute.Tensor,
+                       mD: cute.Tensor, mC: cute.Tensor):
+        """A consumer's operand fragments (from ``thr_mma``, its warpgroup's A/B slice), its C slice
+        (``c_idx``: the thread's index within the MMA), the D/C/coordinate tiles and a zeroed-shape
+        accumulator."""
+        m_t, n_t, _ = self.tile_mnk
+        thr_mma_c = tiled_mma.get_slice(c_idx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        gD = cute.local_tile(mD, (m_t, n_t), (None, None, None))  # (m_t, n_t, tm, tn, l)
+        gC = cute.local_tile(mC, (m_t, n_t), (None, None, None))
+        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), (m_t, n_t), (None, None, None))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
+        return thr_mma_c, tCrA, tCrB, gD, gC, cD, acc
+
     def make_epilogue(self, tiled_mma: cute.TiledMma, sD: cute.Tensor, acc: cute.Tensor, thr_idx):
         """Per-thread views of the epilogue: registers -> smem (stmatrix for 16-bit D) -> TMA store.
 

@@ -305,23 +305,30 @@ SPLITK_COMPILE_CASES = [(64, 2, True, False), (128, 4, True, True), (256, 4, Tru
                         (256, 2, True, True), (64, 8, False, False)]
 
 
+def _splitk_compile_report(cfg, tn):
+    """sm_90a compile of a split-K config: HGMMA 64 x tn x 16 present, no local memory in the mainloop."""
+    from cute_kernels import inspect as ins
+
+    rep = ins.inspect_builder(lambda: G._fake_args_splitk(cfg, "bfloat16", "bfloat16", "float32"))
+    (k,) = rep.kernels
+    assert k.instructions["HGMMA"] > 0 and f"HGMMA.64x{tn}x16" in rep.sass
+    lines = rep.sass.splitlines()
+    hg = [i for i, ln in enumerate(lines) if "HGMMA" in ln]
+    assert not any(("LDL" in ln or "STL" in ln) for ln in lines[hg[0]:hg[-1]])
+    return rep, k
+
+
 @pytest.mark.parametrize("tn,s,vec,has_c", SPLITK_COMPILE_CASES, ids=lambda v: str(v))
 def test_splitk_cluster_variants_compile(tn, s, vec, has_c):
     """Every tile width / split count builds for sm_90a: HGMMA of the tile's width, no local memory,
     and 16-byte global stores on the vector-store path."""
-    from cute_kernels import inspect as ins
     from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig
 
     cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s,
                               has_c=has_c, vec_store=vec)
-    rep = ins.inspect_builder(lambda: G._fake_args_splitk(cfg, "bfloat16", "bfloat16", "float32"))
-    (k,) = rep.kernels
-    assert k.instructions["HGMMA"] > 0 and f"HGMMA.64x{tn}x16" in rep.sass
     # a few variants (C operand, S=8 x 256) keep one tile index in local memory across the mainloop
     # (the kernel is compiled for 168 registers/thread): allowed, but never inside the mainloop
-    lines = rep.sass.splitlines()
-    hg = [i for i, ln in enumerate(lines) if "HGMMA" in ln]
-    assert not any(("LDL" in ln or "STL" in ln) for ln in lines[hg[0]:hg[-1]])
+    rep, k = _splitk_compile_report(cfg, tn)
     assert k.spills <= 6
     assert ("STG.E.128" in rep.sass) == vec
 
@@ -394,16 +401,10 @@ FIXUP_COMPILE_CASES = [(256, 4, False), (128, 2, True), (256, 8, True), (128, 8,
 def test_splitk_fixup_compiles(tn, s, has_c):
     """sm_90a build: HGMMA of the tile's width, no local memory at all, 16-byte partial stores/loads,
     the gpu-scope fence + acq_rel atomic of the counter protocol."""
-    from cute_kernels import inspect as ins
     from cute_kernels.gemm_splitk_kernel import SplitKFixupConfig
 
     cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, has_c=has_c)
-    rep = ins.inspect_builder(lambda: G._fake_args_splitk(cfg, "bfloat16", "bfloat16", "float32"))
-    (k,) = rep.kernels
-    assert k.instructions["HGMMA"] > 0 and f"HGMMA.64x{tn}x16" in rep.sass
-    lines = rep.sass.splitlines()
-    hg = [i for i, ln in enumerate(lines) if "HGMMA" in ln]
-    assert not any(("LDL" in ln or "STL" in ln) for ln in lines[hg[0]:hg[-1]])
+    rep, k = _splitk_compile_report(cfg, tn)
     assert k.spills == 0 and k.stack_frame == 0
     assert "STG.E.128" in rep.sass and "LDG.E.128" in rep.sass
     assert "ATOMG.E.ADD" in rep.sass and "MEMBAR.ALL.GPU" in rep.sass
