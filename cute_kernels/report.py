@@ -34,11 +34,25 @@ def representative_builders() -> list[tuple[str, Callable]]:
         cfg = GemmConfig(tiles=tiles, a_rank=2, has_c=has_c)
         out.append((label, lambda cfg=cfg, ab=ab, cd=cd: G._fake_args(cfg, ab, cd, "float32")))
 
-    from .gemm_splitk_kernel import SplitKClusterConfig
+    for label, cfg in [
+        ("gemm bf16 256x160 cluster 2x1 (two 64-row M-blocks per warpgroup; tuner candidate)",
+         GemmConfig(tiles=G.make_gemm_tiles(160, (2, 1), "bfloat16", "k", "mn", "bfloat16", tile_m=256))),
+        ("gemm bf16 ping-pong 128x192 cluster 2x1 (CUTE_KERNELS_PINGPONG=1)",
+         GemmConfig(tiles=G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True))),
+        ("gemm bf16 cp.async mainloop 128x256, 8-byte vectors (row-major A with K % 8 != 0)",
+         GemmConfig(tiles=G.make_gemm_tiles(256, (1, 1), "bfloat16", "k", "mn", "bfloat16"), mainloop="cpasync",
+                    vec_a=8, vec_b=16)),
+    ]:
+        out.append((label, lambda cfg=cfg: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16")))
 
-    scfg = SplitKClusterConfig(tiles=G.make_gemm_tiles(128, (1, 1), "bfloat16", "k", "mn", "bfloat16"), splits=2)
-    out.append(("gemm split-K over a 2-CTA cluster (DSMEM reduction)",
+    from .gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
+
+    scfg = SplitKClusterConfig(tiles=G.splitk_tiles(64, "bfloat16", "k", "mn", "bfloat16"), splits=2, vec_store=True)
+    out.append(("gemm split-K 128x64 over a 2-CTA cluster (DSMEM reduction)",
                 lambda: G._fake_args_splitk(scfg, "bfloat16", "bfloat16", "bfloat16")))
+    fcfg = SplitKFixupConfig(tiles=G.splitk_tiles(256, "bfloat16", "k", "mn", "bfloat16"), splits=4)
+    out.append(("gemm split-K 128x256 S=4, last-CTA fixup (CUTE_KERNELS_SPLITK=fixup)",
+                lambda: G._fake_args_splitk(fcfg, "bfloat16", "bfloat16", "bfloat16")))
     from . import splitk_reduce as R
 
     out.append(("split-K reduce -> bf16", lambda: _reduce_args(R)))
