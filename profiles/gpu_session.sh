@@ -2,6 +2,7 @@
 # One device call: GPU tests, then benchmarks.  Logs and results land in $OUT (at most 8 files).
 #   source .device/setup.sh && bash profiles/gpu_session.sh STEP...
 # steps: oddk cpasync all-tests gemm-tests attn-tests sanitize bench-gemm bench-gemm-tune bench-decode host demo
+#        t256 (256-row tiles: smoke, tests, timing) decode-tma (repro of the fixed TMA decode path)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
@@ -17,6 +18,10 @@ for step in "$@"; do
     all-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gpu-tests.log" ;;
     sanitize) { py 90 profiles/sanitize.py; for tool in memcheck racecheck synccheck; do echo "--- compute-sanitizer --tool $tool";
                 SKIP_DECODE=${SKIP_DECODE:-} timeout 100 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "UserWarning\|DeprecationWarning\|warnings.warn\|^  " | tail -n 40; done; } | tee "$OUT/sanitize.log" ;;
+    t256) py 60 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/test_gemm_tiles256.py -k smoke 2>&1 | tail -n 8 | tee "$OUT/t256-smoke.log" && {
+            py 270 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu -rf tests/test_gemm_tiles256.py --deselect tests/test_gemm_tiles256.py::test_tiles256_smoke 2>&1 | tail -n 30 | tee "$OUT/t256-tests.log";
+            py 200 profiles/bench_pingpong.py --tiles256 --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tail -n 30; } ;;
+    decode-tma) py 200 profiles/repro_decode_tma.py --max-hangs 1 2>&1 | tail -n 40 | tee "$OUT/decode-tma.log" ;;
     gemm-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
