@@ -78,11 +78,12 @@ def _clusters(m, n, tile_m, tile_n, both=True):
 
 def candidates(m, n, ab, am, bm, d_name, k=4096, l=1):
     """First-round candidates ``(tile_m, tile_n, pingpong, cluster, swizzle, along_m)``: at most 14
-    (13 families x clusters + the heuristic's choice), all with raster (1, along M)."""
-    from .gemm_host import default_tiles
+    (13 families x clusters + the heuristic's choice), all with raster (1, along M) except the
+    heuristic's choice, which comes with its own raster (:func:`gemm_host.default_raster`)."""
+    from .gemm_host import default_raster, default_tiles
 
     d = default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)
-    out = [(d.tile_mnk[0], d.tile_mnk[1], d.pingpong, d.cluster_mn, 1, True)]
+    out = [(d.tile_mnk[0], d.tile_mnk[1], d.pingpong, d.cluster_mn, *default_raster(m, n, k, ab))]
     for tile_m, tile_n, pp in TILE_FAMILIES:
         for cluster in _clusters(m, n, tile_m, tile_n, both=(tile_m, tile_n) != (128, 256)):
             c = (tile_m, tile_n, pp, cluster, 1, True)

@@ -515,3 +515,26 @@ def test_splitk_fixup_back_to_back_and_graph(tile_n, monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert rel_err(o1, _ref(a1, b1)) < 2e-2
+
+
+@pytest.mark.gpu
+def test_gemm_large_a_swizzled_raster():
+    """A >= 64 MB takes the (1, 1) cluster + raster swizzle 4 (default_raster): many tiles per CTA,
+    ragged N, against a float64 reference with a NaN-poisoned output."""
+    m, n, k = 8192, 1000, 4104
+    assert G.default_raster(m, n, k, "bfloat16") == (4, True)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    torch.cuda.synchronize()
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+def test_default_raster_rule():
+    assert G.default_raster(8192, 8192, 8192, "bfloat16") == (4, True)
+    assert G.default_raster(4096, 14336, 4096, "bfloat16") == (1, True)
+    t = G.default_tiles(16384, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert t.cluster_mn == (1, 1)
+    t = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert t.cluster_mn == (2, 1)
