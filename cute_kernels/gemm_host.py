@@ -552,11 +552,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
 
 def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None, raster=None):
     sig = _signature(a, b, out, c, beta, out_dtype)
-    p = _plans.get(sig) if tiles is None else None
+    key = sig if tiles is None else (sig, tiles, raster)  # explicit tiles (tuner, tests): cached too
+    p = _plans.get(key)
     if p is None:
         p = _make_plan(a, b, out, c, beta, out_dtype, tiles, raster)
-        if tiles is None:
-            _plans[sig] = p
+        _plans[key] = p
     if out is None:
         out = torch.empty(p.shape, dtype=p.out_dtype, device=a.device)
     if p.k0:

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import capture_graph, make_c, rel_err
+from conftest import capture_graph, make_c, rel_err, spy_compiled_gemm
 from conftest import gemm_operand as _operand, gemm_ref as _ref, gemm_tol as _tol
 
 import cute_kernels
@@ -538,3 +538,30 @@ def test_default_raster_rule():
     assert t.cluster_mn == (1, 1)
     t = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert t.cluster_mn == (2, 1)
+
+
+@pytest.mark.gpu
+def test_tune_gemm_persists_and_is_used(monkeypatch, tmp_path):
+    """gemm(tune=True) times the candidates once, writes the winner to the tuning table, and later
+    plain calls compile that winner and compute correctly."""
+    from cute_kernels import tune
+
+    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
+    monkeypatch.setattr(tune, "_table", None)
+    monkeypatch.setattr(G, "_plans", {})
+    monkeypatch.setenv("CUTE_KERNELS_TUNE_JOBS", "0")  # compile in the loop: no worker processes in tests
+    seen = spy_compiled_gemm(monkeypatch)
+    m, n, k = 1024, 1536, 520
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = cute_kernels.gemm(a, b, tune=True)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    table = tune._load()
+    (entry,) = table.values()
+    assert (tmp_path / "gemm_tuned.json").exists() and entry["ms"] > 0
+    seen.clear()
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    assert seen and seen[-1].tiles.tile_mnk[:2] == (entry.get("tile_m", 128), entry["tile_n"])
+    assert (seen[-1].raster_swizzle, seen[-1].raster_along_m) == (entry["swizzle"], entry["along_m"])
+    assert rel_err(out, _ref(a, b)) < 2e-2
