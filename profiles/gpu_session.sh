@@ -15,7 +15,7 @@ for step in "$@"; do
   case $step in
     oddk) py 90 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k odd_k 2>&1 | grep -v Warning | tail -n 8 | tee "$OUT/oddk.log" ;;
     cpasync) CUTE_KERNELS_CPASYNC=1 py 150 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/cpasync.log" ;;
-    all-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gpu-tests.log" ;;
+    all-tests) py ${TESTS_S:-540} -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gpu-tests.log" ;;
     sanitize) { py 90 profiles/sanitize.py; for tool in memcheck racecheck synccheck; do echo "--- compute-sanitizer --tool $tool";
                 SKIP_DECODE=${SKIP_DECODE:-} timeout 100 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "UserWarning\|DeprecationWarning\|warnings.warn\|^  " | tail -n 40; done; } | tee "$OUT/sanitize.log" ;;
     t256) py 60 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/test_gemm_tiles256.py -k smoke 2>&1 | tail -n 8 | tee "$OUT/t256-smoke.log" && {
