@@ -106,6 +106,7 @@ def forced_tiles_gemm(monkeypatch, tiles_kw: dict, expect):
 
     seen = spy_compiled_gemm(monkeypatch)
     monkeypatch.setattr(G, "FORCE_SPLITS", 1)
+    monkeypatch.setattr(G, "_plans", {})
 
     def run(a, b, *, out=None, c=None, alpha=1.0, beta=0.0, out_dtype=None, tile_n=128, cluster=(1, 1)):
         am = "k" if G._major(a, "a", "M", "K") == "row" else "mn"
@@ -114,6 +115,7 @@ def forced_tiles_gemm(monkeypatch, tiles_kw: dict, expect):
         t = G.make_gemm_tiles(tile_n, cluster, G._TORCH_TO_NAME[a.dtype], am, bm, G._TORCH_TO_NAME[d_dtype],
                               **tiles_kw)
         seen.clear()
+        G._plans.clear()  # plans with explicit tiles are cached too: rebuild, so the config is seen
         res = G._gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=t)
         torch.cuda.synchronize()
         assert seen and seen[-1].mainloop == "tma", seen
