@@ -144,13 +144,6 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
     return read, release
 
 
-def wgmma_mainloop_handoff(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-                           ab_pipe, read, release, k_tiles, handoff_barrier_id, handoff_threads: int):
-    """:func:`wgmma_mainloop` with the ping-pong hand-over arrive (see there)."""
-    return wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles,
-                          handoff_barrier_id, handoff_threads)
-
-
 @cute.jit
 def tma_produce_k_tiles(ab_pipe, state, tma_a: cute.CopyAtom, tAgA: cute.Tensor, tAsA: cute.Tensor,
                         tma_b: cute.CopyAtom, tBgB: cute.Tensor, tBsB: cute.Tensor, k_begin, k_count,

@@ -228,13 +228,8 @@ class GemmSm90:
                     tile = work.tile_idx
                     tAgA_t = tAgA[(None, tile[0], None, tile[2])]
                     tBgB_t = tBgB[(None, tile[1], None, tile[2])]
-                    for kt in range(k_tiles):
-                        ab_pipe.producer_acquire(state)
-                        bar = ab_pipe.producer_get_barrier(state)
-                        cute.copy(tma_a, tAgA_t[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
-                        cute.copy(tma_b, tBgB_t[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
-                        ab_pipe.producer_commit(state)
-                        state.advance()
+                    state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA_t, tAsA, tma_b, tBgB_t, tBsB,
+                                                       0, k_tiles, a_mask, b_mask)
                     sched.advance_to_next_work()
                     work = sched.get_current_work()
                 ab_pipe.producer_tail(state)
@@ -346,8 +341,8 @@ class GemmSm90:
             # other consumer (num_tiles_executed: consumer 0 starts at 0, consumer 1 at 1)
             if sched.num_tiles_executed > 0:
                 cute.arch.barrier(barrier_id=mma_bar, number_of_threads=256)
-            read, release = blocks.wgmma_mainloop_handoff(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release,
-                                                          k_tiles, other_mma_bar, 256)
+            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles,
+                                                  handoff_barrier_id=other_mma_bar, handoff_threads=256)
             self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
                           store_warp, my_bufs, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
                           warp_idx)
