@@ -71,22 +71,12 @@ def make_bench(quick: bool):
 
         return bench, "triton.testing.do_bench (median, L2 flushed per call)"
     except Exception:  # pragma: no cover - depends on the GPU machine
+        from timing import bench_events
+
         flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
 
         def bench(fn):
-            for _ in range(3):
-                fn()
-            times = []
-            n = 10 if quick else 40
-            for _ in range(n):
-                flush.zero_()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e) * 1e3)
-            return statistics.median(times)
+            return bench_events(fn, flush.zero_, 10 if quick else 40)
 
         return bench, "CUDA events (median, 512 MB write before each call)"
 

@@ -16,18 +16,14 @@ import torch
 _BUF = {}
 
 
-def bench_clean(fn, n: int = 30) -> float:
-    """Median microseconds of one call (CUDA events) after a read-only 256 MB pass over a buffer."""
-    dev = torch.cuda.current_device()
-    if dev not in _BUF:
-        _BUF[dev] = (torch.ones(256 * 1024 * 1024 // 4, 1, dtype=torch.float32, device="cuda"),
-                     torch.empty(1, dtype=torch.float32, device="cuda"))
-    buf, sink = _BUF[dev]
+def bench_events(fn, flush, n: int = 30) -> float:
+    """Median microseconds of one call of ``fn`` timed by CUDA events, ``flush()`` before each call
+    (3 untimed warm-up calls first)."""
     for _ in range(3):
         fn()
     ts = []
     for _ in range(n):
-        torch.sum(buf, dim=0, out=sink)
+        flush()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -35,3 +31,13 @@ def bench_clean(fn, n: int = 30) -> float:
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1e3)
     return statistics.median(ts)
+
+
+def bench_clean(fn, n: int = 30) -> float:
+    """Median microseconds of one call (CUDA events) after a read-only 256 MB pass over a buffer."""
+    dev = torch.cuda.current_device()
+    if dev not in _BUF:
+        _BUF[dev] = (torch.ones(256 * 1024 * 1024 // 4, 1, dtype=torch.float32, device="cuda"),
+                     torch.empty(1, dtype=torch.float32, device="cuda"))
+    buf, sink = _BUF[dev]
+    return bench_events(fn, lambda: torch.sum(buf, dim=0, out=sink), n)
