@@ -68,14 +68,15 @@ class DecodeConfig:
     split: bool  # False: num_splits == 1, write the output directly
     q_in_regs: bool
     min_blocks_per_mp: int = 1
-    merge_mode: str = "kernel"  # "kernel" | "pdl" | "fused" (split only)
+    merge_mode: str = "pdl"  # "kernel" | "pdl" | "fused" (split only)
     load: str = "cpasync"  # "cpasync" | "tma" (contiguous caches only)
-    pdl_in: bool = False  # launched as a programmatic dependent of the previous kernel
+    pdl_in: bool = True  # launched as a programmatic dependent of the previous kernel
 
 
-#: The TMA K/V load variant (``load="tma"``) compiles but hung in its first H200 run (its GPU tests
-#: timed out); opt-in only until it is debugged.
-TMA_LOAD_ENABLED = os.environ.get("CUTE_KERNELS_DECODE_TMA", "0") not in ("0", "")
+#: The TMA K/V load variant (``load="tma"``, via :func:`override_config`): it hung in session 2 (TMA
+#: copies issued under ``if tidx == 0`` inside the DSL's own elect.sync); fixed, and the repro passed
+#: 12/12 cases bit-identical to cp.async on the H200 (session 3 run 2).  Not the default: it measured
+#: within +-0.5% of cp.async on every benchmark shape (session 3 run 3).
 
 
 def _cdtype(name):
@@ -217,16 +218,14 @@ def make_config(
         n_tile = 32 if head_dim == 256 else 64
     stages = max(2, min(4, (96 * 1024) // (n_tile * 4 * head_dim)))
     kw = dict(
-        n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1, merge_mode="kernel",
-        load="cpasync", pdl_in=False,
+        n_tile=n_tile, stages=stages, num_threads=num_threads, min_blocks_per_mp=1,
+        # programmatic dependent launch on both kernels: the decode kernel's prologue overlaps the
+        # previous kernel's tail and the merge's launch overlaps the decode tail (session 3 run 3:
+        # +2-3% on b1/b8, within noise on the long shapes; both wait before reading their inputs)
+        merge_mode="pdl", load="cpasync", pdl_in=True,
     )
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)
-    if kw["load"] == "tma" and not paged and not TMA_LOAD_ENABLED:
-        raise ValueError(
-            "decode_attn: the experimental TMA load path hung on the H200 (2026-11-29, session 2 run 5); "
-            "it is disabled unless CUTE_KERNELS_DECODE_TMA=1"
-        )
     # the warps split the rows first; every warp needs >= 16 tokens of the tile
     warps = kw["num_threads"] // 32
     warps_m = m_tile // 16
@@ -257,13 +256,6 @@ def smem_bytes(cfg: DecodeConfig) -> int:
     kv = 2 * cfg.n_tile * cfg.head_dim * cfg.stages * el
     warps_n = (cfg.num_threads // 32) // (cfg.m_tile // 16)
     return 1024 + q + kv + 2 * 4 * warps_n * cfg.m_tile + 2048
-
-
-def ctas_per_sm(cfg: DecodeConfig) -> int:
-    arch = current_arch()
-    by_smem = max(1, arch.smem_per_cta // smem_bytes(cfg))
-    by_regs = max(1, 65536 // (255 * cfg.num_threads))  # assume the worst register count
-    return max(1, min(by_smem, by_regs, 8))
 
 
 def choose_num_splits(
@@ -423,9 +415,12 @@ def _plan_uncached(q, k_cache, block_table, num_splits, causal):
     cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False)
     if num_splits is None:
         row_blocks = -(-rows // cfg1.m_tile)
+        # one CTA per SM per wave, although two fit: the kernel is bandwidth-bound, so a second
+        # resident CTA shares the SM's bandwidth instead of adding to it, and half the splits halve
+        # the merge traffic.  Measured (session 3 run 3, H200): b1 hq32 hkv8 L32768 P=16 47.6 us vs
+        # P=32 48.5 us; b8 L8192 P=2 77.4 vs P=4 78.0 (both with PDL); the long shapes within 0.3%.
         num_splits = choose_num_splits(
-            B, Hkv, row_blocks, _capacity(k_cache, block_table), cfg1.n_tile,
-            current_arch().sm_count, ctas_per_sm(cfg1),
+            B, Hkv, row_blocks, _capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count, 1,
         )
     num_splits = int(num_splits)
     if num_splits < 1:

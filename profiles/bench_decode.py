@@ -336,33 +336,28 @@ def run_sweep(args, bench):
 # ---------------------------------------------------------------------------------------- variants
 #: label -> (DecodeConfig overrides, split rule); split rule: None = automatic, ("x", f) = auto * f,
 #: ("slots", k) = the largest count with batch*Hkv*count <= k*SMs (fills k CTAs per SM exactly), ("n", n)
-VARIANTS = {
+VARIANTS = {  # the default (session 3): cp.async loads, PDL on both kernels, splits fill 1 CTA per SM
     "default": ({}, None),
-    "merge_pdl": (dict(merge_mode="pdl"), None),
-    "pdl_in": (dict(pdl_in=True), None),
-    "pdl_both": (dict(pdl_in=True, merge_mode="pdl"), None),
+    "no_pdl": (dict(pdl_in=False, merge_mode="kernel"), None),
+    "fused": (dict(merge_mode="fused"), None),
     "tma": (dict(load="tma"), None),
-    "tma_pdl": (dict(load="tma", pdl_in=True, merge_mode="pdl"), None),
-    "tma_s4_1cta": (dict(load="tma", stages=4), None),
-    "tma_s6_1cta": (dict(load="tma", stages=6, pdl_in=True, merge_mode="pdl"), None),
-    "cp_s4_1cta": (dict(stages=4), None),
+    "tma_s6": (dict(load="tma", stages=6), None),
+    "cp_s4": (dict(stages=4), None),
     "split_half": ({}, ("x", 0.5)),
     "split_x2": ({}, ("x", 2)),
-    "split_fill1": (dict(pdl_in=True, merge_mode="pdl"), ("slots", 1)),
-    "split_fill2": (dict(pdl_in=True, merge_mode="pdl"), ("slots", 2)),
-    "tma_fill1_s6": (dict(load="tma", stages=6, pdl_in=True, merge_mode="pdl"), ("slots", 1)),
+    "split_fill2": ({}, ("slots", 2)),  # the session-2 default's count (2 CTAs per SM)
 }
 #: (shape name, rounds, variants); paged shapes run the paged cache (TMA falls back to cp.async there)
 VARIANT_PLAN = [
     ("b1_hq32_hkv8_L32768", 7, list(VARIANTS)),
     ("b8_hq32_hkv8_L8192", 7, list(VARIANTS)),
-    ("b64_hq32_hkv8_L2048_paged16", 5, ["default", "pdl_in", "cp_s4_1cta", "split_x2", "split_fill2"]),
-    ("b1_hq32_hkv32_L131072", 3, ["default", "pdl_both", "tma", "tma_pdl", "tma_s6_1cta"]),
-    ("b32_hq32_hkv8_L4096", 3, ["default", "pdl_in", "tma", "tma_pdl", "split_x2"]),
-    ("b4_hq64_hkv8_L65536", 3, ["default", "pdl_both", "tma", "tma_pdl", "tma_s6_1cta"]),
+    ("b64_hq32_hkv8_L2048_paged16", 5, ["default", "no_pdl", "cp_s4", "split_x2"]),
+    ("b1_hq32_hkv32_L131072", 3, ["default", "no_pdl", "tma", "tma_s6", "split_fill2"]),
+    ("b32_hq32_hkv8_L4096", 3, ["default", "no_pdl", "tma", "split_x2"]),
+    ("b4_hq64_hkv8_L65536", 3, ["default", "no_pdl", "tma", "tma_s6", "split_fill2"]),
 ]
 #: timed also with the clean flush and as graph replays (b1/b8 only: where overheads matter)
-EXTRA_TIMED = ["default", "pdl_both", "tma_pdl", "tma_fill1_s6", "cudnn"]
+EXTRA_TIMED = ["default", "no_pdl", "tma", "cudnn"]
 
 
 def _variant_splits(rule, auto, base, sm):
@@ -521,9 +516,9 @@ def run_variants(args, bench):
         else:
             print("smoke child failed:\n" + r.stdout[-2000:] + r.stderr[-3000:], flush=True)
     except subprocess.TimeoutExpired:
-        print(f"smoke child timed out after {args.smoke_timeout} s: timing default/merge_pdl/split_* only", flush=True)
+        print(f"smoke child timed out after {args.smoke_timeout} s: timing default/no_pdl/split_* only", flush=True)
     if ok is None:  # child died or hung: only the variants that use the old kernel paths
-        safe = {"default", "merge_pdl", "split_half", "split_x2", "cp_s4_1cta"}
+        safe = {"default", "no_pdl", "split_half", "split_x2", "split_fill2", "cp_s4"}
         ok = {f"{n}/{l}" for n, _, ls in VARIANT_PLAN for l in ls if l in safe}
     for k_, v_ in bad.items():
         print(f"  dropped {k_}: {v_}", flush=True)

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 
-os.environ["CUTE_KERNELS_DECODE_TMA"] = "1"  # TMA_LOAD_ENABLED is read at import
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -150,7 +149,7 @@ def main():
     for n in names:
         if n not in CASES:
             sys.exit(f"unknown case {n!r}; cases: {', '.join(CASES)}")
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}; CUTE_KERNELS_DECODE_TMA=1", flush=True)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
     if not a.no_precompile:
         t0 = time.perf_counter()
         cfgs = [c for n in names for c in configs_for(n)]
