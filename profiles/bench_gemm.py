@@ -46,8 +46,11 @@ def main():
                     help="quack without its autotuner (its default heuristic config)")
     ap.add_argument("--tune", action="store_true", help="autotune cute-kernels per shape first (persisted)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--shapes", default="", help="comma-separated MxNxK subset, e.g. 8192x8192x8192,1000x3000x520")
     args = ap.parse_args()
     shapes = SHAPES[:3] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(x) for x in s_.split("x")) for s_ in args.shapes.split(",")]
     repeats = 1 if args.quick else args.repeats
 
     try:
