@@ -148,7 +148,10 @@ def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major
         if best is None or cost < best[0]:
             best = (cost, tile_n)
     tile_n = best[1]
-    cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 and m * n * l >= 2048 * 2048 else (1, 1)
+    # 2x1 multicast whenever the M tiles pair up: B is loaded once per CTA pair.  Also for small
+    # problems: 1000x3000x520 (session 3 run 5 tuner) 128x192 1x1 218 TFLOP/s vs 128x256 2x1 234 and
+    # ping-pong 128x192 2x1 237; the old area threshold (M*N >= 2048^2) kept it at 1x1.
+    cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 else (1, 1)
     if _a_streams(m, k, ab):
         cluster = (1, 1)  # with the swizzled raster (default_raster): see there
     return make_gemm_tiles(tile_n, cluster, ab, a_major, b_major, c_dtype, c_major, pingpong=pingpong)
