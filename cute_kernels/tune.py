@@ -2,9 +2,9 @@
 
 Why: the shape heuristic in :func:`cute_kernels.gemm_host.default_tiles` is a guess; the best CTA
 tile, cluster shape and raster order depend on the shape.  Two rounds: every (tile, cluster) of
-:func:`candidates` (cooperative 128x256 and 256x{128..208}, ping-pong 128x{128, 192}, clusters 2x1 /
-1x2, compiled in parallel processes first) with raster (1, M), then the other rasters on the fastest:
-at most 17 timings per shape.  Results live in
+:func:`candidates` (cooperative 128x{256, 192} and 256x{128, 192}, ping-pong 128x{128, 192}, clusters
+2x1 / 1x2, compiled in parallel processes first) with the shape's default raster, then the other
+rasters on the fastest: at most 15 timings per shape.  Results live in
 ``<cache dir>/gemm_tuned.json`` keyed by (M, N, K, L, dtypes, majors) and are picked up by every later
 call in any process.  ``cute-kernels tune gemm M N K`` runs it from the shell.
 """
@@ -56,11 +56,12 @@ def _tiles(tile_n, cluster, ab, am, bm, d_name, tile_m=128, pingpong=False) -> T
     return make_gemm_tiles(tile_n, cluster, ab, am, bm, d_name, pingpong=pingpong, tile_m=tile_m)
 
 
-#: Tile families the tuner times, as (tile_m, tile_n, pingpong): the cooperative 128 x 256 of the
-#: heuristic, quack's cooperative 256 x {128, 160, 192, 208} (two 64-row M-blocks per warpgroup) and
-#: ping-pong 128 x {128, 192}; each with clusters 2x1 and 1x2 where the tile counts allow (1x1 when
-#: neither does; 128 x 256 only 2x1 then 1x2).  The heuristic's own choice is always a candidate.
-TILE_FAMILIES = ((128, 256, False), (256, 128, False), (256, 160, False), (256, 192, False), (256, 208, False),
+#: Tile families the tuner times, as (tile_m, tile_n, pingpong): the cooperative 128 x {256, 192} of
+#: the heuristic, quack's cooperative 256 x {128, 192} (two 64-row M-blocks per warpgroup) and ping-pong
+#: 128 x {128, 192}; each with clusters 2x1 and 1x2 where the tile counts allow (1x1 when neither
+#: does; 128 x 256 only 2x1 then 1x2).  The heuristic's own choice is always a candidate.  256 x 160
+#: and 256 x 208 were dropped: on all six shapes of session 3 run 5 they were 4-35% behind the best.
+TILE_FAMILIES = ((128, 256, False), (128, 192, False), (256, 128, False), (256, 192, False),
                  (128, 128, True), (128, 192, True))
 #: Rasters tried, in a second round, on the fastest (tile, cluster) of the first (which uses (1, M)).
 RASTERS = ((1, True), (4, True), (8, False))
@@ -77,16 +78,18 @@ def _clusters(m, n, tile_m, tile_n, both=True):
 
 
 def candidates(m, n, ab, am, bm, d_name, k=4096, l=1):
-    """First-round candidates ``(tile_m, tile_n, pingpong, cluster, swizzle, along_m)``: at most 14
-    (13 families x clusters + the heuristic's choice), all with raster (1, along M) except the
-    heuristic's choice, which comes with its own raster (:func:`gemm_host.default_raster`)."""
+    """First-round candidates ``(tile_m, tile_n, pingpong, cluster, swizzle, along_m)``: at most 12
+    (the families x clusters + the heuristic's choice, first), all with the shape's own raster
+    (:func:`gemm_host.default_raster`): with A larger than L2 a swizzle-1 raster costs every tile
+    family ~10-15% (session 3 run 5), which would rank them on the raster instead of the tile."""
     from .gemm_host import default_raster, default_tiles
 
     d = default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)
-    out = [(d.tile_mnk[0], d.tile_mnk[1], d.pingpong, d.cluster_mn, *default_raster(m, n, k, ab))]
+    raster = default_raster(m, n, k, ab)
+    out = [(d.tile_mnk[0], d.tile_mnk[1], d.pingpong, d.cluster_mn, *raster)]
     for tile_m, tile_n, pp in TILE_FAMILIES:
         for cluster in _clusters(m, n, tile_m, tile_n, both=(tile_m, tile_n) != (128, 256)):
-            c = (tile_m, tile_n, pp, cluster, 1, True)
+            c = (tile_m, tile_n, pp, cluster, *raster)
             if c not in out:
                 out.append(c)
     return out
