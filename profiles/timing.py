@@ -16,14 +16,23 @@ import torch
 _BUF = {}
 
 
+#: GPU cycles spun between the flush and the start event (~200 us at 1.98 GHz), so that the host has
+#: enqueued the timed call before the GPU reaches the start event.  Without it a call whose host work
+#: outlasts the flush (decode: argument checks + two launches) is timed with its host time included:
+#: in session 3 run 3 the decode "clean" figures were 40-80% above do_bench's for our PDL variants.
+LEAD_CYCLES = 400_000
+
+
 def bench_events(fn, flush, n: int = 30) -> float:
     """Median microseconds of one call of ``fn`` timed by CUDA events, ``flush()`` before each call
-    (3 untimed warm-up calls first)."""
+    (3 untimed warm-up calls first); the GPU spins ``LEAD_CYCLES`` after the flush so that only device
+    time is measured."""
     for _ in range(3):
         fn()
     ts = []
     for _ in range(n):
         flush()
+        torch.cuda._sleep(LEAD_CYCLES)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()

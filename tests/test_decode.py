@@ -7,7 +7,6 @@ split counts, determinism, CUDA-graph capture, poisoned buffers, bad device valu
 """
 
 import itertools
-import math
 
 import pytest
 import torch
