@@ -71,6 +71,7 @@ class DecodeConfig:
     merge_mode: str = "pdl"  # "kernel" | "pdl" | "fused" (split only)
     load: str = "cpasync"  # "cpasync" | "tma" (contiguous caches only)
     pdl_in: bool = True  # launched as a programmatic dependent of the previous kernel
+    page_prefetch: bool = False  # paged: block-table entries read one tile ahead (not yet measured)
 
 
 #: The TMA K/V load variant (``load="tma"``, via :func:`override_config`): it hung in session 2 (TMA
@@ -126,7 +127,7 @@ def _decode_builder(cfg: DecodeConfig):
         k = DecodeAttnKernel(
             dt, D, cfg.m_tile, cfg.n_tile, cfg.stages, cfg.num_threads, cfg.paged, cfg.page_size,
             cfg.causal, cfg.split, cfg.q_in_regs, cfg.min_blocks_per_mp, cfg.merge_mode,
-            cfg.load, cfg.pdl_in,
+            cfg.load, cfg.pdl_in, cfg.page_prefetch,
         )
         return k, (
             mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, mCnt, Float32(1.0),
@@ -222,7 +223,7 @@ def make_config(
         # programmatic dependent launch on both kernels: the decode kernel's prologue overlaps the
         # previous kernel's tail and the merge's launch overlaps the decode tail (session 3 run 3:
         # +2-3% on b1/b8, within noise on the long shapes; both wait before reading their inputs)
-        merge_mode="pdl", load="cpasync", pdl_in=True,
+        merge_mode="pdl", load="cpasync", pdl_in=True, page_prefetch=False,
     )
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)
@@ -247,6 +248,7 @@ def make_config(
         merge_mode=kw["merge_mode"] if split else "kernel",
         load=kw["load"] if not paged else "cpasync",  # TMA: contiguous caches only
         pdl_in=bool(kw["pdl_in"]),
+        page_prefetch=bool(kw["page_prefetch"]) and paged,
     )
 
 

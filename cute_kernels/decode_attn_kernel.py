@@ -32,6 +32,7 @@ class DecodeAttnKernel:
         merge_mode: str = "kernel",
         load: str = "cpasync",
         pdl_in: bool = False,
+        page_prefetch: bool = False,
     ):
         self.dtype = dtype
         self.D = head_dim
@@ -61,6 +62,10 @@ class DecodeAttnKernel:
         # pdl_in: launched as a programmatic dependent of the previous kernel on the stream (its CTAs
         # start while that kernel drains; griddepcontrol.wait before the first global read)
         self.pdl_in = pdl_in
+        # page_prefetch (paged cp.async only): each thread reads the block-table entries of its rows one
+        # tile ahead, into registers, so a refill's cp.asyncs wait for no dependent global load (without
+        # it every refill is block-table load -> address -> cp.async)
+        self.page_prefetch = page_prefetch and paged and load == "cpasync"
         self.num_warps = num_threads // 32
         self.warps_m = m_tile // 16
         assert self.num_warps % self.warps_m == 0
@@ -312,6 +317,9 @@ class DecodeAttnKernel:
                 )
                 tma_args = (tma_atom_K, tma_atom_V, tKsK_t, tKgK_t, tVsV_t, tVgV_t, mbar, warp_id)
 
+            pages = None
+            if const_expr(self.page_prefetch):
+                pages = cute.make_rmem_tensor((cute.size(tKsK, mode=[1]),), Int32)
             # prologue: stages-1 tiles in flight
             for s in cutlass.range_constexpr(self.stages - 1):
                 if const_expr(self.load == "tma"):
@@ -321,6 +329,9 @@ class DecodeAttnKernel:
                     if s < n_iter:
                         self._load_tile(*load_args, t_begin + s, s)
                     cute.arch.cp_async_commit_group()
+            if const_expr(self.page_prefetch):
+                if self.stages - 1 < n_iter:
+                    self._fetch_pages(tKVc, kv_head_K, mBT, b, seqlen, t_begin + self.stages - 1, pages)
 
             # ---- consumer views for this warp ----
             sQw = cute.flat_divide(sQ, (16, self.D))[None, None, wm, 0]
@@ -390,8 +401,13 @@ class DecodeAttnKernel:
                     cute.arch.barrier()
                     # refill the slot consumed in iteration i-1
                     if i + self.stages - 1 < n_iter:
-                        self._load_tile(*load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages)
+                        self._load_tile(
+                            *load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages, pages
+                        )
                     cute.arch.cp_async_commit_group()
+                    if const_expr(self.page_prefetch):
+                        if i + self.stages < n_iter:
+                            self._fetch_pages(tKVc, kv_head_K, mBT, b, seqlen, tile + self.stages, pages)
 
                 # ---- S = Q K^T (16 x n_warp) ----
                 acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.n_warp)), Float32)
@@ -533,17 +549,22 @@ class DecodeAttnKernel:
         seqlen: Int32,
         tile: Int32,
         stage: Int32,
+        pages: Optional[cute.Tensor] = None,
     ):
         """cp.async this thread's rows of K/V tile `tile` into ring slot `stage`.
 
         Rows past the length are clamped to the last valid row (masked later); paged rows are looked
-        up in the block table one by one and page ids clamped to [0, num_pages)."""
+        up in the block table one by one and page ids clamped to [0, num_pages), or taken from
+        ``pages`` (filled by :meth:`_fetch_pages` for this tile)."""
         for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
             pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
             if const_expr(self.paged):
                 page_idx = pos // self.page_size
-                page = mBT[b, page_idx]
-                page = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
+                if const_expr(pages is not None):
+                    page = pages[m]
+                else:
+                    page = mBT[b, page_idx]
+                    page = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
                 off = pos - page_idx * self.page_size
                 gKrow = cute.tiled_divide(kv_head_K[page, off, None], (self.vec,))
                 gVrow = cute.tiled_divide(kv_head_V[page, off, None], (self.vec,))
@@ -558,6 +579,24 @@ class DecodeAttnKernel:
                 dV = tVsV[None, m, k, stage]
                 srcV = gVrow[None, c]
                 cute.copy(gmem_tiled_copy, cute.make_tensor(srcV.iterator, dV.layout), dV)
+
+    @cute.jit
+    def _fetch_pages(
+        self,
+        tKVc: cute.Tensor,
+        kv_head_K: cute.Tensor,
+        mBT: cute.Tensor,
+        b: Int32,
+        seqlen: Int32,
+        tile: Int32,
+        pages: cute.Tensor,
+    ):
+        """pages[m] = the clamped page id of this thread's row m of tile `tile` (same clamps as
+        :meth:`_load_tile`).  Issued a tile ahead: the loads complete while the current tile computes."""
+        for m in cutlass.range_constexpr(cute.size(pages)):
+            pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
+            page = mBT[b, pos // self.page_size]
+            pages[m] = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
 
     @cute.jit
     def _tma_load_tile(

@@ -367,6 +367,47 @@ def test_gpu_paged_equals_contiguous(page_size, Sq):
     check_close(out, lse, ro, rl, q.dtype, f"paged {page_size}")
 
 
+@gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_gpu_page_prefetch_bitwise(page_size):
+    """The opt-in block-table prefetch (page ids read one tile ahead) gives the default paged kernel's
+    bits on shuffled pages with ragged lengths and splits 1 / 7 / auto, and out-of-range page ids in
+    the table stay clamped (in bounds) exactly as without it."""
+    lens = [5000, 1, 0, 2049, 63]
+    q, k, v, s = make_inputs(5, 2, 16, 4, 128, lens, Lmax=5120, device="cuda", seed=page_size + 1)
+    kp, vp, bt = to_paged(k, v, page_size, seed=page_size + 1)
+    bad = bt.clone()
+    bad[0, 1] = 10**6
+    bad[3, 0] = -7
+    for table in (bt, bad):
+        for splits in (1, 7, None):
+            base = decode_attn(q, kp, vp, cache_seqlens=s, block_table=table, num_splits=splits, return_lse=True)
+            with DA.override_config(page_prefetch=True):
+                assert DA._plan(q, kp, table, splits, True)[0].page_prefetch
+                got = decode_attn(q, kp, vp, cache_seqlens=s, block_table=table, num_splits=splits,
+                                  return_lse=True)
+            assert torch.equal(base[0], got[0]) and torch.equal(base[1], got[1]), (page_size, splits)
+    with DA.override_config(page_prefetch=True):
+        out, lse, ro, rl = run_and_ref(q, kp, vp, s, bt)
+    check_close(out, lse, ro, rl, q.dtype, f"page_prefetch {page_size}")
+
+
+def test_compiles_page_prefetch():
+    """The prefetching paged kernel compiles for sm_90a without spills or a stack frame."""
+    from cute_kernels import inspect as ins
+
+    with DA.override_config(page_prefetch=True):
+        cfg = DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True)
+    assert cfg.page_prefetch
+    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    k = [k for k in rep.kernels if "Decode" in k.name][0]
+    assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
+    if rep.sass is not None:
+        assert k.instructions["LDGSTS"] > 0 and k.instructions["HMMA"] > 0, rep.summary()
+    with DA.override_config(page_prefetch=True):  # contiguous caches ignore it
+        assert not DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).page_prefetch
+
+
 MERGE_MODES = ["kernel", "pdl", "fused"]
 
 
