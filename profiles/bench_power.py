@@ -8,6 +8,11 @@ tells the two apart: each implementation runs back to back for ``--seconds`` (no
 training step) while ``nvidia-smi`` samples SM clock, power and temperature every 50 ms.
 
     python3 profiles/bench_power.py [--seconds 3] [--shapes 8192x8192x8192,4096x4096x4096] [--out DIR]
+        [--configs 128x256:1x1:4m,128x256:2x1:4m]   # + our kernel at explicit tile:cluster:raster
+
+``--configs`` adds our kernel at explicit configs (``[pp]TMxTN:CMxCN:<swizzle><m|n>``), e.g. to see
+whether a 2x1 multicast cluster (half the B traffic from L2) costs less power than the default 1x1
+on 8192^3 (the session-1 tuner's short timing preferred 1x1; sustained load was never compared).
 
 Per (shape, implementation): TFLOP/s over the window, median SM clock (MHz), mean power (W),
 TFLOP/s per kW, and TFLOP/s per GHz (issue efficiency at equal clock).  Implementations run in
@@ -52,11 +57,26 @@ def parse(lines):
     return out
 
 
+def explicit_config(spec):
+    """``[pp]TMxTN:CMxCN:<swizzle><m|n>`` -> gemm(a, b) at that tile, cluster and raster."""
+    from cute_kernels import tune
+    from cute_kernels.gemm_host import _gemm_impl
+
+    tile, cluster, raster = spec.split(":")
+    pp = tile.startswith("pp")
+    tile_m, tile_n = (int(x) for x in tile.removeprefix("pp").split("x"))
+    cl = tuple(int(x) for x in cluster.split("x"))
+    sw, along_m = int(raster[:-1]), raster[-1] == "m"
+    tiles = tune._tiles(tile_n, cl, "bfloat16", "k", "mn", "bfloat16", tile_m, pp)  # row-major A and B
+    return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, tiles, (sw, along_m))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--shapes", default="8192x8192x8192,4096x4096x4096,16384x4096x4096")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--configs", default="128x256:2x1:4m,128x256:2x1:1m")
     args = ap.parse_args()
 
     import cute_kernels
@@ -69,6 +89,8 @@ def main():
     except Exception as e:  # noqa: BLE001
         print("quack unavailable:", e)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    for spec in filter(None, args.configs.split(",")):
+        impls[f"ck {spec}"] = explicit_config(spec)
     proc = sampler()
     windows = []  # (shape, impl, t0, t1, calls)
     names = list(impls)
