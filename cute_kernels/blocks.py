@@ -16,6 +16,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 MBARRIER_BYTES_RESERVED = 1024  # barriers + alignment slack kept out of the stage budget
 
+#: L2 cache-policy descriptor for TMA loads of data read exactly once (CUTLASS's
+#: ``CacheHintSm90::EVICT_FIRST``, the encoding ``createpolicy.fractional.L2::evict_first`` yields):
+#: those lines become the first eviction candidates, so a streamed operand (split-K's B, the decode
+#: KV cache) recycles its own L2 lines instead of evicting lines other kernels wrote and will read
+#: (or that still need writing back).  Opt-in until measured (profiles/bench_l2hint.py).
+L2_EVICT_FIRST = 0x12F0000000000000
+
 
 def stage_count(smem_capacity: int, bytes_per_stage: int, fixed_bytes: int, max_stages: int = 8) -> int:
     """Pure Python: how many operand stages fit next to ``fixed_bytes`` (epilogue buffers etc.)."""
@@ -147,10 +154,11 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
 @cute.jit
 def tma_produce_k_tiles(ab_pipe, state, tma_a: cute.CopyAtom, tAgA: cute.Tensor, tAsA: cute.Tensor,
                         tma_b: cute.CopyAtom, tBgB: cute.Tensor, tBsB: cute.Tensor, k_begin, k_count,
-                        a_mask=None, b_mask=None):
+                        a_mask=None, b_mask=None, b_policy=None):
     """The producer warp's side of the ring for one output tile: k-tiles ``k_begin .. k_begin+k_count``
     of A and B (``tAgA``/``tBgB`` already sliced to the tile: (TMA, k)) into the next stages, both
-    copies signalling the stage's full barrier.  Multicast masks only for multicast TMA atoms.
+    copies signalling the stage's full barrier.  Multicast masks only for multicast TMA atoms;
+    ``b_policy`` (a Python int such as :data:`L2_EVICT_FIRST`, or None): L2 cache hint of B's loads.
     Returns the advanced producer state (rebind it, as for :func:`wgmma_mainloop`)."""
     for i in range(k_count):
         ab_pipe.producer_acquire(state)
@@ -159,9 +167,13 @@ def tma_produce_k_tiles(ab_pipe, state, tma_a: cute.CopyAtom, tAgA: cute.Tensor,
             cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar)
         else:
             cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
-        if cutlass.const_expr(b_mask is None):
+        if cutlass.const_expr(b_mask is None and b_policy is None):
             cute.copy(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+        elif cutlass.const_expr(b_mask is None):
+            cute.copy(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                      cache_policy=cutlass.Int64(b_policy))
         else:
+            assert b_policy is None, "b_policy with multicast B: not needed yet"
             cute.copy(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
         ab_pipe.producer_commit(state)
         state.advance()

@@ -72,6 +72,7 @@ class DecodeConfig:
     load: str = "cpasync"  # "cpasync" | "tma" (contiguous caches only)
     pdl_in: bool = True  # launched as a programmatic dependent of the previous kernel
     page_prefetch: bool = False  # paged: block-table entries read one tile ahead (not yet measured)
+    kv_evict_first: bool = False  # load="tma": K/V loads hinted L2 evict-first (not yet measured)
 
 
 #: The TMA K/V load variant (``load="tma"``, via :func:`override_config`): it hung in session 2 (TMA
@@ -127,7 +128,7 @@ def _decode_builder(cfg: DecodeConfig):
         k = DecodeAttnKernel(
             dt, D, cfg.m_tile, cfg.n_tile, cfg.stages, cfg.num_threads, cfg.paged, cfg.page_size,
             cfg.causal, cfg.split, cfg.q_in_regs, cfg.min_blocks_per_mp, cfg.merge_mode,
-            cfg.load, cfg.pdl_in, cfg.page_prefetch,
+            cfg.load, cfg.pdl_in, cfg.page_prefetch, cfg.kv_evict_first,
         )
         return k, (
             mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, mCnt, Float32(1.0),
@@ -223,7 +224,7 @@ def make_config(
         # programmatic dependent launch on both kernels: the decode kernel's prologue overlaps the
         # previous kernel's tail and the merge's launch overlaps the decode tail (session 3 run 3:
         # +2-3% on b1/b8, within noise on the long shapes; both wait before reading their inputs)
-        merge_mode="pdl", load="cpasync", pdl_in=True, page_prefetch=False,
+        merge_mode="pdl", load="cpasync", pdl_in=True, page_prefetch=False, kv_evict_first=False,
     )
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)
@@ -249,6 +250,7 @@ def make_config(
         load=kw["load"] if not paged else "cpasync",  # TMA: contiguous caches only
         pdl_in=bool(kw["pdl_in"]),
         page_prefetch=bool(kw["page_prefetch"]) and paged,
+        kv_evict_first=bool(kw["kv_evict_first"]) and kw["load"] == "tma" and not paged,
     )
 
 

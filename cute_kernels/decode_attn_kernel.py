@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .blocks import L2_EVICT_FIRST
 from .merge import LN_2, MergeStatesKernel
 
 import cutlass  # noqa: E402
@@ -33,6 +34,7 @@ class DecodeAttnKernel:
         load: str = "cpasync",
         pdl_in: bool = False,
         page_prefetch: bool = False,
+        kv_evict_first: bool = False,
     ):
         self.dtype = dtype
         self.D = head_dim
@@ -66,6 +68,9 @@ class DecodeAttnKernel:
         # tile ahead, into registers, so a refill's cp.asyncs wait for no dependent global load (without
         # it every refill is block-table load -> address -> cp.async)
         self.page_prefetch = page_prefetch and paged and load == "cpasync"
+        # kv_evict_first (TMA loads only; cp.async has no L2 hint in the DSL): K/V are read once, so
+        # their TMA loads carry the L2 evict-first policy (blocks.L2_EVICT_FIRST)
+        self.kv_evict_first = kv_evict_first and load == "tma"
         self.num_warps = num_threads // 32
         self.warps_m = m_tile // 16
         assert self.num_warps % self.warps_m == 0
@@ -623,8 +628,13 @@ class DecodeAttnKernel:
             nbytes = 2 * self.n_tile * self.D * (self.dtype.width // 8)
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, nbytes)
-            cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage)
-            cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage)
+            if const_expr(self.kv_evict_first):
+                policy = cutlass.Int64(L2_EVICT_FIRST)
+                cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage, cache_policy=policy)
+                cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage, cache_policy=policy)
+            else:
+                cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage)
+                cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage)
 
     @staticmethod
     def _mn_view(t: cute.Tensor) -> cute.Tensor:

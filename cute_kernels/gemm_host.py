@@ -268,6 +268,10 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: (GemmSm90SplitKFixup, splitk_fixup_choice).  All deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
+#: Split-K B loads with the L2 evict-first hint (blocks.L2_EVICT_FIRST): in a split-K shape B is read
+#: once, so its lines should not displace anything.  Opt-in (env CUTE_KERNELS_SPLITK_B_EVICT_FIRST=1)
+#: until profiles/bench_l2hint.py has measured it, with the do_bench and a realistic timer.
+SPLITK_B_EVICT_FIRST = os.environ.get("CUTE_KERNELS_SPLITK_B_EVICT_FIRST", "0") not in ("0", "")
 #: Cluster split-K tile width (64, 128, 192 or 256); None: the measured default (128).  Env
 #: CUTE_KERNELS_SPLITK_TILE_N pins it for a process; sweeps set the attribute.
 FORCE_SPLITK_TILE_N: int | None = int(os.environ["CUTE_KERNELS_SPLITK_TILE_N"]) if os.environ.get(
@@ -509,7 +513,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
 
         probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
         scfg = SplitKClusterConfig(tiles=splitk_tiles(splitk_tile_n(m, n), ab, am, bm, d_name),
-                                   splits=p.splits, a_rank=2, has_c=p.has_c, vec_store=splitk_vec_store_ok(probe))
+                                   splits=p.splits, a_rank=2, has_c=p.has_c, vec_store=splitk_vec_store_ok(probe),
+                                   b_evict_first=SPLITK_B_EVICT_FIRST)
         p.fn = compiled_splitk_cluster(scfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
         return p
@@ -517,7 +522,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         from .gemm_splitk_kernel import SplitKFixupConfig, fixup_workspace_numel
 
         tn = splitk_fixup_choice(m, n, k)[0]
-        fcfg = SplitKFixupConfig(tiles=splitk_tiles(tn, ab, am, bm, d_name), splits=p.splits, a_rank=2, has_c=p.has_c)
+        fcfg = SplitKFixupConfig(tiles=splitk_tiles(tn, ab, am, bm, d_name), splits=p.splits, a_rank=2, has_c=p.has_c,
+                                 b_evict_first=SPLITK_B_EVICT_FIRST)
         fn = compiled_splitk_fixup(fcfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
         p.fn = SplitKFixupLauncher(fn, *fixup_workspace_numel(m, n, tn, p.splits))
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides

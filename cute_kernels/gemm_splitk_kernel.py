@@ -134,7 +134,8 @@ class _SplitKBase:
         """Warp 0 of the producer warpgroup: this CTA's K range of the tile, then the ring's tail."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.tiles.ab_stages)
         state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, l_idx)], tAsA,
-                                           tma_b, tBgB[(None, n_idx, None, l_idx)], tBsB, k_begin, k_count)
+                                           tma_b, tBgB[(None, n_idx, None, l_idx)], tBsB, k_begin, k_count,
+                                           b_policy=blocks.L2_EVICT_FIRST if self.cfg.b_evict_first else None)
         ab_pipe.producer_tail(state)
 
     @cute.jit
@@ -162,6 +163,7 @@ class SplitKClusterConfig:
     a_rank: int = 2
     has_c: bool = False
     vec_store: bool = False  # D row-major, rows 16-byte aligned (see module doc)
+    b_evict_first: bool = False  # B's TMA loads hinted L2 evict-first (B is read once: skinny M)
 
 
 class GemmSm90SplitKCluster(_SplitKBase):
@@ -309,6 +311,7 @@ class SplitKFixupConfig:
     splits: int = 4  # CTAs per output tile = K slices (2..8)
     a_rank: int = 2
     has_c: bool = False
+    b_evict_first: bool = False  # as SplitKClusterConfig.b_evict_first
 
 
 class GemmSm90SplitKFixup(_SplitKBase):

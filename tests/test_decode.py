@@ -655,6 +655,7 @@ VARIANTS = {  # the default is cp.async loads with PDL on both kernels
     "tma": dict(load="tma"),
     "no_pdl": dict(pdl_in=False, merge_mode="kernel"),
     "tma_no_pdl": dict(load="tma", pdl_in=False, merge_mode="kernel"),
+    "tma_evict_first": dict(load="tma", kv_evict_first=True),
 }
 
 
@@ -714,6 +715,32 @@ def _check_expect_tx(ptx, cfg):
             n += "cp.async.bulk.tensor" in ln
         assert n == 2 * cfg.head_dim // 64, (i, n)
         assert nbytes == n * box == 2 * cfg.n_tile * cfg.head_dim * el, (i, nbytes, n, box)
+
+
+def test_kv_evict_first_compiles():
+    """The opt-in L2 evict-first hint on the TMA K/V loads: every bulk tensor load carries CUTLASS's
+    EVICT_FIRST policy (without it the DSL passes policy 0); cp.async and paged configs ignore it."""
+    import re
+
+    from cute_kernels import blocks
+    from cute_kernels import inspect as ins
+
+    with DA.override_config(load="tma", kv_evict_first=True):
+        cfg = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True)
+        assert not DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).kv_evict_first
+    with DA.override_config(kv_evict_first=True):
+        assert not DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).kv_evict_first
+    assert cfg.kv_evict_first
+    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    k = [k for k in rep.kernels if "Decode" in k.name][0]
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    if rep.ptx is None:
+        pytest.skip("no PTX in the report")
+    regs = re.findall(r"cp\.async\.bulk\.tensor\.\S+L2::cache_hint \[[^\]]*\], \[[^\]]*\], \[[^\]]*\], (%rd\d+);",
+                      rep.ptx)
+    assert len(regs) == 2 * cfg.head_dim // 64 * 3  # K + V boxes, prologue + loop copies of the issue
+    vals = {int(re.findall(r"mov\.[bu]64\s+%s,\s*(\d+);" % re.escape(r), rep.ptx)[0]) for r in regs}
+    assert vals == {blocks.L2_EVICT_FIRST}
 
 
 def test_tma_falls_back_for_paged():
