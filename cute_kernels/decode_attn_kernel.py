@@ -241,7 +241,6 @@ class DecodeAttnKernel:
         # ---- this CTA's range of KV tiles (lengths on the device, clamped to the capacity) ----
         if const_expr(self.paged):
             cap = mBT.shape[1] * self.page_size
-            num_pages = mK.shape[0]
         else:
             cap = mK.shape[1]
         seqlen = cutlass.min(cutlass.max(mSeqlens[b], 0), cap)
