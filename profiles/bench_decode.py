@@ -40,6 +40,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "profiles"))
+
+from timing import rotated  # noqa: E402
 
 import importlib  # noqa: E402
 
@@ -239,8 +242,8 @@ def run_shapes(args, bench):
             for n, (fn, get) in impls.items():
                 errs[n] = (get().float() - ref).abs().max().item()
         times = {n: [] for n in impls}
-        for _ in range(args.repeats):
-            for n, (fn, _) in impls.items():
+        for r in range(args.repeats):
+            for n, (fn, _) in rotated(impls.items(), r):
                 times[n].append(bench(fn))
         row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "L": L, "D": D, "kv_bytes": kv_bytes, "impls": {}}
         for n, ts in times.items():
@@ -557,8 +560,8 @@ def run_variants(args, bench):
         except Exception as e:
             print(f"  cudnn unavailable: {e}", flush=True)
         times = {lab: [] for lab in impls}
-        for _ in range(rounds if not args.quick else 1):
-            for lab, (fn, _, _) in impls.items():
+        for r in range(rounds if not args.quick else 1):
+            for lab, (fn, _, _) in rotated(impls.items(), r):
                 times[lab].append(bench(fn))
         extra = {}
         if "L32768" in name or "L8192" in name:

@@ -93,11 +93,13 @@ def main():
                 print(f"{shape} {name}: {errors[(shape, name)]}", flush=True)
         del ref
 
+    from timing import rotated
+
     times = {}  # (shape, impl) -> [ms per round]
     for r in range(repeats):
         for shape in shapes:
             a, b = data[shape]
-            for name, fn in impls.items():
+            for name, fn in rotated(impls.items(), r):
                 if (shape, name) in errors:
                     continue
                 ms = do_bench(lambda: fn(a, b), warmup=25, rep=100, return_mode="median")

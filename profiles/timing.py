@@ -50,3 +50,12 @@ def bench_clean(fn, n: int = 30) -> float:
                      torch.empty(1, dtype=torch.float32, device="cuda"))
     buf, sink = _BUF[dev]
     return bench_events(fn, lambda: torch.sum(buf, dim=0, out=sink), n)
+
+
+def rotated(items, r: int) -> list:
+    """``items`` rotated left by ``r``: round r of an interleaved benchmark times the implementations
+    in this order, so none always runs first (coolest, right after another shape) or right after the
+    same competitor (whose heat it inherits).  Before session 3 the order was fixed (cuBLAS first)."""
+    items = list(items)
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
