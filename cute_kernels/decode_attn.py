@@ -179,8 +179,11 @@ _CONFIG_OVERRIDE: dict | None = None
 
 
 class override_config:
-    """Context manager forcing tile parameters (keys of DecodeConfig: n_tile, stages, num_threads,
-    min_blocks_per_mp) for tuning runs."""
+    """Context manager forcing DecodeConfig fields for benchmarks, tuning and tests: tiles (n_tile,
+    stages, num_threads, min_blocks_per_mp) and variants - ``merge_mode`` ("kernel" / "pdl" / "fused"),
+    ``pdl_in``, ``load="tma"`` (contiguous caches), ``kv_evict_first`` (TMA only: L2 evict-first K/V
+    loads), ``page_prefetch`` (paged: block-table entries one tile ahead).  Process-global, not
+    thread-safe; plans made under it are cached under its keys."""
 
     def __init__(self, **kw):
         self.kw = kw
