@@ -585,6 +585,10 @@ def test_default_raster_rule():
     assert t.cluster_mn == (1, 1)
     t = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert t.cluster_mn == (2, 1)
+    # 2x1 whenever the M tiles pair up, small problems included (session 3 run 5/6: 1000x3000x520)
+    assert G.default_tiles(1000, 3000, 520, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (2, 1)
+    assert G.default_tiles(4097, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (1, 1)
+    assert G.default_tiles(200, 136, 72, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (2, 1)
 
 
 @pytest.mark.gpu
