@@ -218,6 +218,12 @@ def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
         from .gemm_cpasync_kernel import GemmSm90CpAsync
 
         return GemmSm90CpAsync(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0), stream)
+    if cfg.splits > 1:  # split-K in the persistent schedule: + fp32 workspace and int32 counters
+        from .gemm_kernel import GemmSm90SplitK
+
+        ws = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
+        cnt = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+        return GemmSm90SplitK(cfg), (a, b, d, c, ws, cnt, cutlass.Float32(1.0), cutlass.Float32(0.0), stream)
     return GemmSm90(cfg), (a, b, d, c, cutlass.Float32(1.0), cutlass.Float32(0.0), stream)
 
 
@@ -265,7 +271,9 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: "cluster": K slices on the CTAs of one cluster, reduced through DSMEM (gemm_splitk_kernel.py);
 #: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel; "fixup": S CTAs per
 #: tile (no cluster), the last one to finish sums the fp32 partials from a cached workspace
-#: (GemmSm90SplitKFixup, splitk_fixup_choice).  All deterministic.
+#: (GemmSm90SplitKFixup, splitk_fixup_choice); "persistent": the same fixup inside the persistent
+#: kernel's schedule (GemmSm90SplitK: 2x1 multicast clusters, TMA-store epilogue; not yet measured).
+#: All deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
 #: Split-K B loads with the L2 evict-first hint (blocks.L2_EVICT_FIRST): in a split-K shape B is read
@@ -315,7 +323,7 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
         # 19.4 us, pairs of 128-wide 20.6, no split 22.0 (64-wide) / 26.7 (128-wide), clusters of 4
         # 26.5-32.2, of 8 44.4: clusters of 4-8 CTAs schedule worse than pairs, so only pairs are used.
         return 2 if k_tiles >= 16 and n_tiles * 2 <= sms else 1
-    if mode == "fixup":
+    if mode in ("fixup", "persistent"):
         return splitk_fixup_choice(m, n, k)[1]
     for s in range(2, 17):
         if k % (tk * s) == 0 and k // s >= 8 * tk and n_tiles * s <= sms:
@@ -528,6 +536,19 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         p.fn = SplitKFixupLauncher(fn, *fixup_workspace_numel(m, n, tn, p.splits))
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
         return p
+    if p.splits > 1 and SPLITK_MODE == "persistent" and a.dim() == 2:
+        probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
+        if _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe:
+            tn = splitk_fixup_choice(m, n, k)[0]
+            cl = (2, 1) if math.ceil(m / 128) % 2 == 0 else (1, 1)
+            cfg = GemmConfig(tiles=make_gemm_tiles(tn, cl, ab, am, bm, d_name), a_rank=2, has_c=p.has_c,
+                             tma_store=_tma_ok(probe, "row"), max_active_clusters=current_arch().sm_count // cl[0],
+                             splits=p.splits)
+            fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
+            n_tiles = math.ceil(m / 128) * math.ceil(n / tn)
+            p.fn = SplitKFixupLauncher(fn, n_tiles * p.splits * 128 * tn, n_tiles)
+            p.splits, p.d_fix = 1, None
+            return p
     if p.splits > 1:
         # partials: a batched GEMM over K slices into an fp32 (S, M, N) workspace, then one reduce
         tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, "float32")

@@ -20,12 +20,20 @@ Two consumer schemes (``GemmTiles.pingpong``):
     tensor cores from one warpgroup to the other after each mainloop, so one warpgroup's epilogue runs
     while the other's wgmmas do.  See :meth:`GemmSm90.consumer_pingpong` for the barrier protocol.
 
+Split-K inside the persistent schedule (``GemmConfig.splits`` = S > 1, cooperative only,
+:class:`GemmSm90SplitK`): the scheduler walks (M tiles, N tiles, L x S) work units; unit (m, n, l*S+s)
+streams k-tiles [s*ceil(K/S), ...) of tile (m, n, l), so the CTAs of a cluster share their k-range and
+keep the 2x1 multicast.  Each unit publishes its fp32 partial to a workspace and counts it
+(:func:`blocks.publish_partial`); the unit that counts last sums the S partials in slice order
+(bitwise deterministic) and runs the normal epilogue.  Nobody waits for anybody.
+
 The tiling (CTA tile, MMA, smem layouts, epilogue tile) comes only from :mod:`layouts.tiles`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -57,6 +65,8 @@ class GemmConfig:
     mainloop: str = "tma"
     vec_a: int = 16
     vec_b: int = 16
+    # K slices per output tile inside the persistent schedule (GemmSm90SplitK; 1: no split)
+    splits: int = 1
 
     @property
     def a_major(self):
@@ -106,11 +116,19 @@ class GemmSm90:
         self.ab_dtype = T.dtype(t.mma.ab_dtype)
         self.acc_dtype = T.dtype(t.mma.acc_dtype)
         self.c_dtype = T.dtype(t.c_dtype)
+        self.splits = cfg.splits
+        if self.splits > 1 and (self.pingpong or cfg.mainloop != "tma"):
+            raise ValueError("GemmConfig.splits > 1: cooperative TMA kernel only")
 
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
                  alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
+        self.launch(a, b, d, c, None, None, alpha, beta, stream)
+
+    def launch(self, a, b, d, c, ws, cnt, alpha, beta, stream):
+        """Host side of the jit (traced inside ``__call__``): TMA atoms, schedule, shared storage, launch.
+        ``ws`` / ``cnt``: the split-K workspace and counters (None without split)."""
         cfg = self.cfg
         t = cfg.tiles
         mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, sD_layout = blocks.gemm_host_setup(t, a, b, d, c, cfg.a_rank)
@@ -124,7 +142,7 @@ class GemmSm90:
         self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_d, tma_mD, mD, mC, alpha, beta,
-            tiled_mma, sA_layout, sB_layout, sD_layout, sched_params,
+            tiled_mma, sA_layout, sB_layout, sD_layout, sched_params, ws, cnt,
         ).launch(
             grid=grid,
             block=[self.threads, 1, 1],
@@ -137,6 +155,8 @@ class GemmSm90:
         """Persistent tile-scheduler parameters and grid for D's output tiles (host side of the jit)."""
         m_t, n_t, _ = self.tile_mnk
         num_tiles = cute.ceil_div(cute.shape(mD), (m_t, n_t, 1))
+        if cutlass.const_expr(self.splits > 1):  # work units (m, n, l * S + s)
+            num_tiles = (num_tiles[0], num_tiles[1], num_tiles[2] * self.splits)
         return blocks.persistent_scheduler_params(
             num_tiles, self.cluster_mn, self.cfg.raster_swizzle, self.cfg.raster_along_m,
             self.cfg.max_active_clusters,
@@ -147,6 +167,17 @@ class GemmSm90:
         """Barriers of the A/B ring, the A/B stages and the epilogue buffers, 1024-byte aligned
         (the 128-byte swizzle repeats every 1024 bytes)."""
         stages = self.cfg.tiles.ab_stages
+
+        if cutlass.const_expr(self.splits > 1):
+            @cute.struct
+            class SharedStorageSplit:
+                ab_barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                flag: cute.struct.MemRange[cutlass.Int32, 4]  # the split-K counter's old value
+                sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+                sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(sD_layout)], 1024]
+
+            return SharedStorageSplit
 
         @cute.struct
         class SharedStorage:
@@ -163,7 +194,8 @@ class GemmSm90:
                tma_d: cute.CopyAtom, mD_tma: cute.Tensor, mD: cute.Tensor, mC: cute.Tensor,
                alpha: cutlass.Float32, beta: cutlass.Float32, tiled_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-               sD_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams):
+               sD_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams,
+               mWs: Optional[cute.Tensor] = None, mCnt: Optional[cute.Tensor] = None):
         cfg = self.cfg
         t = cfg.tiles
         tidx, _, _ = cute.arch.thread_idx()
@@ -226,10 +258,11 @@ class GemmSm90:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.ab_stages)
                 while work.is_valid_tile:
                     tile = work.tile_idx
-                    tAgA_t = tAgA[(None, tile[0], None, tile[2])]
-                    tBgB_t = tBgB[(None, tile[1], None, tile[2])]
+                    l_idx, k_begin, k_count = self.k_range(tile[2], k_tiles)
+                    tAgA_t = tAgA[(None, tile[0], None, l_idx)]
+                    tBgB_t = tBgB[(None, tile[1], None, l_idx)]
                     state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA_t, tAsA, tma_b, tBgB_t, tBsB,
-                                                       0, k_tiles, a_mask, b_mask)
+                                                       k_begin, k_count, a_mask, b_mask)
                     sched.advance_to_next_work()
                     work = sched.get_current_work()
                 ab_pipe.producer_tail(state)
@@ -240,14 +273,30 @@ class GemmSm90:
                 self.consumer_pingpong(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma,
                                        mD, mC, alpha, beta, tidx, warp_idx)
             else:
+                sFlag = None
+                if cutlass.const_expr(self.splits > 1):
+                    sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
                 self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
-                              alpha, beta, tidx, warp_idx)
+                              alpha, beta, tidx, warp_idx, mWs, mCnt, sFlag)
+
+    @cute.jit
+    def k_range(self, l_unit, k_tiles):
+        """(batch index, first k-tile, k-tile count) of a work unit's third coordinate: the batch itself
+        without split; ``l * S + s`` -> slice s of ceil(K/S) k-tiles (the last may be short or empty)."""
+        if cutlass.const_expr(self.splits > 1):
+            S = self.splits
+            l_idx = l_unit // S
+            k_per = (k_tiles + S - 1) // S
+            k_begin = (l_unit - l_idx * S) * k_per
+            return l_idx, k_begin, cutlass.max(cutlass.min(k_per, k_tiles - k_begin), 0)
+        return l_unit, 0, k_tiles
 
     @cute.jit
     def consumer(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
                  ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
                  mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
-                 tidx, warp_idx):
+                 tidx, warp_idx, mWs: Optional[cute.Tensor] = None, mCnt: Optional[cute.Tensor] = None,
+                 sFlag: Optional[cute.Tensor] = None):
         """Cooperative consumers: both warpgroups on every tile (64 or 2 x 64 rows each), then its
         epilogue.  The epilogue sub-tile spans the tiled MMA's 128 rows, so a 256-row tile's sub-tiles
         run M-block-major (the accumulators' order: ``acc`` is (frag, M-blocks, N-blocks))."""
@@ -268,14 +317,24 @@ class GemmSm90:
         work = sched.initial_work_tile_info()
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
+        ws = None
+        if cutlass.const_expr(self.splits > 1):
+            ws = blocks.partial_workspace(mWs, self.num_mma_threads, cute.size(acc), m_t * n_t)
         while work.is_valid_tile:
             tile = work.tile_idx
+            l_idx, _, k_count = self.k_range(tile[2], k_tiles)
             # ---- mainloop: keep one wgmma group in flight, release the stage it no longer reads
             acc.fill(0.0)
-            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles)
-            self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
-                          self.epi_store_warp, 0, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
-                          warp_idx)
+            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
+            if cutlass.const_expr(self.splits > 1):
+                if self.reduce_partials(acc, ws, tile, l_idx, mD, mCnt, sFlag, mma_tidx):
+                    self.epilogue(acc, (tile[0], tile[1], l_idx), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
+                                  self.epi_store_warp, 0, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha,
+                                  beta, warp_idx)
+            else:
+                self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
+                              self.epi_store_warp, 0, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
+                              warp_idx)
             sched.advance_to_next_work()
             work = sched.get_current_work()
         if cutlass.const_expr(cfg.tma_store):
@@ -353,6 +412,35 @@ class GemmSm90:
             work = sched.get_current_work()
         if cutlass.const_expr(cfg.tma_store):
             store_pipe.producer_tail()
+
+    @cute.jit
+    def reduce_partials(self, acc: cute.Tensor, ws: cute.Tensor, tile, l_idx, mD: cute.Tensor, mCnt: cute.Tensor,
+                        sFlag: cute.Tensor, mma_tidx):
+        """Split-K: publish this unit's partial (slot tile_id * S + s) and count it; in the unit that
+        counted last, replace ``acc`` by the sum of the S partials in slice order 0..S-1 (its own read
+        back from the workspace too: the same code and order whoever is last, so the bits do not depend
+        on completion order).  Returns whether this unit is the last (it then runs the epilogue).
+
+        The ranks are summed in a dynamic loop: unrolled, the compiler hoists S x (acc size) loads and
+        spills; one rank at a time keeps a chunk's loads next to its adds."""
+        m_t, n_t, _ = self.tile_mnk
+        S = self.splits
+        V = blocks.PARTIAL_VEC
+        m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
+        n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
+        tile_id = (l_idx * n_tiles + tile[1]) * m_tiles + tile[0]
+        slot0 = tile_id * S
+        last = blocks.publish_partial(acc, ws, mma_tidx, slot0 + tile[2] - l_idx * S, mCnt, tile_id, sFlag,
+                                      self.EPI_BARRIER, self.num_mma_threads, S)
+        if last:
+            acc.fill(0.0)
+            for q in cutlass.range(S, unroll=1):  # fixed slice order: bitwise reproducible
+                for j in cutlass.range_constexpr(cute.size(acc) // V):
+                    part = cute.make_rmem_tensor((V,), cutlass.Float32)
+                    cute.autovec_copy(ws[(None, mma_tidx, j, slot0 + q)], part)
+                    for e in cutlass.range_constexpr(V):
+                        acc[j * V + e] = acc[j * V + e] + part[e]
+        return last
 
     # ---------------------------------------------------------------- epilogue pieces
     @cute.jit
@@ -451,3 +539,14 @@ class GemmSm90:
             for i in cutlass.range_constexpr(cute.size(acc)):
                 if cute.elem_less(tCcD[i], mD.shape):
                     tCgD[i] = acc[i].to(self.c_dtype)
+
+
+class GemmSm90SplitK(GemmSm90):
+    """:class:`GemmSm90` with ``GemmConfig.splits`` > 1: split-K inside the persistent schedule (see the
+    module doc).  The host entry adds the fp32 workspace (``tiles x S`` partial tiles) and the int32
+    counters (one per output tile, zero before the first launch; the kernel leaves them at zero)."""
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
+                 cnt: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
+        self.launch(a, b, d, c, ws, cnt, alpha, beta, stream)

@@ -296,7 +296,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
 FIXUP_TILE_NS = (128, 256)
 FIXUP_SPLITS = (2, 3, 4, 5, 6, 7, 8)
 FIXUP_LOADS_IN_FLIGHT = 16  # 16-byte partial loads per thread per group in the last CTA's sum
-FIXUP_VEC = 4  # fp32 per partial-tile chunk: one 16-byte store / load per thread and chunk
+FIXUP_VEC = blocks.PARTIAL_VEC  # fp32 per partial-tile chunk: one 16-byte store / load per thread and chunk
 
 
 def fixup_workspace_numel(m: int, n: int, tile_n: int, splits: int, l: int = 1) -> tuple[int, int]:
@@ -388,26 +388,9 @@ class GemmSm90SplitKFixup(_SplitKBase):
 
             V = FIXUP_VEC
             chunks = cute.size(acc) // V
-            # ws[slot][chunk][thread][V], slot = tile_id * S + rank
-            ws = cute.make_tensor(mWs.iterator, cute.make_layout((V, nthr, chunks, cute.size(mWs) // (m_t * n_t)),
-                                                                 stride=(1, V, V * nthr, m_t * n_t)))
+            ws = blocks.partial_workspace(mWs, nthr, cute.size(acc), m_t * n_t)  # slot = tile_id * S + rank
             slot0 = tile_id * S
-            for j in cutlass.range_constexpr(chunks):
-                part = cute.make_rmem_tensor((V,), cutlass.Float32)
-                for e in cutlass.range_constexpr(V):
-                    part[e] = acc[j * V + e]
-                cute.autovec_copy(part, ws[(None, mma_tidx, j, slot0 + rank)])
-            # publish the partial, then count it
-            cute.arch.fence_acq_rel_gpu()
-            pipeline.NamedBarrier(barrier_id=1, num_threads=nthr).arrive_and_wait()
-            if mma_tidx == 0:
-                old = cute.arch.atomic_add(mCnt.iterator + tile_id, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-                sFlag[0] = old
-            pipeline.NamedBarrier(barrier_id=1, num_threads=nthr).arrive_and_wait()
-            if sFlag[0] == S - 1:
-                cute.arch.fence_acq_rel_gpu()
-                if mma_tidx == 0:
-                    mCnt[tile_id] = 0  # every split has counted: ready for the next launch / graph replay
+            if blocks.publish_partial(acc, ws, mma_tidx, slot0 + rank, mCnt, tile_id, sFlag, 1, nthr, S):
                 # groups of G chunks: G x S 16-byte loads in flight per thread (the D stores between
                 # groups keep the compiler from hoisting more loads, which would spill), summed in rank
                 # order into acc (whose own value is in the workspace already), then stored

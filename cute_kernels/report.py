@@ -45,6 +45,10 @@ def representative_builders() -> list[tuple[str, Callable]]:
     ]:
         out.append((label, lambda cfg=cfg: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16")))
 
+    pcfg = GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), splits=4,
+                      max_active_clusters=66)
+    out.append(("gemm split-K 128x256 S=4 in the persistent schedule, 2x1 multicast (CUTE_KERNELS_SPLITK=persistent)",
+                lambda: G._fake_args(pcfg, "bfloat16", "bfloat16", "bfloat16")))
     from .gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
 
     scfg = SplitKClusterConfig(tiles=G.splitk_tiles(64, "bfloat16", "k", "mn", "bfloat16"), splits=2, vec_store=True)

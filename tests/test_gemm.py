@@ -435,6 +435,41 @@ def test_splitk_fixup_compiles(tn, s, has_c):
     assert rep.ptx.count("fence.acq_rel.gpu") >= 2 and "atom.global.acq_rel.add" in rep.ptx
 
 
+@pytest.mark.parametrize("tn,s,has_c,cl", [(256, 4, False, (2, 1)), (256, 8, False, (1, 1)), (128, 2, True, (2, 1)),
+                                          (128, 8, True, (1, 1))], ids=str)
+def test_splitk_persistent_compiles(tn, s, has_c, cl):
+    """Split-K inside the persistent schedule (GemmConfig.splits): sm_90a build with no local memory,
+    the counter protocol (gpu-scope fences, acq_rel atomic), 16-byte partial stores/loads, and the
+    TMA-store epilogue; the unsplit configs' SASS is unchanged (checked by hand, session 3)."""
+    from cute_kernels import inspect as ins
+    from cute_kernels.gemm_kernel import GemmConfig
+
+    cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16"), has_c=has_c, splits=s,
+                     max_active_clusters=132 // cl[0])
+    rep = ins.inspect_builder(lambda: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16"))
+    (k,) = rep.kernels
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    if rep.sass is not None:
+        assert f"HGMMA.64x{tn}x16" in rep.sass and "UTMASTG" in rep.sass
+        assert "STG.E.128" in rep.sass and "LDG.E.128" in rep.sass and "ATOMG.E.ADD" in rep.sass
+    if rep.ptx is not None:
+        assert rep.ptx.count("fence.acq_rel.gpu") >= 2 and "atom.global.acq_rel.add" in rep.ptx
+
+
+def test_splitk_persistent_plan(monkeypatch):
+    """CUTE_KERNELS_SPLITK=persistent: 1024x1024x32768 -> 128x256 tiles, 2x1 clusters, S=4 (128 units),
+    a workspace of 32 tiles x 4 partials and 32 counters."""
+    monkeypatch.setattr(G, "SPLITK_MODE", "persistent")
+    seen = spy_compiled_gemm(monkeypatch)
+    a = torch.empty(1024, 32768, dtype=torch.bfloat16)
+    b = torch.empty(32768, 1024, dtype=torch.bfloat16)
+    p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
+    assert isinstance(p.fn, G.SplitKFixupLauncher)
+    assert (p.fn.ws_numel, p.fn.n_counters) == (32 * 4 * 128 * 256, 32)
+    cfg = seen[-1]
+    assert cfg.splits == 4 and cfg.tiles.tile_mnk[:2] == (128, 256) and cfg.tiles.cluster_mn == (2, 1)
+
+
 def test_splitk_fixup_choice():
     assert G.splitk_fixup_choice(1024, 1024, 32768) == (256, 4)  # 32 tiles x 4 = 128 CTAs
     tn, s = G.splitk_fixup_choice(128, 4096, 4096)
@@ -443,9 +478,18 @@ def test_splitk_fixup_choice():
     assert G.split_k_factor(1024, 1024, 32768, 1, tiles, "fixup") == 4
 
 
-def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16"):
+def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16", kind="fixup", m=1):
+    """The fixup kernel, or (kind "persistent") the persistent kernel with split-K in its schedule
+    (2x1 cluster when M's 128-row tiles pair up, as the host picks); both take (a, b, d, c, ws, cnt,
+    alpha, beta)."""
+    from cute_kernels.gemm_kernel import GemmConfig
     from cute_kernels.gemm_splitk_kernel import SplitKFixupConfig
 
+    if kind == "persistent":
+        cl = (2, 1) if -(-m // 128) % 2 == 0 else (1, 1)
+        cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", d_dtype), has_c=has_c,
+                         max_active_clusters=132 // cl[0], splits=s)
+        return G.compiled_gemm(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
     cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", d_dtype), splits=s, has_c=has_c)
     return G.compiled_splitk_fixup(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
 
@@ -462,17 +506,19 @@ FIXUP_GPU_VARIANTS = [(128, 2), (128, 4), (256, 4), (256, 8), (128, 8), (256, 3)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fixup", "persistent"])
 @pytest.mark.parametrize("variant", FIXUP_GPU_VARIANTS, ids=lambda v: f"tn{v[0]}-s{v[1]}")
 @pytest.mark.parametrize("mnk", [(1, 256, 4096), (7, 1000, 520), (127, 4096, 4168), (1000, 3000, 520),
                                  (131, 264, 6008), (257, 136, 64), (1024, 1024, 8192)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_splitk_fixup_numerics(variant, mnk):
+def test_splitk_fixup_numerics(variant, mnk, kind):
     """Ragged M (1, 7, 127, 1000), N and K tails, more slices than k-tiles (K=64, 520): float64
     reference, every element written (NaN-poisoned out), bitwise identical over 10 repeats (whoever
-    is last), the counters back at 0 after every call (the workspace is reused as is)."""
+    is last), the counters back at 0 after every call (the workspace is reused as is).  Both the
+    fixup kernel and split-K in the persistent kernel's schedule (several waves at 1024^2 x S=8)."""
     tn, s = variant
     m, n, k = mnk
-    fn = _fixup_fn(tn, s)
+    fn = _fixup_fn(tn, s, kind=kind, m=m)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     ws, cnt = _fixup_ws(m, n, tn, s)
@@ -488,10 +534,12 @@ def test_splitk_fixup_numerics(variant, mnk):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fixup", "persistent"])
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
-def test_splitk_fixup_alpha_beta_c(c_kind, monkeypatch):
-    """gemm() with CUTE_KERNELS_SPLITK=fixup: alpha / beta * C (any C strides), fp32 and bf16 out."""
-    monkeypatch.setattr(G, "SPLITK_MODE", "fixup")
+def test_splitk_fixup_alpha_beta_c(c_kind, mode, monkeypatch):
+    """gemm() with CUTE_KERNELS_SPLITK=fixup / persistent: alpha / beta * C (any C strides), fp32 and
+    bf16 out."""
+    monkeypatch.setattr(G, "SPLITK_MODE", mode)
     monkeypatch.setattr(G, "_plans", {})
     m, n, k = 200, 1000, 8200
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -508,11 +556,12 @@ def test_splitk_fixup_alpha_beta_c(c_kind, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fixup", "persistent"])
 @pytest.mark.parametrize("tile_n", [128, 256])
-def test_splitk_fixup_back_to_back_and_graph(tile_n, monkeypatch):
+def test_splitk_fixup_back_to_back_and_graph(tile_n, mode, monkeypatch):
     """Two calls back to back (no sync) reuse one cached workspace; a CUDA graph replays correctly;
     the counters stay at 0; the large skinny shape matches and repeats bitwise."""
-    monkeypatch.setattr(G, "SPLITK_MODE", "fixup")
+    monkeypatch.setattr(G, "SPLITK_MODE", mode)
     monkeypatch.setattr(G, "FORCE_SPLITK_TILE_N", tile_n)
     monkeypatch.setattr(G, "_plans", {})
     m, n, k = 1024, 1024, 32768
@@ -556,7 +605,7 @@ def test_gemm_large_a_swizzled_raster():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["cluster", "fixup"])
+@pytest.mark.parametrize("mode", ["cluster", "fixup", "persistent"])
 @pytest.mark.parametrize("mnk", [(128, 4096, 4096), (1024, 1024, 32768), (97, 1000, 2056)], ids=str)
 def test_splitk_b_evict_first_bitwise(monkeypatch, mode, mnk):
     """The L2 hint changes no arithmetic: the same bits as without it (NaN-poisoned outputs), and
