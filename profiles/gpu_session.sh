@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call: GPU tests, then benchmarks.  Logs and results land in $OUT (at most 8 files).
 #   source .device/setup.sh && bash profiles/gpu_session.sh STEP...
-# steps: oddk cpasync all-tests gemm-tests attn-tests sanitize bench-gemm bench-gemm-tune bench-decode host demo
+# steps: oddk cpasync all-tests gemm-tests attn-tests tile-tests sanitize bench-gemm bench-gemm-tune bench-decode host demo
+#        (all-tests = gemm-tests + attn-tests + tile-tests: ~700 GPU tests, more than one call's 600 s now)
 #        t256 (256-row tiles: smoke, tests, timing) decode-tma (repro of the fixed TMA decode path)
 #        power (sustained GEMM: TFLOP/s, SM clock and power per implementation, profiles/bench_power.py)
 #        l2hint (L2 evict-first hint on streamed operands: split-K B, decode K/V; four timers)
@@ -24,6 +25,7 @@ for step in "$@"; do
             py 270 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu -rf tests/test_gemm_tiles256.py --deselect tests/test_gemm_tiles256.py::test_tiles256_smoke 2>&1 | tail -n 30 | tee "$OUT/t256-tests.log";
             py 200 profiles/bench_pingpong.py --tiles256 --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tail -n 30; } ;;
     decode-tma) py 200 profiles/repro_decode_tma.py --max-hangs 1 2>&1 | tail -n 40 | tee "$OUT/decode-tma.log" ;;
+    tile-tests) py 400 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_pingpong.py tests/test_gemm_tiles256.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/tile-tests.log" ;;
     gemm-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
