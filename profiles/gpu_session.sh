@@ -26,7 +26,7 @@ for step in "$@"; do
             py 200 profiles/bench_pingpong.py --tiles256 --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tail -n 30; } ;;
     decode-tma) py 200 profiles/repro_decode_tma.py --max-hangs 1 2>&1 | tail -n 40 | tee "$OUT/decode-tma.log" ;;
     tile-tests) py 400 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_pingpong.py tests/test_gemm_tiles256.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/tile-tests.log" ;;
-    gemm-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
+    gemm-tests) py ${GEMM_TESTS_S:-480} -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
