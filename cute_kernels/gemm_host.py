@@ -275,6 +275,8 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: kernel's schedule (GemmSm90SplitK: 2x1 multicast clusters, TMA-store epilogue; not yet measured).
 #: All deterministic.
 SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
+#: what the tuner times for a shape the heuristic splits ("none": the unsplit persistent kernel)
+SPLITK_MODES = ("cluster", "fixup", "persistent", "none")
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
 #: Split-K B loads with the L2 evict-first hint (blocks.L2_EVICT_FIRST): in a split-K shape B is read
 #: once, so its lines should not displace anything.  Opt-in (env CUTE_KERNELS_SPLITK_B_EVICT_FIRST=1)
@@ -305,6 +307,8 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
     mode = mode or SPLITK_MODE
     if FORCE_SPLITS is not None:  # benchmarks / sweeps
         return FORCE_SPLITS
+    if mode == "none":  # the tuner's unsplit candidate
+        return 1
     sms = current_arch().sm_count
     tm, tn, tk = tiles.tile_mnk
     if mode == "cluster" and FORCE_SPLITK_TILE_N is not None:
@@ -458,7 +462,10 @@ def _signature(a, b, out, c, beta, out_dtype):
             None if c is None else (c.shape, c.stride(), c.dtype, c.device), beta != 0.0)
 
 
-def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu=False) -> _Plan:
+def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu=False,
+               splitk_mode: str | None = None) -> _Plan:
+    """``splitk_mode``: one of SPLITK_MODES (the tuner's candidates; a tuned entry can carry one too),
+    else ``SPLITK_MODE``."""
     from .gemm_kernel import GemmConfig
 
     shape = _check(a, b, out, c, out_dtype, allow_cpu)
@@ -507,16 +514,18 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     if tiles is None:
         tuned = None if PINGPONG else _tuned_choice(m, n, k, l, ab, am, bm, d_name)
         if tuned is not None:
-            tiles, raster = tuned
-        else:
+            tiles, raster, tuned_mode = tuned
+            splitk_mode = splitk_mode or tuned_mode
+        if tiles is None:
             tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
+    mode = splitk_mode or SPLITK_MODE
     raster = raster or default_raster(m, n, k, ab)
     if cp_async is not None:
         from .gemm_cpasync_kernel import cpasync_tiles
 
         tiles = cpasync_tiles(tiles)
-    p.splits = split_k_factor(m, n, k, l, tiles) if cp_async is None else 1
-    if p.splits > 1 and SPLITK_MODE == "cluster":
+    p.splits = split_k_factor(m, n, k, l, tiles, mode) if cp_async is None else 1
+    if p.splits > 1 and mode == "cluster":
         from .gemm_splitk_kernel import SplitKClusterConfig
 
         probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
@@ -526,7 +535,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         p.fn = compiled_splitk_cluster(scfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
         return p
-    if p.splits > 1 and SPLITK_MODE == "fixup" and a.dim() == 2:
+    if p.splits > 1 and mode == "fixup" and a.dim() == 2:
         from .gemm_splitk_kernel import SplitKFixupConfig, fixup_workspace_numel
 
         tn = splitk_fixup_choice(m, n, k)[0]
@@ -536,7 +545,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         p.fn = SplitKFixupLauncher(fn, *fixup_workspace_numel(m, n, tn, p.splits))
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
         return p
-    if p.splits > 1 and SPLITK_MODE == "persistent" and a.dim() == 2:
+    if p.splits > 1 and mode == "persistent" and a.dim() == 2:
         probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
         if _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe:
             tn = splitk_fixup_choice(m, n, k)[0]
@@ -580,12 +589,13 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     return p
 
 
-def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None, raster=None):
+def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None, raster=None, splitk_mode=None):
     sig = _signature(a, b, out, c, beta, out_dtype)
-    key = sig if tiles is None else (sig, tiles, raster)  # explicit tiles (tuner, tests): cached too
+    # explicit tiles / split-K mode (tuner, tests): cached too, under their own key
+    key = sig if tiles is None and splitk_mode is None else (sig, tiles, raster, splitk_mode)
     p = _plans.get(key)
     if p is None:
-        p = _make_plan(a, b, out, c, beta, out_dtype, tiles, raster)
+        p = _make_plan(a, b, out, c, beta, out_dtype, tiles, raster, splitk_mode=splitk_mode)
         _plans[key] = p
     if out is None:
         out = torch.empty(p.shape, dtype=p.out_dtype, device=a.device)

@@ -4,7 +4,8 @@ Why: the shape heuristic in :func:`cute_kernels.gemm_host.default_tiles` is a gu
 tile, cluster shape and raster order depend on the shape.  Two rounds: every (tile, cluster) of
 :func:`candidates` (cooperative 128x{256, 192} and 256x{128, 192}, ping-pong 128x{128, 192}, clusters
 2x1 / 1x2, compiled in parallel processes first) with the shape's default raster, then the other
-rasters on the fastest: at most 15 timings per shape.  Results live in
+rasters on the fastest: at most 15 timings per shape.  A shape the heuristic splits along K instead
+times the split-K kernels (cluster, fixup, persistent) and the unsplit one (4 timings).  Results live in
 ``<cache dir>/gemm_tuned.json`` keyed by (M, N, K, L, dtypes, majors) and are picked up by every later
 call in any process.  ``cute-kernels tune gemm M N K`` runs it from the shell.
 """
@@ -42,12 +43,15 @@ def _load() -> dict:
 
 
 def lookup(m, n, k, l, ab, am, bm, d_name):
-    """(GemmTiles, (raster_swizzle, raster_along_m)) tuned for this problem, or None."""
+    """(GemmTiles, (raster_swizzle, raster_along_m), None) tuned for this problem; for a split-K
+    shape (None, None, split-K mode); or None when untuned."""
     e = _load().get(_key(m, n, k, l, ab, am, bm, d_name))
     if e is None:
         return None
+    if "splitk" in e:
+        return None, None, e["splitk"]
     return (_tiles(e["tile_n"], tuple(e["cluster"]), ab, am, bm, d_name, e.get("tile_m", 128), e.get("pingpong", False)),
-            (e["swizzle"], e["along_m"]))
+            (e["swizzle"], e["along_m"]), None)
 
 
 def _tiles(tile_n, cluster, ab, am, bm, d_name, tile_m=128, pingpong=False) -> T.GemmTiles:
@@ -182,6 +186,22 @@ def tune_gemm(a, b, out_dtype=None, verbose=True):
     t0 = time.time()
     results = []
     out = torch.empty((*a.shape[:-1], n), dtype=out_dtype or a.dtype, device=a.device)
+    from .gemm_host import SPLITK_MODES, default_tiles, split_k_factor
+
+    if split_k_factor(m, n, k, l, default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)) > 1:
+        # a split-K shape: every tile candidate would run the same split kernel; time the split-K
+        # kernels (each with its own tiles) and the unsplit persistent kernel instead
+        for mode in SPLITK_MODES:
+            try:
+                _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode=mode)
+                ms = _bench(lambda mode=mode: _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode=mode))
+            except Exception as e:  # noqa: BLE001 - a mode that does not build or run is skipped
+                jit.log.warning("tune: split-K %s failed: %s", mode, e)
+                continue
+            results.append((ms, dict(splitk=mode)))
+            if verbose:
+                jit.log.info("tune %s: split-K %s: %.3f ms %.0f TFLOP/s", key, mode, ms, 2 * m * n * k * l / ms / 1e9)
+        return _store(key, results, t0)
 
     def run(c):
         tile_m, tile_n, pp, cluster, swizzle, along_m = c
@@ -209,6 +229,11 @@ def tune_gemm(a, b, out_dtype=None, verbose=True):
         for swizzle, along_m in RASTERS:
             if (swizzle, along_m) != (e["swizzle"], e["along_m"]):
                 run((e["tile_m"], e["tile_n"], e["pingpong"], tuple(e["cluster"]), swizzle, along_m))
+    return _store(key, results, t0)
+
+
+def _store(key, results, t0):
+    """Persist the fastest of ``results`` ((ms, entry) pairs) under ``key``; drop stale plans."""
     if not results:
         raise RuntimeError(f"tune: no candidate ran for {key}")
     results.sort(key=lambda r: r[0])

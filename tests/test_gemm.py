@@ -665,3 +665,47 @@ def test_tune_gemm_persists_and_is_used(monkeypatch, tmp_path):
     assert seen and seen[-1].tiles.tile_mnk[:2] == (entry.get("tile_m", 128), entry["tile_n"])
     assert (seen[-1].raster_swizzle, seen[-1].raster_along_m) == (entry["swizzle"], entry["along_m"])
     assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+def test_tuned_splitk_mode_is_used(monkeypatch, tmp_path):
+    """A tuned split-K entry ({"splitk": mode}) selects that kernel for the shape (CPU plan):
+    fixup -> the fixup kernel, persistent -> GemmConfig.splits, none -> no split."""
+    from cute_kernels import tune
+
+    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
+    key = tune._key(1024, 1024, 32768, 1, "bfloat16", "k", "mn", "bfloat16")
+    a = torch.empty(1024, 32768, dtype=torch.bfloat16)
+    b = torch.empty(32768, 1024, dtype=torch.bfloat16)
+    for mode in G.SPLITK_MODES:
+        monkeypatch.setattr(tune, "_table", {key: dict(splitk=mode, ms=0.1)})
+        seen = spy_compiled_gemm(monkeypatch)
+        p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
+        if mode in ("fixup", "persistent"):
+            assert isinstance(p.fn, G.SplitKFixupLauncher), mode
+        if mode == "persistent":
+            assert seen[-1].splits == 4
+        if mode == "none":
+            assert seen[-1].splits == 1 and p.splits == 1
+        if mode == "cluster":
+            assert not seen  # its own compiled kernel (compiled_splitk_cluster)
+
+
+@pytest.mark.gpu
+def test_tune_gemm_splitk_shape(monkeypatch, tmp_path):
+    """gemm(tune=True) on a split-K shape times the split-K kernels and the unsplit one, stores the
+    winning mode, and later calls use it and compute correctly."""
+    from cute_kernels import tune
+
+    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
+    monkeypatch.setattr(tune, "_table", None)
+    monkeypatch.setattr(G, "_plans", {})
+    m, n, k = 128, 4096, 4096
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = cute_kernels.gemm(a, b, tune=True)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    (entry,) = tune._load().values()
+    assert entry["splitk"] in G.SPLITK_MODES and entry["ms"] > 0
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    assert rel_err(out, _ref(a, b)) < 2e-2

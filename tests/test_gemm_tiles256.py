@@ -177,9 +177,10 @@ def test_tuned_entry_roundtrip(monkeypatch, tmp_path):
     monkeypatch.setattr(tune, "_table", {
         key: dict(tile_m=256, tile_n=208, pingpong=False, cluster=[1, 2], swizzle=4, along_m=True),
         key_old: dict(tile_n=192, cluster=[2, 1], swizzle=1, along_m=True)})
-    t, raster = tune.lookup(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16")
+    t, raster, mode = tune.lookup(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16")
+    assert mode is None
     assert t.tile_mnk == (256, 208, 64) and t.cluster_mn == (1, 2) and raster == (4, True)
-    t, _ = tune.lookup(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
+    t, _, _ = tune.lookup(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
     assert t.tile_mnk == (128, 192, 64) and not t.pingpong
 
 
