@@ -31,7 +31,7 @@ for step in "$@"; do
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
-    power) py 200 profiles/bench_power.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/power.log" ;;
+    power) py 250 profiles/bench_power.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/power.log" ;;
     l2hint) py 240 profiles/bench_l2hint.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/l2hint.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/demo.log" ;;
