@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "profiles"))
 
-from timing import rotated  # noqa: E402
+from timing import bench_clean, bench_graph, rotated  # noqa: E402
 
 import importlib  # noqa: E402
 
@@ -469,39 +469,19 @@ def smoke_variants(args):
     print("SMOKE " + json.dumps({"ok": ok, "bad": bad}), flush=True)
 
 
-def _bench_clean(fn, n=30):
-    """CUDA events around one call after a read-only 256 MB pass (L2 holds clean lines only)."""
-    from timing import bench_clean
+def sdpa_cudnn(q, k, v):
+    """cuDNN SDPA on (B, Sq, H, D) decode inputs (GQA through enable_gqa); the transposed copies are
+    made here, untimed.  Raises if cuDNN cannot run the shape."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return bench_clean(fn, n)
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
 
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
 
-def _bench_graph(fn, calls=20, n=10):
-    """Per-call time of `calls` back-to-back calls captured in one CUDA graph (no flush: the KV of
-    the big shapes exceeds L2 anyway; b1 L32768's 128 MiB is 2.5x the L2)."""
-    fn()
-    torch.cuda.synchronize()
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        fn()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / calls)
-    del g
-    return statistics.median(ts)
+    cudnn()
+    return cudnn
 
 
 def run_variants(args, bench):
@@ -546,15 +526,8 @@ def run_variants(args, bench):
                 continue
             fn, cfg, P = _variant_fn(lab, *ins)
             impls[lab] = (fn, cfg, P)
-        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
-
         try:
-            cudnn()
+            cudnn = sdpa_cudnn(q, k, v)
             torch.cuda.synchronize()
             impls["cudnn"] = (cudnn, None, None)
         except Exception as e:
@@ -569,7 +542,7 @@ def run_variants(args, bench):
                 if lab in impls:
                     fn = impls[lab][0]
                     try:
-                        extra[lab] = (_bench_clean(fn), _bench_graph(fn))
+                        extra[lab] = (bench_clean(fn), bench_graph(fn))
                     except Exception as e:
                         print(f"  {name} {lab} clean/graph: {type(e).__name__}: {str(e)[:200]}", flush=True)
         cud = statistics.median(times["cudnn"]) if "cudnn" in times else None
@@ -594,7 +567,7 @@ def run_variants(args, bench):
                 f"  x{rec['vs_cudnn'] or float('nan'):.3f} cuDNN{ex}",
                 flush=True,
             )
-        del ins, impls, qt, kt, vt, q, k, v
+        del ins, impls, q, k, v
         torch.cuda.empty_cache()
     return rows
 

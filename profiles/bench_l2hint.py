@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import statistics
 import sys
 import time
 
@@ -38,39 +37,19 @@ ACT_BYTES = 32 << 20
 def timers(fn, n=30):
     from triton.testing import do_bench
 
-    from timing import bench_clean, bench_events
+    from timing import bench_clean, bench_events, bench_graph, read_only_flush
 
-    out = {"do_bench": do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3, "clean": bench_clean(fn, n)}
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            for _ in range(20):
-                fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = []
-    for _ in range(5):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        reps.append(a.elapsed_time(b) * 1e3 / 20)
-    out["graph"] = statistics.median(reps)
+    out = {"do_bench": do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3, "clean": bench_clean(fn, n),
+           "graph": bench_graph(fn)}
     act = torch.empty(ACT_BYTES // 4, device="cuda", dtype=torch.float32)
     sink = torch.empty(1, device="cuda", dtype=torch.float32)
-    buf = torch.ones(256 * 1024 * 1024 // 4, 1, device="cuda", dtype=torch.float32)
-    flush_sink = torch.empty(1, device="cuda", dtype=torch.float32)
 
     def seq():
         act.fill_(1.0)  # the producer: 32 MB written, dirty in L2
         fn()
         torch.sum(act, dim=0, out=sink)  # the consumer reads them back
 
-    out["pipeline"] = bench_events(seq, lambda: torch.sum(buf, dim=0, out=flush_sink), n)
+    out["pipeline"] = bench_events(seq, read_only_flush(), n)
     return out
 
 
@@ -128,16 +107,10 @@ def decode_cases():
                 ref = o.clone()
             assert torch.equal(o, ref), f"{label} changed the result"
             res.append((name, label, timers(fn)))
-        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        from bench_decode import sdpa_cudnn
 
         try:
-            cudnn()
-            res.append((name, "cuDNN", timers(cudnn)))
+            res.append((name, "cuDNN", timers(sdpa_cudnn(q, k, v))))
         except Exception as e:  # noqa: BLE001
             print(name, "cuDNN failed:", e)
     return res

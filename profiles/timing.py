@@ -42,14 +42,47 @@ def bench_events(fn, flush, n: int = 30) -> float:
     return statistics.median(ts)
 
 
-def bench_clean(fn, n: int = 30) -> float:
-    """Median microseconds of one call (CUDA events) after a read-only 256 MB pass over a buffer."""
+def read_only_flush():
+    """A callable that reads a 256 MB buffer (cached per device): cold L2 holding clean lines only."""
     dev = torch.cuda.current_device()
     if dev not in _BUF:
         _BUF[dev] = (torch.ones(256 * 1024 * 1024 // 4, 1, dtype=torch.float32, device="cuda"),
                      torch.empty(1, dtype=torch.float32, device="cuda"))
     buf, sink = _BUF[dev]
-    return bench_events(fn, lambda: torch.sum(buf, dim=0, out=sink), n)
+    return lambda: torch.sum(buf, dim=0, out=sink)
+
+
+def bench_clean(fn, n: int = 30) -> float:
+    """Median microseconds of one call (CUDA events) after a read-only 256 MB pass over a buffer."""
+    return bench_events(fn, read_only_flush(), n)
+
+
+def bench_graph(fn, calls: int = 20, n: int = 10) -> float:
+    """Median per-call microseconds of ``calls`` back-to-back calls captured in one CUDA graph (no
+    flush, launch gaps hidden): the steady state the other timers' overheads are measured against."""
+    fn()
+    torch.cuda.synchronize()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        fn()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / calls)
+    del g
+    return statistics.median(ts)
 
 
 def rotated(items, r: int) -> list:
