@@ -164,24 +164,16 @@ class GemmSm90:
 
     @cute.jit  # traced like __call__, so the struct's (string) annotations get evaluated
     def make_shared_storage(self, sA_layout, sB_layout, sD_layout):
-        """Barriers of the A/B ring, the A/B stages and the epilogue buffers, 1024-byte aligned
+        """Barriers of the A/B ring, the split-K flag, the A/B stages and the epilogue buffers, 1024-byte aligned
         (the 128-byte swizzle repeats every 1024 bytes)."""
         stages = self.cfg.tiles.ab_stages
-
-        if cutlass.const_expr(self.splits > 1):
-            @cute.struct
-            class SharedStorageSplit:
-                ab_barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
-                flag: cute.struct.MemRange[cutlass.Int32, 4]  # the split-K counter's old value
-                sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-                sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-                sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(sD_layout)], 1024]
-
-            return SharedStorageSplit
 
         @cute.struct
         class SharedStorage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            # split-K: the work unit's counter value, broadcast to the consumers (unused without split;
+            # sA is 1024-aligned, so the 16 bytes move nothing)
+            flag: cute.struct.MemRange[cutlass.Int32, 4]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(sD_layout)], 1024]
