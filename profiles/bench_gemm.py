@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--tune", action="store_true", help="autotune cute-kernels per shape first (persisted)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--shapes", default="", help="comma-separated MxNxK subset, e.g. 8192x8192x8192,1000x3000x520")
+    ap.add_argument("--splitk-variants", action="store_true",
+                    help="also time every split-K mode (gemm_host.SPLITK_MODES) as 'ck:<mode>' columns")
     args = ap.parse_args()
     shapes = SHAPES[:3] if args.quick else SHAPES
     if args.shapes:
@@ -63,6 +65,12 @@ def main():
     impls = {"cuBLAS": lambda a, b: torch.matmul(a, b), "cute-kernels": lambda a, b: cute_kernels.gemm(a, b)}
     if quack_gemm is not None:
         impls["quack"] = lambda a, b: quack_gemm(a, b, tuned=args.quack_tuned)
+    if args.splitk_variants:  # same process, same rounds: the split-K modes side by side
+        from cute_kernels import gemm_host
+
+        for mode in gemm_host.SPLITK_MODES:
+            impls[f"ck:{mode}"] = (lambda m_: lambda a, b: gemm_host._gemm_impl(
+                a, b, None, None, 1.0, 0.0, None, splitk_mode=m_))(mode)
 
     data, errors, first_call = {}, {}, {}
     for shape in shapes:
@@ -133,7 +141,7 @@ def main():
             ts = times.get((shape, name))
             if ts and base:
                 row[name]["ratio_vs_cublas"] = statistics.median([b_ / t for b_, t in zip(base, ts)])
-        peers = [times[(shape, p)] for p in impls if p != "cute-kernels" and (shape, p) in times]
+        peers = [times[(shape, p)] for p in impls if p in ("cuBLAS", "quack") and (shape, p) in times]
         ours = times.get((shape, "cute-kernels"))
         if ours and peers:  # per round: best peer's time / ours
             row["cute-kernels"]["ratio_vs_best_peer"] = statistics.median(
