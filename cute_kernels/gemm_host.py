@@ -272,9 +272,9 @@ def _tuned_choice(m, n, k, l, ab, am, bm, d_name):
 #: "workspace": a batched GEMM into fp32 partials + the splitk_reduce kernel; "fixup": S CTAs per
 #: tile (no cluster), the last one to finish sums the fp32 partials from a cached workspace
 #: (GemmSm90SplitKFixup, splitk_fixup_choice); "persistent": the same fixup inside the persistent
-#: kernel's schedule (GemmSm90SplitK: 2x1 multicast clusters, TMA-store epilogue; not yet measured).
-#: All deterministic.
-SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "cluster")
+#: kernel's schedule (GemmSm90SplitK: 2x1 multicast clusters, TMA-store epilogue); "auto" (default):
+#: persistent where its slices are long, else cluster (auto_splitk_mode).  All deterministic.
+SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "auto")
 #: what the tuner times for a shape the heuristic splits ("none": the unsplit persistent kernel)
 SPLITK_MODES = ("cluster", "fixup", "persistent", "none")
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
@@ -297,6 +297,27 @@ CPASYNC_ENABLED = os.environ.get("CUTE_KERNELS_CPASYNC", "1") not in ("0", "")
 PINGPONG = os.environ.get("CUTE_KERNELS_PINGPONG", "0") not in ("0", "")
 
 
+#: slices of at least this many 64-deep k-tiles go to the persistent split-K (see auto_splitk_mode)
+AUTO_PERSISTENT_MIN_SLICE_KTILES = 32
+
+
+def auto_splitk_mode(m: int, n: int, k: int, l: int = 1, out_row_major: bool = True) -> str:
+    """Pure Python: the split-K mode "auto" resolves to.
+
+    Measured on the H200 (2026-11-30, session 4 run 1, do_bench, same process): 1024x1024x32768
+    persistent 668 TFLOP/s (0.94x cuBLAS) vs cluster 571 (0.81x) and fixup 615; 128x4096x4096
+    cluster 221 (0.97x) vs persistent 132 and fixup 106.  The persistent kernel's S partial tiles
+    (S <= 8, 128x256) pay off once each slice streams long (128 k-tiles there); with 8 k-tiles per
+    slice (128x4096x4096 -> S=8) the fixup dominates and the cluster pair (DSMEM reduction) wins.
+    The threshold (32 k-tiles) lies between the two measured points.  The persistent kernel needs an
+    unbatched problem and a row-major output; anything else takes the cluster kernel.
+    """
+    if l != 1 or not out_row_major:
+        return "cluster"
+    s = splitk_fixup_choice(m, n, k)[1]
+    return "persistent" if s > 1 and math.ceil(k / 64) // s >= AUTO_PERSISTENT_MIN_SLICE_KTILES else "cluster"
+
+
 def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str | None = None) -> int:
     """Pure Python: how many K slices make the output tiles fill the SMs (1: no split).
 
@@ -305,6 +326,8 @@ def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str
     (TMA zero-fills past K); the workspace mode needs whole k-tiles per slice (K % (64 * S) == 0).
     """
     mode = mode or SPLITK_MODE
+    if mode == "auto":
+        mode = auto_splitk_mode(m, n, k, l)
     if FORCE_SPLITS is not None:  # benchmarks / sweeps
         return FORCE_SPLITS
     if mode == "none":  # the tuner's unsplit candidate
@@ -519,6 +542,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         if tiles is None:
             tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
     mode = splitk_mode or SPLITK_MODE
+    if mode in ("auto", "persistent"):  # the persistent split-K needs an unbatched, row-major output
+        probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
+        row_ok = _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe
+        mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
+            mode if row_ok and a.dim() == 2 else "cluster")
     raster = raster or default_raster(m, n, k, ab)
     if cp_async is not None:
         from .gemm_cpasync_kernel import cpasync_tiles
@@ -545,19 +573,17 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         p.fn = SplitKFixupLauncher(fn, *fixup_workspace_numel(m, n, tn, p.splits))
         p.splits, p.d_fix = 1, None  # one launch, D written directly with any strides
         return p
-    if p.splits > 1 and mode == "persistent" and a.dim() == 2:
-        probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
-        if _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe:
-            tn = splitk_fixup_choice(m, n, k)[0]
-            cl = (2, 1) if math.ceil(m / 128) % 2 == 0 else (1, 1)
-            cfg = GemmConfig(tiles=make_gemm_tiles(tn, cl, ab, am, bm, d_name), a_rank=2, has_c=p.has_c,
-                             tma_store=_tma_ok(probe, "row"), max_active_clusters=current_arch().sm_count // cl[0],
-                             splits=p.splits)
-            fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
-            n_tiles = math.ceil(m / 128) * math.ceil(n / tn)
-            p.fn = SplitKFixupLauncher(fn, n_tiles * p.splits * 128 * tn, n_tiles)
-            p.splits, p.d_fix = 1, None
-            return p
+    if p.splits > 1 and mode == "persistent":  # (a unbatched, out row-major: checked above)
+        tn = splitk_fixup_choice(m, n, k)[0]
+        cl = (2, 1) if math.ceil(m / 128) % 2 == 0 else (1, 1)
+        cfg = GemmConfig(tiles=make_gemm_tiles(tn, cl, ab, am, bm, d_name), a_rank=2, has_c=p.has_c,
+                         tma_store=_tma_ok(probe, "row"), max_active_clusters=current_arch().sm_count // cl[0],
+                         splits=p.splits)
+        fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
+        n_tiles = math.ceil(m / 128) * math.ceil(n / tn)
+        p.fn = SplitKFixupLauncher(fn, n_tiles * p.splits * 128 * tn, n_tiles)
+        p.splits, p.d_fix = 1, None
+        return p
     if p.splits > 1:
         # partials: a batched GEMM over K slices into an fp32 (S, M, N) workspace, then one reduce
         tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, "float32")

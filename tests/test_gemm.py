@@ -196,6 +196,27 @@ def test_splitk_reduce_compiles():
     assert k.spills == 0
 
 
+def test_auto_splitk_mode(monkeypatch):
+    """The default split-K mode: persistent for long slices (1024x1024x32768: S=4, 128 k-tiles each),
+    the cluster pair for short ones (128x4096x4096: 8 k-tiles), cluster for batched or non-row-major
+    outputs (which the persistent kernel does not take), in the plan too."""
+    assert G.SPLITK_MODE == "auto" or "CUTE_KERNELS_SPLITK" in __import__("os").environ
+    assert G.auto_splitk_mode(1024, 1024, 32768) == "persistent"
+    assert G.auto_splitk_mode(128, 4096, 4096) == "cluster"
+    assert G.auto_splitk_mode(1024, 1024, 32768, out_row_major=False) == "cluster"
+    assert G.auto_splitk_mode(1024, 1024, 32768, l=2) == "cluster"
+    monkeypatch.setattr(G, "SPLITK_MODE", "auto")
+    spy_compiled_gemm(monkeypatch)
+    a = torch.empty(1024, 32768, dtype=torch.bfloat16)
+    b = torch.empty(32768, 1024, dtype=torch.bfloat16)
+    p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
+    assert isinstance(p.fn, G.SplitKFixupLauncher)
+    for mode in ("auto", "persistent"):  # a column-major out falls back to the cluster kernel
+        monkeypatch.setattr(G, "SPLITK_MODE", mode)
+        p = G._make_plan(a, b, torch.empty(1024, 1024, dtype=torch.bfloat16).t(), None, 0.0, None, allow_cpu=True)
+        assert not isinstance(p.fn, G.SplitKFixupLauncher) and p.splits == 1 and p.reduce_fn is None
+
+
 def test_split_k_heuristic():
     tiles = G.default_tiles(128, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     s = G.split_k_factor(128, 4096, 4096, 1, tiles, "workspace")
@@ -219,7 +240,7 @@ def test_splitk_cluster_compiles():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["cluster", "workspace"])
+@pytest.mark.parametrize("mode", ["auto", "cluster", "workspace"])
 @pytest.mark.parametrize("mnk", [(128, 4096, 4096), (64, 520, 8192), (1024, 1024, 32768), (200, 136, 8200)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("with_c", [False, True])
