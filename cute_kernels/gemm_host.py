@@ -278,10 +278,15 @@ SPLITK_MODE = os.environ.get("CUTE_KERNELS_SPLITK", "auto")
 #: what the tuner times for a shape the heuristic splits ("none": the unsplit persistent kernel)
 SPLITK_MODES = ("cluster", "fixup", "persistent", "none")
 FORCE_SPLITS: int | None = None  # set by sweeps to pin the split count
-#: Split-K B loads with the L2 evict-first hint (blocks.L2_EVICT_FIRST): in a split-K shape B is read
-#: once, so its lines should not displace anything.  Opt-in (env CUTE_KERNELS_SPLITK_B_EVICT_FIRST=1)
-#: until profiles/bench_l2hint.py has measured it, with the do_bench and a realistic timer.
-SPLITK_B_EVICT_FIRST = os.environ.get("CUTE_KERNELS_SPLITK_B_EVICT_FIRST", "0") not in ("0", "")
+#: Split-K B loads (cluster and fixup kernels) with the L2 evict-first hint (blocks.L2_EVICT_FIRST):
+#: in a split-K shape B is read once, so its lines should not displace anything.  Measured on the
+#: H200 (2026-11-30, session 4 run 2, profiles/bench_l2hint.py, 128x4096x4096, microseconds):
+#: do_bench 19.2 -> 18.1, read-only flush 15.4 -> 15.4 (no change, as predicted), and the realistic
+#: pipeline (previous layer writes 32 MB, GEMM, next layer reads them) 44.7 -> 38.6 (cuBLAS 44.7):
+#: B no longer evicts the activations.  The cost: CUDA-graph replay of the *same* call back to back,
+#: where B would otherwise stay in L2, 10.8 -> 13.0.  On by default; CUTE_KERNELS_SPLITK_B_EVICT_FIRST=0
+#: turns it off (e.g. a weight small enough to live in L2 and re-read at once).
+SPLITK_B_EVICT_FIRST = os.environ.get("CUTE_KERNELS_SPLITK_B_EVICT_FIRST", "1") not in ("0", "")
 #: Cluster split-K tile width (64, 128, 192 or 256); None: the measured default (128).  Env
 #: CUTE_KERNELS_SPLITK_TILE_N pins it for a process; sweeps set the attribute.
 FORCE_SPLITK_TILE_N: int | None = int(os.environ["CUTE_KERNELS_SPLITK_TILE_N"]) if os.environ.get(

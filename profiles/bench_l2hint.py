@@ -57,7 +57,7 @@ def gemm_cases():
     import cute_kernels
     import cute_kernels.gemm_host as G
 
-    res = []
+    res, default_hint = [], G.SPLITK_B_EVICT_FIRST
     for m, n, k in ((128, 4096, 4096), (1024, 1024, 32768)):
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -73,7 +73,7 @@ def gemm_cases():
                 ref = out.clone()
             assert torch.equal(out, ref), "the hint changed the result"
             res.append((f"gemm {m}x{n}x{k}", label, timers(fn)))
-        G.SPLITK_B_EVICT_FIRST = False
+        G.SPLITK_B_EVICT_FIRST = default_hint
         G._plans.clear()
         res.append((f"gemm {m}x{n}x{k}", "cuBLAS", timers(lambda: torch.matmul(a, b, out=out))))
     return res
