@@ -71,8 +71,12 @@ class DecodeConfig:
     merge_mode: str = "pdl"  # "kernel" | "pdl" | "fused" (split only)
     load: str = "cpasync"  # "cpasync" | "tma" (contiguous caches only)
     pdl_in: bool = True  # launched as a programmatic dependent of the previous kernel
-    page_prefetch: bool = False  # paged: block-table entries read one tile ahead (not yet measured)
-    kv_evict_first: bool = False  # load="tma": K/V loads hinted L2 evict-first (not yet measured)
+    # paged: block-table entries read one tile ahead.  Off: measured slower (session 4 run 3, H200:
+    # b64 L2048 paged-16 135.7 vs 134.6 us, b4 L65536 paged-16 325.5 vs 273.6 us)
+    page_prefetch: bool = False
+    # load="tma": K/V loads hinted L2 evict-first.  Off: session 4 run 2 (bench_l2hint.py, b1 L32768)
+    # read-only flush 37.7 vs 38.0 us, write-32MB/decode/read pipeline 65.0 vs 70.7, but do_bench 71.3 vs 48.4
+    kv_evict_first: bool = False
 
 
 #: The TMA K/V load variant (``load="tma"``, via :func:`override_config`): it hung in session 2 (TMA
@@ -426,8 +430,13 @@ def _plan_uncached(q, k_cache, block_table, num_splits, causal):
         # resident CTA shares the SM's bandwidth instead of adding to it, and half the splits halve
         # the merge traffic.  Measured (session 3 run 3, H200): b1 hq32 hkv8 L32768 P=16 47.6 us vs
         # P=32 48.5 us; b8 L8192 P=2 77.4 vs P=4 78.0 (both with PDL); the long shapes within 0.3%.
+        # Paged caches are the exception: each tile's gather waits on a block-table read first, and a
+        # second resident CTA per SM hides that latency.  Measured (session 4 run 3, H200, paged-16):
+        # b4 hq64 hkv8 L65536 P=8 256.8 us vs P=4 273.6 (contiguous P=4: 247.7); where the batch
+        # already fills the SMs twice over (b64 L2048) the rule still gives P=1.
         num_splits = choose_num_splits(
-            B, Hkv, row_blocks, _capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count, 1,
+            B, Hkv, row_blocks, _capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count,
+            2 if paged else 1,
         )
     num_splits = int(num_splits)
     if num_splits < 1:

@@ -348,14 +348,18 @@ VARIANTS = {  # the default (session 3): cp.async loads, PDL on both kernels, sp
     "split_half": ({}, ("x", 0.5)),
     "split_x2": ({}, ("x", 2)),
     "split_fill2": ({}, ("slots", 2)),  # the session-2 default's count (2 CTAs per SM)
+    "split_fill1": ({}, ("slots", 1)),  # the session-3 count (1 CTA per SM; paged default before session 4)
     "page_prefetch": (dict(page_prefetch=True), None),  # paged only: block-table entries a tile ahead
 }
 #: (shape name, rounds, variants); paged shapes run the paged cache (TMA falls back to cp.async there)
 VARIANT_PLAN = [
     ("b1_hq32_hkv8_L32768", 7, [v for v in VARIANTS if v != "page_prefetch"]),
     ("b8_hq32_hkv8_L8192", 7, [v for v in VARIANTS if v != "page_prefetch"]),
-    ("b64_hq32_hkv8_L2048_paged16", 5, ["default", "no_pdl", "cp_s4", "split_x2", "page_prefetch"]),
-    ("b4_hq64_hkv8_L65536_paged16", 3, ["default", "page_prefetch", "cp_s4", "split_x2"]),
+    ("b64_hq32_hkv8_L2048_paged16", 5, ["default", "split_x2", "page_prefetch"]),
+    ("b4_hq64_hkv8_L65536_paged16", 3, ["default", "split_fill1", "cp_s4"]),
+    ("b1_hq32_hkv8_L32768_paged16", 5, ["default", "split_fill1", "split_x2"]),
+    ("b1_hq32_hkv32_L131072_paged16", 3, ["default", "split_fill1"]),
+    ("b8_hq32_hkv8_L8192_paged16", 5, ["default", "split_fill1", "split_x2"]),
     ("b1_hq32_hkv32_L131072", 3, ["default", "no_pdl", "tma", "tma_s6", "split_fill2"]),
     ("b32_hq32_hkv8_L4096", 3, ["default", "no_pdl", "tma", "split_x2"]),
     ("b4_hq64_hkv8_L65536", 3, ["default", "no_pdl", "tma", "tma_s6", "split_fill2"]),
@@ -377,7 +381,10 @@ def _variant_splits(rule, auto, base, sm):
 
 #: extra paged shapes of the variant runs only (the long single sequences where paged-16 trails
 #: contiguous by 8-10%, session 3 run 4)
-VARIANT_SHAPES = [("b4_hq64_hkv8_L65536_paged16", 4, 64, 8, 65536, 16)]
+VARIANT_SHAPES = [("b4_hq64_hkv8_L65536_paged16", 4, 64, 8, 65536, 16),
+                  ("b1_hq32_hkv8_L32768_paged16", 1, 32, 8, 32768, 16),
+                  ("b1_hq32_hkv32_L131072_paged16", 1, 32, 32, 131072, 16),
+                  ("b8_hq32_hkv8_L8192_paged16", 8, 32, 8, 8192, 16)]
 
 
 def _shape(name):

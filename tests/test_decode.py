@@ -230,6 +230,23 @@ def test_split_heuristic():
     assert len(plans) == 1 and plans.pop() > 1
 
 
+def test_split_heuristic_paged_fills_two_ctas_per_sm():
+    """Paged caches get the count that fills 2 CTAs per SM (the second hides block-table latency),
+    contiguous ones 1 CTA per SM: b4 hq64 hkv8 L65536 -> 8 vs 4 splits on 132 SMs."""
+    from cute_kernels.arch import current_arch
+
+    sms = current_arch().sm_count
+    q = torch.empty(4, 1, 64, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(4, 65536, 8, 128, dtype=torch.bfloat16, device="meta")
+    kp = torch.empty(1, 16, 8, 128, dtype=torch.bfloat16, device="meta")
+    bt = torch.empty(4, 65536 // 16, dtype=torch.int32, device="meta")
+    contiguous, paged = DA._plan(q, k, None, None, True)[1], DA._plan(q, kp, bt, None, True)[1]
+    assert contiguous == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 1)
+    assert paged == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 2) > contiguous
+    if sms == 132:
+        assert (contiguous, paged) == (4, 8)
+
+
 def test_workspace_helper():
     q = torch.empty(2, 3, 8, 128, dtype=torch.bfloat16)
     ws = decode_attn_workspace(q, 16)
