@@ -10,7 +10,7 @@ training step) while ``nvidia-smi`` samples SM clock, power and temperature ever
     python3 profiles/bench_power.py [--seconds 3] [--shapes 8192x8192x8192,4096x4096x4096] [--out DIR]
         [--configs 128x256:1x1:4m,128x256:2x1:4m]   # + our kernel at explicit tile:cluster:raster
 
-``--configs`` adds our kernel at explicit configs (``[pp]TMxTN:CMxCN:<swizzle><m|n>``), e.g. to see
+``--configs`` adds our kernel at explicit configs (``[pp]TMxTN:CMxCN:<swizzle><m|n>[:swap]``), e.g. to see
 whether a 2x1 multicast cluster (half the B traffic from L2) costs less power than the default 1x1
 on 8192^3 (the session-1 tuner's short timing preferred 1x1; sustained load was never compared).
 
@@ -58,17 +58,44 @@ def parse(lines):
 
 
 def explicit_config(spec):
-    """``[pp]TMxTN:CMxCN:<swizzle><m|n>`` -> gemm(a, b) at that tile, cluster and raster."""
+    """``[pp]TMxTN:CMxCN:<swizzle><m|n>[:swap]`` -> gemm(a, b) at that tile, cluster and raster.
+
+    ``:swap`` computes the transposed problem, out^T = b^T a^T, as quack's ``swap_ab`` does (its
+    autotuned 8192^3 winner, session 4 run 5): the kernel's M is then the problem's N, A is MN-major,
+    B is K-major and the output is written column-major (a transposed view of the row-major result).
+    """
+    import torch
+
     from cute_kernels import tune
     from cute_kernels.gemm_host import _gemm_impl
 
-    tile, cluster, raster = spec.split(":")
+    tile, cluster, raster, *flags = spec.split(":")
+    swap = "swap" in flags
     pp = tile.startswith("pp")
     tile_m, tile_n = (int(x) for x in tile.removeprefix("pp").split("x"))
     cl = tuple(int(x) for x in cluster.split("x"))
     sw, along_m = int(raster[:-1]), raster[-1] == "m"
-    tiles = tune._tiles(tile_n, cl, "bfloat16", "k", "mn", "bfloat16", tile_m, pp)  # row-major A and B
-    return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, tiles, (sw, along_m))
+    if not swap:
+        tiles = tune._tiles(tile_n, cl, "bfloat16", "k", "mn", "bfloat16", tile_m, pp)  # row-major A and B
+        return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, tiles, (sw, along_m))
+    tiles = tune._tiles(tile_n, cl, "bfloat16", "mn", "k", "bfloat16", tile_m, pp)  # b^T: M-major, a^T: K-major
+
+    def run(a, b):
+        out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+        _gemm_impl(b.mT, a.mT, out.mT, None, 1.0, 0.0, None, tiles, (sw, along_m))
+        return out
+
+    return run
+
+
+def check(fn, name):
+    """Every implementation must be right before it is timed (fresh random data, fp32 reference)."""
+    a = torch.randn(1000, 520, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(520, 1536, device="cuda", dtype=torch.bfloat16)
+    ref = a.float() @ b.float()
+    err = ((fn(a, b).float() - ref).norm() / ref.norm()).item()
+    if not err < 1e-2:
+        raise RuntimeError(f"{name}: wrong result (relative error {err:.3g})")
 
 
 def main():
@@ -91,6 +118,8 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     for spec in filter(None, args.configs.split(",")):
         impls[f"ck {spec}"] = explicit_config(spec)
+    for name, fn in impls.items():
+        check(fn, name)
     proc = sampler()
     windows = []  # (shape, impl, t0, t1, calls)
     names = list(impls)

@@ -295,3 +295,25 @@ def test_tuned_256_entry_is_used(monkeypatch, tmp_path):
     cute_kernels.gemm(a, b, out=out)
     assert seen and seen[-1].tiles.tile_mnk == (256, 160, 64)
     assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+def test_swapped_operands_plan_256x128(monkeypatch):
+    """quack's 8192^3 winner computes out^T = b^T a^T (swap_ab) on 256x128 tiles in 1x2 clusters;
+    profiles/bench_power.py ``:swap`` runs that through our host: b^T is M-major A, a^T K-major B,
+    and out^T a column-major D.  The plan keeps the 256-row tile and cluster, writes D M-major, and
+    the kernel compiles for sm_90a without local memory."""
+    from conftest import spy_compiled_gemm
+
+    from cute_kernels import inspect as ins
+
+    seen = spy_compiled_gemm(monkeypatch)
+    a = torch.empty(8192, 8192, dtype=torch.bfloat16)
+    b = torch.empty(8192, 8192, dtype=torch.bfloat16)
+    out = torch.empty(8192, 8192, dtype=torch.bfloat16)
+    tiles = tune._tiles(128, (1, 2), "bfloat16", "mn", "k", "bfloat16", 256, False)
+    G._make_plan(b.mT, a.mT, out.mT, None, 0.0, None, tiles, (8, True), allow_cpu=True)
+    cfg = seen[-1]
+    assert cfg.tiles.tile_mnk[:2] == (256, 128) and cfg.tiles.cluster_mn == (1, 2)
+    assert cfg.tiles.c_major == "m" and (cfg.raster_swizzle, cfg.raster_along_m) == (8, True)
+    (k,) = ins.inspect_builder(lambda: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16")).kernels
+    assert k.spills == 0 and k.instructions["HGMMA"] > 0
