@@ -1,7 +1,6 @@
 """GEMM tests.  CPU: validation errors and sm_90a compiles with resource checks.  GPU: numerics."""
 
 import itertools
-
 import os
 
 import pytest
