@@ -430,13 +430,16 @@ def _plan_uncached(q, k_cache, block_table, num_splits, causal):
         # resident CTA shares the SM's bandwidth instead of adding to it, and half the splits halve
         # the merge traffic.  Measured (session 3 run 3, H200): b1 hq32 hkv8 L32768 P=16 47.6 us vs
         # P=32 48.5 us; b8 L8192 P=2 77.4 vs P=4 78.0 (both with PDL); the long shapes within 0.3%.
-        # Paged caches are the exception: each tile's gather waits on a block-table read first, and a
-        # second resident CTA per SM hides that latency.  Measured (session 4 run 3, H200, paged-16):
-        # b4 hq64 hkv8 L65536 P=8 256.8 us vs P=4 273.6 (contiguous P=4: 247.7); where the batch
-        # already fills the SMs twice over (b64 L2048) the rule still gives P=1.
+        # Small pages are the exception: each KV tile's gather first waits on block-table reads, and
+        # a second resident CTA per SM hides that latency.  Measured (session 4 runs 3-4, H200,
+        # 16-token pages): b4 hq64 hkv8 L65536 P=8 261.9 us vs P=4 275.9, b1 hq32 hkv32 L131072
+        # 503.4 vs 534.0, b8 L8192 78.9 vs 81.5, b1 L32768 49.6 vs 50.3; where the batch already
+        # fills the SMs twice over (b64 L2048) the rule still gives P=1.  Pages larger than a KV tile
+        # need a table read only every few tiles and keep the contiguous rule (not measured).
+        small_pages = paged and page_size <= cfg1.n_tile
         num_splits = choose_num_splits(
             B, Hkv, row_blocks, _capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count,
-            2 if paged else 1,
+            2 if small_pages else 1,
         )
     num_splits = int(num_splits)
     if num_splits < 1:

@@ -231,8 +231,9 @@ def test_split_heuristic():
 
 
 def test_split_heuristic_paged_fills_two_ctas_per_sm():
-    """Paged caches get the count that fills 2 CTAs per SM (the second hides block-table latency),
-    contiguous ones 1 CTA per SM: b4 hq64 hkv8 L65536 -> 8 vs 4 splits on 132 SMs."""
+    """Caches paged in pages no larger than a KV tile get the count that fills 2 CTAs per SM (the
+    second hides block-table latency), contiguous ones and larger pages 1 CTA per SM: b4 hq64 hkv8
+    L65536 -> 8 (pages of 16) vs 4 splits (contiguous, pages of 256) on 132 SMs."""
     from cute_kernels.arch import current_arch
 
     sms = current_arch().sm_count
@@ -243,6 +244,9 @@ def test_split_heuristic_paged_fills_two_ctas_per_sm():
     contiguous, paged = DA._plan(q, k, None, None, True)[1], DA._plan(q, kp, bt, None, True)[1]
     assert contiguous == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 1)
     assert paged == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 2) > contiguous
+    kp256 = torch.empty(1, 256, 8, 128, dtype=torch.bfloat16, device="meta")
+    bt256 = torch.empty(4, 65536 // 256, dtype=torch.int32, device="meta")
+    assert DA._plan(q, kp256, bt256, None, True)[1] == contiguous
     if sms == 132:
         assert (contiguous, paged) == (4, 8)
 
