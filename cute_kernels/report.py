@@ -47,12 +47,12 @@ def representative_builders() -> list[tuple[str, Callable]]:
 
     pcfg = GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), splits=4,
                       max_active_clusters=66)
-    out.append(("gemm split-K 128x256 S=4 in the persistent schedule, 2x1 multicast (CUTE_KERNELS_SPLITK=persistent)",
+    out.append(("gemm split-K 128x256 S=4 in the persistent schedule, 2x1 multicast (default for long K slices)",
                 lambda: G._fake_args(pcfg, "bfloat16", "bfloat16", "bfloat16")))
     from .gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
 
     scfg = SplitKClusterConfig(tiles=G.splitk_tiles(64, "bfloat16", "k", "mn", "bfloat16"), splits=2, vec_store=True)
-    out.append(("gemm split-K 128x64 over a 2-CTA cluster (DSMEM reduction)",
+    out.append(("gemm split-K 128x64 over a 2-CTA cluster (DSMEM reduction; default for short K slices)",
                 lambda: G._fake_args_splitk(scfg, "bfloat16", "bfloat16", "bfloat16")))
     fcfg = SplitKFixupConfig(tiles=G.splitk_tiles(256, "bfloat16", "k", "mn", "bfloat16"), splits=4)
     out.append(("gemm split-K 128x256 S=4, last-CTA fixup (CUTE_KERNELS_SPLITK=fixup)",
