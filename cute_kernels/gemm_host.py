@@ -548,8 +548,9 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         if tiles is None:
             tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
     mode = splitk_mode or SPLITK_MODE
+    # the output as the kernels will see it (its strides pick the epilogue); allocated once per plan
+    probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
     if mode in ("auto", "persistent"):  # the persistent split-K needs an unbatched, row-major output
-        probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
         row_ok = _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe
         mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
             mode if row_ok and a.dim() == 2 else "cluster")
@@ -562,7 +563,6 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     if p.splits > 1 and mode == "cluster":
         from .gemm_splitk_kernel import SplitKClusterConfig
 
-        probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
         scfg = SplitKClusterConfig(tiles=splitk_tiles(splitk_tile_n(m, n), ab, am, bm, d_name),
                                    splits=p.splits, a_rank=2, has_c=p.has_c, vec_store=splitk_vec_store_ok(probe),
                                    b_evict_first=SPLITK_B_EVICT_FIRST)
@@ -601,7 +601,6 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         p.reduce_fn = compiled_reduce(d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else None)
         p.d_fix = None
         return p
-    probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
     d_major = _major(probe, "out", "M", "N")
     p.d_fix = d_major if _canonical_strides(probe, d_major) is not probe else None
     if tiles.pingpong and p.has_c and tiles.tile_mnk[1] > 128:  # C's registers: 192 wide spills
