@@ -181,6 +181,14 @@ def precompile(configs, processes: Optional[int] = None) -> list[str]:
 #: set by benchmarks / tuning (``with override_config(...)``); None = heuristic
 _CONFIG_OVERRIDE: dict | None = None
 
+#: K/V load path for contiguous caches (paged caches always gather with cp.async):
+#: ``CUTE_KERNELS_DECODE_LOAD`` = ``cpasync`` | ``tma`` | ``tma_ef`` (TMA with L2 evict-first K/V).
+_LOAD_CHOICES = {"cpasync": ("cpasync", False), "tma": ("tma", False), "tma_ef": ("tma", True)}
+_env_load = os.environ.get("CUTE_KERNELS_DECODE_LOAD", "cpasync").strip().lower() or "cpasync"
+if _env_load not in _LOAD_CHOICES:
+    raise ValueError(f"CUTE_KERNELS_DECODE_LOAD={_env_load!r}: expected one of {sorted(_LOAD_CHOICES)}")
+DEFAULT_LOAD, DEFAULT_KV_EVICT_FIRST = _LOAD_CHOICES[_env_load]
+
 
 class override_config:
     """Context manager forcing DecodeConfig fields for benchmarks, tuning and tests: tiles (n_tile,
@@ -231,7 +239,8 @@ def make_config(
         # programmatic dependent launch on both kernels: the decode kernel's prologue overlaps the
         # previous kernel's tail and the merge's launch overlaps the decode tail (session 3 run 3:
         # +2-3% on b1/b8, within noise on the long shapes; both wait before reading their inputs)
-        merge_mode="pdl", load="cpasync", pdl_in=True, page_prefetch=False, kv_evict_first=False,
+        merge_mode="pdl", load=DEFAULT_LOAD, pdl_in=True, page_prefetch=False,
+        kv_evict_first=DEFAULT_KV_EVICT_FIRST,
     )
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)

@@ -7,6 +7,8 @@
 #        power (sustained GEMM: TFLOP/s, SM clock and power per implementation, profiles/bench_power.py)
 #        l2hint (L2 evict-first hint on streamed operands: split-K B, decode K/V; four timers)
 #        bench-decode-cand (bench-decode + a cute_tma_ef column: TMA loads with the evict-first hint)
+#        attn-tests-tmaef (attn-tests with CUTE_KERNELS_DECODE_LOAD=tma_ef)
+#        ncu-gemm (Nsight Compute, one call per GEMM implementation: profiles/ncu_gemm.py, NCU_ARGS)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
@@ -28,12 +30,15 @@ for step in "$@"; do
     decode-tma) py 200 profiles/repro_decode_tma.py --max-hangs 1 2>&1 | tail -n 40 | tee "$OUT/decode-tma.log" ;;
     tile-tests) py 400 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_pingpong.py tests/test_gemm_tiles256.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/tile-tests.log" ;;
     gemm-tests) py ${GEMM_TESTS_S:-480} -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py tests/test_gemm_cpasync.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/gemm-tests.log" ;;
+    attn-tests-tmaef) CUTE_KERNELS_DECODE_LOAD=tma_ef py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests-tmaef.log" ;;
+    ncu-gemm) timeout 300 ncu --profile-from-start off --clock-control none --set full -f -o "$OUT/ncu-gemm" python3 profiles/ncu_gemm.py ${NCU_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tail -n 40 | tee "$OUT/ncu-gemm-run.log";
+              ncu -i "$OUT/ncu-gemm.ncu-rep" --page details > "$OUT/ncu-gemm-details.txt" 2>&1; ncu -i "$OUT/ncu-gemm.ncu-rep" --page raw --csv > "$OUT/ncu-gemm-raw.csv" 2>&1; rm -f "$OUT/ncu-gemm.ncu-rep" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
     bench-decode-cand) py 400 profiles/bench_decode.py --candidate tma_ef --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
-    power) py 250 profiles/bench_power.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/power.log" ;;
+    power) py ${POWER_S:-250} profiles/bench_power.py --out "$OUT" ${POWER_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/power.log" ;;
     l2hint) py 240 profiles/bench_l2hint.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/l2hint.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/demo.log" ;;

@@ -7,6 +7,7 @@ split counts, determinism, CUDA-graph capture, poisoned buffers, bad device valu
 """
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -749,7 +750,7 @@ def test_kv_evict_first_compiles():
     with DA.override_config(load="tma", kv_evict_first=True):
         cfg = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True)
         assert not DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).kv_evict_first
-    with DA.override_config(kv_evict_first=True):
+    with DA.override_config(load="cpasync", kv_evict_first=True):
         assert not DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).kv_evict_first
     assert cfg.kv_evict_first
     rep = ins.inspect_builder(DA._decode_builder(cfg))
@@ -762,6 +763,28 @@ def test_kv_evict_first_compiles():
     assert len(regs) == 2 * cfg.head_dim // 64 * 3  # K + V boxes, prologue + loop copies of the issue
     vals = {int(re.findall(r"mov\.[bu]64\s+%s,\s*(\d+);" % re.escape(r), rep.ptx)[0]) for r in regs}
     assert vals == {blocks.L2_EVICT_FIRST}
+
+
+@pytest.mark.parametrize("value,load,ef", [("tma_ef", "tma", True), ("cpasync", "cpasync", False), ("bogus", None, None)])
+def test_decode_load_env(value, load, ef):
+    """CUTE_KERNELS_DECODE_LOAD picks the contiguous K/V load path at import; paged stays cp.async."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, torch\n"
+        "DA = importlib.import_module('cute_kernels.decode_attn')\n"
+        "c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True)\n"
+        "p = DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True)\n"
+        "print(c.load, c.kv_evict_first, p.load, p.kv_evict_first)\n"
+    )
+    env = dict(os.environ, CUTE_KERNELS_DECODE_LOAD=value, CUTE_KERNELS_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if load is None:
+        assert r.returncode != 0 and "CUTE_KERNELS_DECODE_LOAD" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [load, str(ef), "cpasync", "False"]
 
 
 def test_tma_falls_back_for_paged():
