@@ -34,11 +34,14 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def sampler():
-    """Background nvidia-smi: lines 'epoch_ms, clock MHz, power W, temp C' every 50 ms."""
+def sampler(path):
+    """Background nvidia-smi: lines 'timestamp, clock MHz, power W, temp C' every 50 ms, into a file.
+
+    Not a pipe: nobody reads it until the end, and once its 64 KB buffer filled (~1 minute of lines)
+    nvidia-smi blocked, so every window after the first minute had no samples (session 5 run 1)."""
     cmd = ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
            "--format=csv,noheader,nounits", "-lms", "50"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(cmd, stdout=open(path, "w"), stderr=subprocess.DEVNULL, text=True)
 
 
 def parse(lines):
@@ -120,7 +123,10 @@ def main():
         impls[f"ck {spec}"] = explicit_config(spec)
     for name, fn in impls.items():
         check(fn, name)
-    proc = sampler()
+    import tempfile
+
+    samples_path = os.path.join(tempfile.mkdtemp(), "smi.csv")
+    proc = sampler(samples_path)
     windows = []  # (shape, impl, t0, t1, calls)
     names = list(impls)
     for si, (m, n, k) in enumerate(shapes):
@@ -155,7 +161,9 @@ def main():
             del out
             time.sleep(2.0)
     proc.terminate()
-    samples = parse(proc.communicate()[0].splitlines())
+    proc.wait()
+    with open(samples_path) as f:
+        samples = parse(f.read().splitlines())
 
     rows = []
     for w in windows:
