@@ -4,7 +4,8 @@ Timing: ``triton.testing.do_bench`` median (it flushes L2 between runs: cold L2)
 median over ``--repeats`` interleaved rounds (every implementation timed once per shape per round),
 and each ratio is a same-round ratio to cuBLAS.  Writes JSON + a markdown table.
 
-    python3 profiles/bench_gemm.py [--quick] [--quack-untuned] [--tune] [--out DIR]
+    python3 profiles/bench_gemm.py [--quick] [--quack-untuned] [--tune] [--out DIR] [--shapes MxNxK,...]
+        [--splitk-variants] [--configs 256x128:1x2:8m,...]
 
 quack runs with its autotuner on (its default, as its users run it): its first call per shape tunes
 ~40 configs, so that call is slow; the time is recorded as ``first_call_s``.  Besides the ratio to
@@ -49,6 +50,9 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated MxNxK subset, e.g. 8192x8192x8192,1000x3000x520")
     ap.add_argument("--splitk-variants", action="store_true",
                     help="also time every split-K mode (gemm_host.SPLITK_MODES) as 'ck:<mode>' columns")
+    ap.add_argument("--configs", default="",
+                    help="also time our kernel at explicit configs (bench_power.py syntax, e.g. 256x128:1x2:8m,"
+                         "256x208:1x2:8m:swap) as 'ck <spec>' columns in the same rounds")
     args = ap.parse_args()
     shapes = SHAPES[:3] if args.quick else SHAPES
     if args.shapes:
@@ -71,6 +75,13 @@ def main():
         for mode in gemm_host.SPLITK_MODES:
             impls[f"ck:{mode}"] = (lambda m_: lambda a, b: gemm_host._gemm_impl(
                 a, b, None, None, 1.0, 0.0, None, splitk_mode=m_))(mode)
+
+    if args.configs:
+        sys.path.insert(0, os.path.dirname(__file__))
+        from bench_power import explicit_config
+
+        for spec in filter(None, args.configs.split(",")):
+            impls[f"ck {spec}"] = explicit_config(spec)
 
     data, errors, first_call = {}, {}, {}
     for shape in shapes:

@@ -34,7 +34,7 @@ for step in "$@"; do
     ncu-gemm) timeout 300 ncu --profile-from-start off --clock-control none --set full -f -o "$OUT/ncu-gemm" python3 profiles/ncu_gemm.py ${NCU_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tail -n 40 | tee "$OUT/ncu-gemm-run.log";
               ncu -i "$OUT/ncu-gemm.ncu-rep" --page details > "$OUT/ncu-gemm-details.txt" 2>&1; ncu -i "$OUT/ncu-gemm.ncu-rep" --page raw --csv > "$OUT/ncu-gemm-raw.csv" 2>&1; rm -f "$OUT/ncu-gemm.ncu-rep" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
-    bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
+    bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
     bench-decode-cand) py 400 profiles/bench_decode.py --candidate tma_ef --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
