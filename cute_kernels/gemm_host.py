@@ -131,14 +131,18 @@ def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str
 
 
 def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major: str,
-                  c_dtype: str, c_major: str, pingpong: bool | None = None) -> T.GemmTiles:
+                  c_dtype: str, c_major: str, pingpong: bool | None = None, stream_tiles: bool = True) -> T.GemmTiles:
     """Shape heuristic.  Pick the tile width whose last wave is fullest, weighting each wave by the
     tile's area and a small efficiency penalty for narrow wgmma (N=128 re-reads A from smem twice as
     often per FLOP as N=256).  Tiny problems that cannot fill the SMs take 128-wide tiles (and split-K).
     ``pingpong`` (default: ``PINGPONG``, env CUTE_KERNELS_PINGPONG=1): ping-pong consumers, whose
-    one-warpgroup accumulators allow 192- or 128-wide tiles."""
+    one-warpgroup accumulators allow 192- or 128-wide tiles.
+    Large A (:func:`_stream_tiles`, unless ``stream_tiles=False``): 256 x 128 tiles on an N-pair cluster,
+    see there."""
     sms = current_arch().sm_count
     pingpong = PINGPONG if pingpong is None else pingpong
+    if stream_tiles and not pingpong and _stream_tiles(m, n, k, l, ab):
+        return make_gemm_tiles(128, (1, 2), ab, a_major, b_major, c_dtype, c_major, tile_m=256)
     best = None
     for tile_n, eff in ((192, 1.0), (128, 0.97)) if pingpong else ((256, 1.0), (192, 0.97), (128, 0.92)):
         n_tiles = math.ceil(m / 128) * math.ceil(n / tile_n) * l
@@ -165,7 +169,22 @@ def _a_streams(m: int, k: int, ab: str) -> bool:
     return m * k * (4 if ab == "float32" else 2) >= A_STREAM_BYTES
 
 
-def default_raster(m: int, n: int, k: int, ab: str) -> tuple[int, bool]:
+def _stream_tiles(m: int, n: int, k: int, l: int, ab: str) -> bool:
+    """Pure Python: does the A-streaming shape take 256 x 128 tiles, 1x2 cluster, raster swizzle 8?
+
+    Why: these shapes run at the board's power cap, so TFLOP/s follows energy per FLOP, not issue
+    rate (session 4, ``bench_power.py``).  ncu on 8192^3 (session 5 runs 1-2,
+    ``results/gemm-ncu-8192-2026-11-30-s5.md``): the old 128x256 1x1 swizzle-4 choice read 1.47-1.52 GB
+    from HBM and 9.5-9.8 GB from L2 per call; 256x128 with the N-pair cluster (A tile multicast)
+    and swizzle 8 read 1.23 GB and 7.6 GB, and ran at a ~3% higher clock under the same cap.
+    do_bench (session 5 run 3): 8192^3 677 vs 647 TFLOP/s, 16384x4096x4096 665 vs 656; sustained
+    (run 2): 663 vs 649 and 646 vs 635.  On 4096^3 and 4096x14336 (A fits in L2) it was not
+    better (671 vs 670, 650 vs 668): those keep the width heuristic.  The N tiles must pair up."""
+    return (l == 1 and _a_streams(m, k, ab) and m >= 2048 and n >= 1024
+            and math.ceil(n / 128) % 2 == 0 and ab != "float32")
+
+
+def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTiles | None = None) -> tuple[int, bool]:
     """Pure Python: (raster swizzle, along M) of the persistent tile scheduler.
 
     Along M with swizzle 1, each wave walks whole columns of output tiles, so all of A is re-read from
@@ -176,6 +195,8 @@ def default_raster(m: int, n: int, k: int, ab: str) -> tuple[int, bool]:
     read 1.00x / 1.02x cuBLAS, against 0.92-0.93x untuned); with A <= 32 MB (4096^3, 4096x14336,
     4097x4096) the two are within 1%, so those keep the old choice.  (With a (2, 1) cluster, swizzle 4
     measured worse, 648: hence the cluster change in :func:`default_tiles`.)"""
+    if _stream_tiles(m, n, k, l, ab) and (tiles is None or (tiles.tile_mnk[:2], tiles.cluster_mn) == ((256, 128), (1, 2))):
+        return (8, True)  # with the 256 x 128 tiles of :func:`_stream_tiles`
     return (4, True) if _a_streams(m, k, ab) else (1, True)
 
 
@@ -539,7 +560,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     d_name = _TORCH_TO_NAME[p.out_dtype]
     am, bm = ("k" if a_major == "row" else "mn"), ("mn" if b_major == "row" else "k")
     if tiles is None and cp_async is not None:
-        tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)
+        tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False, stream_tiles=False)
     if tiles is None:
         tuned = None if PINGPONG else _tuned_choice(m, n, k, l, ab, am, bm, d_name)
         if tuned is not None:
@@ -554,7 +575,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         row_ok = _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe
         mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
             mode if row_ok and a.dim() == 2 else "cluster")
-    raster = raster or default_raster(m, n, k, ab)
+    raster = raster or default_raster(m, n, k, ab, l, tiles)
     if cp_async is not None:
         from .gemm_cpasync_kernel import cpasync_tiles
 

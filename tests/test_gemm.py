@@ -627,6 +627,34 @@ def test_gemm_large_a_swizzled_raster():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["plain", "c_fp32", "col_out"])
+def test_gemm_stream_tiles(variant):
+    """The A-streaming default (256 x 128 tiles, 1x2 cluster, swizzle 8: _stream_tiles) on a ragged
+    shape (M, N, K not multiples of the tile), NaN-poisoned outputs, float64 reference; with
+    alpha/beta/C into an fp32 output, and into a column-major output."""
+    m, n, k = 8200, 2000, 4104
+    t = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2))
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    ref = a.double() @ b.double()
+    if variant == "c_fp32":
+        c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+        cute_kernels.gemm(a, b, out=out, alpha=0.5, beta=-1.5, c=c)
+        ref = 0.5 * ref - 1.5 * c.double()
+    elif variant == "col_out":
+        out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.bfloat16).mT
+        cute_kernels.gemm(a, b, out=out)
+    else:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cute_kernels.gemm(a, b, out=out)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["cluster", "fixup", "persistent"])
 @pytest.mark.parametrize("mnk", [(128, 4096, 4096), (1024, 1024, 32768), (97, 1000, 2056)], ids=str)
 def test_splitk_b_evict_first_bitwise(monkeypatch, mode, mnk):
@@ -650,10 +678,20 @@ def test_splitk_b_evict_first_bitwise(monkeypatch, mode, mnk):
 
 
 def test_default_raster_rule():
-    assert G.default_raster(8192, 8192, 8192, "bfloat16") == (4, True)
+    # A >= 64 MB, N tiles pairing up: 256 x 128 tiles, 1x2 cluster, swizzle 8 (_stream_tiles)
+    assert G.default_raster(8192, 8192, 8192, "bfloat16") == (8, True)
+    for mnk in ((8192, 8192, 8192), (16384, 4096, 4096), (8200, 2000, 4104)):
+        t = G.default_tiles(*mnk[:3], 1, "bfloat16", "k", "mn", "bfloat16", "n")
+        assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2)), mnk
+        assert G.default_raster(*mnk, "bfloat16", 1, t) == (8, True)
+    # ... not when batched, narrow (N < 1024), with an odd N-tile count, or on the cp.async path
+    for mnk, l in (((8192, 8192, 8192), 2), ((8192, 1000, 4104), 1), ((8192, 8064, 8192), 1)):
+        t = G.default_tiles(*mnk, l, "bfloat16", "k", "mn", "bfloat16", "n")
+        assert t.tile_mnk[0] == 128 and t.cluster_mn == (1, 1), (mnk, l)
+        assert G.default_raster(*mnk, "bfloat16", l, t) == (4, True)
+    t = G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n", stream_tiles=False)
+    assert t.tile_mnk[0] == 128 and G.default_raster(8192, 8192, 8192, "bfloat16", 1, t) == (4, True)
     assert G.default_raster(4096, 14336, 4096, "bfloat16") == (1, True)
-    t = G.default_tiles(16384, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
-    assert t.cluster_mn == (1, 1)
     t = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert t.cluster_mn == (2, 1)
     # 2x1 whenever the M tiles pair up, small problems included (session 3 run 5/6: 1000x3000x520)
