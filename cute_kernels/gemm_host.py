@@ -174,7 +174,7 @@ def _stream_tiles(m: int, n: int, k: int, l: int, ab: str) -> bool:
 
     Why: these shapes run at the board's power cap, so TFLOP/s follows energy per FLOP, not issue
     rate (session 4, ``bench_power.py``).  ncu on 8192^3 (session 5 runs 1-2,
-    ``results/gemm-ncu-8192-2026-11-30-s5.md``): the old 128x256 1x1 swizzle-4 choice read 1.47-1.52 GB
+    ``results/gemm-ncu-2026-11-30-s5.md``): the old 128x256 1x1 swizzle-4 choice read 1.47-1.52 GB
     from HBM and 9.5-9.8 GB from L2 per call; 256x128 with the N-pair cluster (A tile multicast)
     and swizzle 8 read 1.23 GB and 7.6 GB, and ran at a ~3% higher clock under the same cap.
     do_bench (session 5 run 3): 8192^3 677 vs 647 TFLOP/s, 16384x4096x4096 665 vs 656; sustained
