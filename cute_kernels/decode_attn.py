@@ -75,7 +75,10 @@ class DecodeConfig:
     # b64 L2048 paged-16 135.7 vs 134.6 us, b4 L65536 paged-16 325.5 vs 273.6 us)
     page_prefetch: bool = False
     # load="tma": K/V loads hinted L2 evict-first.  Off: session 4 run 2 (bench_l2hint.py, b1 L32768)
-    # read-only flush 37.7 vs 38.0 us, write-32MB/decode/read pipeline 65.0 vs 70.7, but do_bench 71.3 vs 48.4
+    # read-only flush 37.7 vs 38.0 us, write-32MB/decode/read pipeline 65.0 vs 70.7; session 5 run 1
+    # (bench_decode --candidate tma_ef, same rounds): b1 L32768 44.7 vs 47.4 us, but slower on every
+    # shape of >= 256 MB (b1 L131072 517 vs 479, b4 L65536 267 vs 248, b32 L4096 139 vs 132, b8 L8192
+    # 77.2 vs 76.1).  CUTE_KERNELS_DECODE_LOAD=tma_ef makes it the process default.
     kv_evict_first: bool = False
 
 
