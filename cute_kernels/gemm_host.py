@@ -138,11 +138,9 @@ def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major
     ``pingpong`` (default: ``PINGPONG``, env CUTE_KERNELS_PINGPONG=1): ping-pong consumers, whose
     one-warpgroup accumulators allow 192- or 128-wide tiles.
     Large A (:func:`_stream_tiles`, unless ``stream_tiles=False``): 256 x 128 tiles on an N-pair cluster,
-    see there."""
+    see there, when their waves are as full as the width choice's (never for split-K-sized grids)."""
     sms = current_arch().sm_count
     pingpong = PINGPONG if pingpong is None else pingpong
-    if stream_tiles and not pingpong and _stream_tiles(m, n, k, l, ab):
-        return make_gemm_tiles(128, (1, 2), ab, a_major, b_major, c_dtype, c_major, tile_m=256)
     best = None
     for tile_n, eff in ((192, 1.0), (128, 0.97)) if pingpong else ((256, 1.0), (192, 0.97), (128, 0.92)):
         n_tiles = math.ceil(m / 128) * math.ceil(n / tile_n) * l
@@ -151,6 +149,11 @@ def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major
             cost = 0 if tile_n == 128 else float("inf")
         if best is None or cost < best[0]:
             best = (cost, tile_n)
+    if stream_tiles and not pingpong and _stream_tiles(m, n, k, l, ab):
+        # same area as a 128 x 256 tile: take it unless its waves quantize worse than the width choice
+        n256 = math.ceil(m / 256) * math.ceil(n / 128)
+        if n256 * 2 > sms and math.ceil(n256 / sms) * 256 <= best[0]:
+            return make_gemm_tiles(128, (1, 2), ab, a_major, b_major, c_dtype, c_major, tile_m=256)
     tile_n = best[1]
     # 2x1 multicast whenever the M tiles pair up: B is loaded once per CTA pair.  Also for small
     # problems: 1000x3000x520 (session 3 run 5 tuner) 128x192 1x1 218 TFLOP/s vs 128x256 2x1 234 and
@@ -195,7 +198,9 @@ def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTil
     read 1.00x / 1.02x cuBLAS, against 0.92-0.93x untuned); with A <= 32 MB (4096^3, 4096x14336,
     4097x4096) the two are within 1%, so those keep the old choice.  (With a (2, 1) cluster, swizzle 4
     measured worse, 648: hence the cluster change in :func:`default_tiles`.)"""
-    if _stream_tiles(m, n, k, l, ab) and (tiles is None or (tiles.tile_mnk[:2], tiles.cluster_mn) == ((256, 128), (1, 2))):
+    if tiles is None:
+        tiles = default_tiles(m, n, k, l, ab, "k", "mn", "bfloat16", "n", pingpong=False)
+    if _stream_tiles(m, n, k, l, ab) and (tiles.tile_mnk[:2], tiles.cluster_mn) == ((256, 128), (1, 2)):
         return (8, True)  # with the 256 x 128 tiles of :func:`_stream_tiles`
     return (4, True) if _a_streams(m, k, ab) else (1, True)
 

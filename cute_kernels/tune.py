@@ -89,7 +89,7 @@ def candidates(m, n, ab, am, bm, d_name, k=4096, l=1):
     from .gemm_host import default_raster, default_tiles
 
     d = default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)
-    raster = default_raster(m, n, k, ab)
+    raster = default_raster(m, n, k, ab, l, d)
     out = [(d.tile_mnk[0], d.tile_mnk[1], d.pingpong, d.cluster_mn, *raster)]
     for tile_m, tile_n, pp in TILE_FAMILIES:
         for cluster in _clusters(m, n, tile_m, tile_n, both=(tile_m, tile_n) != (128, 256)):

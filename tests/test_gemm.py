@@ -685,10 +685,12 @@ def test_default_raster_rule():
         assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2)), mnk
         assert G.default_raster(*mnk, "bfloat16", 1, t) == (8, True)
     # ... not when batched, narrow (N < 1024), with an odd N-tile count, or on the cp.async path
-    for mnk, l in (((8192, 8192, 8192), 2), ((8192, 1000, 4104), 1), ((8192, 8064, 8192), 1)):
+    # (2048x1024x16384: 64 such tiles would leave half the SMs idle; the width heuristic's 128 tiles stay)
+    for mnk, l in (((8192, 8192, 8192), 2), ((8192, 1000, 4104), 1), ((8192, 8064, 8192), 1), ((2048, 1024, 16384), 1)):
         t = G.default_tiles(*mnk, l, "bfloat16", "k", "mn", "bfloat16", "n")
         assert t.tile_mnk[0] == 128 and t.cluster_mn == (1, 1), (mnk, l)
         assert G.default_raster(*mnk, "bfloat16", l, t) == (4, True)
+        assert G.default_raster(*mnk, "bfloat16", l) == (4, True)
     t = G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n", stream_tiles=False)
     assert t.tile_mnk[0] == 128 and G.default_raster(8192, 8192, 8192, "bfloat16", 1, t) == (4, True)
     assert G.default_raster(4096, 14336, 4096, "bfloat16") == (1, True)
