@@ -35,8 +35,9 @@ def representative_builders() -> list[tuple[str, Callable]]:
         out.append((label, lambda cfg=cfg, ab=ab, cd=cd: G._fake_args(cfg, ab, cd, "float32")))
 
     for label, cfg in [
-        ("gemm bf16 256x160 cluster 2x1 (two 64-row M-blocks per warpgroup; tuner candidate)",
-         GemmConfig(tiles=G.make_gemm_tiles(160, (2, 1), "bfloat16", "k", "mn", "bfloat16", tile_m=256))),
+        ("gemm bf16 256x128 cluster 1x2, swizzle 8 (two 64-row M-blocks per warpgroup; default when A >= 64 MB)",
+         GemmConfig(tiles=G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n"),
+                    raster_swizzle=8, max_active_clusters=66)),
         ("gemm bf16 ping-pong 128x192 cluster 2x1 (CUTE_KERNELS_PINGPONG=1)",
          GemmConfig(tiles=G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True))),
         ("gemm bf16 cp.async mainloop 128x256, 8-byte vectors (row-major A with K % 8 != 0)",
