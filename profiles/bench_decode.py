@@ -395,6 +395,9 @@ def _variant_splits(rule, auto, base, sm):
 
 #: extra paged shapes of the variant runs only (the long single sequences where paged-16 trails
 #: contiguous by 8-10%, session 3 run 4)
+#: ``--size-sweep``: one sequence at growing length (KV bytes 34, 67, 134, 268, 537 MB)
+SIZE_SWEEP_SHAPES = [(f"b1_hq32_hkv8_L{L}", 1, 32, 8, L, 16) for L in (8192, 16384, 32768, 65536, 131072)]
+
 VARIANT_SHAPES = [("b4_hq64_hkv8_L65536_paged16", 4, 64, 8, 65536, 16),
                   ("b1_hq32_hkv8_L32768_paged16", 1, 32, 8, 32768, 16),
                   ("b1_hq32_hkv32_L131072_paged16", 1, 32, 32, 131072, 16),
@@ -687,6 +690,9 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(ROOT / "profiles" / "results"))
     ap.add_argument("--candidate", default="", help=f"comma-separated extra columns of ours: {sorted(CANDIDATES)}")
+    ap.add_argument("--size-sweep", action="store_true",
+                    help="b1 hq32 hkv8 at L 8192..131072 (34-537 MB of KV) instead of the issue shapes: where "
+                         "does a candidate (e.g. --candidate tma_ef) stop paying?")
     ap.add_argument("--variants", action="store_true", help="v2 load/launch/split variants vs default vs cuDNN")
     ap.add_argument("--smoke-variants", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--smoke-timeout", type=int, default=150)
@@ -714,6 +720,8 @@ def main():
     if args.merge_mode:
         DA._CONFIG_OVERRIDE = dict(merge_mode=args.merge_mode)
     _candidates.extend(filter(None, args.candidate.split(",")))
+    if args.size_sweep:
+        SHAPES[:] = SIZE_SWEEP_SHAPES
     precompile_all(args)
     if args.sweep:
         results, notes = [], {}

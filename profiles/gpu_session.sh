@@ -10,6 +10,7 @@
 #        attn-tests-tmaef (attn-tests with CUTE_KERNELS_DECODE_LOAD=tma_ef)
 #        ncu-gemm (Nsight Compute, one call per GEMM implementation: profiles/ncu_gemm.py, NCU_ARGS)
 #        decode-placement (is the b1 do_bench bimodality K/V placement? profiles/decode_placement.py)
+#        decode-size-sweep (b1 at L 8K..128K, default vs TMA + evict-first: where does the hint stop paying?)
 #        gemm-raster-cand (the l2_model.py raster candidates for 4096^3 / 4096x14336, 5 rounds)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -35,6 +36,7 @@ for step in "$@"; do
     attn-tests-tmaef) CUTE_KERNELS_DECODE_LOAD=tma_ef py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests-tmaef.log" ;;
     ncu-gemm) timeout 300 ncu --profile-from-start off --clock-control none --set full -f -o "$OUT/ncu-gemm" python3 profiles/ncu_gemm.py ${NCU_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tail -n 40 | tee "$OUT/ncu-gemm-run.log";
               ncu -i "$OUT/ncu-gemm.ncu-rep" --page details > "$OUT/ncu-gemm-details.txt" 2>&1; ncu -i "$OUT/ncu-gemm.ncu-rep" --page raw --csv > "$OUT/ncu-gemm-raw.csv" 2>&1; rm -f "$OUT/ncu-gemm.ncu-rep" ;;
+    decode-size-sweep) py 300 profiles/bench_decode.py --size-sweep --candidate tma_ef --tag size-sweep --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/decode-size-sweep.log" ;;
     decode-placement) py 200 profiles/decode_placement.py 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/decode-placement.log" ;;
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | grep -v "Warning:\|warnings.warn\|config: GemmConfig" | tee "$OUT/gemm-raster-cand.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
