@@ -24,7 +24,9 @@ def _demo_pictures(out_dir: str) -> list[str]:
     for what, name in [("mma-c", "gemm_mma_c_fragment.svg"), ("smem-a", "gemm_smem_a_swizzle.svg"),
                        ("banks", "gemm_smem_a_banks.svg"), ("raster", "gemm_raster_8192.png")]:
         path = os.path.join(out_dir, name)
-        extra = ["--problem", "8192,8192", "--num-ctas", "132"] if what == "raster" else []
+        # raster: the 8192^3 default (gemm_host._stream_tiles: 256x128 tiles, 1x2 cluster, swizzle 8)
+        extra = (["--problem", "8192,8192", "--num-ctas", "132", "--tile", "256,128,64", "--cluster", "1,2",
+                  "--swizzle", "8"] if what == "raster" else [])
         lcli.main(["gemm", "--what", what, *extra, "--out", path])
         made.append(path)
     return made

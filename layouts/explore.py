@@ -16,6 +16,7 @@ which :mod:`layouts.render` draws as text, SVG or PNG.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -447,6 +448,52 @@ def num_tiles(problem_mn: tuple[int, int], tile_mn: tuple[int, int]) -> tuple[in
     return ceil_div(problem_mn[0], tile_mn[0]), ceil_div(problem_mn[1], tile_mn[1])
 
 
+@functools.lru_cache(maxsize=256)
+def scheduler_cluster_order(
+    num_tiles_mn: tuple[int, int],
+    cluster_mn: tuple[int, int] = (1, 1),
+    swizzle: int = 1,
+    raster_along_m: bool = True,
+) -> tuple[tuple[int, int], ...]:
+    """Cluster coordinate ``(mc, nc)`` of every linear work unit, in the order the GEMM's persistent
+    scheduler hands them out, read off the DSL's own ``PersistentTileSchedulerParams`` layout.
+
+    Why the DSL object and not a formula: it is what the kernels run (``blocks.persistent_scheduler_params``),
+    and its details matter for L2 reuse.  With ``swizzle > 1`` the cluster grid across the raster
+    direction is rounded up to whole strips of ``swizzle`` (so a last, partial strip has padding units,
+    which the kernel runs as empty tiles); the strip is walked row by row down the raster direction.
+    With ``swizzle == 1`` the scheduler decodes the id with fast divmods instead of the layout:
+    column-major along M, row-major along N.
+    """
+    Mt, Nt = num_tiles_mn
+    cm, cn = cluster_mn
+    if swizzle < 1 or cm < 1 or cn < 1 or Mt < 1 or Nt < 1:
+        raise ValueError("tile counts, swizzle and cluster sizes must be >= 1")
+    if swizzle == 1:
+        Mc, Nc = ceil_div(Mt, cm), ceil_div(Nt, cn)
+        if raster_along_m:
+            return tuple((i % Mc, i // Mc) for i in range(Mc * Nc))
+        return tuple((i // Nc, i % Nc) for i in range(Mc * Nc))
+
+    def work():
+        import warnings
+
+        from cutlass import utils
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            params = utils.PersistentTileSchedulerParams((Mt, Nt, 1), (cm, cn, 1), swizzle, raster_along_m)
+        L = params.problem_layout_ncluster_mnl
+        shape = _py(cute.shape(L))
+        return _size(shape[0]), _physical(L, range(_size(shape)), None)
+
+    rows, ids = in_dsl(work)
+    order: list[tuple[int, int] | None] = [None] * len(ids)
+    for flat, unit in enumerate(ids):  # domain point (mc, nc) in colexicographic order -> work unit id
+        order[unit] = (flat % rows, flat // rows)
+    return tuple(order)  # type: ignore[arg-type]
+
+
 def tile_coord(
     tile_id: int,
     num_tiles_mn: tuple[int, int],
@@ -454,36 +501,21 @@ def tile_coord(
     swizzle: int = 1,
     raster_along_m: bool = True,
 ) -> tuple[int, int]:
-    """Linear work-tile id -> output tile ``(m, n)``; the formula the GEMM's scheduler implements.
+    """Linear work-tile id -> output tile ``(m, n)``, as the GEMM's scheduler assigns it.
 
-    With ``cm, cn = cluster_mn``, the tile grid is padded to whole clusters,
-    ``Mc = ceil(Mt / cm)``, ``Nc = ceil(Nt / cn)`` cluster tiles, and::
-
-        cid, rank = divmod(tile_id, cm * cn)   # cluster work unit; CTA rank in the cluster
-        # grouped raster over the Mc x Nc cluster grid (along M shown; along N swaps m<->n, Mc<->Nc):
-        g, r      = divmod(cid, Mc * swizzle)  # group g = cluster columns [g*swizzle, (g+1)*swizzle)
-        width     = min(swizzle, Nc - g * swizzle)   # the last group may be narrower
-        mc, nc    = r // width, g * swizzle + r % width
-        m, n      = mc * cm + rank % cm, nc * cn + rank // cm
-
-    Why: consecutive ids sweep a band of ``swizzle`` columns down M, so CTAs running at the same
-    time share A rows and B columns in L2 (``swizzle=1`` is plain column-major order).  The CTA rank
-    is column-major in the cluster, as ``block_rank_in_cluster`` is.  Ids whose ``(m, n)`` fall in the
-    cluster padding (``m >= Mt`` or ``n >= Nt``) are empty work the kernel must skip.
+    ``cid, rank = divmod(tile_id, cm * cn)``: cluster work unit ``cid`` (its cluster coordinate from
+    :func:`scheduler_cluster_order`) and the CTA's rank in the cluster, column-major as
+    ``block_rank_in_cluster`` is: ``m, n = mc * cm + rank % cm, nc * cn + rank // cm``.  Ids whose
+    ``(m, n)`` fall outside the tile grid (cluster or swizzle-strip padding) are empty work the kernel
+    skips.  Why it matters: consecutive ids sweep a band of ``swizzle`` cluster columns (rows) down M
+    (across N), so CTAs running at the same time share A rows and B columns in L2.
     """
-    Mt, Nt = num_tiles_mn
     cm, cn = cluster_mn
-    if swizzle < 1 or cm < 1 or cn < 1:
-        raise ValueError("swizzle and cluster sizes must be >= 1")
-    Mc, Nc = ceil_div(Mt, cm), ceil_div(Nt, cn)
-    if not 0 <= tile_id < Mc * Nc * cm * cn:
+    order = scheduler_cluster_order(tuple(num_tiles_mn), tuple(cluster_mn), swizzle, raster_along_m)
+    if not 0 <= tile_id < len(order) * cm * cn:
         raise ValueError(f"tile id {tile_id} out of range")
     cid, rank = divmod(tile_id, cm * cn)
-    major, minor = (Mc, Nc) if raster_along_m else (Nc, Mc)
-    g, r = divmod(cid, major * swizzle)
-    width = min(swizzle, minor - g * swizzle)
-    a, b = r // width, g * swizzle + r % width  # a along the raster direction, b across it
-    mc, nc = (a, b) if raster_along_m else (b, a)
+    mc, nc = order[cid]
     return mc * cm + rank % cm, nc * cn + rank // cm
 
 
@@ -544,11 +576,11 @@ def cta_raster_order(
     raster_along_m: bool = True,
     num_ctas: int | None = None,
 ) -> RasterTable:
-    """All work tiles in scheduler order (see :func:`tile_coord` for the formula), and which CTA of a
+    """All work tiles in scheduler order (see :func:`tile_coord`), and which CTA of a
     persistent grid of ``num_ctas`` (default: one wave, a CTA per tile) runs each."""
     Mt, Nt = num_tiles_mn
     cm, cn = cluster_mn
-    total = ceil_div(Mt, cm) * ceil_div(Nt, cn) * cm * cn
+    total = len(scheduler_cluster_order(tuple(num_tiles_mn), tuple(cluster_mn), swizzle, raster_along_m)) * cm * cn
     if num_ctas is None:
         num_ctas = total
     if num_ctas < 1 or num_ctas % (cm * cn):
@@ -572,6 +604,7 @@ __all__ = [
     "mma_fragment_ownership",
     "smem_bank_pattern",
     "tile_coord",
+    "scheduler_cluster_order",
     "num_tiles",
     "cta_raster_order",
 ]

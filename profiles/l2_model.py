@@ -3,9 +3,9 @@
 Why: on the power-capped shapes the clock follows energy per FLOP, and HBM traffic is part of it
 (session 5: ncu read 1.47-1.52 GB per 8192^3 call for 128x256 / swizzle 4 against 1.23 GB for
 256x128 / 1x2 / swizzle 8, and the latter ran ~3% faster at the cap).  Rasters and tiles can be
-ranked on the CPU before spending device time: this replays the scheduler's order (the same layout
-as ``cutlass.utils.PersistentTileSchedulerParams``: clusters column-major, swizzled in strips of
-``swizzle`` clusters) wave by wave, k-tile by k-tile, through an LRU cache of ``--l2-mb``.
+ranked on the CPU before spending device time: this replays the scheduler's order
+(``layouts.explore.scheduler_cluster_order``, read off the DSL's ``PersistentTileSchedulerParams``)
+wave by wave, k-tile by k-tile, through an LRU cache of ``--l2-mb``.
 
 It is a model: all CTAs of a wave advance in lockstep, L2 is one LRU pool, multicast loads count
 once per cluster.  The pool is 28 MB, not the 50 MB of the spec sheet: the H100/H200 L2 is two
@@ -24,49 +24,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 from collections import OrderedDict
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("CUTE_KERNELS_ARCH", "sm_90a")
+from layouts.explore import scheduler_cluster_order  # noqa: E402  (the DSL scheduler's own order)
+
 SMS = 132
-
-
-def cluster_order(m_clusters: int, n_clusters: int, swizzle: int, along_m: bool) -> list[tuple[int, int]]:
-    """(cluster_m, cluster_n) for linear work index 0, 1, ... (the DSL scheduler's layout, L = 1).
-
-    swizzle 1: column-major over (m, n) along M, row-major along N.  swizzle s > 1 along M: strips of
-    s cluster columns, walked down M, each strip row-by-row ((s, Mc, Nc/s) with strides (1, s, s*Mc));
-    the cluster counts are rounded up to the strip and out-of-range coordinates are skipped (the
-    scheduler marks them invalid: those slots do no work)."""
-    order = []
-    if swizzle == 1:
-        if along_m:
-            order = [(i % m_clusters, i // m_clusters) for i in range(m_clusters * n_clusters)]
-        else:
-            order = [(i // n_clusters, i % n_clusters) for i in range(m_clusters * n_clusters)]
-        return order
-    if along_m:
-        nc = -(-n_clusters // swizzle) * swizzle
-        size = m_clusters * nc
-        inv = [None] * size
-        for cm in range(m_clusters):
-            for cn in range(nc):
-                s, strip = cn % swizzle, cn // swizzle
-                inv[cm * swizzle + s + strip * swizzle * m_clusters] = (cm, cn)
-    else:
-        mc = -(-m_clusters // swizzle) * swizzle
-        size = mc * n_clusters
-        inv = [None] * size
-        for cm in range(mc):
-            for cn in range(n_clusters):
-                s, strip = cm % swizzle, cm // swizzle
-                inv[cn * swizzle + s + strip * swizzle * n_clusters] = (cm, cn)
-    return [c if c[0] < m_clusters and c[1] < n_clusters else None for c in inv]
 
 
 def hbm_reads(m, n, k, tile_m, tile_n, cluster, swizzle, along_m, l2_bytes, el=2, tile_k=64):
     """Bytes read from HBM for A and B (the output write is not modelled)."""
     cm_, cn_ = cluster
     mt, nt = math.ceil(m / tile_m), math.ceil(n / tile_n)
-    order = cluster_order(math.ceil(mt / cm_), math.ceil(nt / cn_), swizzle, along_m)
+    order = scheduler_cluster_order((mt, nt), cluster, swizzle, along_m)  # padding units included
     slots = SMS // (cm_ * cn_)
     kt = math.ceil(k / tile_k)
     a_bytes, b_bytes = tile_m * tile_k * el, tile_n * tile_k * el
@@ -88,7 +61,7 @@ def hbm_reads(m, n, k, tile_m, tile_n, cluster, swizzle, along_m, l2_bytes, el=2
             used -= s
 
     for w0 in range(0, len(order), slots):
-        wave = [c for c in order[w0:w0 + slots] if c is not None]
+        wave = order[w0:w0 + slots]
         tiles = set()
         for cm, cn in wave:
             for i in range(cm_):

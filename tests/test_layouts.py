@@ -148,6 +148,15 @@ def test_raster_formulas():
     clustered = explore.cta_raster_order((4, 2), cluster_mn=(2, 1))
     assert list(clustered.order[:4]) == [(0, 0), (1, 0), (2, 0), (3, 0)]  # CTA rank along M in a cluster
     assert explore.tile_coord(5, (3, 4)) == (2, 1)
+    # swizzle 1 along N: row-major (the scheduler's fast-divmod decode)
+    assert list(explore.cta_raster_order((2, 3), raster_along_m=False).order) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    # a partial last strip is padded to the swizzle width (DSL PersistentTileSchedulerParams): 3 x 5
+    # tiles, swizzle 2 -> 18 work units, strip 2 = columns 4 and (padding) 5, walked row by row
+    order = explore.scheduler_cluster_order((3, 5), (1, 1), 2, True)
+    assert len(order) == 18 and list(order[:6]) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert list(order[12:]) == [(0, 4), (0, 5), (1, 4), (1, 5), (2, 4), (2, 5)]
+    order = explore.scheduler_cluster_order((5, 3), (1, 1), 2, False)  # along N: strips of 2 rows
+    assert len(order) == 18 and list(order[:6]) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
     with pytest.raises(ValueError):
         explore.cta_raster_order((4, 4), cluster_mn=(2, 1), num_ctas=3)
 
