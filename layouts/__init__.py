@@ -15,6 +15,7 @@ from .explore import (
     in_dsl,
     mma_fragment_ownership,
     num_tiles,
+    scheduler_cluster_order,
     smem_bank_pattern,
     tile_coord,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "mma_fragment_ownership",
     "num_tiles",
     "save",
+    "scheduler_cluster_order",
     "smem_bank_pattern",
     "tile_coord",
     "to_png",
