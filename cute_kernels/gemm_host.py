@@ -197,12 +197,30 @@ def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTil
     swizzle 4 vs 700 with the old (2, 1) + swizzle 1; 16384x4096x4096 662 vs 623 (the tuned bench then
     read 1.00x / 1.02x cuBLAS, against 0.92-0.93x untuned); with A <= 32 MB (4096^3, 4096x14336,
     4097x4096) the two are within 1%, so those keep the old choice.  (With a (2, 1) cluster, swizzle 4
-    measured worse, 648: hence the cluster change in :func:`default_tiles`.)"""
+    measured worse, 648: hence the cluster change in :func:`default_tiles`.)  The plan runs the swizzle
+    through :func:`fit_swizzle`, so a strip width that does not divide the cluster grid shrinks instead
+    of padding it with empty-but-computed units."""
     if tiles is None:
         tiles = default_tiles(m, n, k, l, ab, "k", "mn", "bfloat16", "n", pingpong=False)
     if _stream_tiles(m, n, k, l, ab) and (tiles.tile_mnk[:2], tiles.cluster_mn) == ((256, 128), (1, 2)):
         return (8, True)  # with the 256 x 128 tiles of :func:`_stream_tiles`
     return (4, True) if _a_streams(m, k, ab) else (1, True)
+
+
+def fit_swizzle(swizzle: int, along_m: bool, m: int, n: int, tile_mn: tuple[int, int],
+                cluster_mn: tuple[int, int]) -> int:
+    """Pure Python: the raster swizzle to run, chosen from swizzle//2..swizzle to pad the fewest units.
+
+    Why: the DSL's persistent scheduler rounds the cluster grid across the raster direction up to whole
+    strips of ``swizzle``, and the kernel runs every padding unit as a full mainloop on zero-filled
+    tiles.  8192x3000 with 256x128 tiles on a 1x2 cluster has 12 cluster columns: swizzle 8 pads them to
+    16 (512 units for 384 tiles, a third more waves); 6 or 4 pad none.  Ties go to the wider strip."""
+    if swizzle <= 1:
+        return 1
+    mc = -(-(-(-m // tile_mn[0])) // cluster_mn[0])
+    nc = -(-(-(-n // tile_mn[1])) // cluster_mn[1])
+    across = nc if along_m else mc
+    return min(range(max(1, swizzle // 2), swizzle + 1), key=lambda s: (-(-across // s) * s - across, -s))
 
 
 def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):
@@ -619,7 +637,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     if p.splits > 1:
         # partials: a batched GEMM over K slices into an fp32 (S, M, N) workspace, then one reduce
         tiles = make_gemm_tiles(tiles.tile_mnk[1], tiles.cluster_mn, ab, am, bm, "float32")
-        cfg = GemmConfig(tiles=tiles, a_rank=3, has_c=False, tma_store=True, raster_swizzle=raster[0],
+        cfg = GemmConfig(tiles=tiles, a_rank=3, has_c=False, tma_store=True,
+                         raster_swizzle=fit_swizzle(raster[0], raster[1], m, n, tiles.tile_mnk[:2], tiles.cluster_mn),
                          raster_along_m=raster[1], max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]))
         p.fn = compiled_gemm(cfg, ab, "float32", "float32")
         from .splitk_reduce import compiled_reduce
@@ -638,7 +657,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
                                 pingpong=tiles.pingpong, tile_m=tiles.tile_mnk[0])
     cfg = GemmConfig(
         tiles=tiles, a_rank=a.dim(), has_c=p.has_c, tma_store=_tma_ok(probe, d_major),
-        raster_swizzle=raster[0], raster_along_m=raster[1],
+        raster_swizzle=fit_swizzle(raster[0], raster[1], m, n, tiles.tile_mnk[:2], tiles.cluster_mn),
+        raster_along_m=raster[1],
         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]),
         **(cp_async or {}),
     )

@@ -627,12 +627,15 @@ def test_gemm_large_a_swizzled_raster():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["plain", "c_fp32", "col_out"])
+@pytest.mark.parametrize("variant", ["plain", "c_fp32", "col_out", "swizzle6"])
 def test_gemm_stream_tiles(variant):
     """The A-streaming default (256 x 128 tiles, 1x2 cluster, swizzle 8: _stream_tiles) on a ragged
     shape (M, N, K not multiples of the tile), NaN-poisoned outputs, float64 reference; with
-    alpha/beta/C into an fp32 output, and into a column-major output."""
-    m, n, k = 8200, 2000, 4104
+    alpha/beta/C into an fp32 output, and into a column-major output.  ``swizzle6``: N = 3000 gives
+    12 cluster columns, run with strips of 6 (fit_swizzle) instead of padding to 16."""
+    m, n, k = 8200, (3000 if variant == "swizzle6" else 2000), 4104
+    if variant == "swizzle6":
+        assert G.fit_swizzle(*G.default_raster(m, n, k, "bfloat16"), m, n, (256, 128), (1, 2)) == 6
     t = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2))
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -691,6 +694,12 @@ def test_default_raster_rule():
         assert t.tile_mnk[0] == 128 and t.cluster_mn == (1, 1), (mnk, l)
         assert G.default_raster(*mnk, "bfloat16", l, t) == (4, True)
         assert G.default_raster(*mnk, "bfloat16", l) == (4, True)
+    # the swizzle actually run pads the fewest scheduler units (padding units run full mainloops)
+    assert G.fit_swizzle(8, True, 8192, 8192, (256, 128), (1, 2)) == 8  # 32 cluster columns
+    assert G.fit_swizzle(8, True, 8192, 3000, (256, 128), (1, 2)) == 6  # 12 columns: 8 would pad 4
+    assert G.fit_swizzle(4, True, 16384, 4400, (128, 256), (1, 1)) == 3  # 18 columns: 4 would pad 2
+    assert G.fit_swizzle(8, False, 3000, 8192, (128, 256), (2, 1)) == 6  # along N: 12 cluster rows
+    assert G.fit_swizzle(1, True, 8192, 3000, (256, 128), (1, 2)) == 1
     t = G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n", stream_tiles=False)
     assert t.tile_mnk[0] == 128 and G.default_raster(8192, 8192, 8192, "bfloat16", 1, t) == (4, True)
     assert G.default_raster(4096, 14336, 4096, "bfloat16") == (1, True)
