@@ -214,7 +214,8 @@ def fit_swizzle(swizzle: int, along_m: bool, m: int, n: int, tile_mn: tuple[int,
     Why: the DSL's persistent scheduler rounds the cluster grid across the raster direction up to whole
     strips of ``swizzle``, and the kernel runs every padding unit as a full mainloop on zero-filled
     tiles.  8192x3000 with 256x128 tiles on a 1x2 cluster has 12 cluster columns: swizzle 8 pads them to
-    16 (512 units for 384 tiles, a third more waves); 6 or 4 pad none.  Ties go to the wider strip."""
+    16 (512 cluster units for 384 real ones, a third more waves); 6 or 4 pad none.  Ties go to the
+    wider strip."""
     if swizzle <= 1:
         return 1
     mc = -(-(-(-m // tile_mn[0])) // cluster_mn[0])
