@@ -734,7 +734,9 @@ def test_tune_gemm_persists_and_is_used(monkeypatch, tmp_path):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     cute_kernels.gemm(a, b, out=out)
     assert seen and seen[-1].tiles.tile_mnk[:2] == (entry.get("tile_m", 128), entry["tile_n"])
-    assert (seen[-1].raster_swizzle, seen[-1].raster_along_m) == (entry["swizzle"], entry["along_m"])
+    ran = seen[-1]  # the stored raster, with the strip width fitted to the grid (fit_swizzle)
+    sw = G.fit_swizzle(entry["swizzle"], entry["along_m"], m, n, ran.tiles.tile_mnk[:2], ran.tiles.cluster_mn)
+    assert (ran.raster_swizzle, ran.raster_along_m) == (sw, entry["along_m"])
     assert rel_err(out, _ref(a, b)) < 2e-2
 
 
