@@ -461,7 +461,7 @@ def scheduler_cluster_order(
     Why the DSL object and not a formula: it is what the kernels run (``blocks.persistent_scheduler_params``),
     and its details matter for L2 reuse.  With ``swizzle > 1`` the cluster grid across the raster
     direction is rounded up to whole strips of ``swizzle`` (so a last, partial strip has padding units,
-    which the kernel runs as empty tiles); the strip is walked row by row down the raster direction.
+    which a CTA still takes and computes on zero-filled tiles); the strip is walked row by row down the raster direction.
     With ``swizzle == 1`` the scheduler decodes the id with fast divmods instead of the layout:
     column-major along M, row-major along N.
     """
@@ -506,8 +506,8 @@ def tile_coord(
     ``cid, rank = divmod(tile_id, cm * cn)``: cluster work unit ``cid`` (its cluster coordinate from
     :func:`scheduler_cluster_order`) and the CTA's rank in the cluster, column-major as
     ``block_rank_in_cluster`` is: ``m, n = mc * cm + rank % cm, nc * cn + rank // cm``.  Ids whose
-    ``(m, n)`` fall outside the tile grid (cluster or swizzle-strip padding) are empty work the kernel
-    skips.  Why it matters: consecutive ids sweep a band of ``swizzle`` cluster columns (rows) down M
+    ``(m, n)`` fall outside the tile grid (cluster or swizzle-strip padding) produce no output, but the
+    kernel still runs their mainloop on zero-filled tiles (hence ``gemm_host.fit_swizzle``).  Why it matters: consecutive ids sweep a band of ``swizzle`` cluster columns (rows) down M
     (across N), so CTAs running at the same time share A rows and B columns in L2.
     """
     cm, cn = cluster_mn
