@@ -218,10 +218,10 @@ def fit_swizzle(swizzle: int, along_m: bool, m: int, n: int, tile_mn: tuple[int,
     wider strip."""
     if swizzle <= 1:
         return 1
-    mc = -(-(-(-m // tile_mn[0])) // cluster_mn[0])
-    nc = -(-(-(-n // tile_mn[1])) // cluster_mn[1])
-    across = nc if along_m else mc
-    return min(range(max(1, swizzle // 2), swizzle + 1), key=lambda s: (-(-across // s) * s - across, -s))
+    # cluster units across the raster direction (tile count, then cluster count, rounded up)
+    across = math.ceil(math.ceil(n / tile_mn[1]) / cluster_mn[1]) if along_m else \
+        math.ceil(math.ceil(m / tile_mn[0]) / cluster_mn[0])
+    return min(range(max(1, swizzle // 2), swizzle + 1), key=lambda s: (math.ceil(across / s) * s - across, -s))
 
 
 def _fake_args(cfg, ab_dtype, d_dtype, c_dtype):

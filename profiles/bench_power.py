@@ -101,14 +101,9 @@ def check(fn, name):
         raise RuntimeError(f"{name}: wrong result (relative error {err:.3g})")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--shapes", default="8192x8192x8192,4096x4096x4096,16384x4096x4096")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    ap.add_argument("--configs", default="128x256:2x1:4m,128x256:2x1:1m")
-    args = ap.parse_args()
-
+def gemm_impls(configs: str) -> dict:
+    """cuBLAS, our default, quack autotuned (when importable) and our kernel at each explicit config
+    (comma-separated :func:`explicit_config` specs), each checked for a right result."""
     import cute_kernels
 
     impls = {"cuBLAS": torch.matmul, "cute-kernels": cute_kernels.gemm}
@@ -118,11 +113,23 @@ def main():
         impls["quack"] = lambda a, b: quack_gemm(a, b, tuned=True)
     except Exception as e:  # noqa: BLE001
         print("quack unavailable:", e)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    for spec in filter(None, args.configs.split(",")):
+    for spec in filter(None, configs.split(",")):
         impls[f"ck {spec}"] = explicit_config(spec)
     for name, fn in impls.items():
         check(fn, name)
+    return impls
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--shapes", default="8192x8192x8192,4096x4096x4096,16384x4096x4096")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--configs", default="128x256:2x1:4m,128x256:2x1:1m")
+    args = ap.parse_args()
+
+    impls = gemm_impls(args.configs)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     import tempfile
 
     samples_path = os.path.join(tempfile.mkdtemp(), "smi.csv")

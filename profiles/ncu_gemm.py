@@ -31,20 +31,9 @@ def main():
     ap.add_argument("--configs", default="256x128:1x2:8m,256x128:1x2:8n:swap")
     args = ap.parse_args()
 
-    import cute_kernels
-    from bench_power import check, explicit_config
+    from bench_power import gemm_impls
 
-    impls = {"cuBLAS": torch.matmul, "cute-kernels": cute_kernels.gemm}
-    try:
-        from quack.gemm_interface import gemm as quack_gemm
-
-        impls["quack"] = lambda a, b: quack_gemm(a, b, tuned=True)
-    except Exception as e:  # noqa: BLE001
-        print("quack unavailable:", e)
-    for spec in filter(None, args.configs.split(",")):
-        impls[f"ck {spec}"] = explicit_config(spec)
-    for name, fn in impls.items():
-        check(fn, name)
+    impls = gemm_impls(args.configs)
     m, n, k = (int(x) for x in args.shape.split("x"))
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
