@@ -74,11 +74,11 @@ class DecodeConfig:
     # paged: block-table entries read one tile ahead.  Off: measured slower (session 4 run 3, H200:
     # b64 L2048 paged-16 135.7 vs 134.6 us, b4 L65536 paged-16 325.5 vs 273.6 us)
     page_prefetch: bool = False
-    # load="tma": K/V loads hinted L2 evict-first.  Off: session 4 run 2 (bench_l2hint.py, b1 L32768)
+    # load="tma": K/V loads hinted L2 evict-first.  Session 4 run 2 (bench_l2hint.py, b1 L32768)
     # read-only flush 37.7 vs 38.0 us, write-32MB/decode/read pipeline 65.0 vs 70.7; session 5 run 1
     # (bench_decode --candidate tma_ef, same rounds): b1 L32768 44.7 vs 47.4 us, but slower on every
     # shape of >= 256 MB (b1 L131072 517 vs 479, b4 L65536 267 vs 248, b32 L4096 139 vs 132, b8 L8192
-    # 77.2 vs 76.1).  CUTE_KERNELS_DECODE_LOAD=tma_ef makes it the process default.
+    # 77.2 vs 76.1).  Hence the default by size (auto_load); CUTE_KERNELS_DECODE_LOAD overrides.
     kv_evict_first: bool = False
 
 
@@ -185,12 +185,30 @@ def precompile(configs, processes: Optional[int] = None) -> list[str]:
 _CONFIG_OVERRIDE: dict | None = None
 
 #: K/V load path for contiguous caches (paged caches always gather with cp.async):
-#: ``CUTE_KERNELS_DECODE_LOAD`` = ``cpasync`` | ``tma`` | ``tma_ef`` (TMA with L2 evict-first K/V).
-_LOAD_CHOICES = {"cpasync": ("cpasync", False), "tma": ("tma", False), "tma_ef": ("tma", True)}
-_env_load = os.environ.get("CUTE_KERNELS_DECODE_LOAD", "cpasync").strip().lower() or "cpasync"
+#: ``CUTE_KERNELS_DECODE_LOAD`` = ``auto`` (default: :data:`TMA_EF_MAX_KV_BYTES`) | ``cpasync`` |
+#: ``tma`` | ``tma_ef`` (TMA with L2 evict-first K/V).
+_LOAD_CHOICES = {"auto": None, "cpasync": ("cpasync", False), "tma": ("tma", False), "tma_ef": ("tma", True)}
+_env_load = os.environ.get("CUTE_KERNELS_DECODE_LOAD", "auto").strip().lower() or "auto"
 if _env_load not in _LOAD_CHOICES:
     raise ValueError(f"CUTE_KERNELS_DECODE_LOAD={_env_load!r}: expected one of {sorted(_LOAD_CHOICES)}")
-DEFAULT_LOAD, DEFAULT_KV_EVICT_FIRST = _LOAD_CHOICES[_env_load]
+LOAD_CHOICE = _env_load
+
+#: ``auto``: contiguous caches of at most this many K+V bytes load through TMA with the L2
+#: evict-first hint, larger ones with cp.async.  Why: a call that starts with dirty lines in L2 (the
+#: previous kernel's output, or do_bench's flush) has them written back while it streams K/V unless
+#: its own lines are the first victims; the hint saves a roughly fixed few microseconds, while the
+#: TMA + hint stream itself runs 1-5% slower, a cost that grows with the bytes.  Measured (H200,
+#: b1 hq32 hkv8, do_bench, same process; session 6 run 1 ``bench_decode --size-sweep``): 64 MiB
+#: 27.7 vs 30.4 us, 128 MiB 45.3 vs 47.7, 256 MiB 79.0 vs 77.6, 512 MiB 142.6 vs 135.8; session 5
+#: run 1: 128 MiB 44.7 vs 47.4, every shape of >= 256 MiB 1-8% slower.  The bound sits between.
+TMA_EF_MAX_KV_BYTES = 192 << 20
+
+
+def auto_load(paged: bool, kv_bytes: int) -> tuple[str, bool]:
+    """Pure Python: (load, kv_evict_first) for a cache of ``kv_bytes`` (K + V, static capacity)."""
+    if LOAD_CHOICE != "auto":
+        return _LOAD_CHOICES[LOAD_CHOICE]
+    return ("tma", True) if not paged and 0 < kv_bytes <= TMA_EF_MAX_KV_BYTES else ("cpasync", False)
 
 
 class override_config:
@@ -226,8 +244,11 @@ def make_config(
     page_size: int,
     causal: bool,
     split: bool,
+    kv_bytes: int = 0,
 ) -> DecodeConfig:
-    """Tile choice from static facts only.  ``rows`` = (Hq/Hkv) * Sq."""
+    """Tile choice from static facts only.  ``rows`` = (Hq/Hkv) * Sq; ``kv_bytes`` = K + V bytes of
+    the cache's static capacity (picks the load path, :func:`auto_load`; 0: cp.async under ``auto``)."""
+    load, evict_first = auto_load(paged, kv_bytes)
     m_tile = _m_tile_for(rows)
     num_threads = 128
     warps_n = (num_threads // 32) // (m_tile // 16)
@@ -242,8 +263,8 @@ def make_config(
         # programmatic dependent launch on both kernels: the decode kernel's prologue overlaps the
         # previous kernel's tail and the merge's launch overlaps the decode tail (session 3 run 3:
         # +2-3% on b1/b8, within noise on the long shapes; both wait before reading their inputs)
-        merge_mode="pdl", load=DEFAULT_LOAD, pdl_in=True, page_prefetch=False,
-        kv_evict_first=DEFAULT_KV_EVICT_FIRST,
+        merge_mode="pdl", load=load, pdl_in=True, page_prefetch=False,
+        kv_evict_first=evict_first,
     )
     if _CONFIG_OVERRIDE:
         kw.update(_CONFIG_OVERRIDE)
@@ -435,7 +456,8 @@ def _plan_uncached(q, k_cache, block_table, num_splits, causal):
     rows = (Hq // Hkv) * Sq
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
-    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False)
+    kv_bytes = 2 * B * _capacity(k_cache, block_table) * Hkv * D * k_cache.element_size()
+    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False, kv_bytes=kv_bytes)
     if num_splits is None:
         row_blocks = -(-rows // cfg1.m_tile)
         # one CTA per SM per wave, although two fit: the kernel is bandwidth-bound, so a second
@@ -456,7 +478,8 @@ def _plan_uncached(q, k_cache, block_table, num_splits, causal):
     num_splits = int(num_splits)
     if num_splits < 1:
         raise ValueError(f"decode_attn: num_splits must be >= 1, got {num_splits}")
-    cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal, split=True)
+    cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal, split=True,
+                                                   kv_bytes=kv_bytes)
     return cfg, num_splits
 
 

@@ -199,12 +199,26 @@ def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTil
     4097x4096) the two are within 1%, so those keep the old choice.  (With a (2, 1) cluster, swizzle 4
     measured worse, 648: hence the cluster change in :func:`default_tiles`.)  The plan runs the swizzle
     through :func:`fit_swizzle`, so a strip width that does not divide the cluster grid shrinks instead
-    of padding it with empty-but-computed units."""
+    of padding it with empty-but-computed units.
+
+    A fitting in L2 with a 2x1 cluster and more than one wave: swizzle 8 along N.  Each wave then covers
+    a band of 16 M tiles (2048 rows of A, 16 MB at K = 4096) across ~8 tile columns instead of whole
+    tile columns, so B is shared by more of the wave.  ``profiles/l2_model.py`` (within 3% of ncu):
+    4096^3 0.149 vs 0.174 GB of HBM reads, 4096x14336 0.503 vs 0.612; never more than swizzle 1 on the
+    multi-wave shapes tried (2048..8192 rows, N 4096..28672).  Measured (session 6 run 1, 5 rounds,
+    same process): 4096^3 1.01x cuBLAS vs 0.98x for swizzle 1, 4096x14336 0.99x vs 0.97x.  Not with a
+    1x1 cluster (odd M-tile counts such as 4097): there the model has swizzle 8 along N reading more
+    (4097^3-ish 0.220 vs 0.172 GB)."""
     if tiles is None:
         tiles = default_tiles(m, n, k, l, ab, "k", "mn", "bfloat16", "n", pingpong=False)
     if _stream_tiles(m, n, k, l, ab) and (tiles.tile_mnk[:2], tiles.cluster_mn) == ((256, 128), (1, 2)):
         return (8, True)  # with the 256 x 128 tiles of :func:`_stream_tiles`
-    return (4, True) if _a_streams(m, k, ab) else (1, True)
+    if _a_streams(m, k, ab):
+        return (4, True)
+    n_tiles = math.ceil(m / tiles.tile_mnk[0]) * math.ceil(n / tiles.tile_mnk[1]) * l
+    if tiles.cluster_mn == (2, 1) and n_tiles > current_arch().sm_count:
+        return (8, False)  # A fits in L2; see below
+    return (1, True)
 
 
 def fit_swizzle(swizzle: int, along_m: bool, m: int, n: int, tile_mn: tuple[int, int],

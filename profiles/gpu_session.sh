@@ -12,6 +12,8 @@
 #        decode-placement (is the b1 do_bench bimodality K/V placement? profiles/decode_placement.py)
 #        decode-size-sweep (b1 at L 8K..128K, default vs TMA + evict-first: where does the hint stop paying?)
 #        gemm-raster-cand (the l2_model.py raster candidates for 4096^3 / 4096x14336, 5 rounds)
+#        probe-align (16384x4400x4096: row alignment of B / the output vs aligned neighbours, ALIGN_ARGS)
+#        band-tests (GPU tests of the swizzle-8-along-N raster, stream tiles and the raster rule)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
@@ -38,6 +40,8 @@ for step in "$@"; do
               ncu -i "$OUT/ncu-gemm.ncu-rep" --page details > "$OUT/ncu-gemm-details.txt" 2>&1; ncu -i "$OUT/ncu-gemm.ncu-rep" --page raw --csv > "$OUT/ncu-gemm-raw.csv" 2>&1; rm -f "$OUT/ncu-gemm.ncu-rep" ;;
     decode-size-sweep) py 300 profiles/bench_decode.py --size-sweep --candidate tma_ef --tag size-sweep --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/decode-size-sweep.log" ;;
     decode-placement) py 200 profiles/decode_placement.py 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/decode-placement.log" ;;
+    probe-align) py 200 profiles/probe_align.py ${ALIGN_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/probe-align.log" ;;
+    band-tests) py 200 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "band_raster or stream_tiles or default_raster" 2>&1 | grep -v Warning | tail -n 15 | tee "$OUT/band-tests.log" ;;
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | grep -v "Warning:\|warnings.warn\|config: GemmConfig" | tee "$OUT/gemm-raster-cand.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;

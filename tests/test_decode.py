@@ -765,7 +765,8 @@ def test_kv_evict_first_compiles():
     assert vals == {blocks.L2_EVICT_FIRST}
 
 
-@pytest.mark.parametrize("value,load,ef", [("tma_ef", "tma", True), ("cpasync", "cpasync", False), ("bogus", None, None)])
+@pytest.mark.parametrize("value,load,ef", [("tma_ef", "tma", True), ("cpasync", "cpasync", False),
+                                           ("auto", "cpasync", False), ("bogus", None, None)])
 def test_decode_load_env(value, load, ef):
     """CUTE_KERNELS_DECODE_LOAD picks the contiguous K/V load path at import; paged stays cp.async."""
     import subprocess
@@ -785,6 +786,26 @@ def test_decode_load_env(value, load, ef):
         return
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == [load, str(ef), "cpasync", "False"]
+
+
+def test_auto_load_by_size():
+    """Default (auto): TMA + evict-first up to TMA_EF_MAX_KV_BYTES of contiguous K+V, cp.async above
+    and for every paged cache; the plan passes the static capacity's bytes."""
+    if DA.LOAD_CHOICE != "auto":
+        pytest.skip("CUTE_KERNELS_DECODE_LOAD is set")
+    cap = DA.TMA_EF_MAX_KV_BYTES
+    assert DA.auto_load(False, 128 << 20) == ("tma", True) and DA.auto_load(False, cap) == ("tma", True)
+    assert DA.auto_load(False, cap + 1) == ("cpasync", False) and DA.auto_load(False, 0) == ("cpasync", False)
+    assert DA.auto_load(True, 1 << 20) == ("cpasync", False)
+    c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=128 << 20)
+    assert (c.load, c.kv_evict_first) == ("tma", True)
+    c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=256 << 20)
+    assert (c.load, c.kv_evict_first) == ("cpasync", False)
+    # the plan: b1 hq32 hkv8 L32768 D128 bf16 = 128 MiB of K+V; b8 L8192 = 256 MiB (meta tensors)
+    for b, L, load in ((1, 32768, "tma"), (8, 8192, "cpasync")):
+        q = torch.empty(b, 1, 32, 128, dtype=torch.bfloat16, device="meta")
+        k = torch.empty(b, L, 8, 128, dtype=torch.bfloat16, device="meta")
+        assert DA._plan_uncached(q, k, None, None, True)[0].load == load
 
 
 def test_tma_falls_back_for_paged():

@@ -658,6 +658,36 @@ def test_gemm_stream_tiles(variant):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["plain", "batched_c_fp32", "b_kmajor"])
+def test_gemm_band_raster(variant):
+    """A fitting in L2, 2x1 cluster, several waves: swizzle 8 along N (default_raster), fitted to 6
+    for 12 cluster rows; ragged N and K, NaN-poisoned outputs, float64 reference; batched with
+    alpha/beta/C into fp32, and with a K-major B."""
+    m, n, k = 3000, 8200, 520
+    l = 2 if variant == "batched_c_fp32" else 1
+    t = G.default_tiles(m, n, k, l, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert t.cluster_mn == (2, 1) and G.default_raster(m, n, k, "bfloat16", l, t) == (8, False)
+    assert G.fit_swizzle(8, False, m, n, t.tile_mnk[:2], t.cluster_mn) == 6
+    a = torch.randn(l, m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(l, k, n, device="cuda", dtype=torch.bfloat16)
+    if variant == "b_kmajor":
+        b = torch.randn(l, n, k, device="cuda", dtype=torch.bfloat16).mT
+    ref = a.double() @ b.double()
+    if variant == "batched_c_fp32":
+        c = torch.randn(l, m, n, device="cuda", dtype=torch.float32)
+        out = torch.full((l, m, n), float("nan"), device="cuda", dtype=torch.float32)
+        cute_kernels.gemm(a, b, out=out, alpha=0.5, beta=-1.5, c=c)
+        ref = 0.5 * ref - 1.5 * c.double()
+    else:
+        a, b, ref = a[0], b[0], ref[0]
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cute_kernels.gemm(a, b, out=out)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["cluster", "fixup", "persistent"])
 @pytest.mark.parametrize("mnk", [(128, 4096, 4096), (1024, 1024, 32768), (97, 1000, 2056)], ids=str)
 def test_splitk_b_evict_first_bitwise(monkeypatch, mode, mnk):
@@ -702,7 +732,11 @@ def test_default_raster_rule():
     assert G.fit_swizzle(1, True, 8192, 3000, (256, 128), (1, 2)) == 1
     t = G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n", stream_tiles=False)
     assert t.tile_mnk[0] == 128 and G.default_raster(8192, 8192, 8192, "bfloat16", 1, t) == (4, True)
-    assert G.default_raster(4096, 14336, 4096, "bfloat16") == (1, True)
+    # A in L2, 2x1 cluster, more than one wave: swizzle 8 along N; one wave or a 1x1 cluster: swizzle 1
+    assert G.default_raster(4096, 14336, 4096, "bfloat16") == (8, False)
+    assert G.default_raster(4096, 4096, 4096, "bfloat16") == (8, False)
+    assert G.default_raster(4097, 4096, 4096, "bfloat16") == (1, True)  # 33 M tiles: 1x1 cluster
+    assert G.default_raster(1000, 3000, 520, "bfloat16") == (1, True)  # 96 tiles: one wave
     t = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert t.cluster_mn == (2, 1)
     # 2x1 whenever the M tiles pair up, small problems included (session 3 run 5/6: 1000x3000x520)
