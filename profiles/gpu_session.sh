@@ -6,7 +6,7 @@
 #        t256 (256-row tiles: smoke, tests, timing) decode-tma (repro of the fixed TMA decode path)
 #        power (sustained GEMM: TFLOP/s, SM clock and power per implementation, profiles/bench_power.py)
 #        l2hint (L2 evict-first hint on streamed operands: split-K B, decode K/V; four timers)
-#        bench-decode-cand (bench-decode + a cute_tma_ef column: TMA loads with the evict-first hint)
+#        bench-decode-cand (bench-decode + a cute_$DECODE_CAND column, default tma_ef: TMA loads with the evict-first hint)
 #        attn-tests-tmaef (attn-tests with CUTE_KERNELS_DECODE_LOAD=tma_ef)
 #        ncu-gemm (Nsight Compute, one call per GEMM implementation: profiles/ncu_gemm.py, NCU_ARGS)
 #        decode-placement (is the b1 do_bench bimodality K/V placement? profiles/decode_placement.py)
@@ -47,7 +47,7 @@ for step in "$@"; do
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
-    bench-decode-cand) py 400 profiles/bench_decode.py --candidate tma_ef --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
+    bench-decode-cand) py 400 profiles/bench_decode.py --candidate ${DECODE_CAND:-tma_ef} --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
     power) py ${POWER_S:-250} profiles/bench_power.py --out "$OUT" ${POWER_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/power.log" ;;
     l2hint) py 240 profiles/bench_l2hint.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/l2hint.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
