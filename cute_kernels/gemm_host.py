@@ -150,9 +150,12 @@ def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major
         if best is None or cost < best[0]:
             best = (cost, tile_n)
     if stream_tiles and not pingpong and _stream_tiles(m, n, k, l, ab):
-        # same area as a 128 x 256 tile: take it unless its waves quantize worse than the width choice
-        n256 = math.ceil(m / 256) * math.ceil(n / 128)
-        if n256 * 2 > sms and math.ceil(n256 / sms) * 256 <= best[0]:
+        # same area as a 128 x 256 tile: take it unless its waves quantize clearly worse than the width
+        # choice's.  "Clearly": the width cost ignores the HBM traffic of narrow tiles on these shapes
+        # (16384x4400x4096: cost 4608 vs 4552 for 128x192, measured 644 vs 578 TFLOP/s, run 3)
+        nt = math.ceil(n / 128)
+        n256 = math.ceil(m / 256) * (nt + nt % 2)  # an odd tile count pads its last cluster column
+        if n256 * 2 > sms and math.ceil(n256 / sms) * 256 <= 1.05 * best[0]:
             return make_gemm_tiles(128, (1, 2), ab, a_major, b_major, c_dtype, c_major, tile_m=256)
     tile_n = best[1]
     # 2x1 multicast whenever the M tiles pair up: B is loaded once per CTA pair.  Also for small
@@ -182,9 +185,14 @@ def _stream_tiles(m: int, n: int, k: int, l: int, ab: str) -> bool:
     and swizzle 8 read 1.23 GB and 7.6 GB, and ran at a ~3% higher clock under the same cap.
     do_bench (session 5 run 3): 8192^3 677 vs 647 TFLOP/s, 16384x4096x4096 665 vs 656; sustained
     (run 2): 663 vs 649 and 646 vs 635.  On 4096^3 and 4096x14336 (A fits in L2) it was not
-    better (671 vs 670, 650 vs 668): those keep the width heuristic.  The N tiles must pair up."""
+    better (671 vs 670, 650 vs 668): those keep the width heuristic.
+    An odd count of N tiles (N = 4400: 35) leaves the last cluster column's second CTA on a tile
+    entirely out of bounds (TMA zero-fill, clipped stores: 1/36 of the work wasted).  Still taken from
+    15 tiles up (<= 1/16 wasted): session 6 run 3, 16384x4400x4096 644 TFLOP/s vs 578 for the width
+    heuristic's 128x192 (cuBLAS 691), 8192x8064x8192 688 vs 657 (cuBLAS 687)."""
+    nt = math.ceil(n / 128)
     return (l == 1 and _a_streams(m, k, ab) and m >= 2048 and n >= 1024
-            and math.ceil(n / 128) % 2 == 0 and ab != "float32")
+            and (nt % 2 == 0 or nt >= 15) and ab != "float32")
 
 
 def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTiles | None = None) -> tuple[int, bool]:
@@ -613,11 +621,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         row_ok = _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe
         mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
             mode if row_ok and a.dim() == 2 else "cluster")
-    raster = raster or default_raster(m, n, k, ab, l, tiles)
     if cp_async is not None:
         from .gemm_cpasync_kernel import cpasync_tiles
 
         tiles = cpasync_tiles(tiles)
+    raster = raster or default_raster(m, n, k, ab, l, tiles)  # for the tiles that run (cp.async: 1x1)
     p.splits = split_k_factor(m, n, k, l, tiles, mode) if cp_async is None else 1
     if p.splits > 1 and mode == "cluster":
         from .gemm_splitk_kernel import SplitKClusterConfig

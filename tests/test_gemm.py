@@ -627,13 +627,14 @@ def test_gemm_large_a_swizzled_raster():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["plain", "c_fp32", "col_out", "swizzle6"])
+@pytest.mark.parametrize("variant", ["plain", "c_fp32", "col_out", "swizzle6", "odd_n"])
 def test_gemm_stream_tiles(variant):
     """The A-streaming default (256 x 128 tiles, 1x2 cluster, swizzle 8: _stream_tiles) on a ragged
     shape (M, N, K not multiples of the tile), NaN-poisoned outputs, float64 reference; with
     alpha/beta/C into an fp32 output, and into a column-major output.  ``swizzle6``: N = 3000 gives
-    12 cluster columns, run with strips of 6 (fit_swizzle) instead of padding to 16."""
-    m, n, k = 8200, (3000 if variant == "swizzle6" else 2000), 4104
+    12 cluster columns, run with strips of 6 (fit_swizzle) instead of padding to 16.  ``odd_n``:
+    N = 4400 gives 35 N tiles, so the last 1x2 cluster's second CTA has only out-of-bounds tiles."""
+    m, n, k = 8200, {"swizzle6": 3000, "odd_n": 4400}.get(variant, 2000), 4104
     if variant == "swizzle6":
         assert G.fit_swizzle(*G.default_raster(m, n, k, "bfloat16"), m, n, (256, 128), (1, 2)) == 6
     t = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
@@ -717,9 +718,14 @@ def test_default_raster_rule():
         t = G.default_tiles(*mnk[:3], 1, "bfloat16", "k", "mn", "bfloat16", "n")
         assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2)), mnk
         assert G.default_raster(*mnk, "bfloat16", 1, t) == (8, True)
-    # ... not when batched, narrow (N < 1024), with an odd N-tile count, or on the cp.async path
+    # odd N-tile counts from 15 up: the last cluster column pads one out-of-bounds CTA
+    for mnk in ((8192, 8064, 8192), (16384, 4400, 4096)):
+        t = G.default_tiles(*mnk, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+        assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2)), mnk
+    # ... not when batched, narrow (N < 1024), with an odd N-tile count under 15 (N = 1600: 13), or on
+    # the cp.async path
     # (2048x1024x16384: 64 such tiles would leave half the SMs idle; the width heuristic's 128 tiles stay)
-    for mnk, l in (((8192, 8192, 8192), 2), ((8192, 1000, 4104), 1), ((8192, 8064, 8192), 1), ((2048, 1024, 16384), 1)):
+    for mnk, l in (((8192, 8192, 8192), 2), ((8192, 1000, 4104), 1), ((8192, 1600, 8192), 1), ((2048, 1024, 16384), 1)):
         t = G.default_tiles(*mnk, l, "bfloat16", "k", "mn", "bfloat16", "n")
         assert t.tile_mnk[0] == 128 and t.cluster_mn == (1, 1), (mnk, l)
         assert G.default_raster(*mnk, "bfloat16", l, t) == (4, True)
