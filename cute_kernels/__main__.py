@@ -127,6 +127,32 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """Print what a call would run: the real planning code on meta tensors (see ``explain``)."""
+    import torch
+
+    if args.kernel == "gemm":
+        from .gemm_host import explain
+
+        rows = explain(args.m, args.n, args.k, batch=args.batch, dtype=getattr(torch, args.dtype),
+                       a_major=args.a_major, b_major=args.b_major,
+                       out_dtype=getattr(torch, args.out_dtype) if args.out_dtype else None, with_c=args.with_c)
+        print(f"gemm {args.m}x{args.n}x{args.k}" + (f" batch {args.batch}" if args.batch else "")
+              + f" {args.dtype}, a {args.a_major}-major, b {args.b_major}-major:")
+    else:
+        from .decode_attn import explain
+
+        rows = [explain(args.batch, args.heads_q, args.heads_kv, args.capacity, head_dim=args.head_dim, sq=args.sq,
+                        page_size=args.page_size, dtype=getattr(torch, args.dtype), num_splits=args.num_splits)]
+        print(f"decode_attn b{args.batch} hq{args.heads_q} hkv{args.heads_kv} capacity {args.capacity} "
+              f"D{args.head_dim} Sq{args.sq}" + (f" pages of {args.page_size}" if args.page_size else " contiguous") + ":")
+    for row in rows:
+        for key, val in row.items():
+            print(f"  {key:14s} {val}")
+        print()
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "layouts":
@@ -147,7 +173,30 @@ def main(argv=None) -> int:
     t.add_argument("n", type=int)
     t.add_argument("k", type=int)
     t.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    pl = sub.add_parser("plan", help="what a call would run for one problem (no GPU, nothing compiled)")
+    psub = pl.add_subparsers(dest="kernel", required=True)
+    pg = psub.add_parser("gemm", help="tiles, cluster, raster, split-K of gemm(a, b)")
+    for name in ("m", "n", "k"):
+        pg.add_argument(name, type=int)
+    pg.add_argument("--batch", type=int, default=None)
+    pg.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    pg.add_argument("--out-dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    pg.add_argument("--a-major", default="row", choices=["row", "col"])
+    pg.add_argument("--b-major", default="row", choices=["row", "col"])
+    pg.add_argument("--with-c", action="store_true", help="beta != 0 with a C operand")
+    pd = psub.add_parser("decode", help="tiles, split count and load path of decode_attn")
+    pd.add_argument("batch", type=int)
+    pd.add_argument("heads_q", type=int)
+    pd.add_argument("heads_kv", type=int)
+    pd.add_argument("capacity", type=int, help="Lmax (contiguous) or block-table width x page size")
+    pd.add_argument("--head-dim", type=int, default=128)
+    pd.add_argument("--sq", type=int, default=1)
+    pd.add_argument("--page-size", type=int, default=None)
+    pd.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    pd.add_argument("--num-splits", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.cmd == "plan":
+        return cmd_plan(args)
     if args.cmd == "demo":
         return cmd_demo(args)
     if args.cmd == "report":

@@ -483,6 +483,31 @@ def _plan_uncached(q, k_cache, block_table, num_splits, causal):
     return cfg, num_splits
 
 
+def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim: int = 128, sq: int = 1,
+            page_size: int | None = None, dtype=torch.bfloat16, num_splits: int | None = None,
+            causal: bool = True) -> dict:
+    """What ``decode_attn`` would run, on any machine (no GPU, nothing compiled): the real planning
+    code (:func:`_plan_uncached`) on meta tensors.  ``capacity`` = Lmax of a contiguous cache, or the
+    block-table width x ``page_size`` of a paged one (rounded up to whole pages)."""
+    q = torch.empty(batch, sq, heads_q, head_dim, dtype=dtype, device="meta")
+    bt = None
+    if page_size:
+        pages = -(-capacity // page_size)
+        k = torch.empty(batch * pages, page_size, heads_kv, head_dim, dtype=dtype, device="meta")
+        bt = torch.empty(batch, pages, dtype=torch.int32, device="meta")
+    else:
+        k = torch.empty(batch, capacity, heads_kv, head_dim, dtype=dtype, device="meta")
+    if heads_q % heads_kv:
+        raise ValueError(f"explain: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
+    cfg, splits = _plan_uncached(q, k, bt, num_splits, causal)
+    kv_bytes = 2 * batch * _capacity(k, bt) * heads_kv * head_dim * k.element_size()
+    row_blocks = -(-((heads_q // heads_kv) * sq) // cfg.m_tile)
+    ctas = batch * heads_kv * row_blocks * splits
+    return {"config": cfg, "num_splits": splits, "load": cfg.load + ("+evict_first" if cfg.kv_evict_first else ""),
+            "kv_bytes": kv_bytes, "ctas": ctas, "ctas_per_sm": round(ctas / current_arch().sm_count, 2),
+            "merge": cfg.merge_mode if splits > 1 else "none"}
+
+
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
     """Launch on CUDA tensors; out (B,Sq,Hq,D), lse (B,Hq,Sq) fp32 are written."""
     B, Sq, Hq, D = q.shape

@@ -689,6 +689,49 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     return p
 
 
+def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfloat16, a_major: str = "row",
+            b_major: str = "row", out_dtype=None, with_c: bool = False) -> list[dict]:
+    """What ``gemm`` would run for this problem, on any machine: no GPU, nothing compiled.
+
+    Runs the real planning code (:func:`_make_plan`: heuristics, tuned entries on disk, split-K mode,
+    raster fit) on meta tensors under :class:`jit.dry_run`, and returns one dict per kernel the call
+    would launch: its name, its full compile configuration, and for the GEMM kernels the derived
+    facts a person asks first (tile, cluster, stages, raster as run, work units per SM).  Operands are
+    taken 16-byte aligned; ``a_major`` / ``b_major`` = "row" or "col" (strides of a contiguous buffer
+    of that order; a leading dimension that breaks TMA's 16-byte rule shows the cp.async path)."""
+    from . import jit
+
+    def operand(rows, cols, major):
+        shape = (rows, cols) if batch is None else (batch, rows, cols)
+        t = torch.empty(shape, dtype=dtype, device="meta")
+        return t if major == "row" else t.mT.contiguous().mT
+
+    for name, v in (("a_major", a_major), ("b_major", b_major)):
+        if v not in ("row", "col"):
+            raise ValueError(f"explain: {name} must be 'row' or 'col', got {v!r}")
+    a, b = operand(m, k, a_major), operand(k, n, b_major)
+    c = torch.empty(*a.shape[:-1], n, dtype=out_dtype or dtype, device="meta") if with_c else None
+    with jit.dry_run() as dry:
+        _make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=True)
+    out = []
+    sms = current_arch().sm_count
+    for name, cfg in dry.seen:
+        cfg = cfg[0] if isinstance(cfg, tuple) and cfg and hasattr(cfg[0], "tiles") else cfg
+        row = {"kernel": name, "config": cfg}
+        tiles = getattr(cfg, "tiles", None)
+        if tiles is not None:
+            tm, tn = tiles.tile_mnk[:2]
+            units = math.ceil(m / tm) * math.ceil(n / tn) * (batch or 1) * max(1, getattr(cfg, "splits", 1))
+            row.update(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, ab_stages=tiles.ab_stages,
+                       pingpong=tiles.pingpong, splits=getattr(cfg, "splits", 1), work_units=units,
+                       units_per_sm=round(units / sms, 2))
+            if hasattr(cfg, "raster_swizzle"):
+                row.update(raster=(cfg.raster_swizzle, "M" if cfg.raster_along_m else "N"),
+                           mainloop=cfg.mainloop, tma_store=cfg.tma_store)
+        out.append(row)
+    return out
+
+
 def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None, raster=None, splitk_mode=None):
     sig = _signature(a, b, out, c, beta, out_dtype)
     # explicit tiles / split-K mode (tuner, tests): cached too, under their own key

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from cute_kernels import report
 
 
@@ -39,3 +41,50 @@ def test_cli_demo_cpu(tmp_path):
 def test_cli_unknown_kernel():
     out = subprocess.run([sys.executable, "-m", "cute_kernels", "layouts", "nope"], capture_output=True, text=True)
     assert out.returncode != 0 and "known" in (out.stderr + out.stdout)
+
+
+def test_explain_gemm_matches_the_plan():
+    """explain() runs the real planning code without compiling: the configuration it reports is the
+    one the heuristics choose (stream tiles + fitted swizzle, band raster, cp.async for K = 4100,
+    cluster split-K for the skinny shape), and nothing is compiled."""
+    import torch
+
+    from cute_kernels import gemm_host as G, jit
+
+    before = dict(jit.stats)
+    (r,) = G.explain(16384, 4400, 4096)
+    assert r["kernel"] == "gemm_sm90" and (r["tile_mnk"][:2], r["cluster_mn"], r["raster"]) == ((256, 128), (1, 2), (6, "M"))
+    (r,) = G.explain(4096, 4096, 4096)
+    assert (r["tile_mnk"][:2], r["cluster_mn"], r["raster"], r["work_units"]) == ((128, 256), (2, 1), (8, "N"), 512)
+    (r,) = G.explain(4096, 4096, 4100)
+    assert r["mainloop"] == "cpasync" and r["cluster_mn"] == (1, 1) and r["raster"] == (1, "M")
+    (r,) = G.explain(128, 4096, 4096)
+    assert r["kernel"] == "gemm_sm90_splitk_cluster" and r["splits"] > 1
+    rows = G.explain(8192, 1000, 520, batch=2, a_major="col", b_major="col", out_dtype=torch.float32, with_c=True)
+    assert rows[0]["config"].tiles.mma.a_major == "mn" and rows[0]["config"].has_c
+    assert dict(jit.stats) == before
+    with pytest.raises(ValueError, match="a_major"):
+        G.explain(64, 64, 64, a_major="k")
+
+
+def test_explain_decode():
+    import importlib
+
+    DA = importlib.import_module("cute_kernels.decode_attn")  # the package exports the function by that name
+
+    r = DA.explain(8, 32, 8, 8192)
+    assert r["kv_bytes"] == 2 * 8 * 8192 * 8 * 128 * 2 and r["num_splits"] >= 1
+    r = DA.explain(64, 32, 8, 2048, page_size=16)
+    assert r["config"].paged and r["load"] == "cpasync" and r["config"].page_size == 16
+    assert DA.explain(1, 32, 8, 32768, num_splits=1)["num_splits"] == 1
+
+
+def test_cli_plan():
+    out = subprocess.run([sys.executable, "-m", "cute_kernels", "plan", "gemm", "4096", "4096", "4096"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "tile_mnk       (128, 256, 64)" in out.stdout and "raster         (8, 'N')" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "cute_kernels", "plan", "decode", "1", "32", "8", "32768"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "num_splits" in out.stdout and "kv_bytes       134217728" in out.stdout
