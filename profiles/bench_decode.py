@@ -102,7 +102,8 @@ def to_paged(k, v, page_size, seed=0):
 
 #: ``--candidate NAME``: also time our contiguous kernel under these overrides as column
 #: ``cute_NAME`` (a default-to-be, measured beside the default in the same rounds)
-CANDIDATES = {"tma_ef": dict(load="tma", kv_evict_first=True), "cpasync": dict(load="cpasync", kv_evict_first=False)}
+CANDIDATES = {"tma_ef": dict(load="tma", kv_evict_first=True), "cpasync": dict(load="cpasync", kv_evict_first=False),
+              "tma": dict(load="tma", kv_evict_first=False)}
 _candidates: list[str] = []
 
 

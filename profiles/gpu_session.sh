@@ -38,7 +38,7 @@ for step in "$@"; do
     attn-tests-tmaef) CUTE_KERNELS_DECODE_LOAD=tma_ef py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests-tmaef.log" ;;
     ncu-gemm) timeout 300 ncu --profile-from-start off --clock-control none --set full -f -o "$OUT/ncu-gemm" python3 profiles/ncu_gemm.py ${NCU_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tail -n 40 | tee "$OUT/ncu-gemm-run.log";
               ncu -i "$OUT/ncu-gemm.ncu-rep" --page details > "$OUT/ncu-gemm-details.txt" 2>&1; ncu -i "$OUT/ncu-gemm.ncu-rep" --page raw --csv > "$OUT/ncu-gemm-raw.csv" 2>&1; rm -f "$OUT/ncu-gemm.ncu-rep" ;;
-    decode-size-sweep) py 300 profiles/bench_decode.py --size-sweep --candidate tma_ef --tag size-sweep --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/decode-size-sweep.log" ;;
+    decode-size-sweep) py 300 profiles/bench_decode.py --size-sweep --candidate ${SWEEP_CAND:-tma_ef} --tag size-sweep --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/decode-size-sweep.log" ;;
     decode-placement) py 200 profiles/decode_placement.py 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/decode-placement.log" ;;
     probe-align) py 200 profiles/probe_align.py ${ALIGN_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/probe-align.log" ;;
     band-tests) py 200 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "band_raster or stream_tiles or default_raster" 2>&1 | grep -v Warning | tail -n 15 | tee "$OUT/band-tests.log" ;;
