@@ -10,7 +10,7 @@
 #        attn-tests-tmaef (attn-tests with CUTE_KERNELS_DECODE_LOAD=tma_ef)
 #        ncu-gemm (Nsight Compute, one call per GEMM implementation: profiles/ncu_gemm.py, NCU_ARGS)
 #        decode-placement (is the b1 do_bench bimodality K/V placement? profiles/decode_placement.py)
-#        decode-size-sweep (b1 at L 8K..128K, default vs TMA + evict-first: where does the hint stop paying?)
+#        decode-size-sweep (b1 at L 8K..128K, default vs SWEEP_CAND columns, default tma_ef: where does the hint stop paying?)
 #        gemm-raster-cand (the l2_model.py raster candidates for 4096^3 / 4096x14336, 5 rounds)
 #        probe-align (16384x4400x4096: row alignment of B / the output vs aligned neighbours, ALIGN_ARGS)
 #        band-tests (GPU tests of the swizzle-8-along-N raster, stream tiles and the raster rule)
