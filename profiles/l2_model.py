@@ -17,7 +17,9 @@ sw8m 1.232 / 1.254, 256x208 2x1 sw8m 1.098 / 1.092; 4096^3 128x256 2x1 sw1m 0.17
 minimum, which ncu does not see.  It ranks HBM traffic only: session 1 measured 128x256 2x1 sw4m
 at 8192^3 11% slower than 1x1 sw4m, with the same modelled traffic (1.49 vs 1.46 GB).
 
-    python3 profiles/l2_model.py [--shapes 8192x8192x8192,...] [--configs 128x256:1x1:4m,...] [--l2-mb 28]
+    python3 profiles/l2_model.py [--shapes 8192x8192x8192,...] [--configs default,128x256:1x1:4m,...] [--l2-mb 28]
+
+``default`` is the configuration the library runs for the shape (its real plan, via ``gemm_host.explain``).
 """
 
 from __future__ import annotations
@@ -78,6 +80,17 @@ def hbm_reads(m, n, k, tile_m, tile_n, cluster, swizzle, along_m, l2_bytes, el=2
     return miss
 
 
+def default_config(m, n, k):
+    """The (tile_m, tile_n, cluster, swizzle, along_m) the library runs for this bf16 row-major problem
+    (``gemm_host.explain``: the real plan, nothing compiled); None for the split-K kernels."""
+    from cute_kernels.gemm_host import explain
+
+    r = explain(m, n, k)[0]
+    if "raster" not in r or r.get("splits", 1) > 1:
+        return None
+    return (*r["tile_mnk"][:2], r["cluster_mn"], r["raster"][0], r["raster"][1] == "M")
+
+
 def parse_config(spec):
     tile, cluster, raster = spec.split(":")[:3]
     tm, tn = (int(x) for x in tile.removeprefix("pp").split("x"))
@@ -88,7 +101,7 @@ def parse_config(spec):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8192x8192x8192,4096x4096x4096,16384x4096x4096,4096x14336x4096")
-    ap.add_argument("--configs", default="128x256:1x1:4m,256x128:1x2:8m,256x128:2x1:8m,256x192:2x1:8m,"
+    ap.add_argument("--configs", default="default,128x256:1x1:4m,256x128:1x2:8m,256x128:2x1:8m,256x192:2x1:8m,"
                                          "256x208:2x1:8m,128x256:2x1:1m,128x256:2x1:8m,128x256:1x2:8m")
     ap.add_argument("--l2-mb", type=float, default=28.0)
     args = ap.parse_args()
@@ -99,7 +112,14 @@ def main():
         m, n, k = (int(x) for x in s.split("x"))
         cells = []
         for spec in args.configs.split(","):
-            tm, tn, cl, sw, am = parse_config(spec)
+            if spec == "default":
+                d = default_config(m, n, k)
+                if d is None:
+                    cells.append("split-K")
+                    continue
+                tm, tn, cl, sw, am = d
+            else:
+                tm, tn, cl, sw, am = parse_config(spec)
             cells.append(f"{hbm_reads(m, n, k, tm, tn, cl, sw, am, l2) / 1e9:.3f}")
         print(f"| {s} | " + " | ".join(cells) + " |  (GB of A+B read from HBM)")
 

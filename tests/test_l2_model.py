@@ -19,3 +19,10 @@ def test_matches_ncu(shape, cfg, ncu_gb):
     tm, tn, cl, sw, am = L.parse_config(cfg)
     got = L.hbm_reads(*shape, tm, tn, cl, sw, am, 28 * 2**20) / 1e9
     assert abs(got - ncu_gb) / ncu_gb < 0.05, (shape, cfg, got)
+
+
+def test_default_config_is_the_plan():
+    """``--configs default`` models what the library runs (its plan, fitted swizzle included)."""
+    assert L.default_config(4096, 4096, 4096) == (128, 256, (2, 1), 8, False)
+    assert L.default_config(16384, 4400, 4096) == (256, 128, (1, 2), 6, True)
+    assert L.default_config(128, 4096, 4096) is None  # split-K kernel: no persistent raster
