@@ -214,7 +214,9 @@ def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTil
     tile columns, so B is shared by more of the wave.  ``profiles/l2_model.py`` (within 3% of ncu):
     4096^3 0.149 vs 0.174 GB of HBM reads, 4096x14336 0.503 vs 0.612; never more than swizzle 1 on the
     multi-wave shapes tried (2048..8192 rows, N 4096..28672).  Measured (session 6 run 1, 5 rounds,
-    same process): 4096^3 1.01x cuBLAS vs 0.98x for swizzle 1, 4096x14336 0.99x vs 0.97x.  Not with a
+    same process): 4096^3 1.01x cuBLAS vs 0.98x for swizzle 1, 4096x14336 0.99x vs 0.97x; later runs
+    with it as the default read 0.97-0.99x and 0.99-1.00x (on 4096^3 the gain is within the drift
+    between runs; on 4096x14336 it held).  Not with a
     1x1 cluster (odd M-tile counts such as 4097): there the model has swizzle 8 along N reading more
     (4097^3-ish 0.220 vs 0.172 GB)."""
     if tiles is None:
@@ -225,7 +227,7 @@ def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTil
         return (4, True)
     n_tiles = math.ceil(m / tiles.tile_mnk[0]) * math.ceil(n / tiles.tile_mnk[1]) * l
     if tiles.cluster_mn == (2, 1) and n_tiles > current_arch().sm_count:
-        return (8, False)  # A fits in L2; see below
+        return (8, False)  # A fits in L2: the band raster (docstring, last paragraph)
     return (1, True)
 
 
