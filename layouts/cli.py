@@ -7,6 +7,7 @@ Examples::
     cute-kernels layouts gemm --what banks --operand b
     cute-kernels layouts gemm --what raster --problem 8192,8192 --num-ctas 132 --swizzle 4 --out r.png
     cute-kernels layouts gemm --what layout --layout "((4,8),2):((16,1),8)"
+    cute-kernels layouts gemm --what raster --plan 4096,4096,4096 --out r.svg   # what gemm() runs
 """
 
 from __future__ import annotations
@@ -52,8 +53,32 @@ def _layout_spec(s: str) -> tuple[Any, Any]:
         raise argparse.ArgumentTypeError(f"cannot parse layout {s!r}; expected e.g. '(4,8):(8,1)'") from None
 
 
+def _apply_plan(a: argparse.Namespace) -> tiles.GemmTiles | None:
+    """``--plan M,N,K``: the tiles and raster ``cute_kernels.gemm`` runs for that bf16 row-major problem
+    (``gemm_host.explain``: its real planning code, nothing compiled).  Explicit flags still win; the
+    problem, swizzle (as fitted) and raster direction are filled in where not given."""
+    if a.plan is None:
+        return None
+    from cute_kernels.gemm_host import explain  # lazy: layouts/ does not otherwise depend on the kernels
+
+    rows = [r for r in explain(*a.plan) if "raster" in r]
+    if not rows:
+        raise SystemExit(f"--plan {a.plan}: that problem runs a split-K kernel without a persistent raster")
+    r = rows[0]
+    if a.problem is None:
+        a.problem = a.plan[:2]
+    if a.swizzle is None:
+        a.swizzle = r["raster"][0]
+    if a.raster is None:
+        a.raster = r["raster"][1].lower()
+    return r["config"].tiles
+
+
 def _gemm_tiles(a: argparse.Namespace) -> tiles.GemmTiles:
-    d = tiles.GemmTiles()
+    d = _apply_plan(a) or tiles.GemmTiles()
+    a.problem = a.problem or (4096, 4096)
+    a.swizzle = a.swizzle or 1
+    a.raster = a.raster or "m"
     mma = tiles.MmaTile(
         ab_dtype=a.dtype or d.mma.ab_dtype,
         atom_n=a.atom_n or d.mma.atom_n,
@@ -118,10 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiled", action="store_true", help="mma-*: the whole tiled MMA instead of one atom")
     p.add_argument("--operand", default="a", choices=("a", "b", "c", "epi"), help="banks: which smem tile")
     p.add_argument("--stage", type=int, default=0, help="smem-*/banks: pipeline stage")
-    p.add_argument("--problem", type=_ints(2), default=(4096, 4096), help="raster: problem M,N (default 4096,4096)")
+    p.add_argument("--problem", type=_ints(2),
+                   help="raster: problem M,N (default 4096,4096, or --plan's)")
     p.add_argument("--num-ctas", type=int, default=132, help="raster: persistent CTAs (default 132 = SMs)")
-    p.add_argument("--swizzle", type=int, default=1, help="raster: group width for L2 reuse (default 1)")
-    p.add_argument("--raster", choices=("m", "n"), default="m", help="raster: direction (default m)")
+    p.add_argument("--swizzle", type=int, help="raster: group width for L2 reuse (default 1, or --plan's)")
+    p.add_argument("--raster", choices=("m", "n"), help="raster: direction (default m, or --plan's)")
+    p.add_argument("--plan", type=_ints(3), help="M,N,K: start from the tiles, cluster and raster that "
+                                                 "cute_kernels.gemm runs for this bf16 problem")
     p.add_argument("--color", choices=("cta", "wave", "order"), help="raster: colour key (default cta)")
     p.add_argument("--layout", type=_layout_spec, help="layout: 'SHAPE:STRIDE', e.g. '(4,8):(8,1)'")
     p.add_argument("--format", choices=render.FORMATS, help="text, svg or png (default: from --out, else text)")

@@ -205,6 +205,20 @@ def test_cli_writes_files(tmp_path, capsys):
     ET.fromstring(capsys.readouterr().out)
 
 
+def test_cli_raster_from_plan(capsys):
+    """--plan M,N,K draws the order gemm() runs: its tiles, cluster, fitted swizzle and direction;
+    explicit flags still win."""
+    assert cli.main(["gemm", "--what", "raster", "--plan", "4096,4096,4096"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == "tile order 32x16 tiles, 132 CTAs, swizzle 8, along N, cluster 2x1"
+    assert cli.main(["gemm", "--what", "raster", "--plan", "16384,4400,4096"]) == 0
+    assert capsys.readouterr().out.startswith("tile order 64x35 tiles, 132 CTAs, swizzle 6, along M, cluster 1x2")
+    assert cli.main(["gemm", "--what", "raster", "--plan", "4096,4096,4096", "--swizzle", "2", "--raster", "m"]) == 0
+    assert "swizzle 2, along M" in capsys.readouterr().out.splitlines()[0]
+    with pytest.raises(SystemExit, match="split-K"):
+        cli.main(["gemm", "--what", "raster", "--plan", "128,4096,4096"])
+
+
 def test_cli_errors(capsys):
     with pytest.raises(SystemExit):
         cli.main(["attention"])
