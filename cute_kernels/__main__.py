@@ -21,12 +21,13 @@ def _demo_pictures(out_dir: str) -> list[str]:
 
     os.makedirs(out_dir, exist_ok=True)
     made = []
-    for what, name in [("mma-c", "gemm_mma_c_fragment.svg"), ("smem-a", "gemm_smem_a_swizzle.svg"),
-                       ("banks", "gemm_smem_a_banks.svg"), ("raster", "gemm_raster_8192.png")]:
+    # rasters: what gemm() runs (its plan) for 8192^3 (256x128 tiles, 1x2 cluster, swizzle 8 along M)
+    # and 4096^3 (128x256, 2x1, swizzle 8 along N: the band raster for A that fits in L2)
+    for what, name, extra in [("mma-c", "gemm_mma_c_fragment.svg", []), ("smem-a", "gemm_smem_a_swizzle.svg", []),
+                              ("banks", "gemm_smem_a_banks.svg", []),
+                              ("raster", "gemm_raster_8192.png", ["--plan", "8192,8192,8192"]),
+                              ("raster", "gemm_raster_4096.png", ["--plan", "4096,4096,4096", "--color", "wave"])]:
         path = os.path.join(out_dir, name)
-        # raster: the 8192^3 default (gemm_host._stream_tiles: 256x128 tiles, 1x2 cluster, swizzle 8)
-        extra = (["--problem", "8192,8192", "--num-ctas", "132", "--tile", "256,128,64", "--cluster", "1,2",
-                  "--swizzle", "8"] if what == "raster" else [])
         lcli.main(["gemm", "--what", what, *extra, "--out", path])
         made.append(path)
     return made
