@@ -711,6 +711,9 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
     for name, v in (("a_major", a_major), ("b_major", b_major)):
         if v not in ("row", "col"):
             raise ValueError(f"explain: {name} must be 'row' or 'col', got {v!r}")
+    for name, v in (("m", m), ("n", n), ("k", k), ("batch", 0 if batch is None else batch)):
+        if v < 0:
+            raise ValueError(f"explain: {name} must be >= 0, got {v}")
     a, b = operand(m, k, a_major), operand(k, n, b_major)
     c = torch.empty(*a.shape[:-1], n, dtype=out_dtype or dtype, device="meta") if with_c else None
     with jit.dry_run() as dry:

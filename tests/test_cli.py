@@ -65,6 +65,9 @@ def test_explain_gemm_matches_the_plan():
     assert dict(jit.stats) == before
     with pytest.raises(ValueError, match="a_major"):
         G.explain(64, 64, 64, a_major="k")
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        G.explain(64, -1, 64)
+    assert G.explain(0, 64, 64) == []  # empty problem: nothing launches
 
 
 def test_explain_decode():
