@@ -239,12 +239,15 @@ def fit_swizzle(swizzle: int, along_m: bool, m: int, n: int, tile_mn: tuple[int,
     strips of ``swizzle``, and the kernel runs every padding unit as a full mainloop on zero-filled
     tiles.  8192x3000 with 256x128 tiles on a 1x2 cluster has 12 cluster columns: swizzle 8 pads them to
     16 (512 cluster units for 384 real ones, a third more waves); 6 or 4 pad none.  Ties go to the
-    wider strip."""
-    if swizzle <= 1:
-        return 1
+    wider strip.  A strip is never wider than the grid: with 1 cluster row (M = 256, N = 32000 under the
+    band raster) swizzle 4 would schedule 4 units per real one (session 6, found by the planner fuzz
+    test in tests/test_cli.py)."""
     # cluster units across the raster direction (tile count, then cluster count, rounded up)
     across = math.ceil(math.ceil(n / tile_mn[1]) / cluster_mn[1]) if along_m else \
         math.ceil(math.ceil(m / tile_mn[0]) / cluster_mn[0])
+    swizzle = min(swizzle, max(1, across))
+    if swizzle <= 1:
+        return 1
     return min(range(max(1, swizzle // 2), swizzle + 1), key=lambda s: (math.ceil(across / s) * s - across, -s))
 
 

@@ -91,3 +91,38 @@ def test_cli_plan():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "num_splits" in out.stdout and "kv_bytes       134217728" in out.stdout
+
+
+KNOWN_GEMM_KERNELS = {"gemm_sm90", "gemm_sm90_splitk_cluster", "gemm_sm90_splitk_fixup", "splitk_reduce"}
+
+
+def test_explain_gemm_any_shape():
+    """The planning code (heuristics, split-K choice, raster fit) takes any problem without an error:
+    random sizes from 1 to 20000 (primes and tile edges included), batch, operand majors, output
+    dtype and C.  Every plan names known kernels, a persistent raster fits its grid without wasting
+    more than half a strip, and clusters are pairs or single CTAs."""
+    import random
+
+    import torch
+
+    from cute_kernels import gemm_host as G
+
+    rng = random.Random(6)
+    sizes = [1, 7, 64, 127, 128, 129, 255, 256, 520, 1000, 4096, 4097, 4100, 8191, 16384]
+    for _ in range(300):
+        m, n, k = (rng.choice(sizes) if rng.random() < 0.5 else rng.randint(1, 20000) for _ in range(3))
+        batch = rng.choice([None, None, 1, 3])
+        kw = dict(batch=batch, a_major=rng.choice(["row", "col"]), b_major=rng.choice(["row", "col"]),
+                  dtype=rng.choice([torch.bfloat16, torch.float16]),
+                  out_dtype=rng.choice([None, torch.float32, torch.float16]), with_c=rng.random() < 0.3)
+        rows = G.explain(m, n, k, **kw)
+        assert rows and {r["kernel"] for r in rows} <= KNOWN_GEMM_KERNELS, (m, n, k, kw)
+        for r in rows:
+            if "raster" not in r:
+                continue
+            assert r["cluster_mn"] in ((1, 1), (2, 1), (1, 2)), (m, n, k, kw, r)
+            sw, d = r["raster"]
+            tm, tn = r["tile_mnk"][:2]
+            cm, cn = r["cluster_mn"]
+            across = -(-(-(-n // tn)) // cn) if d == "M" else -(-(-(-m // tm)) // cm)
+            assert sw >= 1 and (-(-across // sw) * sw - across) * 2 <= max(sw, 1), (m, n, k, kw, r)

@@ -736,6 +736,10 @@ def test_default_raster_rule():
     assert G.fit_swizzle(4, True, 16384, 4400, (128, 256), (1, 1)) == 3  # 18 columns: 4 would pad 2
     assert G.fit_swizzle(8, False, 3000, 8192, (128, 256), (2, 1)) == 6  # along N: 12 cluster rows
     assert G.fit_swizzle(1, True, 8192, 3000, (256, 128), (1, 2)) == 1
+    # never wider than the grid: 1 cluster row (LM-head-like 256 x 32000), 1 N tile (65536 x 128)
+    assert G.fit_swizzle(8, False, 256, 32000, (128, 256), (2, 1)) == 1
+    assert G.fit_swizzle(4, True, 65536, 128, (128, 128), (1, 1)) == 1
+    assert G.fit_swizzle(8, False, 384, 32000, (128, 256), (2, 1)) == 2  # 3 M tiles -> 2 cluster rows
     t = G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n", stream_tiles=False)
     assert t.tile_mnk[0] == 128 and G.default_raster(8192, 8192, 8192, "bfloat16", 1, t) == (4, True)
     # A in L2, 2x1 cluster, more than one wave: swizzle 8 along N; one wave or a 1x1 cluster: swizzle 1
