@@ -126,3 +126,28 @@ def test_explain_gemm_any_shape():
             cm, cn = r["cluster_mn"]
             across = -(-(-(-n // tn)) // cn) if d == "M" else -(-(-(-m // tm)) // cm)
             assert sw >= 1 and (-(-across // sw) * sw - across) * 2 <= max(sw, 1), (m, n, k, kw, r)
+
+
+def test_explain_decode_any_shape():
+    """The decode planner takes any valid problem: random batch, GQA ratio, capacity (1..256K),
+    head dim, Sq and page size.  Splits are >= 1 and never more than the cache has KV tiles; paged
+    caches gather with cp.async; TMA + evict-first only for contiguous caches within the size bound."""
+    import importlib
+    import random
+
+    DA = importlib.import_module("cute_kernels.decode_attn")
+    rng = random.Random(6)
+    for _ in range(200):
+        hkv = rng.choice([1, 2, 8, 32])
+        hq = hkv * rng.choice([1, 4, 8])
+        cap = rng.choice([1, 7, 64, 1000, 65537, 131072, 262144]) if rng.random() < 0.5 else rng.randint(1, 200000)
+        page = rng.choice([None, None, 16, 64, 256])
+        b = rng.choice([1, 2, 8, 64])
+        r = DA.explain(b, hq, hkv, cap, head_dim=rng.choice([64, 128, 256]), sq=rng.randint(1, 16), page_size=page)
+        cfg = r["config"]
+        cap_rounded = -(-cap // page) * page if page else cap
+        assert 1 <= r["num_splits"] <= max(1, -(-cap_rounded // cfg.n_tile)), (b, hq, hkv, cap, page, r)
+        if page:
+            assert cfg.paged and r["load"] == "cpasync"
+        elif r["load"] == "tma+evict_first":
+            assert r["kv_bytes"] <= DA.TMA_EF_MAX_KV_BYTES or DA.LOAD_CHOICE != "auto"
