@@ -33,6 +33,12 @@ SHAPES = [  # (M, N, K): A (M, K) row-major, B (K, N) row-major, as torch.matmul
     (128, 4096, 4096), (1024, 1024, 32768), (4097, 4096, 4096), (1000, 3000, 520), (4096, 4096, 4100),
 ]
 LARGE = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 14336, 4096)]
+#: ``--preset llm``: linear layers of Llama-style models at 8192 tokens (M) and an LM head at decode-
+#: batch size, where the shape heuristics meet sizes that are not the issue's: Llama-2-7B QKV
+#: (12288), gate+up (22016) and down (K = 11008), Llama-2-13B hidden 5120, a 70B down projection
+#: (K = 28672), a 32000-entry LM head at 256 tokens, and the odd-N stream shape of session 6.
+LLM = [(8192, 12288, 4096), (8192, 22016, 4096), (8192, 4096, 11008), (8192, 11008, 4096),
+       (8192, 5120, 5120), (8192, 8192, 28672), (256, 32000, 4096), (16384, 4400, 4096)]
 
 
 def main():
@@ -48,13 +54,16 @@ def main():
     ap.add_argument("--tune", action="store_true", help="autotune cute-kernels per shape first (persisted)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--shapes", default="", help="comma-separated MxNxK subset, e.g. 8192x8192x8192,1000x3000x520")
+    ap.add_argument("--preset", choices=["issue", "llm"], default="issue",
+                    help="shape set: the nine issue shapes (default) or LLM layer shapes (LLM above)")
     ap.add_argument("--splitk-variants", action="store_true",
                     help="also time every split-K mode (gemm_host.SPLITK_MODES) as 'ck:<mode>' columns")
     ap.add_argument("--configs", default="",
                     help="also time our kernel at explicit configs (bench_power.py syntax, e.g. 256x128:1x2:8m,"
                          "256x208:1x2:8m:swap) as 'ck <spec>' columns in the same rounds")
     args = ap.parse_args()
-    shapes = SHAPES[:3] if args.quick else SHAPES
+    preset = LLM if args.preset == "llm" else SHAPES
+    shapes = preset[:3] if args.quick else preset
     if args.shapes:
         shapes = [tuple(int(x) for x in s_.split("x")) for s_ in args.shapes.split(",")]
     repeats = 1 if args.quick else args.repeats
