@@ -66,10 +66,13 @@ def representative_builders() -> list[tuple[str, Callable]]:
 
         DA = importlib.import_module("cute_kernels.decode_attn")
 
-        for paged in (False, True):
-            cfg = DA.make_config(torch.bfloat16, 128, 4, paged, 16 if paged else 0, True, True)
-            out.append((f"decode_attn bf16 d128 GQA4 {'paged16' if paged else 'contiguous'} split",
-                        DA._decode_builder(cfg)))
+        # contiguous caches up to TMA_EF_MAX_KV_BYTES load with TMA + evict-first (auto), larger ones
+        # and paged caches with cp.async
+        for label, paged, kv_bytes in (("contiguous <= 192 MiB (TMA + evict-first)", False, 1 << 20),
+                                       ("contiguous > 192 MiB (cp.async)", False, 0),
+                                       ("paged16 (cp.async)", True, 0)):
+            cfg = DA.make_config(torch.bfloat16, 128, 4, paged, 16 if paged else 0, True, True, kv_bytes=kv_bytes)
+            out.append((f"decode_attn bf16 d128 GQA4 {label} split", DA._decode_builder(cfg)))
         from . import merge as MG
 
         out.append(("merge_states fp32 -> bf16 d128", MG._merge_builder(MG.MergeConfig("float32", "bfloat16", 128))))
