@@ -37,11 +37,31 @@ from layouts.explore import scheduler_cluster_order  # noqa: E402  (the DSL sche
 SMS = 132
 
 
-def hbm_reads(m, n, k, tile_m, tile_n, cluster, swizzle, along_m, l2_bytes, el=2, tile_k=64):
-    """Bytes read from HBM for A and B (the output write is not modelled)."""
+def grouped_order(mc, nc, swizzle, along_m, serpentine=True):
+    """A scheduler order with no padding (the quack library's sm90 scheduler, as read in session 6):
+    groups of ``swizzle`` cluster columns (along M; rows when along N), the last group narrower instead
+    of padded, each group walked down the raster direction one row of the group at a time, odd groups
+    in reverse when ``serpentine``."""
+    across, down = (nc, mc) if along_m else (mc, nc)
+    out = []
+    for g0 in range(0, across, swizzle):
+        cols = range(g0, min(g0 + swizzle, across))
+        rows = range(down - 1, -1, -1) if serpentine and (g0 // swizzle) % 2 else range(down)
+        for r in rows:
+            for c in cols:
+                out.append((r, c) if along_m else (c, r))
+    return tuple(out)
+
+
+def hbm_reads(m, n, k, tile_m, tile_n, cluster, swizzle, along_m, l2_bytes, el=2, tile_k=64, order=None):
+    """Bytes read from HBM for A and B (the output write is not modelled).  ``order``: "grouped" or
+    "serpentine" for :func:`grouped_order` instead of the DSL scheduler's (which pads)."""
     cm_, cn_ = cluster
     mt, nt = math.ceil(m / tile_m), math.ceil(n / tile_n)
-    order = scheduler_cluster_order((mt, nt), cluster, swizzle, along_m)  # padding units included
+    if order in ("grouped", "serpentine"):
+        order = grouped_order(math.ceil(mt / cm_), math.ceil(nt / cn_), swizzle, along_m, order == "serpentine")
+    else:
+        order = scheduler_cluster_order((mt, nt), cluster, swizzle, along_m)  # padding units included
     slots = SMS // (cm_ * cn_)
     kt = math.ceil(k / tile_k)
     a_bytes, b_bytes = tile_m * tile_k * el, tile_n * tile_k * el
@@ -92,10 +112,16 @@ def default_config(m, n, k):
 
 
 def parse_config(spec):
+    """``TMxTN:CMxCN:<swizzle><m|n>[:grouped|:serpentine]`` -> (tm, tn, cluster, swizzle, along_m)."""
     tile, cluster, raster = spec.split(":")[:3]
     tm, tn = (int(x) for x in tile.removeprefix("pp").split("x"))
     cl = tuple(int(x) for x in cluster.split("x"))
     return tm, tn, cl, int(raster[:-1]), raster[-1] == "m"
+
+
+def order_of(spec):
+    flags = spec.split(":")[3:]
+    return next((f for f in flags if f in ("grouped", "serpentine")), None)
 
 
 def main():
@@ -120,7 +146,7 @@ def main():
                 tm, tn, cl, sw, am = d
             else:
                 tm, tn, cl, sw, am = parse_config(spec)
-            cells.append(f"{hbm_reads(m, n, k, tm, tn, cl, sw, am, l2) / 1e9:.3f}")
+            cells.append(f"{hbm_reads(m, n, k, tm, tn, cl, sw, am, l2, order=order_of(spec)) / 1e9:.3f}")
         print(f"| {s} | " + " | ".join(cells) + " |  (GB of A+B read from HBM)")
 
 

@@ -26,3 +26,13 @@ def test_default_config_is_the_plan():
     assert L.default_config(4096, 4096, 4096) == (128, 256, (2, 1), 8, False)
     assert L.default_config(16384, 4400, 4096) == (256, 128, (1, 2), 6, True)
     assert L.default_config(128, 4096, 4096) is None  # split-K kernel: no persistent raster
+
+
+def test_grouped_order_is_a_permutation():
+    """The unpadded (quack-like) order visits every cluster exactly once; serpentine reverses odd groups."""
+    for mc, nc, sw, am in ((5, 7, 3, True), (8, 43, 8, True), (6, 4, 4, False), (1, 1, 8, True)):
+        for serp in (False, True):
+            o = L.grouped_order(mc, nc, sw, am, serp)
+            assert sorted(o) == [(r, c) for r in range(mc) for c in range(nc)]
+    o = L.grouped_order(4, 4, 2, True, True)
+    assert o[:4] == ((0, 0), (0, 1), (1, 0), (1, 1)) and o[8:10] == ((3, 2), (3, 3))
