@@ -241,7 +241,7 @@ def fit_swizzle(swizzle: int, along_m: bool, m: int, n: int, tile_mn: tuple[int,
     16 (512 cluster units for 384 real ones, a third more waves); 6 or 4 pad none.  Ties go to the
     wider strip.  A strip is never wider than the grid: with 1 cluster row (M = 256, N = 32000 under the
     band raster) swizzle 4 would schedule 4 units per real one (session 6, found by the planner fuzz
-    test in tests/test_cli.py)."""
+    test in tests/test_plan.py)."""
     # cluster units across the raster direction (tile count, then cluster count, rounded up)
     across = math.ceil(math.ceil(n / tile_mn[1]) / cluster_mn[1]) if along_m else \
         math.ceil(math.ceil(m / tile_mn[0]) / cluster_mn[0])
