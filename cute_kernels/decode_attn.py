@@ -489,6 +489,10 @@ def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim:
     """What ``decode_attn`` would run, on any machine (no GPU, nothing compiled): the real planning
     code (:func:`_plan_uncached`) on meta tensors.  ``capacity`` = Lmax of a contiguous cache, or the
     block-table width x ``page_size`` of a paged one (rounded up to whole pages)."""
+    for name, v in (("batch", batch), ("heads_q", heads_q), ("heads_kv", heads_kv), ("capacity", capacity),
+                    ("head_dim", head_dim), ("sq", sq)):
+        if v < 1:
+            raise ValueError(f"explain: {name} must be >= 1, got {v}")
     q = torch.empty(batch, sq, heads_q, head_dim, dtype=dtype, device="meta")
     bt = None
     if page_size:

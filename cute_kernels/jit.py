@@ -124,31 +124,30 @@ def _load_object(path: Path):
     return getattr(mod, EXPORT_NAME)
 
 
-#: Set by :func:`dry_run`: get_compiled records ``(name, config)`` here and compiles nothing.
-_dry: list | None = None
+#: Per thread, set by :func:`dry_run`: get_compiled records ``(name, config)`` there and compiles nothing.
+_dry = threading.local()
 
 
 class dry_run:
     """Context manager: every :func:`get_compiled` inside records ``(name, config)`` in ``.seen`` and
     returns None instead of compiling.  Why: a plan (``gemm_host.explain``) can then show exactly the
     configuration a call would compile, by running the real planning code, without a compiler or GPU.
-    Process-global, not thread-safe."""
+    Per thread: a real call on another thread still compiles and launches."""
 
     def __enter__(self):
-        global _dry
-        self.prev, self.seen = _dry, []
-        _dry = self.seen
+        self.prev, self.seen = getattr(_dry, "seen", None), []
+        _dry.seen = self.seen
         return self
 
     def __exit__(self, *exc):
-        global _dry
-        _dry = self.prev
+        _dry.seen = self.prev
 
 
 def get_compiled(name: str, config: Hashable, builder: Builder):
     """The compiled callable for ``(name, config)``: memory, then disk, then a fresh compile."""
-    if _dry is not None:
-        _dry.append((name, config))
+    seen = getattr(_dry, "seen", None)
+    if seen is not None:
+        seen.append((name, config))
         return None
     key = full_key(name, config)
     fn = _memory.get(key)

@@ -121,3 +121,29 @@ def test_tuner_candidates_any_shape():
             assert i == 0 or cluster == (1, 1) or (cluster[0] == 2 and -(-m // tile_m) % 2 == 0) or \
                 (cluster[1] == 2 and -(-n // tile_n) % 2 == 0), (m, n, k, cluster)
             tune._tiles(tile_n, cluster, "bfloat16", "k", "mn", "bfloat16", tile_m, pp)
+
+
+def test_dry_run_is_per_thread():
+    """A plan explained on one thread does not turn another thread's compiles into no-ops."""
+    import threading
+
+    from cute_kernels import jit
+
+    seen_other = []
+    with jit.dry_run() as dry:
+        t = threading.Thread(target=lambda: seen_other.append(getattr(jit._dry, "seen", None)))
+        t.start()
+        t.join()
+        assert jit.get_compiled("x", ("cfg",), lambda: None) is None
+    assert seen_other == [None] and dry.seen == [("x", ("cfg",))]
+    assert getattr(jit._dry, "seen", None) is None
+
+
+def test_explain_decode_rejects_bad_sizes():
+    import importlib
+
+    DA = importlib.import_module("cute_kernels.decode_attn")
+    with pytest.raises(ValueError, match="heads_kv must be >= 1"):
+        DA.explain(1, 32, 0, 1024)
+    with pytest.raises(ValueError, match="multiple"):
+        DA.explain(1, 30, 8, 1024)
