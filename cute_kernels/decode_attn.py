@@ -411,6 +411,12 @@ def _capacity(k_cache, block_table) -> int:
     return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
 
 
+def _kv_bytes(batch: int, k_cache, block_table) -> int:
+    """K + V bytes of the cache's static capacity (what :func:`auto_load` decides on)."""
+    _, _, Hkv, D = k_cache.shape
+    return 2 * batch * _capacity(k_cache, block_table) * Hkv * D * k_cache.element_size()
+
+
 def _check_device_values(k_cache, cache_seqlens, block_table):
     """Checked mode: validate lengths and page ids (synchronizes with the device)."""
     cap = _capacity(k_cache, block_table)
@@ -456,7 +462,7 @@ def _plan_uncached(q, k_cache, block_table, num_splits, causal):
     rows = (Hq // Hkv) * Sq
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
-    kv_bytes = 2 * B * _capacity(k_cache, block_table) * Hkv * D * k_cache.element_size()
+    kv_bytes = _kv_bytes(B, k_cache, block_table)
     cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False, kv_bytes=kv_bytes)
     if num_splits is None:
         row_blocks = -(-rows // cfg1.m_tile)
@@ -504,7 +510,7 @@ def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim:
     if heads_q % heads_kv:
         raise ValueError(f"explain: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
     cfg, splits = _plan_uncached(q, k, bt, num_splits, causal)
-    kv_bytes = 2 * batch * _capacity(k, bt) * heads_kv * head_dim * k.element_size()
+    kv_bytes = _kv_bytes(batch, k, bt)
     row_blocks = -(-((heads_q // heads_kv) * sq) // cfg.m_tile)
     ctas = batch * heads_kv * row_blocks * splits
     return {"config": cfg, "num_splits": splits, "load": cfg.load + ("+evict_first" if cfg.kv_evict_first else ""),

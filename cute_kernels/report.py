@@ -68,8 +68,9 @@ def representative_builders() -> list[tuple[str, Callable]]:
 
         # contiguous caches up to TMA_EF_MAX_KV_BYTES load with TMA + evict-first (auto), larger ones
         # and paged caches with cp.async
-        for label, paged, kv_bytes in (("contiguous <= 192 MiB (TMA + evict-first)", False, 1 << 20),
-                                       ("contiguous > 192 MiB (cp.async)", False, 0),
+        mib = DA.TMA_EF_MAX_KV_BYTES >> 20
+        for label, paged, kv_bytes in ((f"contiguous <= {mib} MiB (TMA + evict-first)", False, 1 << 20),
+                                       (f"contiguous > {mib} MiB (cp.async)", False, 0),
                                        ("paged16 (cp.async)", True, 0)):
             cfg = DA.make_config(torch.bfloat16, 128, 4, paged, 16 if paged else 0, True, True, kv_bytes=kv_bytes)
             out.append((f"decode_attn bf16 d128 GQA4 {label} split", DA._decode_builder(cfg)))

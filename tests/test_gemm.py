@@ -641,17 +641,21 @@ def test_gemm_stream_tiles(variant):
     assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2))
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.bfloat16).mT if variant == "col_out" else None
+    _check_poisoned_gemm(a, b, c_fp32=variant == "c_fp32", out=out)
+
+
+def _check_poisoned_gemm(a, b, *, c_fp32=False, out=None):
+    """gemm into a NaN-poisoned output (``out``, else a fresh row-major bf16 one; ``c_fp32``: alpha 0.5,
+    beta -1.5 and a random C into an fp32 output) against the float64 reference, relative error < 1e-2."""
     ref = a.double() @ b.double()
-    if variant == "c_fp32":
-        c = torch.randn(m, n, device="cuda", dtype=torch.float32)
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    if c_fp32:
+        c = torch.randn(ref.shape, device="cuda", dtype=torch.float32)
+        out = torch.full(ref.shape, float("nan"), device="cuda", dtype=torch.float32)
         cute_kernels.gemm(a, b, out=out, alpha=0.5, beta=-1.5, c=c)
         ref = 0.5 * ref - 1.5 * c.double()
-    elif variant == "col_out":
-        out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.bfloat16).mT
-        cute_kernels.gemm(a, b, out=out)
     else:
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        out = torch.full(ref.shape, float("nan"), device="cuda", dtype=torch.bfloat16) if out is None else out
         cute_kernels.gemm(a, b, out=out)
     torch.cuda.synchronize()
     assert not out.isnan().any()
@@ -673,19 +677,10 @@ def test_gemm_band_raster(variant):
     b = torch.randn(l, k, n, device="cuda", dtype=torch.bfloat16)
     if variant == "b_kmajor":
         b = torch.randn(l, n, k, device="cuda", dtype=torch.bfloat16).mT
-    ref = a.double() @ b.double()
     if variant == "batched_c_fp32":
-        c = torch.randn(l, m, n, device="cuda", dtype=torch.float32)
-        out = torch.full((l, m, n), float("nan"), device="cuda", dtype=torch.float32)
-        cute_kernels.gemm(a, b, out=out, alpha=0.5, beta=-1.5, c=c)
-        ref = 0.5 * ref - 1.5 * c.double()
+        _check_poisoned_gemm(a, b, c_fp32=True)
     else:
-        a, b, ref = a[0], b[0], ref[0]
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        cute_kernels.gemm(a, b, out=out)
-    torch.cuda.synchronize()
-    assert not out.isnan().any()
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+        _check_poisoned_gemm(a[0], b[0])
 
 
 @pytest.mark.gpu
