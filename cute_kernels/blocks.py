@@ -112,8 +112,17 @@ def gemm_host_setup(tiles, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cu
 
 @cute.jit
 def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-                   ab_pipe, read, release, k_tiles, handoff_barrier_id=None, handoff_threads: int = 0):
+                   ab_pipe, read, release, k_tiles, handoff_barrier_id=None, handoff_threads: int = 0,
+                   zero_init: cutlass.Constexpr[bool] = False, after_commit=None, after_commit_args=()):
     """acc += A @ B over ``k_tiles`` stages of the ring, one wgmma group in flight.
+
+    ``zero_init``: acc = A @ B instead: the first k-tile's first wgmma runs with ACCUMULATE off (the
+    instruction's scale-d predicate), so the caller skips ``acc.fill(0)``, i.e. 64 register-pair
+    moves per thread between tiles while the tensor cores wait (as quack and CUTLASS do).  Only when
+    ``k_tiles >= 1`` (a split-K slice may be empty: those callers keep the fill).
+
+    ``after_commit(kt, *after_commit_args)`` (traced inline) runs right after k-tile ``kt``'s wgmma
+    group is committed, while it executes: the GEMM's deferred epilogue stores the previous tile there.
 
     A stage is released only once the wgmma group that read it has retired (``wait_group(1)`` after
     the next group was committed), so the producer can refill it while the tensor cores keep going.
@@ -134,9 +143,20 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
     warpgroup.fence()
     for kt in range(k_tiles):
         ab_pipe.consumer_wait(read)
-        for kb in cutlass.range_constexpr(num_k_blocks):
-            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
+        if cutlass.const_expr(zero_init):
+            # a fresh atom per k-tile: its ACCUMULATE field is a run-time predicate set in this body
+            # (a field set on the loop-carried tiled_mma would not dominate its later uses)
+            mma_atom = cute.make_mma_atom(tiled_mma.op)
+            mma_atom.set(warpgroup.Field.ACCUMULATE, kt != 0)
+            for kb in cutlass.range_constexpr(num_k_blocks):
+                cute.gemm(mma_atom, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
+                mma_atom.set(warpgroup.Field.ACCUMULATE, True)
+        else:
+            for kb in cutlass.range_constexpr(num_k_blocks):
+                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
         warpgroup.commit_group()
+        if cutlass.const_expr(after_commit is not None):
+            after_commit(kt, *after_commit_args)
         warpgroup.wait_group(1)
         if kt > 0:
             ab_pipe.consumer_release(release)

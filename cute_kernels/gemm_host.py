@@ -564,9 +564,10 @@ def _signature(a, b, out, c, beta, out_dtype):
 
 
 def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu=False,
-               splitk_mode: str | None = None) -> _Plan:
+               splitk_mode: str | None = None, options: tuple = ()) -> _Plan:
     """``splitk_mode``: one of SPLITK_MODES (the tuner's candidates; a tuned entry can carry one too),
-    else ``SPLITK_MODE``."""
+    else ``SPLITK_MODE``.  ``options``: ``(GemmConfig field, value)`` pairs applied to the persistent
+    kernel's config (benchmarks compare kernel variants in one process, e.g. ``(("pdl", False),)``)."""
     from .gemm_kernel import GemmConfig
 
     shape = _check(a, b, out, c, out_dtype, allow_cpu)
@@ -656,7 +657,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         cl = (2, 1) if math.ceil(m / 128) % 2 == 0 else (1, 1)
         cfg = GemmConfig(tiles=make_gemm_tiles(tn, cl, ab, am, bm, d_name), a_rank=2, has_c=p.has_c,
                          tma_store=_tma_ok(probe, "row"), max_active_clusters=current_arch().sm_count // cl[0],
-                         splits=p.splits)
+                         splits=p.splits, **dict(options))
         fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
         n_tiles = math.ceil(m / 128) * math.ceil(n / tn)
         p.fn = SplitKFixupLauncher(fn, n_tiles * p.splits * 128 * tn, n_tiles)
@@ -688,7 +689,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         raster_swizzle=fit_swizzle(raster[0], raster[1], m, n, tiles.tile_mnk[:2], tiles.cluster_mn),
         raster_along_m=raster[1],
         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]),
-        **(cp_async or {}),
+        **(cp_async or {}), **dict(options),
     )
     p.fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
     return p
@@ -740,13 +741,13 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
     return out
 
 
-def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None, raster=None, splitk_mode=None):
+def _gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=None, raster=None, splitk_mode=None, options=()):
     sig = _signature(a, b, out, c, beta, out_dtype)
-    # explicit tiles / split-K mode (tuner, tests): cached too, under their own key
-    key = sig if tiles is None and splitk_mode is None else (sig, tiles, raster, splitk_mode)
+    # explicit tiles / split-K mode / kernel options (tuner, tests, benchmarks): cached too, own key
+    key = sig if tiles is None and splitk_mode is None and not options else (sig, tiles, raster, splitk_mode, options)
     p = _plans.get(key)
     if p is None:
-        p = _make_plan(a, b, out, c, beta, out_dtype, tiles, raster, splitk_mode=splitk_mode)
+        p = _make_plan(a, b, out, c, beta, out_dtype, tiles, raster, splitk_mode=splitk_mode, options=options)
         _plans[key] = p
     if out is None:
         out = torch.empty(p.shape, dtype=p.out_dtype, device=a.device)

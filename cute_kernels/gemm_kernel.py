@@ -67,6 +67,20 @@ class GemmConfig:
     vec_b: int = 16
     # K slices per output tile inside the persistent schedule (GemmSm90SplitK; 1: no split)
     splits: int = 1
+    # Programmatic dependent launch (TMA mainloop): the CTAs may start while the previous kernel on
+    # the stream drains; every thread waits (griddepcontrol.wait) after the prologue (barrier init,
+    # descriptor prefetch), before any global read or write, so only the launch latency and the
+    # prologue overlap the previous kernel.  The consumers signal their dependents after their last tile.
+    pdl: bool = True
+    # Less work between tiles while the tensor cores wait: the first wgmma of a tile overwrites the
+    # accumulators (no acc.fill(0)) and alpha == 1 skips the multiply (a uniform run-time branch).
+    lean_tile: bool = True
+    # Deferred epilogue (cooperative, no split, no C, TMA-stored 16-bit D, <= 128 accumulators per
+    # thread): a tile's accumulators are converted into D's type in registers right after its
+    # mainloop, and its sub-tiles are written out (stmatrix -> TMA store) one per k-tile during the
+    # next tile's first k-tiles, while that tile's wgmmas run: the tensor cores wait only for the
+    # conversion, not for the stores and their barriers.
+    epi_defer: bool = False
 
     @property
     def a_major(self):
@@ -75,6 +89,18 @@ class GemmConfig:
     @property
     def b_major(self):
         return self.tiles.mma.b_major
+
+
+#: accumulators per consumer thread up to which the deferred epilogue's converted copy of a tile
+#: (half as many 32-bit registers for 16-bit D) fits next to the next tile's accumulators
+EPI_DEFER_MAX_ACC = 128
+
+
+def epi_defer_ok(cfg: GemmConfig) -> bool:
+    """Pure Python: whether ``cfg`` can take the deferred epilogue (see ``GemmConfig.epi_defer``)."""
+    t = cfg.tiles
+    return (not t.pingpong and cfg.splits == 1 and not cfg.has_c and cfg.tma_store and cfg.lean_tile
+            and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
 
 
 class GemmSm90:
@@ -105,7 +131,8 @@ class GemmSm90:
         self.num_consumer_wg = t.num_consumer_warpgroups  # ping-pong: 2, each on its own tiles
         self.threads = 128 * (1 + self.num_consumer_wg)
         self.num_mma_threads = 128 * self.num_mma_wg  # threads of one tile's epilogue
-        if t.acc_regs_per_thread > self.HEAVY_ACC_REGS[self.pingpong]:
+        heavy = t.acc_regs_per_thread > self.HEAVY_ACC_REGS[self.pingpong]
+        if heavy:
             # many accumulator registers per thread: ping-pong 128 x N (N > 128) or cooperative 256 x N
             # (N >= 208); as in quack, the producer gives up more
             # (24 * 128 + 240 * 256 = 64512 <= 65536)
@@ -117,8 +144,16 @@ class GemmSm90:
         self.acc_dtype = T.dtype(t.mma.acc_dtype)
         self.c_dtype = T.dtype(t.c_dtype)
         self.splits = cfg.splits
+        self.use_pdl = cfg.pdl and cfg.mainloop == "tma"  # the cp.async subclass launches without it
+        # zero-init through the MMA needs >= 1 k-tile per work unit (a split-K slice can be empty); the
+        # heavy tiles keep the fill: ptxas peels the first k-tile, and 256 x 208 with C then spills 8 B
+        self.mma_zero_init = cfg.lean_tile and cfg.splits == 1 and not heavy
+        self.n_epi = (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])  # sub-tiles per tile
         if self.splits > 1 and (self.pingpong or cfg.mainloop != "tma"):
             raise ValueError("GemmConfig.splits > 1: cooperative TMA kernel only")
+        if cfg.epi_defer and not epi_defer_ok(cfg):
+            raise ValueError("GemmConfig.epi_defer: cooperative, unsplit, no C, TMA-stored 16-bit D and at most "
+                             f"{EPI_DEFER_MAX_ACC} accumulators per thread only")
 
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
@@ -149,6 +184,7 @@ class GemmSm90:
             cluster=(*self.cluster_mn, 1),
             min_blocks_per_mp=1,
             stream=stream,
+            use_pdl=self.use_pdl,
         )
 
     def schedule(self, mD: cute.Tensor):
@@ -238,6 +274,8 @@ class GemmSm90:
         )
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
+        if cutlass.const_expr(self.use_pdl):
+            cute.arch.griddepcontrol_wait()  # the previous kernel's writes are visible from here on
 
         if wg_idx == 0:
             # ================= producer warpgroup: one warp issues TMA, the rest idle
@@ -261,7 +299,10 @@ class GemmSm90:
         else:
             # ================= consumer warpgroups: wgmma mainloop + epilogue
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            if cutlass.const_expr(self.pingpong):
+            if cutlass.const_expr(cfg.epi_defer):
+                self.consumer_deferred(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD,
+                                       alpha, tidx, warp_idx)
+            elif cutlass.const_expr(self.pingpong):
                 self.consumer_pingpong(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma,
                                        mD, mC, alpha, beta, tidx, warp_idx)
             else:
@@ -316,8 +357,10 @@ class GemmSm90:
             tile = work.tile_idx
             l_idx, _, k_count = self.k_range(tile[2], k_tiles)
             # ---- mainloop: keep one wgmma group in flight, release the stage it no longer reads
-            acc.fill(0.0)
-            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count)
+            if cutlass.const_expr(not self.mma_zero_init):
+                acc.fill(0.0)
+            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count,
+                                                  zero_init=self.mma_zero_init)
             if cutlass.const_expr(self.splits > 1):
                 if self.reduce_partials(acc, ws, tile, l_idx, mD, mCnt, sFlag, mma_tidx):
                     self.epilogue(acc, (tile[0], tile[1], l_idx), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
@@ -329,8 +372,77 @@ class GemmSm90:
                               warp_idx)
             sched.advance_to_next_work()
             work = sched.get_current_work()
+        if cutlass.const_expr(self.use_pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(cfg.tma_store):
             store_pipe.producer_tail()
+
+    @cute.jit
+    def consumer_deferred(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
+                          ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
+                          mD: cute.Tensor, alpha: cutlass.Float32, tidx, warp_idx):
+        """Cooperative consumers with the deferred epilogue (``GemmConfig.epi_defer``).
+
+        Per tile: mainloop; then the previous tile's sub-tiles not yet stored (only when the mainloop
+        had fewer k-tiles than sub-tiles); then this tile's accumulators -> ``rPend`` (scaled,
+        converted).  During the next mainloop, sub-tile ``e`` of ``rPend`` is stored right after k-tile
+        ``e``'s wgmmas are committed (:func:`blocks.wgmma_mainloop`'s ``after_commit``): the stores,
+        barriers and buffer waits overlap the tensor cores.  The last tile is stored after the loop.
+        Sub-tiles keep their running order, so the epilogue buffers rotate as in :meth:`epilogue`."""
+        t = self.cfg.tiles
+        mma_tidx = tidx - 128
+        wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
+        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
+            tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mD)
+        epi_barrier = pipeline.NamedBarrier(barrier_id=self.EPI_BARRIER, num_threads=self.num_mma_threads)
+        epi = self.make_epilogue(tiled_mma, sD, acc, mma_tidx)
+        store_pipe = epi[-1]
+        rPend = [cute.make_rmem_tensor(epi[4].shape, self.c_dtype) for _ in range(self.n_epi)]
+        pend = (rPend, sD, epi, epi_barrier, tma_d, mD_tma, warp_idx)
+
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = sched.initial_work_tile_info()
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
+        has_pend = cutlass.Boolean(False)
+        pend_m, pend_n, pend_l, pend_count = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+        while work.is_valid_tile:
+            tile = work.tile_idx
+            read, release = blocks.wgmma_mainloop(
+                tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles, zero_init=True,
+                after_commit=self.store_pending, after_commit_args=(has_pend, (pend_m, pend_n, pend_l), pend_count,
+                                                                    pend))
+            if has_pend:  # sub-tiles the mainloop had no k-tile for
+                for e in cutlass.range_constexpr(self.n_epi):
+                    if k_tiles <= e:
+                        self.store_subtile(e, rPend[e], (pend_m, pend_n, pend_l), pend_count, sD, epi, epi_barrier,
+                                           self.epi_store_warp, 0, tma_d, mD_tma, warp_idx)
+            self.scale_acc(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gC, cD, mD, alpha, alpha)
+            for e in cutlass.range_constexpr(self.n_epi):
+                self.convert_subtile(epi, e, rPend[e])
+            has_pend = cutlass.Boolean(True)
+            pend_m, pend_n, pend_l = tile[0], tile[1], tile[2]
+            pend_count = sched.num_tiles_executed
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        if has_pend:
+            for e in cutlass.range_constexpr(self.n_epi):
+                self.store_subtile(e, rPend[e], (pend_m, pend_n, pend_l), pend_count, sD, epi, epi_barrier,
+                                   self.epi_store_warp, 0, tma_d, mD_tma, warp_idx)
+        if cutlass.const_expr(self.use_pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        store_pipe.producer_tail()
+
+    @cute.jit
+    def store_pending(self, kt, has_pend, tile_mnl, tiles_done, pend):
+        """``wgmma_mainloop`` hook of :meth:`consumer_deferred`: after k-tile ``kt``'s wgmmas are
+        committed, store the previous tile's sub-tile ``kt`` (if there is one)."""
+        rPend, sD, epi, epi_barrier, tma_d, mD_tma, warp_idx = pend
+        if has_pend:
+            for e in cutlass.range_constexpr(self.n_epi):
+                if kt == e:
+                    self.store_subtile(e, rPend[e], tile_mnl, tiles_done, sD, epi, epi_barrier, self.epi_store_warp, 0,
+                                       tma_d, mD_tma, warp_idx)
 
     @cute.jit
     def consumer_pingpong(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
@@ -387,13 +499,15 @@ class GemmSm90:
             work = sched.get_current_work()
         while work.is_valid_tile:
             tile = work.tile_idx
-            acc.fill(0.0)
+            if cutlass.const_expr(not self.mma_zero_init):
+                acc.fill(0.0)
             # consumer 0's first tile goes first; every other mainloop waits for the hand-over from the
             # other consumer (num_tiles_executed: consumer 0 starts at 0, consumer 1 at 1)
             if sched.num_tiles_executed > 0:
                 cute.arch.barrier(barrier_id=mma_bar, number_of_threads=256)
             read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles,
-                                                  handoff_barrier_id=other_mma_bar, handoff_threads=256)
+                                                  handoff_barrier_id=other_mma_bar, handoff_threads=256,
+                                                  zero_init=self.mma_zero_init)
             self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
                           store_warp, my_bufs, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
                           warp_idx)
@@ -402,6 +516,8 @@ class GemmSm90:
             release.advance(k_tiles)
             sched.advance_to_next_work(advance_count=2)
             work = sched.get_current_work()
+        if cutlass.const_expr(self.use_pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(cfg.tma_store):
             store_pipe.producer_tail()
 
@@ -478,55 +594,81 @@ class GemmSm90:
         return tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe
 
     @cute.jit
-    def epilogue(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gD: cute.Tensor, gC: cute.Tensor, cD: cute.Tensor,
-                 sD: cute.Tensor, epi, epi_barrier, store_warp, buf_base, tiles_done, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
-                 mD: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx):
-        """One tile's epilogue by the threads that hold its accumulators: alpha/beta in registers (C read
-        with predicates: any strides, ragged tiles), then sub-tile by sub-tile registers -> smem buffer
-        ``buf_base + (running sub-tile count) % epi_stages`` -> TMA store issued by ``store_warp``; or
-        predicated direct stores when D's strides are not TMA-compatible.  ``tiles_done`` counts this
-        storer's earlier tiles (it only has to grow by one per tile)."""
+    def scale_acc(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gC: cute.Tensor, cD: cute.Tensor, mD: cute.Tensor,
+                  alpha: cutlass.Float32, beta: cutlass.Float32):
+        """acc = alpha * acc (+ beta * C, read with predicates: any strides, ragged tiles), in registers."""
         cfg = self.cfg
-        t = cfg.tiles
-        m_t, n_t, _ = self.tile_mnk
-        tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
-        n_rD = cute.size(tRS_rD)
-        tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
         if cutlass.const_expr(cfg.has_c):
+            tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
             tCgC = thr_mma_c.partition_C(gC[(None, None, *tile_mnl)])
             for i in cutlass.range_constexpr(cute.size(acc)):
                 v = acc[i] * alpha
                 if cute.elem_less(tCcD[i], mD.shape):
                     v = v + beta * tCgC[i].to(cutlass.Float32)
                 acc[i] = v
+        elif cutlass.const_expr(cfg.lean_tile):
+            if alpha != cutlass.Float32(1.0):
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] * alpha
         else:
             for i in cutlass.range_constexpr(cute.size(acc)):
                 acc[i] = acc[i] * alpha
 
+    @cute.jit
+    def convert_subtile(self, epi, e: cutlass.Constexpr[int], rD_out: cute.Tensor):
+        """Sub-tile ``e`` of the (scaled) accumulators, converted to D's type, into ``rD_out``."""
+        tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
+        n_rD = cute.size(tRS_rD)
+        for v in cutlass.range_constexpr(n_rD):
+            tRS_rD[v] = tRS_acc[e * n_rD + v]
+        rD_out.store(tRS_rD.load().to(self.c_dtype))
+
+    @cute.jit
+    def store_subtile(self, e: cutlass.Constexpr[int], rD_out: cute.Tensor, tile_mnl, tiles_done, sD: cute.Tensor,
+                      epi, epi_barrier, store_warp, buf_base, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, warp_idx):
+        """Sub-tile ``e`` of tile ``tile_mnl`` (converted registers ``rD_out``) -> smem buffer
+        ``buf_base + (tiles_done * n_epi + e) % epi_stages`` (stmatrix for 16-bit D) -> TMA store
+        issued by ``store_warp``, which then waits until the buffer written next is no longer read."""
+        t = self.cfg.tiles
+        m_t, n_t, _ = self.tile_mnk
+        tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
+        gD_tile = cute.local_tile(mD_tma, (m_t, n_t), (None, None, None))[(None, None, *tile_mnl)]
+        gD_epi = cute.zipped_divide(gD_tile, t.epi_tile_mn)
+        bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+            tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi,
+        )
+        epi_shape = gD_epi.shape[1]
+        epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+        n_epi = cute.size(gD_epi, mode=[1])
+        buf = buf_base + (tiles_done * n_epi + e) % t.epi_stages
+        cute.copy(tiled_r2s, rD_out, tRS_sD[(None, None, None, buf)])
+        cute.arch.fence_proxy("async.shared", space="cta")
+        epi_barrier.arrive_and_wait()
+        if warp_idx == store_warp:
+            cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
+            store_pipe.producer_commit()
+            store_pipe.producer_acquire()
+        epi_barrier.arrive_and_wait()
+
+    @cute.jit
+    def epilogue(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gD: cute.Tensor, gC: cute.Tensor, cD: cute.Tensor,
+                 sD: cute.Tensor, epi, epi_barrier, store_warp, buf_base, tiles_done, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
+                 mD: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx):
+        """One tile's epilogue by the threads that hold its accumulators: alpha/beta in registers, then
+        sub-tile by sub-tile registers -> smem buffer -> TMA store (:meth:`store_subtile`); or predicated
+        direct stores when D's strides are not TMA-compatible.  ``tiles_done`` counts this storer's
+        earlier tiles (it only has to grow by one per tile)."""
+        cfg = self.cfg
+        m_t, n_t, _ = self.tile_mnk
+        self.scale_acc(acc, tile_mnl, thr_mma_c, gC, cD, mD, alpha, beta)
         if cutlass.const_expr(cfg.tma_store):
-            gD_tile = cute.local_tile(mD_tma, (m_t, n_t), (None, None, None))[(None, None, *tile_mnl)]
-            gD_epi = cute.zipped_divide(gD_tile, t.epi_tile_mn)
-            bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi,
-            )
-            epi_shape = gD_epi.shape[1]
-            epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-            n_epi = cute.size(gD_epi, mode=[1])
-            prev = tiles_done * n_epi
-            for e in cutlass.range_constexpr(n_epi):
-                for v in cutlass.range_constexpr(n_rD):
-                    tRS_rD[v] = tRS_acc[e * n_rD + v]
-                tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-                buf = buf_base + (prev + e) % t.epi_stages
-                cute.copy(tiled_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_barrier.arrive_and_wait()
-                if warp_idx == store_warp:
-                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
-                    store_pipe.producer_commit()
-                    store_pipe.producer_acquire()
-                epi_barrier.arrive_and_wait()
+            tRS_rD_out = epi[4]
+            for e in cutlass.range_constexpr(self.n_epi):
+                self.convert_subtile(epi, e, tRS_rD_out)
+                self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, store_warp, buf_base,
+                                   tma_d, mD_tma, warp_idx)
         else:
+            tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
             tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])
             for i in cutlass.range_constexpr(cute.size(acc)):
                 if cute.elem_less(tCcD[i], mD.shape):

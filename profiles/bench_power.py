@@ -60,8 +60,17 @@ def parse(lines):
     return out
 
 
+#: ``explicit_config`` flags that switch a kernel option off (``GemmConfig`` field, value)
+OPTION_FLAGS = {"nopdl": ("pdl", False), "fat": ("lean_tile", False), "defer": ("epi_defer", True),
+                "nodefer": ("epi_defer", False)}
+
+
 def explicit_config(spec):
-    """``[pp]TMxTN:CMxCN:<swizzle><m|n>[:swap]`` -> gemm(a, b) at that tile, cluster and raster.
+    """``[pp]TMxTN:CMxCN:<swizzle><m|n>[:swap][:nopdl][:fat]`` -> gemm(a, b) at that tile, cluster and
+    raster.  ``default`` instead of the first three fields keeps the planner's tiles and raster (only
+    the flags change): ``default:nopdl`` is the default plan without programmatic dependent launch,
+    ``default:fat`` without the lean per-tile work (acc.fill(0) and an unconditional alpha multiply),
+    ``default:defer`` / ``default:nodefer`` with / without the deferred epilogue.
 
     ``:swap`` computes the transposed problem, out^T = b^T a^T, as quack's ``swap_ab`` does (its
     autotuned 8192^3 winner, session 4 run 5): the kernel's M is then the problem's N, A is MN-major,
@@ -72,7 +81,14 @@ def explicit_config(spec):
     from cute_kernels import tune
     from cute_kernels.gemm_host import _gemm_impl
 
-    tile, cluster, raster, *flags = spec.split(":")
+    fields = spec.split(":")
+    flags = [f for f in fields if f in OPTION_FLAGS or f == "swap"]
+    options = tuple(OPTION_FLAGS[f] for f in flags if f in OPTION_FLAGS)
+    if fields[0] == "default":
+        if "swap" in flags:
+            raise ValueError("default:swap is not a config: give the tiles")
+        return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, options=options)
+    tile, cluster, raster = fields[:3]
     swap = "swap" in flags
     pp = tile.startswith("pp")
     tile_m, tile_n = (int(x) for x in tile.removeprefix("pp").split("x"))
@@ -80,12 +96,12 @@ def explicit_config(spec):
     sw, along_m = int(raster[:-1]), raster[-1] == "m"
     if not swap:
         tiles = tune._tiles(tile_n, cl, "bfloat16", "k", "mn", "bfloat16", tile_m, pp)  # row-major A and B
-        return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, tiles, (sw, along_m))
+        return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, tiles, (sw, along_m), options=options)
     tiles = tune._tiles(tile_n, cl, "bfloat16", "mn", "k", "bfloat16", tile_m, pp)  # b^T: M-major, a^T: K-major
 
     def run(a, b):
         out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
-        _gemm_impl(b.mT, a.mT, out.mT, None, 1.0, 0.0, None, tiles, (sw, along_m))
+        _gemm_impl(b.mT, a.mT, out.mT, None, 1.0, 0.0, None, tiles, (sw, along_m), options=options)
         return out
 
     return run

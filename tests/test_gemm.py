@@ -821,3 +821,84 @@ def test_tune_gemm_splitk_shape(monkeypatch, tmp_path):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     cute_kernels.gemm(a, b, out=out)
     assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+# ---------------------------------------------------------------- session 7: PDL, lean tiles, deferred epilogue
+_DEFER = (("epi_defer", True),)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(4096, 4096, 256), (2000, 2000, 100), (777, 1000, 1), (1000, 3000, 520),
+                                 (8200, 2000, 4104), (4096, 4096, 4096)], ids=str)
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_gemm_epi_defer(mnk, alpha):
+    """The deferred epilogue (a tile's sub-tiles stored during the next tile's first k-tiles) gives
+    the same bits as the default epilogue and matches the float64 reference, NaN-poisoned outputs.
+    K = 256: as many k-tiles as sub-tiles (4); K = 100 and K = 1: fewer, so sub-tiles are stored
+    after the mainloop; several tiles per CTA (4096 x 4096: 512 tiles); 8200 x 2000 x 4104: the
+    256 x 128 stream tiles; alpha != 1 (scaled in registers before the conversion)."""
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    outs = []
+    for options in ((), _DEFER):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        G._gemm_impl(a, b, out, None, alpha, 0.0, None, options=options)
+        outs.append(out)
+    torch.cuda.synchronize()
+    ref = alpha * (a.double() @ b.double())
+    for out in outs:
+        assert not out.isnan().any()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_epi_defer_eligibility():
+    """CPU: the deferred epilogue is refused (clear ValueError) where its converted copy of a tile
+    cannot exist: fp32 D, beta * C, ping-pong, split-K, > 128 accumulators per thread."""
+    from cute_kernels.gemm_kernel import GemmSm90, epi_defer_ok
+
+    base = GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), epi_defer=True)
+    assert epi_defer_ok(base)
+    GemmSm90(base)
+    bad = [
+        GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "float32"), epi_defer=True),
+        GemmConfig(tiles=base.tiles, has_c=True, epi_defer=True),
+        GemmConfig(tiles=base.tiles, splits=2, epi_defer=True),
+        GemmConfig(tiles=G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True),
+                   epi_defer=True),
+        GemmConfig(tiles=G.make_gemm_tiles(192, (1, 2), "bfloat16", "k", "mn", "bfloat16", tile_m=256), epi_defer=True),
+    ]
+    for cfg in bad:
+        assert not epi_defer_ok(cfg)
+        with pytest.raises(ValueError, match="epi_defer"):
+            GemmSm90(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [(), _DEFER, (("pdl", False),)], ids=["default", "defer", "nopdl"])
+def test_gemm_pdl_chain(options):
+    """Programmatic dependent launch, enqueued back to back with no host sync: a chain of GEMMs each
+    reading the previous one's NaN-poisoned-then-written output (read after write), then a GEMM
+    overwriting the input the GEMM before it reads (write after read).  A kernel that touched
+    global memory before its predecessor finished would read NaN / stale data or clobber an input."""
+    m = n = k = 2048
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 8
+    ws = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / 45 for _ in range(4)]
+    outs, h = [], x
+    for w in ws:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        G._gemm_impl(h, w, out, None, 1.0, 0.0, None, options=options)
+        outs.append(out)
+        h = out
+    last = outs[-1].clone()
+    r = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G._gemm_impl(outs[-1], ws[2], r, None, 1.0, 0.0, None, options=options)  # reads outs[-1] ...
+    G._gemm_impl(x, ws[1], outs[-1], None, 1.0, 0.0, None, options=options)  # ... which this overwrites
+    torch.cuda.synchronize()
+    checks = [(x, ws[0], outs[0])] + [(outs[i - 1], ws[i], outs[i]) for i in range(1, 3)]
+    checks += [(outs[2], ws[3], last), (last, ws[2], r), (x, ws[1], outs[-1])]
+    for lhs, w, out in checks:
+        ref = lhs.double() @ w.double()
+        assert not out.isnan().any()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
