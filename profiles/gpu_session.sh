@@ -10,6 +10,7 @@
 #        attn-tests-tmaef (attn-tests with CUTE_KERNELS_DECODE_LOAD=tma_ef)
 #        ncu-gemm (Nsight Compute, one call per GEMM implementation: profiles/ncu_gemm.py, NCU_ARGS)
 #        decode-placement (is the b1 do_bench bimodality K/V placement? profiles/decode_placement.py)
+#        ab-gemm (paired call-by-call A/B of GEMM variants under do_bench's flush: profiles/ab_gemm.py, AB_ARGS)
 #        decode-size-sweep (b1 at L 8K..128K, default vs SWEEP_CAND columns, default tma_ef: where does the hint stop paying?)
 #        gemm-raster-cand (the l2_model.py raster candidates for 4096^3 / 4096x14336, 5 rounds)
 #        probe-align (16384x4400x4096: row alignment of B / the output vs aligned neighbours, ALIGN_ARGS)
@@ -44,6 +45,7 @@ for step in "$@"; do
     band-tests) py 200 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "band_raster or stream_tiles or default_raster" 2>&1 | grep -v Warning | tail -n 15 | tee "$OUT/band-tests.log" ;;
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | grep -v "Warning:\|warnings.warn\|config: GemmConfig" | tee "$OUT/gemm-raster-cand.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
+    ab-gemm) py ${AB_S:-300} profiles/ab_gemm.py --out "$OUT" ${AB_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
