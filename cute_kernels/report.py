@@ -38,6 +38,10 @@ def representative_builders() -> list[tuple[str, Callable]]:
         ("gemm bf16 256x128 cluster 1x2, swizzle 8 (two 64-row M-blocks per warpgroup; default when A >= 64 MB)",
          GemmConfig(tiles=G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n"),
                     raster_swizzle=8, max_active_clusters=66)),
+        ("gemm bf16 128x256 cluster 2x1, deferred epilogue (stores under the next tile's mainloop; default "
+         "when a CTA gets more than one tile)",
+         GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), raster_swizzle=8,
+                    raster_along_m=False, max_active_clusters=66, epi_defer=True)),
         ("gemm bf16 ping-pong 128x192 cluster 2x1 (CUTE_KERNELS_PINGPONG=1)",
          GemmConfig(tiles=G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True))),
         ("gemm bf16 cp.async mainloop 128x256, 8-byte vectors (row-major A with K % 8 != 0)",

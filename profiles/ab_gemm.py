@@ -12,6 +12,10 @@ variant (``--base``), with its interquartile range.
     python3 profiles/ab_gemm.py --shapes 4096x4096x4096,... --variants cuBLAS,default,default:nopdl \
         [--iters 200] [--out DIR]
 
+``--burst N``: each timed sample is N back-to-back calls of the variant after one flush (us per call
+reported), as layers follow each other in a model; the launch gap between kernels is then part of the
+figure, which is where programmatic dependent launch (``default:nopdl`` vs ``default``) can show.
+
 Variants: ``cuBLAS`` (torch.matmul), ``quack`` (autotuned), ``default`` (cute_kernels.gemm), or any
 ``bench_power.explicit_config`` spec (``default:defer``, ``256x128:1x2:8m``, ...).
 """
@@ -48,7 +52,7 @@ def make_fn(name):
     return explicit_config(name)
 
 
-def paired_times(fns: dict, a, b, iters: int) -> dict:
+def paired_times(fns: dict, a, b, iters: int, burst: int = 1) -> dict:
     """{name: [us per call]}: every variant once per iteration (rotated order), each call after a
     256 MB ``zero_`` (do_bench's flush) and timed by its own pair of CUDA events."""
     cache = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
@@ -65,12 +69,13 @@ def paired_times(fns: dict, a, b, iters: int) -> dict:
             cache.zero_()
             s, e = ev[k][i]
             s.record()
-            fns[k](a, b)
+            for _ in range(burst):
+                fns[k](a, b)
             e.record()
         if i % 50 == 49:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    return {k: [s.elapsed_time(e) * 1e3 for s, e in ev[k]] for k in names}
+    return {k: [s.elapsed_time(e) * 1e3 / burst for s, e in ev[k]] for k in names}
 
 
 def quartiles(xs):
@@ -83,6 +88,7 @@ def main():
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--variants", required=True, help="comma list; the first is the base of the ratios")
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--burst", type=int, default=1, help="back-to-back calls per timed sample")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -105,7 +111,7 @@ def main():
                 ok[name] = f"{type(e).__name__}: {str(e)[:160]}"
         del ref
         live = {k_: fns[k_] for k_ in names if ok[k_] is True}
-        times = paired_times(live, a, b, args.iters)
+        times = paired_times(live, a, b, args.iters, args.burst)
         base = names[0]
         row = {"shape": [m, n, k], "errors": {k_: v for k_, v in ok.items() if v is not True}, "variants": {}}
         for name, ts in times.items():
@@ -125,14 +131,17 @@ def main():
         for k_, v in row["errors"].items():
             print(f"  {k_}: {v}", flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-           "date": datetime.date.today().isoformat(), "iters": args.iters, "base": names[0]}
+           "date": datetime.date.today().isoformat(), "iters": args.iters, "burst": args.burst,
+           "base": names[0]}
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"gemm-ab-{env['date']}-{commit}")
+    tag = f"-burst{args.burst}" if args.burst > 1 else ""
+    stem = os.path.join(args.out, f"gemm-ab{tag}-{env['date']}-{commit}")
     with open(stem + ".json", "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)
     lines = [f"# GEMM paired A/B, {env['gpu']}, {env['date']}, commit {commit}", "",
-             f"Each variant called once per iteration ({args.iters} iterations, rotated order), after the same "
-             "256 MB zero_ flush as do_bench, CUDA events.  Speedup = median over iterations of "
+             f"Each variant called {'once' if args.burst == 1 else f'{args.burst} times back to back'} per "
+             f"iteration ({args.iters} iterations, rotated order), after the same "
+             "256 MB zero_ flush as do_bench, CUDA events (us per call).  Speedup = median over iterations of "
              f"t({names[0]}) / t(variant), [quartiles]; > 1 is faster than {names[0]}.", "",
              "| M x N x K | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for row in rows:

@@ -51,6 +51,25 @@ mm(200, 136, 72, a_col=True)            # ragged M/N/K, TMA OOB fill
 mm(7, 129, 64, b_col=True)              # D rows not 16-byte aligned -> direct stores
 mm(130, 264, 200, l=3, beta=0.5)        # batched, alpha/beta with C
 mm(128, 256, 1024, splits=2)            # cluster split-K (DSMEM reduction)
+
+
+def defer(m, n, k):
+    """The deferred epilogue on one cluster (max_active_clusters=1): several tiles per CTA, so each
+    tile's sub-tiles are stored during the next tile's mainloop (k-tiles >= sub-tiles) or after it
+    (K < 4 k-tiles); launched twice back to back with PDL, the second reading the first's output."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    b2 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16) / 16
+    opts = (("epi_defer", True), ("max_active_clusters", 1))
+    out = GH._gemm_impl(a, b, None, None, 1.5, 0.0, None, options=opts)
+    out2 = GH._gemm_impl(out, b2, None, None, 1.0, 0.0, None, options=opts)
+    torch.cuda.synchronize()
+    check(f"gemm deferred epilogue {m}x{n}x{k}, 1 cluster", out, 1.5 * (a.double() @ b.double()))
+    check(f"gemm deferred epilogue, PDL chain {m}x{n}x{n}", out2, out.double() @ b2.double())
+
+
+defer(520, 776, 264)                    # 5 k-tiles, ragged, 5 x 4 tiles of 128 x 192 on one cluster
+defer(300, 520, 100)                    # 2 k-tiles < 4 sub-tiles: stores after the mainloop
 if os.environ.get("SKIP_DECODE") is None:
     DA = importlib.import_module("cute_kernels.decode_attn")
     q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)

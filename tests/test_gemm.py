@@ -841,7 +841,7 @@ def test_gemm_epi_defer(mnk, alpha):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     outs = []
-    for options in ((), _DEFER):
+    for options in ((("epi_defer", False),), _DEFER):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         G._gemm_impl(a, b, out, None, alpha, 0.0, None, options=options)
         outs.append(out)
@@ -851,6 +851,19 @@ def test_gemm_epi_defer(mnk, alpha):
         assert not out.isnan().any()
         assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
     assert torch.equal(outs[0], outs[1])
+
+
+def test_epi_defer_default_rule():
+    """CPU: the planner turns the deferred epilogue on for eligible plans with more tiles than SMs
+    (a next mainloop to hide the stores under) and nowhere else."""
+    def cfg_of(m, n, k, **kw):
+        return G.explain(m, n, k, **kw)[0]["config"]
+
+    assert cfg_of(4096, 4096, 4096).epi_defer  # 512 tiles of 128 x 256
+    assert cfg_of(8192, 8192, 8192).epi_defer  # 256 x 128 stream tiles
+    assert not cfg_of(1000, 3000, 520).epi_defer  # 128 tiles: one wave
+    assert not cfg_of(4096, 4096, 4096, out_dtype=torch.float32).epi_defer  # fp32 D
+    assert not cfg_of(4096, 4096, 4096, with_c=True).epi_defer  # beta * C
 
 
 def test_epi_defer_eligibility():
