@@ -695,7 +695,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         max_active_clusters=current_arch().sm_count // (tiles.cluster_mn[0] * tiles.cluster_mn[1]),
         **(cp_async or {}),
     )
-    cfg = dataclasses.replace(cfg, epi_defer=EPI_DEFER and epi_defer_default(cfg, m, n, l), **dict(options))
+    # options (benchmarks, tests) first; the deferred epilogue's default then sees the final config,
+    # unless the options set it themselves
+    cfg = dataclasses.replace(cfg, **dict(options))
+    if "epi_defer" not in dict(options):
+        cfg = dataclasses.replace(cfg, epi_defer=EPI_DEFER and epi_defer_default(cfg, m, n, l))
     p.fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
     return p
 

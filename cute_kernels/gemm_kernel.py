@@ -75,8 +75,8 @@ class GemmConfig:
     # Less work between tiles while the tensor cores wait: the first wgmma of a tile overwrites the
     # accumulators (no acc.fill(0)) and alpha == 1 skips the multiply (a uniform run-time branch).
     lean_tile: bool = True
-    # Deferred epilogue (cooperative, no split, no C, TMA-stored 16-bit D, <= 128 accumulators per
-    # thread): a tile's accumulators are converted into D's type in registers right after its
+    # Deferred epilogue (TMA mainloop, cooperative, no split, no C, TMA-stored 16-bit D, <= 128
+    # accumulators per thread): a tile's accumulators are converted into D's type in registers right after its
     # mainloop, and its sub-tiles are written out (stmatrix -> TMA store) one per k-tile during the
     # next tile's first k-tiles, while that tile's wgmmas run: the tensor cores wait only for the
     # conversion, not for the stores and their barriers.
@@ -99,7 +99,7 @@ EPI_DEFER_MAX_ACC = 128
 def epi_defer_ok(cfg: GemmConfig) -> bool:
     """Pure Python: whether ``cfg`` can take the deferred epilogue (see ``GemmConfig.epi_defer``)."""
     t = cfg.tiles
-    return (not t.pingpong and cfg.splits == 1 and not cfg.has_c and cfg.tma_store and cfg.lean_tile
+    return (cfg.mainloop == "tma" and not t.pingpong and cfg.splits == 1 and not cfg.has_c and cfg.tma_store and cfg.lean_tile
             and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
 
 

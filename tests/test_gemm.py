@@ -866,6 +866,22 @@ def test_epi_defer_default_rule():
     assert not cfg_of(4096, 4096, 4096, with_c=True).epi_defer  # beta * C
 
 
+def test_plan_options_override_defaults():
+    """CPU: kernel options given to the planner (benchmarks' ``default:<flags>``, tests) replace the
+    planner's own choice of the same field, epi_defer included, and reach the compiled config."""
+    seen = []
+    real = G.compiled_gemm
+    a = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    try:
+        G.compiled_gemm = lambda cfg, *args: seen.append(cfg)
+        for options in ((), (("epi_defer", False),), (("epi_defer", True), ("pdl", False)), (("lean_tile", False),)):
+            G._make_plan(a, a, None, None, 0.0, None, allow_cpu=True, options=options)
+    finally:
+        G.compiled_gemm = real
+    assert [(c.epi_defer, c.pdl, c.lean_tile) for c in seen] == [
+        (True, True, True), (False, True, True), (True, False, True), (False, True, False)]  # fat: no defer
+
+
 def test_epi_defer_eligibility():
     """CPU: the deferred epilogue is refused (clear ValueError) where its converted copy of a tile
     cannot exist: fp32 D, beta * C, ping-pong, split-K, > 128 accumulators per thread."""
