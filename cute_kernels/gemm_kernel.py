@@ -20,6 +20,13 @@ Two consumer schemes (``GemmTiles.pingpong``):
     tensor cores from one warpgroup to the other after each mainloop, so one warpgroup's epilogue runs
     while the other's wgmmas do.  See :meth:`GemmSm90.consumer_pingpong` for the barrier protocol.
 
+Deferred epilogue (``GemmConfig.epi_defer``, cooperative; the default where a CTA gets several tiles):
+the epilogue's stores move under the next tile's mainloop.  After a mainloop the consumers only scale
+and convert the accumulators into a register copy of the tile in D's type; the next mainloop stores
+one sub-tile of that copy after each of its first k-tiles' wgmma groups is committed, so the tensor
+cores wait for the conversion but not for the stores, barriers and buffer waits
+(:meth:`GemmSm90.consumer_deferred`).
+
 Split-K inside the persistent schedule (``GemmConfig.splits`` = S > 1, cooperative only,
 :class:`GemmSm90SplitK`): the scheduler walks (M tiles, N tiles, L x S) work units; unit (m, n, l*S+s)
 streams k-tiles [s*ceil(K/S), ...) of tile (m, n, l), so the CTAs of a cluster share their k-range and

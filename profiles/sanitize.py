@@ -56,7 +56,7 @@ mm(128, 256, 1024, splits=2)            # cluster split-K (DSMEM reduction)
 def defer(m, n, k):
     """The deferred epilogue on one cluster (max_active_clusters=1): several tiles per CTA, so each
     tile's sub-tiles are stored during the next tile's mainloop (k-tiles >= sub-tiles) or after it
-    (K < 4 k-tiles); launched twice back to back with PDL, the second reading the first's output."""
+    (K < 4 k-tiles; K keeps rows 16-byte multiples, else the plan is cp.async); launched twice back to back with PDL, the second reading the first's output."""
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     b2 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16) / 16
@@ -69,7 +69,7 @@ def defer(m, n, k):
 
 
 defer(520, 776, 264)                    # 5 k-tiles, ragged, 5 x 4 tiles of 128 x 192 on one cluster
-defer(300, 520, 100)                    # 2 k-tiles < 4 sub-tiles: stores after the mainloop
+defer(300, 520, 104)                    # 2 k-tiles < 4 sub-tiles: stores after the mainloop
 if os.environ.get("SKIP_DECODE") is None:
     DA = importlib.import_module("cute_kernels.decode_attn")
     q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)

@@ -828,20 +828,23 @@ _DEFER = (("epi_defer", True),)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mnk", [(4096, 4096, 256), (2000, 2000, 100), (777, 1000, 1), (1000, 3000, 520),
-                                 (8200, 2000, 4104), (4096, 4096, 4096)], ids=str)
+@pytest.mark.parametrize("mnk", [(4096, 4096, 256), (2000, 2000, 104), (777, 1000, 1), (1000, 3000, 520),
+                                 (8200, 2000, 4104), (4096, 4096, 4096), (1030, 2056, 264)], ids=str)
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_gemm_epi_defer(mnk, alpha):
     """The deferred epilogue (a tile's sub-tiles stored during the next tile's first k-tiles) gives
     the same bits as the default epilogue and matches the float64 reference, NaN-poisoned outputs.
-    K = 256: as many k-tiles as sub-tiles (4); K = 100 and K = 1: fewer, so sub-tiles are stored
-    after the mainloop; several tiles per CTA (4096 x 4096: 512 tiles); 8200 x 2000 x 4104: the
-    256 x 128 stream tiles; alpha != 1 (scaled in registers before the conversion)."""
+    K = 256: as many k-tiles as sub-tiles (4); K = 104 and K = 1: fewer, so sub-tiles are stored
+    after the mainloop; several tiles per CTA (4096 x 4096: 512 tiles; the small shapes on 2 clusters
+    through ``max_active_clusters``); 8200 x 2000 x 4104: the 256 x 128 stream tiles; alpha != 1
+    (scaled in registers before the conversion).  (K must keep A's and B's rows 16-byte multiples:
+    otherwise the plan takes the cp.async mainloop, which has no deferred epilogue.)"""
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    few = (("max_active_clusters", 2),) if m * n < 4096 * 4096 else ()  # several tiles per CTA
     outs = []
-    for options in ((("epi_defer", False),), _DEFER):
+    for options in ((("epi_defer", False),) + few, _DEFER + few):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         G._gemm_impl(a, b, out, None, alpha, 0.0, None, options=options)
         outs.append(out)
