@@ -82,9 +82,9 @@ class GemmConfig:
     # Less work between tiles while the tensor cores wait: the first wgmma of a tile overwrites the
     # accumulators (no acc.fill(0)) and alpha == 1 skips the multiply (a uniform run-time branch).
     lean_tile: bool = True
-    # Deferred epilogue (TMA mainloop, cooperative, no split, no C, TMA-stored 16-bit D, <= 128
-    # accumulators per thread): a tile's accumulators are converted into D's type in registers right after its
-    # mainloop, and its sub-tiles are written out (stmatrix -> TMA store) one per k-tile during the
+    # Deferred epilogue (TMA mainloop, cooperative, no split, no C, TMA-stored 16-bit D, lean tiles,
+    # <= 128 accumulators per thread): a tile's accumulators are converted into D's type in registers
+    # right after its mainloop, and its sub-tiles are written out (stmatrix -> TMA store) one per k-tile during the
     # next tile's first k-tiles, while that tile's wgmmas run: the tensor cores wait only for the
     # conversion, not for the stores and their barriers.
     epi_defer: bool = False
@@ -106,8 +106,8 @@ EPI_DEFER_MAX_ACC = 128
 def epi_defer_ok(cfg: GemmConfig) -> bool:
     """Pure Python: whether ``cfg`` can take the deferred epilogue (see ``GemmConfig.epi_defer``)."""
     t = cfg.tiles
-    return (cfg.mainloop == "tma" and not t.pingpong and cfg.splits == 1 and not cfg.has_c and cfg.tma_store and cfg.lean_tile
-            and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
+    return (cfg.mainloop == "tma" and not t.pingpong and cfg.splits == 1 and not cfg.has_c and cfg.tma_store
+            and cfg.lean_tile and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
 
 
 class GemmSm90:
@@ -159,8 +159,8 @@ class GemmSm90:
         if self.splits > 1 and (self.pingpong or cfg.mainloop != "tma"):
             raise ValueError("GemmConfig.splits > 1: cooperative TMA kernel only")
         if cfg.epi_defer and not epi_defer_ok(cfg):
-            raise ValueError("GemmConfig.epi_defer: cooperative, unsplit, no C, TMA-stored 16-bit D and at most "
-                             f"{EPI_DEFER_MAX_ACC} accumulators per thread only")
+            raise ValueError("GemmConfig.epi_defer: TMA mainloop, cooperative, unsplit, no C, TMA-stored 16-bit D, "
+                             f"lean_tile and at most {EPI_DEFER_MAX_ACC} accumulators per thread only")
 
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
@@ -424,7 +424,7 @@ class GemmSm90:
                     if k_tiles <= e:
                         self.store_subtile(e, rPend[e], (pend_m, pend_n, pend_l), pend_count, sD, epi, epi_barrier,
                                            self.epi_store_warp, 0, tma_d, mD_tma, warp_idx)
-            self.scale_acc(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gC, cD, mD, alpha, alpha)
+            self.scale_acc(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gC, cD, mD, alpha, cutlass.Float32(0.0))
             for e in cutlass.range_constexpr(self.n_epi):
                 self.convert_subtile(epi, e, rPend[e])
             has_pend = cutlass.Boolean(True)
