@@ -757,7 +757,10 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
                        units_per_sm=round(units / sms, 2))
             if hasattr(cfg, "raster_swizzle"):
                 row.update(raster=(cfg.raster_swizzle, "M" if cfg.raster_along_m else "N"),
-                           mainloop=cfg.mainloop, tma_store=cfg.tma_store)
+                           mainloop=cfg.mainloop, tma_store=cfg.tma_store,
+                           epilogue=("deferred (stored under the next tile's mainloop)" if cfg.epi_defer
+                                     else "per tile" if cfg.tma_store else "per tile, direct stores"),
+                           pdl=cfg.pdl and cfg.mainloop == "tma")
         out.append(row)
     return out
 

@@ -863,6 +863,8 @@ def test_epi_defer_default_rule():
         return G.explain(m, n, k, **kw)[0]["config"]
 
     assert cfg_of(4096, 4096, 4096).epi_defer  # 512 tiles of 128 x 256
+    assert G.explain(4096, 4096, 4096)[0]["epilogue"].startswith("deferred")
+    assert G.explain(1000, 3000, 520)[0]["epilogue"] == "per tile"
     assert cfg_of(8192, 8192, 8192).epi_defer  # 256 x 128 stream tiles
     assert not cfg_of(1000, 3000, 520).epi_defer  # 128 tiles: one wave
     assert not cfg_of(4096, 4096, 4096, out_dtype=torch.float32).epi_defer  # fp32 D
