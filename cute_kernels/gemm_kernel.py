@@ -341,22 +341,12 @@ class GemmSm90:
         epilogue.  The epilogue sub-tile spans the tiled MMA's 128 rows, so a 256-row tile's sub-tiles
         run M-block-major (the accumulators' order: ``acc`` is (frag, M-blocks, N-blocks))."""
         cfg = self.cfg
-        t = cfg.tiles
         m_t, n_t, _ = self.tile_mnk
         mma_tidx = tidx - 128
-        wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
-        # A/B: one slice per warpgroup; C: each thread's own accumulator fragment
-        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
-            tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mC)
-
-        epi_barrier = pipeline.NamedBarrier(barrier_id=self.EPI_BARRIER, num_threads=self.num_mma_threads)
-        epi = self.make_epilogue(tiled_mma, sD, acc, mma_tidx)
+        (thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, sched, read,
+         release) = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mC, sched_params, mma_tidx)
         store_pipe = epi[-1]
-
-        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
         ws = None
         if cutlass.const_expr(self.splits > 1):
             ws = blocks.partial_workspace(mWs, self.num_mma_threads, cute.size(acc), m_t * n_t)
@@ -385,6 +375,24 @@ class GemmSm90:
             store_pipe.producer_tail()
 
     @cute.jit
+    def cooperative_setup(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
+                          mD: cute.Tensor, mC: cute.Tensor, sched_params, mma_tidx):
+        """What both cooperative consumers (:meth:`consumer`, :meth:`consumer_deferred`) start with: the
+        operand / accumulator views (A/B: one slice per warpgroup; C: each thread's own fragment), the
+        epilogue barrier over both warpgroups and the epilogue views, the tile scheduler and the ring's
+        (read, release) states."""
+        wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
+        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
+            tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mC)
+        epi_barrier = pipeline.NamedBarrier(barrier_id=self.EPI_BARRIER, num_threads=self.num_mma_threads)
+        epi = self.make_epilogue(tiled_mma, sD, acc, mma_tidx)
+        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        stages = self.cfg.tiles.ab_stages
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+        return thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, sched, read, release
+
+    @cute.jit
     def consumer_deferred(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
                           ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
                           mD: cute.Tensor, alpha: cutlass.Float32, tidx, warp_idx):
@@ -396,21 +404,13 @@ class GemmSm90:
         ``e``'s wgmmas are committed (:func:`blocks.wgmma_mainloop`'s ``after_commit``): the stores,
         barriers and buffer waits overlap the tensor cores.  The last tile is stored after the loop.
         Sub-tiles keep their running order, so the epilogue buffers rotate as in :meth:`epilogue`."""
-        t = self.cfg.tiles
         mma_tidx = tidx - 128
-        wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
-        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
-            tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mD)
-        epi_barrier = pipeline.NamedBarrier(barrier_id=self.EPI_BARRIER, num_threads=self.num_mma_threads)
-        epi = self.make_epilogue(tiled_mma, sD, acc, mma_tidx)
+        (thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, sched, read,
+         release) = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mD, sched_params, mma_tidx)
         store_pipe = epi[-1]
         rPend = [cute.make_rmem_tensor(epi[4].shape, self.c_dtype) for _ in range(self.n_epi)]
         pend = (rPend, sD, epi, epi_barrier, tma_d, mD_tma, warp_idx)
-
-        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
         has_pend = cutlass.Boolean(False)
         pend_m, pend_n, pend_l, pend_count = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
         while work.is_valid_tile:

@@ -7,7 +7,7 @@ and 0.97x by the median TFLOP/s) -- too coarse for 1-2% kernel changes.  Here ev
 once per iteration, in rotated order, each call after the same 256 MB ``zero_`` flush do_bench uses
 and timed by CUDA events, so neighbouring calls see the same clock and L2 state.  Reported: each
 variant's median microseconds, and the median over iterations of the paired ratio to the first
-variant (``--base``), with its interquartile range.
+variant in ``--variants``, with its interquartile range.
 
     python3 profiles/ab_gemm.py --shapes 4096x4096x4096,... --variants cuBLAS,default,default:nopdl \
         [--iters 200] [--out DIR]
@@ -63,9 +63,10 @@ def paired_times(fns: dict, a, b, iters: int, burst: int = 1) -> dict:
         for _ in range(3):
             fns[k](a, b)
     torch.cuda.synchronize()
+    from timing import rotated
+
     for i in range(iters):
-        r = i % len(names)
-        for k in names[r:] + names[:r]:
+        for k in rotated(names, i):
             cache.zero_()
             s, e = ev[k][i]
             s.record()
