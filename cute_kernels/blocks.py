@@ -53,11 +53,12 @@ def make_tma_store(tensor: cute.Tensor, epi_smem_layout_staged, epi_tile: tuple[
 
 
 def make_tma_pipeline(barrier_ptr, num_stages: int, tx_bytes: int, consumer_warps: int,
-                      cluster_layout_mnk: cute.Layout, mcast_ctas: int):
+                      cluster_layout_mnk: cute.Layout, mcast_ctas: int, mcast_mode_mn=(1, 1)):
     """The full/empty mbarrier ring between the TMA producer warp and the wgmma consumers.
 
     Each consumer warp arrives once per stage on the empty barrier of every CTA that multicast into it,
-    hence ``consumer_warps * mcast_ctas`` arrivals.
+    hence ``consumer_warps * mcast_ctas`` arrivals.  ``mcast_mode_mn``: which cluster modes multicast
+    ((1, 0): only the CTAs of one "m" row share loads, as in split-K where mode 0 is the K slice).
     """
     producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
     consumer = pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps * mcast_ctas)
@@ -68,6 +69,7 @@ def make_tma_pipeline(barrier_ptr, num_stages: int, tx_bytes: int, consumer_warp
         consumer_group=consumer,
         tx_count=tx_bytes,
         cta_layout_vmnk=cute.make_layout((1, *cluster_layout_mnk.shape)),
+        mcast_mode_mn=mcast_mode_mn,
         defer_sync=True,
     )
 

@@ -364,6 +364,11 @@ SPLITK_B_EVICT_FIRST = os.environ.get("CUTE_KERNELS_SPLITK_B_EVICT_FIRST", "1") 
 #: CUTE_KERNELS_SPLITK_TILE_N pins it for a process; sweeps set the attribute.
 FORCE_SPLITK_TILE_N: int | None = int(os.environ["CUTE_KERNELS_SPLITK_TILE_N"]) if os.environ.get(
     "CUTE_KERNELS_SPLITK_TILE_N") else None
+#: Cluster split-K A multicast (1, 2 or 4 CTAs along N per A tile, :func:`splitk_a_mcast`); None: the
+#: default below.  Env CUTE_KERNELS_SPLITK_MCAST pins it for a process; sweeps set the attribute.
+FORCE_SPLITK_MCAST: int | None = int(os.environ["CUTE_KERNELS_SPLITK_MCAST"]) if os.environ.get(
+    "CUTE_KERNELS_SPLITK_MCAST") else None
+SPLITK_MCAST_DEFAULT = 1  # until measured on the H200
 #: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe.  Its
 #: first H200 run hung (the shared mainloop lost its pipeline states between persistent tiles, fixed in
 #: blocks.wgmma_mainloop); it passed tests/test_gemm_cpasync.py on the H200 on 2026-11-29 (session 2,
@@ -467,17 +472,33 @@ def splitk_fixup_choice(m: int, n: int, k: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str) -> T.GemmTiles:
+def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str, a_mcast: int = 1) -> T.GemmTiles:
     """Tiles of the cluster split-K kernel: 128 x tile_n x 64, two consumer warpgroups, and as many
     operand stages as fit (it has no epilogue buffer: the fp32 reduction tile reuses the stages).
-    Each CTA streams only 16-64 k-tiles, so the deeper ring mostly shortens the pipeline fill."""
+    Each CTA streams only 16-64 k-tiles, so the deeper ring mostly shortens the pipeline fill.
+    ``a_mcast``: CTAs along N that share each A tile (cluster 1 x a_mcast, see :func:`splitk_a_mcast`)."""
     from .blocks import stage_count
     from .gemm_splitk_kernel import stage_bytes
 
     stages = stage_count(current_arch().smem_per_cta, stage_bytes(tile_n), 0, max_stages=10)
     mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
-    return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=(1, 1), mma=mma, ab_stages=stages,
+    return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=(1, a_mcast), mma=mma, ab_stages=stages,
                        epi_tile_mn=(128, 64), epi_stages=1, c_dtype=d_dtype, c_major="n")
+
+
+def splitk_a_mcast(m: int, n: int, tile_n: int, splits: int) -> int:
+    """Pure Python: how many CTAs along N share each A tile in the cluster split-K kernel (TMA multicast).
+
+    Why: with one 128-row M tile every one of the N/tile_n column CTAs reads the same A slice, so L2
+    serves A (N/tile_n) times: 128x4096x4096 with 64-wide pairs moves 64 MB of A and 32 MB of B from L2
+    to the SMs for 33 MB of HBM traffic.  Multicast to c CTAs divides the A share by c.
+    ``FORCE_SPLITK_MCAST`` (env CUTE_KERNELS_SPLITK_MCAST) pins it; the cluster (splits x c) stays <= 8
+    CTAs, and c <= the number of N tiles."""
+    n_tiles = math.ceil(n / tile_n)
+    c = FORCE_SPLITK_MCAST if FORCE_SPLITK_MCAST is not None else SPLITK_MCAST_DEFAULT
+    while c > 1 and (splits * c > 8 or c > n_tiles):
+        c //= 2
+    return c
 
 
 def splitk_vec_store_ok(out: torch.Tensor) -> bool:
@@ -640,7 +661,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     if p.splits > 1 and mode == "cluster":
         from .gemm_splitk_kernel import SplitKClusterConfig
 
-        scfg = SplitKClusterConfig(tiles=splitk_tiles(splitk_tile_n(m, n), ab, am, bm, d_name),
+        tn = splitk_tile_n(m, n)
+        scfg = SplitKClusterConfig(tiles=splitk_tiles(tn, ab, am, bm, d_name, splitk_a_mcast(m, n, tn, p.splits)),
                                    splits=p.splits, a_rank=2, has_c=p.has_c, vec_store=splitk_vec_store_ok(probe),
                                    b_evict_first=SPLITK_B_EVICT_FIRST)
         p.fn = compiled_splitk_cluster(scfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)

@@ -39,6 +39,7 @@ RED_PAD = 8  # fp32 words of padding per row of the reduction tile: 2-way instea
 VEC = 8  # consecutive output columns one thread reduces and stores
 TILE_NS = (64, 128, 192, 256)
 SPLITS = (1, 2, 4, 8)
+A_MCAST = (1, 2, 4)  # CTAs along N sharing each A tile (tiles.cluster_mn[1]); splits x this <= 8
 
 
 @dsl_user_op
@@ -66,16 +67,21 @@ class _SplitKBase:
     KIND = ""
     TILE_NS: tuple = ()
     SPLITS_OK: tuple = ()
+    A_MCAST_OK: tuple = (1,)
 
     def __init__(self, cfg):
         t = cfg.tiles
         m_t, n_t, k_t = t.tile_mnk
-        if m_t != 128 or n_t not in self.TILE_NS or k_t != 64 or t.cluster_mn != (1, 1):
-            raise ValueError(f"{self.KIND} split-K uses 128 x {self.TILE_NS} x 64 tiles and no multicast "
-                             f"cluster, got {t.tile_mnk} / {t.cluster_mn}")
+        if m_t != 128 or n_t not in self.TILE_NS or k_t != 64 or t.cluster_mn[0] != 1 or \
+                t.cluster_mn[1] not in self.A_MCAST_OK:
+            raise ValueError(f"{self.KIND} split-K uses 128 x {self.TILE_NS} x 64 tiles and clusters 1 x "
+                             f"{self.A_MCAST_OK} along (M, N), got {t.tile_mnk} / {t.cluster_mn}")
         if cfg.splits not in self.SPLITS_OK:
             raise ValueError(f"splits must be one of {self.SPLITS_OK}, got {cfg.splits}")
+        if cfg.splits * t.cluster_mn[1] > 8:
+            raise ValueError(f"a cluster holds at most 8 CTAs: splits {cfg.splits} x A multicast {t.cluster_mn[1]}")
         self.cfg = cfg
+        self.mcast_a = t.cluster_mn[1]  # CTAs of neighbouring N tiles (same K slice) sharing each A tile
         self.tile_mnk = t.tile_mnk
         self.num_mma_wg = t.mma.num_warpgroups
         self.threads = 128 * (1 + self.num_mma_wg)
@@ -88,30 +94,39 @@ class _SplitKBase:
         cfg = self.cfg
         mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, _ = blocks.gemm_host_setup(cfg.tiles, a, b, d, c, cfg.a_rank)
         m_t, n_t, k_t = self.tile_mnk
-        tma_a, tma_mA = blocks.make_tma_load(mA, sA_layout, (m_t, k_t))
+        tma_a, tma_mA = blocks.make_tma_load(mA, sA_layout, (m_t, k_t), self.mcast_a)
         tma_b, tma_mB = blocks.make_tma_load(mB, sB_layout, (n_t, k_t))
         m_tiles = cute.ceil_div(cute.size(mD, mode=[0]), m_t)
         n_tiles = cute.ceil_div(cute.size(mD, mode=[1]), n_t)
-        grid = (cfg.splits, n_tiles, m_tiles * cute.size(mD, mode=[2]))
+        # whole clusters along N: a CTA past the last N tile still loads (and multicasts) its share of
+        # A; its B box is all out of bounds (zero-filled) and its stores are predicated off
+        grid = (cfg.splits, cute.ceil_div(n_tiles, self.mcast_a) * self.mcast_a, m_tiles * cute.size(mD, mode=[2]))
         return mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, n_tiles, grid
 
     @cute.jit
     def _ring(self, storage, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
-              sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, rank):
-        """Kernel side, every thread: the operand ring and this CTA's K range.
+              sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, rank, n_rank):
+        """Kernel side, every thread: the operand ring and this CTA's K range (slice ``rank``).
 
-        The ring is CTA-local (no multicast): a CTA barrier publishes the mbarrier inits."""
+        Without A multicast the ring is CTA-local: a CTA barrier publishes the mbarrier inits.  With it
+        (``mcast_a`` = c > 1, cluster (S, c, 1)), CTA ``n_rank`` of the c CTAs that share K slice
+        ``rank`` loads 1/c of each A tile into all c of them, so a consumer releases a stage to the
+        empty barriers of those c CTAs (the pipeline's cluster is (S, c) with only the "m" = K-slice
+        row multicasting) and the inits are published to the whole cluster."""
         t = self.cfg.tiles
         S = self.cfg.splits
+        c = self.mcast_a
         m_t, n_t, k_t = self.tile_mnk
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sB_layout, (None, None, 0))
         )
+        pipe_cluster = (S, c) if c > 1 else (1, 1)
         ab_pipe = blocks.make_tma_pipeline(storage.ab_barriers.data_ptr(), t.ab_stages, tx_bytes,
-                                           4 * self.num_mma_wg, cute.make_layout((1, 1, 1)), 1)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+                                           4 * self.num_mma_wg, cute.make_layout((*pipe_cluster, 1)), c,
+                                           mcast_mode_mn=(1, 0) if c > 1 else (1, 1))
+        pipeline_init_arrive(cluster_shape_mn=pipe_cluster, is_relaxed=True)
 
         gA = cute.local_tile(mA, (m_t, k_t), (None, None, None))  # (m_t, k_t, m, k, l)
         gB = cute.local_tile(mB, (n_t, k_t), (None, None, None))
@@ -121,20 +136,26 @@ class _SplitKBase:
         k_end = cutlass.min(k_begin + k_per, k_total)
         k_count = cutlass.max(k_end - k_begin, 0)
 
-        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(tma_a, n_rank, cute.make_layout(c), cute.group_modes(sA, 0, 2),
                                                       cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                                       cute.group_modes(gB, 0, 2))
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline_init_wait(cluster_shape_mn=pipe_cluster)
         return sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count
 
     @cute.jit
     def _produce(self, ab_pipe, tma_a: cute.CopyAtom, tAgA: cute.Tensor, tAsA: cute.Tensor,
-                 tma_b: cute.CopyAtom, tBgB: cute.Tensor, tBsB: cute.Tensor, m_idx, n_idx, l_idx, k_begin, k_count):
+                 tma_b: cute.CopyAtom, tBgB: cute.Tensor, tBsB: cute.Tensor, m_idx, n_idx, l_idx, k_begin, k_count,
+                 rank=0, n_rank=0):
         """Warp 0 of the producer warpgroup: this CTA's K range of the tile, then the ring's tail."""
+        a_mask = None
+        if cutlass.const_expr(self.mcast_a > 1):
+            a_mask = cute.make_layout_image_mask(cute.make_layout((self.cfg.splits, self.mcast_a, 1)),
+                                                 (rank, n_rank, 0), mode=1)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.tiles.ab_stages)
         state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, l_idx)], tAsA,
                                            tma_b, tBgB[(None, n_idx, None, l_idx)], tBsB, k_begin, k_count,
+                                           a_mask=a_mask,
                                            b_policy=blocks.L2_EVICT_FIRST if self.cfg.b_evict_first else None)
         ab_pipe.producer_tail(state)
 
@@ -170,6 +191,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
     KIND = "cluster"
     TILE_NS = TILE_NS
     SPLITS_OK = SPLITS
+    A_MCAST_OK = A_MCAST
 
     def __init__(self, cfg: SplitKClusterConfig):
         super().__init__(cfg)
@@ -192,7 +214,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
 
         self.shared_storage = SharedStorage
         self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, alpha, beta, tiled_mma, sA_layout, sB_layout,
-                    m_tiles).launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.cfg.splits, 1, 1),
+                    m_tiles).launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.cfg.splits, self.mcast_a, 1),
                                     min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
@@ -206,7 +228,9 @@ class GemmSm90SplitKCluster(_SplitKBase):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())  # rank + n_rank * S
+        rank = cta_rank % S  # K slice
+        n_rank = cta_rank // S  # position among the CTAs sharing A (0 without multicast)
         _, n_idx, ml = cute.arch.block_idx()
         m_idx = ml % m_tiles
         l_idx = ml // m_tiles
@@ -215,9 +239,10 @@ class GemmSm90SplitKCluster(_SplitKBase):
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
-        # the cluster barrier before the reduction is the first point where peers touch each other
+        # without A multicast the cluster barrier before the reduction is the first point where peers
+        # touch each other; with it the ring's init already synchronises the cluster
         sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
-            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank)
+            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, n_rank)
 
         # fp32 reduction tile, row-major with padding, over the operand stages (drained by then)
         red_ptr = cute.recast_ptr(storage.sA.data_ptr(), dtype=cutlass.Float32)
@@ -227,7 +252,8 @@ class GemmSm90SplitKCluster(_SplitKBase):
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
-                self._produce(ab_pipe, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, m_idx, n_idx, l_idx, k_begin, k_count)
+                self._produce(ab_pipe, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, m_idx, n_idx, l_idx, k_begin, k_count,
+                              rank, n_rank)
         else:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             acc, _, thr_mma_c = self._consume(tiled_mma, sA, sB, ab_pipe, k_count, tidx - 128)
@@ -258,7 +284,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
                     vals.fill(0.0)
                     off = r * (n_t + RED_PAD) + c0
                     for q in cutlass.range_constexpr(S):  # fixed order: bitwise reproducible
-                        remote = cute.arch.map_dsmem_ptr(red_ptr, q) + off
+                        remote = cute.arch.map_dsmem_ptr(red_ptr, q + n_rank * S) + off
                         for j in cutlass.range_constexpr(VEC):
                             vals[j] = vals[j] + _load_dsmem_f32(remote + j)
                     gm = m_idx * m_t + r
@@ -374,7 +400,7 @@ class GemmSm90SplitKFixup(_SplitKBase):
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
         sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
-            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank)
+            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, 0)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)

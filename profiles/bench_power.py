@@ -72,6 +72,9 @@ def explicit_config(spec):
     ``default:fat`` without the lean per-tile work (acc.fill(0) and an unconditional alpha multiply),
     ``default:defer`` / ``default:nodefer`` with / without the deferred epilogue.
 
+    ``splitk:TN:S:C`` is the cluster split-K kernel at tile width TN, S K slices and A multicast to C
+    CTAs along N (L2 evict-first B, vector stores; row-major A, B and out).
+
     ``:swap`` computes the transposed problem, out^T = b^T a^T, as quack's ``swap_ab`` does (its
     autotuned 8192^3 winner, session 4 run 5): the kernel's M is then the problem's N, A is MN-major,
     B is K-major and the output is written column-major (a transposed view of the row-major result).
@@ -82,6 +85,21 @@ def explicit_config(spec):
     from cute_kernels.gemm_host import _gemm_impl
 
     fields = spec.split(":")
+    if fields[0] == "splitk":
+        from cute_kernels import gemm_host as G
+        from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig
+
+        tn, s, c = (int(x) for x in fields[1:4])
+        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c), splits=s,
+                                  vec_store=True, b_evict_first=True)
+        fn = G.compiled_splitk_cluster(cfg, "bfloat16", "bfloat16", "bfloat16")
+
+        def run_splitk(a, b):
+            out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+            fn(a, b, out, out, 1.0, 0.0)
+            return out
+
+        return run_splitk
     flags = [f for f in fields if f in OPTION_FLAGS or f == "swap"]
     options = tuple(OPTION_FLAGS[f] for f in flags if f in OPTION_FLAGS)
     if fields[0] == "default":

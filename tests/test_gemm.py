@@ -3,6 +3,8 @@
 import itertools
 import os
 
+import re
+
 import pytest
 import torch
 
@@ -327,6 +329,33 @@ SPLITK_COMPILE_CASES = [(64, 2, True, False), (128, 4, True, True), (256, 4, Tru
                         (256, 2, True, True), (64, 8, False, False)]
 
 
+@pytest.mark.parametrize("tn,s,mc", [(64, 2, 2), (64, 2, 4), (128, 4, 2), (64, 1, 4)], ids=lambda v: str(v))
+def test_splitk_cluster_a_multicast_compiles(tn, s, mc):
+    """A multicast along N (cluster S x c): the A loads are multicast TMA, B's stay CTA-local, the
+    consumers release stages to remote empty barriers, nothing spills; c = 1 has no multicast at all."""
+    from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig
+
+    for c in (1, mc):
+        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c), splits=s,
+                                  vec_store=True, b_evict_first=True)
+        rep, k = _splitk_compile_report(cfg, tn)
+        assert k.spills == 0
+        if rep.ptx is None:
+            pytest.skip("no PTX in the report")
+        n_mc = len(re.findall(r"cp\.async\.bulk\.tensor\.\S*multicast::cluster", rep.ptx))
+        assert (n_mc > 0) == (c > 1), (c, n_mc)
+
+
+def test_splitk_a_mcast_choice(monkeypatch):
+    """The multicast width never exceeds 8 CTAs per cluster nor the number of N tiles."""
+    monkeypatch.setattr(G, "FORCE_SPLITK_MCAST", 4)
+    assert G.splitk_a_mcast(128, 4096, 64, 2) == 4
+    assert G.splitk_a_mcast(128, 4096, 64, 4) == 2
+    assert G.splitk_a_mcast(128, 4096, 64, 8) == 1
+    assert G.splitk_a_mcast(128, 130, 64, 2) == 2  # 3 N tiles
+    assert G.splitk_a_mcast(128, 64, 64, 2) == 1
+
+
 def _splitk_compile_report(cfg, tn):
     """sm_90a compile of a split-K config: HGMMA 64 x tn x 16 present, no local memory in the mainloop."""
     from cute_kernels import inspect as ins
@@ -388,26 +417,29 @@ def test_splitk_tiles_fit():
         assert 1024 + t.ab_stages * stage_bytes(tn) <= 227 * 1024
 
 
-SPLITK_GPU_VARIANTS = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (192, 1), (64, 1), (192, 2)]
+SPLITK_GPU_VARIANTS = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (192, 1), (64, 1), (192, 2),
+                       (64, 2, 2), (64, 2, 4), (64, 1, 4), (128, 4, 2), (256, 2, 2)]  # (tn, S[, A multicast])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", SPLITK_GPU_VARIANTS, ids=lambda v: f"tn{v[0]}-s{v[1]}")
+@pytest.mark.parametrize("variant", SPLITK_GPU_VARIANTS, ids=lambda v: f"tn{v[0]}-s{v[1]}" + (f"-mc{v[2]}" if len(v) > 2 else ""))
 @pytest.mark.parametrize("mnk", [(1, 256, 4096), (7, 1000, 520), (127, 4096, 4168), (1000, 3000, 520),
                                  (131, 264, 6008), (257, 136, 64)], ids=lambda s: "x".join(map(str, s)))
 def test_splitk_cluster_variant_numerics(variant, mnk):
     """Each variant on ragged shapes (M=1, 7, 127, 1000; N and K tails; fewer k-tiles than splits):
     matches a float64 reference, writes every element (NaN-poisoned out), vector and scalar stores
-    (a padded out whose rows are not 16-byte aligned), bitwise identical run to run."""
+    (a padded out whose rows are not 16-byte aligned), bitwise identical run to run.  With A multicast
+    (a third field c) the N = 264 / 136 cases leave padding CTAs in the last cluster."""
     from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig
 
-    tn, s = variant
+    tn, s, mc = (*variant, 1)[:3]
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     ref = _ref(a, b)
     for vec in (True, False):
-        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, vec_store=vec)
+        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", mc), splits=s,
+                                  vec_store=vec, b_evict_first=mc > 1)
         fn = G.compiled_splitk_cluster(cfg, "bfloat16", "bfloat16", "bfloat16")
         big = torch.full((m, n + (0 if vec else 3)), float("nan"), device="cuda", dtype=torch.bfloat16)
         out = big[:, :n]
