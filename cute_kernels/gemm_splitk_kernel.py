@@ -82,6 +82,7 @@ class _SplitKBase:
             raise ValueError(f"a cluster holds at most 8 CTAs: splits {cfg.splits} x A multicast {t.cluster_mn[1]}")
         self.cfg = cfg
         self.mcast_a = t.cluster_mn[1]  # CTAs of neighbouring N tiles (same K slice) sharing each A tile
+        self.cluster_k = cfg.splits if self.KIND == "cluster" else 1  # K slices inside one cluster
         self.tile_mnk = t.tile_mnk
         self.num_mma_wg = t.mma.num_warpgroups
         self.threads = 128 * (1 + self.num_mma_wg)
@@ -109,10 +110,12 @@ class _SplitKBase:
         """Kernel side, every thread: the operand ring and this CTA's K range (slice ``rank``).
 
         Without A multicast the ring is CTA-local: a CTA barrier publishes the mbarrier inits.  With it
-        (``mcast_a`` = c > 1, cluster (S, c, 1)), CTA ``n_rank`` of the c CTAs that share K slice
-        ``rank`` loads 1/c of each A tile into all c of them, so a consumer releases a stage to the
-        empty barriers of those c CTAs (the pipeline's cluster is (S, c) with only the "m" = K-slice
-        row multicasting) and the inits are published to the whole cluster."""
+        (``mcast_a`` = c > 1, cluster (cluster_k, c, 1): cluster_k = S for the DSMEM kernel, 1 for the
+        fixup kernel), CTA ``n_rank`` of the c CTAs that share K slice ``rank`` loads 1/c of each A
+        tile into all c of them, so a consumer releases a stage to the empty barriers of those c CTAs
+        (the pipeline's cluster is (cluster_k, c) with only the "m" = K-slice row multicasting) and the
+        inits are published to the whole cluster.  No CTA leaves while a peer may still signal it: the
+        producer's ``producer_tail`` waits for every stage's release by all c consumers."""
         t = self.cfg.tiles
         S = self.cfg.splits
         c = self.mcast_a
@@ -122,7 +125,7 @@ class _SplitKBase:
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sB_layout, (None, None, 0))
         )
-        pipe_cluster = (S, c) if c > 1 else (1, 1)
+        pipe_cluster = (self.cluster_k, c) if c > 1 else (1, 1)
         ab_pipe = blocks.make_tma_pipeline(storage.ab_barriers.data_ptr(), t.ab_stages, tx_bytes,
                                            4 * self.num_mma_wg, cute.make_layout((*pipe_cluster, 1)), c,
                                            mcast_mode_mn=(1, 0) if c > 1 else (1, 1))
@@ -150,8 +153,8 @@ class _SplitKBase:
         """Warp 0 of the producer warpgroup: this CTA's K range of the tile, then the ring's tail."""
         a_mask = None
         if cutlass.const_expr(self.mcast_a > 1):
-            a_mask = cute.make_layout_image_mask(cute.make_layout((self.cfg.splits, self.mcast_a, 1)),
-                                                 (rank, n_rank, 0), mode=1)
+            a_mask = cute.make_layout_image_mask(cute.make_layout((self.cluster_k, self.mcast_a, 1)),
+                                                 (rank % self.cluster_k, n_rank, 0), mode=1)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.tiles.ab_stages)
         state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, l_idx)], tAsA,
                                            tma_b, tBgB[(None, n_idx, None, l_idx)], tBsB, k_begin, k_count,
@@ -319,7 +322,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
 # ==================================================================================================
 # Split-K with a fixup by the last CTA ("fixup"): not limited by the cluster size
 # ==================================================================================================
-FIXUP_TILE_NS = (128, 256)
+FIXUP_TILE_NS = (64, 128, 256)
 FIXUP_SPLITS = (2, 3, 4, 5, 6, 7, 8)
 FIXUP_LOADS_IN_FLIGHT = 16  # 16-byte partial loads per thread per group in the last CTA's sum
 FIXUP_VEC = blocks.PARTIAL_VEC  # fp32 per partial-tile chunk: one 16-byte store / load per thread and chunk
@@ -358,6 +361,7 @@ class GemmSm90SplitKFixup(_SplitKBase):
     KIND = "fixup"
     TILE_NS = FIXUP_TILE_NS
     SPLITS_OK = FIXUP_SPLITS
+    A_MCAST_OK = A_MCAST
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
@@ -376,6 +380,7 @@ class GemmSm90SplitKFixup(_SplitKBase):
         self.shared_storage = SharedStorage
         self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, ws, cnt, alpha, beta, tiled_mma, sA_layout,
                     sB_layout, m_tiles, n_tiles).launch(grid=grid, block=[self.threads, 1, 1],
+                                                        cluster=(1, self.mcast_a, 1) if self.mcast_a > 1 else None,
                                                         min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
@@ -390,6 +395,9 @@ class GemmSm90SplitKFixup(_SplitKBase):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         rank, n_idx, ml = cute.arch.block_idx()
+        n_rank = 0
+        if cutlass.const_expr(self.mcast_a > 1):
+            n_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())  # cluster (1, c, 1)
         m_idx = ml % m_tiles
         l_idx = ml // m_tiles
         tile_id = ml * n_tiles + n_idx
@@ -400,12 +408,13 @@ class GemmSm90SplitKFixup(_SplitKBase):
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
         sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
-            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, 0)
+            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, n_rank)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
-                self._produce(ab_pipe, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, m_idx, n_idx, l_idx, k_begin, k_count)
+                self._produce(ab_pipe, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, m_idx, n_idx, l_idx, k_begin, k_count,
+                              rank, n_rank)
         else:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             nthr = 128 * self.num_mma_wg
@@ -416,29 +425,31 @@ class GemmSm90SplitKFixup(_SplitKBase):
             chunks = cute.size(acc) // V
             ws = blocks.partial_workspace(mWs, nthr, cute.size(acc), m_t * n_t)  # slot = tile_id * S + rank
             slot0 = tile_id * S
-            if blocks.publish_partial(acc, ws, mma_tidx, slot0 + rank, mCnt, tile_id, sFlag, 1, nthr, S):
-                # groups of G chunks: G x S 16-byte loads in flight per thread (the D stores between
-                # groups keep the compiler from hoisting more loads, which would spill), summed in rank
-                # order into acc (whose own value is in the workspace already), then stored
-                G = max(1, FIXUP_LOADS_IN_FLIGHT // S)
-                m_size = cute.size(mD, mode=[0])
-                n_size = cute.size(mD, mode=[1])
-                for g in cutlass.range_constexpr((chunks + G - 1) // G):
-                    for j in cutlass.range_constexpr(g * G, min(chunks, (g + 1) * G)):
-                        for q in cutlass.range_constexpr(S):  # fixed rank order: bitwise reproducible
-                            part = cute.make_rmem_tensor((V,), cutlass.Float32)
-                            cute.autovec_copy(ws[(None, mma_tidx, j, slot0 + q)], part)
-                            for e in cutlass.range_constexpr(V):
-                                if cutlass.const_expr(q == 0):
-                                    acc[j * V + e] = part[e]
-                                else:
-                                    acc[j * V + e] = acc[j * V + e] + part[e]
-                    for i in cutlass.range_constexpr(g * G * V, min(chunks, (g + 1) * G) * V):
-                        r, cn = tCcD[i]
-                        gm = m_idx * m_t + r
-                        gn = n_idx * n_t + cn
-                        if gm < m_size and gn < n_size:
-                            v = acc[i] * alpha
-                            if cutlass.const_expr(cfg.has_c):
-                                v = v + beta * mC[gm, gn, l_idx].to(cutlass.Float32)
-                            mD[gm, gn, l_idx] = v.to(self.d_dtype)
+            # a CTA past the last N tile (A multicast pads the grid to whole clusters) only fed its peers
+            if n_idx < n_tiles:
+                if blocks.publish_partial(acc, ws, mma_tidx, slot0 + rank, mCnt, tile_id, sFlag, 1, nthr, S):
+                    # groups of G chunks: G x S 16-byte loads in flight per thread (the D stores between
+                    # groups keep the compiler from hoisting more loads, which would spill), summed in rank
+                    # order into acc (whose own value is in the workspace already), then stored
+                    G = max(1, FIXUP_LOADS_IN_FLIGHT // S)
+                    m_size = cute.size(mD, mode=[0])
+                    n_size = cute.size(mD, mode=[1])
+                    for g in cutlass.range_constexpr((chunks + G - 1) // G):
+                        for j in cutlass.range_constexpr(g * G, min(chunks, (g + 1) * G)):
+                            for q in cutlass.range_constexpr(S):  # fixed rank order: bitwise reproducible
+                                part = cute.make_rmem_tensor((V,), cutlass.Float32)
+                                cute.autovec_copy(ws[(None, mma_tidx, j, slot0 + q)], part)
+                                for e in cutlass.range_constexpr(V):
+                                    if cutlass.const_expr(q == 0):
+                                        acc[j * V + e] = part[e]
+                                    else:
+                                        acc[j * V + e] = acc[j * V + e] + part[e]
+                        for i in cutlass.range_constexpr(g * G * V, min(chunks, (g + 1) * G) * V):
+                            r, cn = tCcD[i]
+                            gm = m_idx * m_t + r
+                            gn = n_idx * n_t + cn
+                            if gm < m_size and gn < n_size:
+                                v = acc[i] * alpha
+                                if cutlass.const_expr(cfg.has_c):
+                                    v = v + beta * mC[gm, gn, l_idx].to(cutlass.Float32)
+                                mD[gm, gn, l_idx] = v.to(self.d_dtype)

@@ -73,7 +73,8 @@ def explicit_config(spec):
     ``default:defer`` / ``default:nodefer`` with / without the deferred epilogue.
 
     ``splitk:TN:S:C`` is the cluster split-K kernel at tile width TN, S K slices and A multicast to C
-    CTAs along N (L2 evict-first B, vector stores; row-major A, B and out).
+    CTAs along N (L2 evict-first B, vector stores; row-major A, B and out); ``fixup:TN:S:C`` the same
+    for the fixup split-K kernel (slices meet in an L2 workspace, the cluster is only along N).
 
     ``:swap`` computes the transposed problem, out^T = b^T a^T, as quack's ``swap_ab`` does (its
     autotuned 8192^3 winner, session 4 run 5): the kernel's M is then the problem's N, A is MN-major,
@@ -85,14 +86,24 @@ def explicit_config(spec):
     from cute_kernels.gemm_host import _gemm_impl
 
     fields = spec.split(":")
-    if fields[0] == "splitk":
+    if fields[0] in ("splitk", "fixup"):
         from cute_kernels import gemm_host as G
-        from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig
+        from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
         tn, s, c = (int(x) for x in fields[1:4])
-        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c), splits=s,
-                                  vec_store=True, b_evict_first=True)
-        fn = G.compiled_splitk_cluster(cfg, "bfloat16", "bfloat16", "bfloat16")
+        tiles = G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c)
+        if fields[0] == "splitk":
+            cfg = SplitKClusterConfig(tiles=tiles, splits=s, vec_store=True, b_evict_first=True)
+            fn = G.compiled_splitk_cluster(cfg, "bfloat16", "bfloat16", "bfloat16")
+        else:
+            cfg = SplitKFixupConfig(tiles=tiles, splits=s, b_evict_first=True)
+            raw, launchers = G.compiled_splitk_fixup(cfg, "bfloat16", "bfloat16", "bfloat16"), {}
+
+            def fn(a, b, out, c_, alpha, beta):
+                key = (a.shape[0], b.shape[1])
+                if key not in launchers:
+                    launchers[key] = G.SplitKFixupLauncher(raw, *fixup_workspace_numel(*key, tn, s))
+                launchers[key](a, b, out, c_, alpha, beta)
 
         def run_splitk(a, b):
             out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)

@@ -16,6 +16,7 @@
 #        probe-align (16384x4400x4096: row alignment of B / the output vs aligned neighbours, ALIGN_ARGS)
 #        ab-gemm2 / ab-gemm3 (more ab_gemm.py calls: AB2_ARGS / AB3_ARGS)
 #        splitk-mc-tests (cluster split-K with A multicast along N: GPU numerics of the mc variants)
+#        occupancy (max resident clusters of 1..16 CTAs at full shared memory: profiles/cluster_occupancy.py)
 #        band-tests (GPU tests of the swizzle-8-along-N raster, stream tiles and the raster rule)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -50,7 +51,7 @@ for step in "$@"; do
     ab-gemm) py ${AB_S:-300} profiles/ab_gemm.py --out "$OUT" ${AB_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm.log" ;;
     ab-gemm2) py ${AB2_S:-200} profiles/ab_gemm.py --out "$OUT" ${AB2_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm2.log" ;;
     ab-gemm3) py ${AB3_S:-200} profiles/ab_gemm.py --out "$OUT" ${AB3_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm3.log" ;;
-    splitk-mc-tests) py ${MC_S:-200} -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "variant_numerics and mc" 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/splitk-mc-tests.log" ;;
+    splitk-mc-tests) py ${MC_S:-200} -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "variant_numerics and mc or a_multicast_numerics" 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/splitk-mc-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
@@ -58,6 +59,7 @@ for step in "$@"; do
     power) py ${POWER_S:-250} profiles/bench_power.py --out "$OUT" ${POWER_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/power.log" ;;
     l2hint) py 240 profiles/bench_l2hint.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/l2hint.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
+    occupancy) py 60 profiles/cluster_occupancy.py "$OUT/cluster-occupancy.json" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/occupancy.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/demo.log" ;;
   esac
 done

@@ -532,7 +532,7 @@ def test_splitk_fixup_choice():
     assert G.split_k_factor(1024, 1024, 32768, 1, tiles, "fixup") == 4
 
 
-def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16", kind="fixup", m=1):
+def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16", kind="fixup", m=1, mc=1):
     """The fixup kernel, or (kind "persistent") the persistent kernel with split-K in its schedule
     (2x1 cluster when M's 128-row tiles pair up, as the host picks); both take (a, b, d, c, ws, cnt,
     alpha, beta)."""
@@ -544,7 +544,8 @@ def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16", kind="
         cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", d_dtype), has_c=has_c,
                          max_active_clusters=132 // cl[0], splits=s)
         return G.compiled_gemm(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
-    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", d_dtype), splits=s, has_c=has_c)
+    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", d_dtype, mc), splits=s, has_c=has_c,
+                            b_evict_first=mc > 1)
     return G.compiled_splitk_fixup(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
 
 
@@ -557,6 +558,49 @@ def _fixup_ws(m, n, tn, s):
 
 
 FIXUP_GPU_VARIANTS = [(128, 2), (128, 4), (256, 4), (256, 8), (128, 8), (256, 3)]
+#: (tn, S, A multicast) of the fixup kernel with clusters along N; N = 264 / 136 / 1000 leave padding CTAs
+FIXUP_MC_VARIANTS = [(64, 2, 2), (64, 2, 4), (128, 4, 2), (64, 3, 2), (256, 2, 2)]
+
+
+@pytest.mark.parametrize("tn,s,mc", [(64, 2, 2), (128, 4, 2), (64, 2, 4)], ids=str)
+def test_splitk_fixup_a_multicast_compiles(tn, s, mc):
+    """The fixup kernel with A multicast along N: multicast TMA for A only, no local memory, the
+    counter protocol intact."""
+    from cute_kernels.gemm_splitk_kernel import SplitKFixupConfig
+
+    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", mc), splits=s,
+                            b_evict_first=True)
+    rep, k = _splitk_compile_report(cfg, tn)
+    assert k.spills == 0 and k.stack_frame == 0
+    assert "ATOMG.E.ADD" in rep.sass
+    if rep.ptx is not None:
+        assert re.search(r"cp\.async\.bulk\.tensor\.\S*multicast::cluster", rep.ptx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", FIXUP_MC_VARIANTS, ids=lambda v: f"tn{v[0]}-s{v[1]}-mc{v[2]}")
+@pytest.mark.parametrize("mnk", [(1, 256, 4096), (7, 1000, 520), (128, 4096, 4096), (131, 264, 6008),
+                                 (257, 136, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_splitk_fixup_a_multicast_numerics(variant, mnk):
+    """Fixup split-K with A multicast: float64 reference, NaN-poisoned out, bitwise repeatable, the
+    counters back at 0 -- including padding CTAs of a partial last cluster, which must neither count
+    nor write."""
+    tn, s, mc = variant
+    m, n, k = mnk
+    fn = _fixup_fn(tn, s, mc=mc)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    ws, cnt = _fixup_ws(m, n, tn, s)
+    big = torch.full((m + 1, n + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[:m, :n]
+    fn(a, b, out, out, ws, cnt, 1.0, 0.0)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    assert torch.isnan(big[m:]).all() and torch.isnan(big[:, n:]).all(), "wrote outside the output"
+    assert int(cnt.abs().sum()) == 0
+    for _ in range(5):
+        again = torch.full_like(out, float("nan"))
+        fn(a, b, again, again, ws, cnt, 1.0, 0.0)
+        assert torch.equal(out, again)
 
 
 @pytest.mark.gpu
