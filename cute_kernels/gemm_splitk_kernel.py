@@ -78,11 +78,11 @@ class _SplitKBase:
                              f"{self.A_MCAST_OK} along (M, N), got {t.tile_mnk} / {t.cluster_mn}")
         if cfg.splits not in self.SPLITS_OK:
             raise ValueError(f"splits must be one of {self.SPLITS_OK}, got {cfg.splits}")
-        if cfg.splits * t.cluster_mn[1] > 8:
-            raise ValueError(f"a cluster holds at most 8 CTAs: splits {cfg.splits} x A multicast {t.cluster_mn[1]}")
         self.cfg = cfg
         self.mcast_a = t.cluster_mn[1]  # CTAs of neighbouring N tiles (same K slice) sharing each A tile
         self.cluster_k = cfg.splits if self.KIND == "cluster" else 1  # K slices inside one cluster
+        if self.cluster_k * self.mcast_a > 8:
+            raise ValueError(f"a cluster holds at most 8 CTAs: {self.cluster_k} K slices x A multicast {self.mcast_a}")
         self.tile_mnk = t.tile_mnk
         self.num_mma_wg = t.mma.num_warpgroups
         self.threads = 128 * (1 + self.num_mma_wg)

@@ -13,6 +13,8 @@ import torch
 
 
 def main():
+    torch.cuda.init()  # HardwareInfo's driver calls need an initialised context
+    torch.zeros(1, device="cuda")
     hw = utils.HardwareInfo()
     res = {"gpu": torch.cuda.get_device_name(), "sm_count": hw.get_device_multiprocessor_count(),
            "max_active_clusters": {n: hw.get_max_active_clusters(n) for n in (1, 2, 4, 8, 16)}}
