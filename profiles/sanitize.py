@@ -5,7 +5,8 @@
 
 Each case is checked against a float64 reference and prints one line; the exit status is the number
 of wrong results.  Cases cover the TMA-store epilogue, the predicated direct-store epilogue (ragged,
-misaligned D), batched L, alpha/beta with C, the cluster split-K, and one decode call with splits.
+misaligned D), batched L, alpha/beta with C, the cluster split-K (also with A multicast, and the fixup
+split-K with it), the deferred epilogue with PDL, and one decode call with splits.
 """
 import importlib
 import os
@@ -68,6 +69,28 @@ def defer(m, n, k):
     check(f"gemm deferred epilogue, PDL chain {m}x{n}x{n}", out2, out.double() @ b2.double())
 
 
+def splitk_mcast(kind, tn, s, c, m, n, k):
+    """Split-K with A multicast along N (cluster S x c / 1 x c): remote empty-barrier arrivals, padding
+    CTAs in a partial last cluster (N tiles not a multiple of c)."""
+    from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tiles = GH.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c)
+    if kind == "cluster":
+        fn = GH.compiled_splitk_cluster(SplitKClusterConfig(tiles=tiles, splits=s, vec_store=True, b_evict_first=True),
+                                        "bfloat16", "bfloat16", "bfloat16")
+    else:
+        fn = GH.SplitKFixupLauncher(GH.compiled_splitk_fixup(SplitKFixupConfig(tiles=tiles, splits=s), "bfloat16",
+                                                              "bfloat16", "bfloat16"), *fixup_workspace_numel(m, n, tn, s))
+    fn(a, b, out, out, 1.0, 0.0)
+    torch.cuda.synchronize()
+    check(f"{kind} split-K tn{tn} S={s} A multicast {c}: {m}x{n}x{k}", out, a.double() @ b.double())
+
+
+splitk_mcast("cluster", 64, 2, 2, 130, 328, 1000)   # 6 N tiles in 3 clusters of 2 x 2
+splitk_mcast("fixup", 64, 2, 4, 130, 328, 1000)     # 6 N tiles: 2 padding CTAs per K slice
 defer(520, 776, 264)                    # 5 k-tiles, ragged, 5 x 4 tiles of 128 x 192 on one cluster
 defer(300, 520, 104)                    # 2 k-tiles < 4 sub-tiles: stores after the mainloop
 if os.environ.get("SKIP_DECODE") is None:
