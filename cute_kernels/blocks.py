@@ -176,18 +176,23 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
 @cute.jit
 def tma_produce_k_tiles(ab_pipe, state, tma_a: cute.CopyAtom, tAgA: cute.Tensor, tAsA: cute.Tensor,
                         tma_b: cute.CopyAtom, tBgB: cute.Tensor, tBsB: cute.Tensor, k_begin, k_count,
-                        a_mask=None, b_mask=None, b_policy=None):
+                        a_mask=None, b_mask=None, b_policy=None, a_policy=None):
     """The producer warp's side of the ring for one output tile: k-tiles ``k_begin .. k_begin+k_count``
     of A and B (``tAgA``/``tBgB`` already sliced to the tile: (TMA, k)) into the next stages, both
     copies signalling the stage's full barrier.  Multicast masks only for multicast TMA atoms;
-    ``b_policy`` (a Python int such as :data:`L2_EVICT_FIRST`, or None): L2 cache hint of B's loads.
+    ``b_policy`` (a Python int such as :data:`L2_EVICT_FIRST`, or None): L2 cache hint of B's loads
+    (``a_policy``: of A's, e.g. a weight streamed as A by a swapped skinny GEMM).
     Returns the advanced producer state (rebind it, as for :func:`wgmma_mainloop`)."""
     for i in range(k_count):
         ab_pipe.producer_acquire(state)
         bar = ab_pipe.producer_get_barrier(state)
-        if cutlass.const_expr(a_mask is None):
+        if cutlass.const_expr(a_mask is None and a_policy is None):
             cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+        elif cutlass.const_expr(a_mask is None):
+            cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar,
+                      cache_policy=cutlass.Int64(a_policy))
         else:
+            assert a_policy is None, "a_policy with multicast A: not needed yet"
             cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
         if cutlass.const_expr(b_mask is None and b_policy is None):
             cute.copy(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar)

@@ -480,10 +480,11 @@ def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str,
     from .blocks import stage_count
     from .gemm_splitk_kernel import stage_bytes
 
-    stages = stage_count(current_arch().smem_per_cta, stage_bytes(tile_n), 0, max_stages=10)
+    # narrow tiles (the swapped skinny GEMM) are pure streaming: up to 12 stages of 18-20 KB in flight
+    stages = stage_count(current_arch().smem_per_cta, stage_bytes(tile_n), 0, max_stages=12 if tile_n <= 32 else 10)
     mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
     return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=(1, a_mcast), mma=mma, ab_stages=stages,
-                       epi_tile_mn=(128, 64), epi_stages=1, c_dtype=d_dtype, c_major="n")
+                       epi_tile_mn=(128, min(64, tile_n)), epi_stages=1, c_dtype=d_dtype, c_major="n")
 
 
 def splitk_a_mcast(m: int, n: int, tile_n: int, splits: int) -> int:
@@ -499,6 +500,55 @@ def splitk_a_mcast(m: int, n: int, tile_n: int, splits: int) -> int:
     while c > 1 and (splits * c > 8 or c > n_tiles):
         c //= 2
     return c
+
+
+#: Skinny problems (M <= SKINNY_SWAP_MAX_M rows, unbatched) run transposed: out^T = b^T a^T.  Why: the
+#: kernels' A tile has 128 rows; with M = 1..64 most of every A box lies past M, and the TMA unit's
+#: zero fill of those rows costs as if they were read (H200, session 8 run 5, paired A/B vs cuBLAS:
+#: 1x4096x4096 25.6 us, 16x 24.8, 64x 21.5, but 128x4096x4096 18.4).  Swapped, the weight b streams
+#: as the 128-row A tile and M becomes a 16 / 32 / 64-wide N tile.  CUTE_KERNELS_SKINNY_SWAP=0 turns it off.
+SKINNY_SWAP = os.environ.get("CUTE_KERNELS_SKINNY_SWAP", "1") not in ("0", "")
+SKINNY_SWAP_MAX_M = 64
+
+
+def skinny_swap_choice(m: int, n: int, k: int) -> tuple[int, int] | None:
+    """Pure Python: (tile width, K slices) of the swapped skinny GEMM, or None when it does not apply.
+
+    The kernel's N tile is the narrowest of 16 / 32 / 64 that holds M; its 128-row tiles run along the
+    problem's N, and K is split so that tiles x slices fill the SMs (slices of >= 8 k-tiles, <= 8).
+    One or two slices meet in a cluster's shared memory (the DSMEM kernel), more in an L2 workspace
+    (the fixup kernel: clusters of 3+ CTAs do not all fit at once, session 8 run 3)."""
+    if not SKINNY_SWAP or m > SKINNY_SWAP_MAX_M:
+        return None
+    tn = next(t for t in (16, 32, 64) if t >= m)
+    tiles = math.ceil(n / 128)
+    s = max(1, min(8, current_arch().sm_count // tiles, math.ceil(k / 64) // 8))
+    return tn, s
+
+
+class SwappedLauncher:
+    """Calls a kernel compiled for the transposed problem: (a, b, d, c) -> (b^T, a^T, d^T, c^T), all views."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, a, b, d, c, alpha, beta):
+        self.fn(b.mT, a.mT, d.mT, c.mT, alpha, beta)
+
+
+def _skinny_swapped_fn(choice, m, n, ab, am_t, bm_t, d_name, c_name, has_c):
+    """The plan's callable for :func:`skinny_swap_choice`: majors ``am_t`` / ``bm_t`` are those of b^T
+    and a^T; the output is written through the transposed view with element stores."""
+    from .gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
+
+    tn, s = choice
+    tiles = splitk_tiles(tn, ab, am_t, bm_t, d_name)
+    if s <= 2:
+        cfg = SplitKClusterConfig(tiles=tiles, splits=s, has_c=has_c, a_evict_first=SPLITK_B_EVICT_FIRST)
+        return SwappedLauncher(compiled_splitk_cluster(cfg, ab, d_name, c_name))
+    cfg = SplitKFixupConfig(tiles=tiles, splits=s, has_c=has_c, a_evict_first=SPLITK_B_EVICT_FIRST)
+    fn = compiled_splitk_fixup(cfg, ab, d_name, c_name)
+    return SwappedLauncher(SplitKFixupLauncher(fn, *fixup_workspace_numel(n, m, tn, s)))
 
 
 def splitk_vec_store_ok(out: torch.Tensor) -> bool:
@@ -575,7 +625,8 @@ def _fake_args_splitk(cfg, ab_dtype, d_dtype, c_dtype):
 class _Plan:
     """Everything decided for one (shapes, strides, dtypes, alignment) signature: reused per call."""
 
-    __slots__ = ("fn", "shape", "out_dtype", "splits", "reduce_fn", "a_fix", "b_fix", "d_fix", "has_c", "k0")
+    __slots__ = ("fn", "shape", "out_dtype", "splits", "reduce_fn", "a_fix", "b_fix", "d_fix", "has_c", "k0",
+                 "swapped")
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -600,6 +651,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         raise ValueError("gemm: beta != 0 needs c")
     p = _Plan()
     p.shape, p.has_c, p.splits, p.reduce_fn, p.fn = shape, c is not None and beta != 0.0, 1, None, None
+    p.swapped = False
+    heuristic = tiles is None and not options  # the planner's own choice (not forced by a caller or a tuned entry)
     p.out_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
@@ -643,6 +696,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         if tuned is not None:
             tiles, raster, tuned_mode = tuned
             splitk_mode = splitk_mode or tuned_mode
+            heuristic = False
         if tiles is None:
             tiles = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
     mode = splitk_mode or SPLITK_MODE
@@ -652,6 +706,13 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         row_ok = _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe
         mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
             mode if row_ok and a.dim() == 2 else "cluster")
+    sw = skinny_swap_choice(m, n, k) if (heuristic and cp_async is None and a.dim() == 2 and mode != "none"
+                                         and splitk_mode is None) else None
+    if sw is not None:  # out^T = b^T a^T: the problem's M becomes the kernel's narrow N
+        p.fn = _skinny_swapped_fn(sw, m, n, ab, "mn" if b_major == "row" else "k", "k" if a_major == "row" else "mn",
+                                  d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name, p.has_c)
+        p.splits, p.d_fix, p.swapped = 1, None, True
+        return p
     if cp_async is not None:
         from .gemm_cpasync_kernel import cpasync_tiles
 
@@ -764,7 +825,7 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
     a, b = operand(m, k, a_major), operand(k, n, b_major)
     c = torch.empty(*a.shape[:-1], n, dtype=out_dtype or dtype, device="meta") if with_c else None
     with jit.dry_run() as dry:
-        _make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=True)
+        plan = _make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=True)
     out = []
     sms = current_arch().sm_count
     for name, cfg in dry.seen:
@@ -773,7 +834,10 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
         tiles = getattr(cfg, "tiles", None)
         if tiles is not None:
             tm, tn = tiles.tile_mnk[:2]
-            units = math.ceil(m / tm) * math.ceil(n / tn) * (batch or 1) * max(1, getattr(cfg, "splits", 1))
+            pm, pn = (n, m) if plan.swapped else (m, n)  # the kernel's M and N
+            units = math.ceil(pm / tm) * math.ceil(pn / tn) * (batch or 1) * max(1, getattr(cfg, "splits", 1))
+            if plan.swapped:
+                row["operands"] = "swapped: out^T = b^T a^T (the problem's M is the kernel's N)"
             row.update(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, ab_stages=tiles.ab_stages,
                        pingpong=tiles.pingpong, splits=getattr(cfg, "splits", 1), work_units=units,
                        units_per_sm=round(units / sms, 2))

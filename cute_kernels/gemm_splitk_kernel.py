@@ -37,7 +37,7 @@ from . import blocks
 
 RED_PAD = 8  # fp32 words of padding per row of the reduction tile: 2-way instead of 8-way bank conflicts
 VEC = 8  # consecutive output columns one thread reduces and stores
-TILE_NS = (64, 128, 192, 256)
+TILE_NS = (16, 32, 64, 128, 192, 256)  # 16 / 32: the swapped skinny GEMM (N' = the problem's M <= 32)
 SPLITS = (1, 2, 4, 8)
 A_MCAST = (1, 2, 4)  # CTAs along N sharing each A tile (tiles.cluster_mn[1]); splits x this <= 8
 
@@ -159,7 +159,8 @@ class _SplitKBase:
         state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, l_idx)], tAsA,
                                            tma_b, tBgB[(None, n_idx, None, l_idx)], tBsB, k_begin, k_count,
                                            a_mask=a_mask,
-                                           b_policy=blocks.L2_EVICT_FIRST if self.cfg.b_evict_first else None)
+                                           b_policy=blocks.L2_EVICT_FIRST if self.cfg.b_evict_first else None,
+                                           a_policy=blocks.L2_EVICT_FIRST if self.cfg.a_evict_first else None)
         ab_pipe.producer_tail(state)
 
     @cute.jit
@@ -188,6 +189,7 @@ class SplitKClusterConfig:
     has_c: bool = False
     vec_store: bool = False  # D row-major, rows 16-byte aligned (see module doc)
     b_evict_first: bool = False  # B's TMA loads hinted L2 evict-first (B is read once: skinny M)
+    a_evict_first: bool = False  # the same for A (the weight when the host swaps a skinny problem)
 
 
 class GemmSm90SplitKCluster(_SplitKBase):
@@ -322,7 +324,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
 # ==================================================================================================
 # Split-K with a fixup by the last CTA ("fixup"): not limited by the cluster size
 # ==================================================================================================
-FIXUP_TILE_NS = (64, 128, 256)
+FIXUP_TILE_NS = (16, 32, 64, 128, 256)
 FIXUP_SPLITS = (2, 3, 4, 5, 6, 7, 8)
 FIXUP_LOADS_IN_FLIGHT = 16  # 16-byte partial loads per thread per group in the last CTA's sum
 FIXUP_VEC = blocks.PARTIAL_VEC  # fp32 per partial-tile chunk: one 16-byte store / load per thread and chunk
@@ -341,6 +343,7 @@ class SplitKFixupConfig:
     a_rank: int = 2
     has_c: bool = False
     b_evict_first: bool = False  # as SplitKClusterConfig.b_evict_first
+    a_evict_first: bool = False  # as SplitKClusterConfig.a_evict_first
 
 
 class GemmSm90SplitKFixup(_SplitKBase):

@@ -70,7 +70,8 @@ def explicit_config(spec):
     raster.  ``default`` instead of the first three fields keeps the planner's tiles and raster (only
     the flags change): ``default:nopdl`` is the default plan without programmatic dependent launch,
     ``default:fat`` without the lean per-tile work (acc.fill(0) and an unconditional alpha multiply),
-    ``default:defer`` / ``default:nodefer`` with / without the deferred epilogue.
+    ``default:defer`` / ``default:nodefer`` with / without the deferred epilogue, ``default:noswap``
+    without the transposed plan of skinny (M <= 64) problems.
 
     ``splitk:TN:S:C`` is the cluster split-K kernel at tile width TN, S K slices and A multicast to C
     CTAs along N (L2 evict-first B, vector stores; row-major A, B and out); ``fixup:TN:S:C`` the same
@@ -116,6 +117,10 @@ def explicit_config(spec):
     if fields[0] == "default":
         if "swap" in flags:
             raise ValueError("default:swap is not a config: give the tiles")
+        if "noswap" in fields:  # the plan without the skinny-M swap (an explicit split-K mode skips it)
+            from cute_kernels import gemm_host as G
+
+            return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, splitk_mode=G.SPLITK_MODE)
         return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, options=options)
     tile, cluster, raster = fields[:3]
     swap = "swap" in flags

@@ -1012,3 +1012,74 @@ def test_gemm_pdl_chain(options):
         ref = lhs.double() @ w.double()
         assert not out.isnan().any()
         assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# ---- skinny problems (M <= 64) run transposed: out^T = b^T a^T ------------------------------------
+def test_skinny_swap_plan():
+    """The planner swaps unbatched M <= 64 problems (narrowest 16 / 32 / 64 N tile holding M, K split to
+    fill the SMs), not M = 65, batched ones or with CUTE_KERNELS_SKINNY_SWAP=0; explain says so."""
+    assert G.skinny_swap_choice(1, 4096, 4096) == (16, 4)
+    assert G.skinny_swap_choice(17, 4096, 4096) == (32, 4)
+    assert G.skinny_swap_choice(64, 14336, 4096) == (64, 1)
+    assert G.skinny_swap_choice(16, 4096, 520) == (16, 1)  # 9 k-tiles: no split
+    assert G.skinny_swap_choice(65, 4096, 4096) is None
+    rows = G.explain(16, 4096, 4096)
+    assert rows[0]["operands"].startswith("swapped") and rows[0]["tile_mnk"] == (128, 16, 64)
+    assert "operands" not in G.explain(16, 4096, 4096, batch=2)[0]
+    assert "operands" not in G.explain(65, 4096, 4096)[0]
+
+
+def test_skinny_swap_off(monkeypatch):
+    monkeypatch.setattr(G, "SKINNY_SWAP", False)
+    assert G.skinny_swap_choice(1, 4096, 4096) is None
+    assert "operands" not in G.explain(1, 4096, 4096)[0]
+
+
+@pytest.mark.parametrize("tn,s,kind,am", [(16, 4, "fixup", "mn"), (16, 1, "cluster", "mn"), (32, 2, "cluster", "k"),
+                                          (32, 4, "fixup", "k")], ids=str)
+def test_skinny_swap_compiles(tn, s, kind, am):
+    """The swapped kernels' narrow tiles (wgmma 64 x 16 / 32) with the weight as an MN- or K-major A
+    and its L2 evict-first hint: sm_90a builds without local memory."""
+    from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
+
+    tiles = G.splitk_tiles(tn, "bfloat16", am, "k" if am == "mn" else "mn", "bfloat16")
+    Cfg = SplitKFixupConfig if kind == "fixup" else SplitKClusterConfig
+    rep, k = _splitk_compile_report(Cfg(tiles=tiles, splits=s, a_evict_first=True), tn)
+    assert k.spills == 0
+
+
+SKINNY_SHAPES = [(1, 4096, 4096), (7, 1000, 520), (16, 14336, 4096), (31, 4104, 4168), (33, 8192, 1032),
+                 (64, 4096, 4096), (2, 136, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("majors", ["rr", "cr", "rc"])
+@pytest.mark.parametrize("mnk", SKINNY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_skinny_swapped(mnk, majors):
+    """gemm() on skinny problems (the swapped plan): float64 reference, NaN-poisoned out, ragged N / K,
+    K slices met in shared memory (S <= 2) or an L2 workspace (S > 2), bitwise repeatable."""
+    m, n, k = mnk
+    a = _operand((m, k), "row" if majors[0] == "r" else "col", torch.bfloat16)
+    b = _operand((k, n), "row" if majors[1] == "r" else "col", torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    assert G._plans[G._signature(a, b, out, None, 0.0, None)].swapped
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    for _ in range(3):
+        again = torch.full_like(out, float("nan"))
+        cute_kernels.gemm(a, b, out=again)
+        assert torch.equal(out, again)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
+def test_gemm_skinny_swapped_alpha_beta(c_kind):
+    """alpha / beta * C through the transposed views, bf16 and fp32 out."""
+    m, n, k = 12, 3000, 4096
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = make_c(c_kind, m, n)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+        cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
+        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
