@@ -91,6 +91,7 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--burst", type=int, default=1, help="back-to-back calls per timed sample")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--tag", default="", help="file-name tag, so several calls in one run keep their files")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     names = args.variants.split(",")
@@ -135,7 +136,7 @@ def main():
            "date": datetime.date.today().isoformat(), "iters": args.iters, "burst": args.burst,
            "base": names[0]}
     os.makedirs(args.out, exist_ok=True)
-    tag = f"-burst{args.burst}" if args.burst > 1 else ""
+    tag = (f"-{args.tag}" if args.tag else "") + (f"-burst{args.burst}" if args.burst > 1 else "")
     stem = os.path.join(args.out, f"gemm-ab{tag}-{env['date']}-{commit}")
     with open(stem + ".json", "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)

@@ -49,8 +49,8 @@ for step in "$@"; do
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | grep -v "Warning:\|warnings.warn\|config: GemmConfig" | tee "$OUT/gemm-raster-cand.log" ;;
     attn-tests) py 300 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py tests/test_merge.py 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/attn-tests.log" ;;
     ab-gemm) py ${AB_S:-300} profiles/ab_gemm.py --out "$OUT" ${AB_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm.log" ;;
-    ab-gemm2) py ${AB2_S:-200} profiles/ab_gemm.py --out "$OUT" ${AB2_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm2.log" ;;
-    ab-gemm3) py ${AB3_S:-200} profiles/ab_gemm.py --out "$OUT" ${AB3_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm3.log" ;;
+    ab-gemm2) py ${AB2_S:-200} profiles/ab_gemm.py --out "$OUT" --tag ab2 ${AB2_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm2.log" ;;
+    ab-gemm3) py ${AB3_S:-200} profiles/ab_gemm.py --out "$OUT" --tag ab3 ${AB3_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm3.log" ;;
     splitk-mc-tests) py ${MC_S:-200} -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "variant_numerics and mc or a_multicast_numerics" 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/splitk-mc-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
