@@ -368,7 +368,12 @@ FORCE_SPLITK_TILE_N: int | None = int(os.environ["CUTE_KERNELS_SPLITK_TILE_N"]) 
 #: default below.  Env CUTE_KERNELS_SPLITK_MCAST pins it for a process; sweeps set the attribute.
 FORCE_SPLITK_MCAST: int | None = int(os.environ["CUTE_KERNELS_SPLITK_MCAST"]) if os.environ.get(
     "CUTE_KERNELS_SPLITK_MCAST") else None
-SPLITK_MCAST_DEFAULT = 1  # until measured on the H200
+#: Measured off (H200, session 8 runs 1-4, 128x4096x4096, paired vs cuBLAS): halving A's L2 reads
+#: changed nothing at equal CTA count (fixup 64-wide S=2: 20.7 us without, 21.4 with 2-way multicast;
+#: read-only flush 18.4 / 19.9), and clusters of 4 / 8 only fit 30 / 15 at once (cluster_occupancy.py),
+#: so 128 CTAs in clusters of 4 ran in two waves (25 us).  ncu: cuBLAS and ours both sit at ~2.5 TB/s
+#: of DRAM with SMs active 77% of a 14 us call -- ramp and latency, not L2 bandwidth.
+SPLITK_MCAST_DEFAULT = 1
 #: The predicated cp.async mainloop (gemm_cpasync_kernel.py) for operands TMA cannot describe.  Its
 #: first H200 run hung (the shared mainloop lost its pipeline states between persistent tiles, fixed in
 #: blocks.wgmma_mainloop); it passed tests/test_gemm_cpasync.py on the H200 on 2026-11-29 (session 2,

@@ -14,6 +14,11 @@ Variants (all fields of :class:`SplitKClusterConfig`, so one sweep can compare t
 - splits 1 / 2 / 4 / 8: cluster size.  splits=1 is a plain (non-persistent) GEMM with this epilogue.
 - vec_store: D row-major with 16-byte aligned rows: 8 consecutive outputs per thread go out as one
   vector store (16 B for 16-bit D) instead of 8 predicated scalar stores; ragged edges stay scalar.
+- A multicast along N (``tiles.cluster_mn = (1, c)``, cluster (S, c, 1)): the c CTAs of one K slice
+  and neighbouring N tiles each load 1/c of the shared A tile into all of them.  Built and tested,
+  off by default: no faster on the shapes that use this kernel (see gemm_host.SPLITK_MCAST_DEFAULT).
+- tile_n 16 / 32: the host's transposed plan for M <= 64 problems (gemm_host.skinny_swap_choice),
+  where the weight is the 128-row A operand and the problem's M the narrow N tile.
 
 Roles are those of :class:`cute_kernels.gemm_kernel.GemmSm90` (warp 0 of warpgroup 0 issues TMA, two
 consumer warpgroups issue wgmma); the grid is not persistent: one cluster per output tile.
