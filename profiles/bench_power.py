@@ -75,7 +75,8 @@ def explicit_config(spec):
 
     ``splitk:TN:S:C`` is the cluster split-K kernel at tile width TN, S K slices and A multicast to C
     CTAs along N (L2 evict-first B, vector stores; row-major A, B and out); ``fixup:TN:S:C`` the same
-    for the fixup split-K kernel (slices meet in an L2 workspace, the cluster is only along N).
+    for the fixup split-K kernel (slices meet in an L2 workspace, the cluster is only along N);
+    ``swap:TN:S`` the transposed skinny plan (gemm_host.skinny_swap_choice) at tile width TN, S slices.
 
     ``:swap`` computes the transposed problem, out^T = b^T a^T, as quack's ``swap_ab`` does (its
     autotuned 8192^3 winner, session 4 run 5): the kernel's M is then the problem's N, A is MN-major,
@@ -83,12 +84,25 @@ def explicit_config(spec):
     """
     import torch
 
+    from cute_kernels import gemm_host as G
     from cute_kernels import tune
     from cute_kernels.gemm_host import _gemm_impl
 
     fields = spec.split(":")
+    if fields[0] == "swap":  # the transposed skinny plan at (tile width, K slices), row-major a and b
+        tn, s = int(fields[1]), int(fields[2])
+        fns = {}
+
+        def run_swap(a, b):
+            m, n = a.shape[0], b.shape[1]
+            if (m, n) not in fns:
+                fns[(m, n)] = G._skinny_swapped_fn((tn, s), m, n, "bfloat16", "mn", "k", "bfloat16", "bfloat16", False)
+            out = torch.empty(m, n, device=a.device, dtype=a.dtype)
+            fns[(m, n)](a, b, out, out, 1.0, 0.0)
+            return out
+
+        return run_swap
     if fields[0] in ("splitk", "fixup"):
-        from cute_kernels import gemm_host as G
         from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
         tn, s, c = (int(x) for x in fields[1:4])
@@ -118,8 +132,6 @@ def explicit_config(spec):
         if "swap" in flags:
             raise ValueError("default:swap is not a config: give the tiles")
         if "noswap" in fields:  # the plan without the skinny-M swap (an explicit split-K mode skips it)
-            from cute_kernels import gemm_host as G
-
             return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, splitk_mode=G.SPLITK_MODE)
         return lambda a, b: _gemm_impl(a, b, None, None, 1.0, 0.0, None, options=options)
     tile, cluster, raster = fields[:3]
