@@ -62,6 +62,9 @@ def representative_builders() -> list[tuple[str, Callable]]:
     fcfg = SplitKFixupConfig(tiles=G.splitk_tiles(256, "bfloat16", "k", "mn", "bfloat16"), splits=4)
     out.append(("gemm split-K 128x256 S=4, last-CTA fixup (CUTE_KERNELS_SPLITK=fixup)",
                 lambda: G._fake_args_splitk(fcfg, "bfloat16", "bfloat16", "bfloat16")))
+    wcfg = SplitKFixupConfig(tiles=G.splitk_tiles(16, "bfloat16", "mn", "k", "bfloat16"), splits=4, a_evict_first=True)
+    out.append(("gemm M <= 16 transposed (out^T = b^T a^T): 128x16 tiles, S=4 fixup (default for skinny M)",
+                lambda: G._fake_args_splitk(wcfg, "bfloat16", "bfloat16", "bfloat16")))
     from . import splitk_reduce as R
 
     out.append(("split-K reduce -> bf16", lambda: _reduce_args(R)))
