@@ -652,8 +652,8 @@ def _signature(a, b, out, c, beta, out_dtype):
 
 def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu=False,
                splitk_mode: str | None = None, options: tuple = ()) -> _Plan:
-    """``splitk_mode``: one of SPLITK_MODES (the tuner's candidates; a tuned entry can carry one too),
-    else ``SPLITK_MODE``.  ``options``: ``(GemmConfig field, value)`` pairs applied to the persistent
+    """``splitk_mode``: one of SPLITK_MODES (the tuner's candidates; a tuned entry can carry one too)
+    or "swap" (the transposed skinny plan, :func:`skinny_swap_choice`), else ``SPLITK_MODE``.  ``options``: ``(GemmConfig field, value)`` pairs applied to the persistent
     kernel's config (benchmarks compare kernel variants in one process, e.g. ``(("pdl", False),)``)."""
     from .gemm_kernel import GemmConfig
 
@@ -717,8 +717,11 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         row_ok = _major(probe, "out", "M", "N") == "row" and _canonical_strides(probe, "row") is probe
         mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
             mode if row_ok and a.dim() == 2 else "cluster")
-    sw = skinny_swap_choice(m, n, k) if (heuristic and cp_async is None and a.dim() == 2 and mode != "none"
-                                         and splitk_mode is None) else None
+    # the transposed skinny plan: the planner's default, or a tuned entry's choice (split-K mode "swap")
+    sw = skinny_swap_choice(m, n, k) if (cp_async is None and a.dim() == 2 and (
+        (heuristic and mode != "none" and splitk_mode is None) or mode == "swap")) else None
+    if mode == "swap" and sw is None:  # a tuned "swap" that no longer applies (e.g. SKINNY_SWAP=0)
+        mode = "cluster"
     if sw is not None:  # out^T = b^T a^T: the problem's M becomes the kernel's narrow N
         p.fn = _skinny_swapped_fn(sw, m, n, ab, "mn" if b_major == "row" else "k", "k" if a_major == "row" else "mn",
                                   d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name, p.has_c)

@@ -5,7 +5,8 @@ tile, cluster shape and raster order depend on the shape.  Two rounds: every (ti
 :func:`candidates` (cooperative 128x{256, 192} and 256x{128, 192}, ping-pong 128x{128, 192}, clusters
 2x1 / 1x2, compiled in parallel processes first) with the shape's default raster, then the other
 rasters on the fastest: at most 15 timings per shape.  A shape the heuristic splits along K instead
-times the split-K kernels (cluster, fixup, persistent) and the unsplit one (4 timings).  Results live in
+times the split-K kernels (cluster, fixup, persistent) and the unsplit one (4 timings); a problem
+with M <= 64 also times the transposed plan (:func:`gemm_host.skinny_swap_choice`, entry "swap").  Results live in
 ``<cache dir>/gemm_tuned.json`` keyed by (M, N, K, L, dtypes, majors) and are picked up by every later
 call in any process.  ``cute-kernels tune gemm M N K`` runs it from the shell.
 """
@@ -186,7 +187,19 @@ def tune_gemm(a, b, out_dtype=None, verbose=True):
     t0 = time.time()
     results = []
     out = torch.empty((*a.shape[:-1], n), dtype=out_dtype or a.dtype, device=a.device)
-    from .gemm_host import SPLITK_MODES, default_tiles, split_k_factor
+    from .gemm_host import SPLITK_MODES, default_tiles, skinny_swap_choice, split_k_factor
+
+    if l == 1 and skinny_swap_choice(m, n, k) is not None:
+        # M <= 64: the transposed plan (the default for such shapes) is a candidate, stored as split-K
+        # mode "swap", so tuning never trades it for the slower untransposed kernels
+        try:
+            _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode="swap")
+            ms = _bench(lambda: _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode="swap"))
+            results.append((ms, dict(splitk="swap")))
+            if verbose:
+                jit.log.info("tune %s: transposed (swap): %.3f ms %.0f TFLOP/s", key, ms, 2 * m * n * k * l / ms / 1e9)
+        except Exception as e:  # noqa: BLE001 - skipped like any candidate that does not run
+            jit.log.warning("tune: the transposed plan failed: %s", e)
 
     if split_k_factor(m, n, k, l, default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)) > 1:
         # a split-K shape: every tile candidate would run the same split kernel; time the split-K
@@ -224,8 +237,9 @@ def tune_gemm(a, b, out_dtype=None, verbose=True):
     _precompile_all(a, b, out_dtype, (ab, am, bm, d_name), first)
     for c in first:
         run(c)
-    if results:  # second round: the other rasters on the fastest tile/cluster
-        e = min(results, key=lambda r: r[0])[1]
+    tiled = [r for r in results if "tile_n" in r[1]]
+    if tiled:  # second round: the other rasters on the fastest tile/cluster
+        e = min(tiled, key=lambda r: r[0])[1]
         for swizzle, along_m in RASTERS:
             if (swizzle, along_m) != (e["swizzle"], e["along_m"]):
                 run((e["tile_m"], e["tile_n"], e["pingpong"], tuple(e["cluster"]), swizzle, along_m))

@@ -899,6 +899,28 @@ def test_tune_gemm_splitk_shape(monkeypatch, tmp_path):
     assert rel_err(out, _ref(a, b)) < 2e-2
 
 
+@pytest.mark.gpu
+def test_tune_gemm_skinny_shape(monkeypatch, tmp_path):
+    """gemm(tune=True) with M <= 64 also times the transposed plan (entry "swap"); whatever wins is
+    used afterwards and is right."""
+    from cute_kernels import tune
+
+    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
+    monkeypatch.setattr(tune, "_table", None)
+    monkeypatch.setattr(G, "_plans", {})
+    m, n, k = 16, 4096, 4096
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = cute_kernels.gemm(a, b, tune=True)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    (entry,) = tune._load().values()
+    assert entry["splitk"] in (*G.SPLITK_MODES, "swap") and entry["ms"] > 0
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    assert G._plans[G._signature(a, b, out, None, 0.0, None)].swapped == (entry["splitk"] == "swap")
+
+
 # ---------------------------------------------------------------- session 7: PDL, lean tiles, deferred epilogue
 _DEFER = (("epi_defer", True),)
 
@@ -1087,3 +1109,20 @@ def test_gemm_skinny_swapped_alpha_beta(c_kind):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
         cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
         assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+
+
+def test_skinny_swap_tuned_entry(monkeypatch):
+    """A tuned entry "swap" keeps the transposed plan; a tuned split-K mode replaces it (the tuner
+    times the transposed plan as a candidate, so it only loses when something else was faster)."""
+    from cute_kernels import tune
+
+    key = tune._key(16, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
+    monkeypatch.setattr(tune, "_table", {key: {"splitk": "swap", "ms": 0.017}})
+    monkeypatch.setattr(G, "_plans", {})
+    assert G.explain(16, 4096, 4096)[0]["operands"].startswith("swapped")
+    monkeypatch.setattr(tune, "_table", {key: {"splitk": "cluster", "ms": 0.025}})
+    assert "operands" not in G.explain(16, 4096, 4096)[0]
+    monkeypatch.setattr(G, "SKINNY_SWAP", False)
+    monkeypatch.setattr(tune, "_table", {key: {"splitk": "swap", "ms": 0.017}})
+    rows = G.explain(16, 4096, 4096)
+    assert "operands" not in rows[0] and rows[0]["kernel"] == "gemm_sm90_splitk_cluster"
