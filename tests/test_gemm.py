@@ -1126,3 +1126,24 @@ def test_skinny_swap_tuned_entry(monkeypatch):
     monkeypatch.setattr(tune, "_table", {key: {"splitk": "swap", "ms": 0.017}})
     rows = G.explain(16, 4096, 4096)
     assert "operands" not in rows[0] and rows[0]["kernel"] == "gemm_sm90_splitk_cluster"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(16, 4096, 4096), (64, 14336, 4096)], ids=str)
+def test_gemm_skinny_swapped_graph_and_compile(mnk):
+    """The transposed plan under CUDA-graph capture (its fixup workspace and counters are made for the
+    capture) with new inputs at replay, and under torch.compile."""
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    g = capture_graph(lambda: cute_kernels.gemm(a, b, out=out))
+    assert G._plans[G._signature(a, b, out, None, 0.0, None)].swapped
+    for _ in range(2):
+        a.copy_(torch.randn_like(a))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, _ref(a, b)) < 2e-2
+    f = torch.compile(lambda x, y: cute_kernels.gemm(x, y) + 1, fullgraph=True)
+    assert rel_err(f(a, b), _ref(a, b) + 1) < 2e-2
