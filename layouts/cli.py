@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import sys
 from typing import Any, Callable, Sequence
 
@@ -61,10 +62,15 @@ def _apply_plan(a: argparse.Namespace) -> tiles.GemmTiles | None:
         return None
     from cute_kernels.gemm_host import explain  # lazy: layouts/ does not otherwise depend on the kernels
 
-    rows = [r for r in explain(*a.plan) if "raster" in r]
-    if not rows:
-        raise SystemExit(f"--plan {a.plan}: that problem runs a split-K kernel without a persistent raster")
-    r = rows[0]
+    rows = [r for r in explain(*a.plan) if "tile_mnk" in r]
+    r = next((r for r in rows if "raster" in r), rows[0] if rows else None)
+    if r is None:
+        raise SystemExit(f"--plan {a.plan}: no GEMM kernel in that plan")
+    if "raster" not in r:  # a split-K kernel (grid of (slice, tile) CTAs): its tiles, but no raster to draw
+        if a.what == "raster":
+            raise SystemExit(f"--plan {a.plan}: that problem runs a split-K kernel ({r['kernel']}), "
+                             "which has no persistent raster")
+        return r["config"].tiles
     if a.problem is None:
         a.problem = a.plan[:2]
     if a.swizzle is None:
@@ -86,11 +92,13 @@ def _gemm_tiles(a: argparse.Namespace) -> tiles.GemmTiles:
         a_major=a.a_major or d.mma.a_major,
         b_major=a.b_major or d.mma.b_major,
     )
+    tile = a.tile or d.tile_mnk
     return tiles.GemmTiles(
-        tile_mnk=a.tile or d.tile_mnk,
+        tile_mnk=tile,
         cluster_mn=a.cluster or d.cluster_mn,
         mma=mma,
         ab_stages=a.stages or d.ab_stages,
+        epi_tile_mn=(d.epi_tile_mn[0], math.gcd(d.epi_tile_mn[1], tile[1])),  # narrow tiles (split-K 128x16)
         c_dtype=a.dtype or d.c_dtype,
     )
 

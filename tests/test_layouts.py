@@ -219,6 +219,15 @@ def test_cli_raster_from_plan(capsys):
         cli.main(["gemm", "--what", "raster", "--plan", "128,4096,4096"])
 
 
+def test_cli_split_k_plan_tiles(capsys):
+    """--plan of a split-K problem still draws its tiles: M = 16 runs transposed with 128 x 16 tiles
+    (wgmma 64 x 16), the MN-major weight as A."""
+    assert cli.main(["gemm", "--what", "mma-c", "--plan", "16,4096,4096"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip()
+    assert cli._gemm_tiles(cli.build_parser().parse_args(["gemm", "--plan", "16,4096,4096"])).tile_mnk == (128, 16, 64)
+
+
 def test_cli_errors(capsys):
     with pytest.raises(SystemExit):
         cli.main(["attention"])
