@@ -39,6 +39,10 @@ LARGE = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 143
 #: (K = 28672), a 32000-entry LM head at 256 tokens, and the odd-N stream shape of session 6.
 LLM = [(8192, 12288, 4096), (8192, 22016, 4096), (8192, 4096, 11008), (8192, 11008, 4096),
        (8192, 5120, 5120), (8192, 8192, 28672), (256, 32000, 4096), (16384, 4400, 4096)]
+#: ``--preset decode``: decode-time linear layers (M = batch of new tokens, 1..64) of Llama-style models,
+#: where cuBLAS runs GEMV-like kernels and ours the transposed skinny plan (session 8).
+DECODE = [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 14336, 4096),
+          (16, 4096, 14336), (8, 11008, 4096), (64, 4096, 11008), (32, 8192, 8192)]
 
 
 def main():
@@ -54,15 +58,16 @@ def main():
     ap.add_argument("--tune", action="store_true", help="autotune cute-kernels per shape first (persisted)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--shapes", default="", help="comma-separated MxNxK subset, e.g. 8192x8192x8192,1000x3000x520")
-    ap.add_argument("--preset", choices=["issue", "llm"], default="issue",
-                    help="shape set: the nine issue shapes (default) or LLM layer shapes (LLM above)")
+    ap.add_argument("--preset", choices=["issue", "llm", "decode"], default="issue",
+                    help="shape set: the nine issue shapes (default), LLM layer shapes (LLM above) or "
+                         "decode-time ones with M <= 64 (DECODE above)")
     ap.add_argument("--splitk-variants", action="store_true",
                     help="also time every split-K mode (gemm_host.SPLITK_MODES) as 'ck:<mode>' columns")
     ap.add_argument("--configs", default="",
                     help="also time our kernel at explicit configs (bench_power.py syntax, e.g. 256x128:1x2:8m,"
                          "256x208:1x2:8m:swap) as 'ck <spec>' columns in the same rounds")
     args = ap.parse_args()
-    preset = LLM if args.preset == "llm" else SHAPES
+    preset = {"llm": LLM, "decode": DECODE}.get(args.preset, SHAPES)
     shapes = preset[:3] if args.quick else preset
     if args.shapes:
         shapes = [tuple(int(x) for x in s_.split("x")) for s_ in args.shapes.split(",")]
@@ -214,7 +219,8 @@ def main():
     text = "\n".join(lines)
     print(text)
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"gemm-{env['date']}-{commit}")
+    tag = "" if args.preset == "issue" and not args.shapes else f"-{args.preset if not args.shapes else 'shapes'}"
+    stem = os.path.join(args.out, f"gemm{tag}-{env['date']}-{commit}")
     with open(stem + ".json", "w") as f:
         json.dump({"env": env, "rows": [{**r, "shape": list(r["shape"])} for r in rows], "summary": summary}, f, indent=1)
     with open(stem + ".md", "w") as f:

@@ -16,6 +16,7 @@
 #        probe-align (16384x4400x4096: row alignment of B / the output vs aligned neighbours, ALIGN_ARGS)
 #        ab-gemm2 / ab-gemm3 (more ab_gemm.py calls: AB2_ARGS / AB3_ARGS)
 #        splitk-mc-tests (cluster split-K with A multicast along N: GPU numerics of the mc variants)
+#        bench-gemm-decode (bench_gemm.py --preset decode: M <= 64 decode-time shapes), skinny-tests (the transposed plan's GPU tests)
 #        occupancy (max resident clusters of 1..16 CTAs at full shared memory: profiles/cluster_occupancy.py)
 #        band-tests (GPU tests of the swizzle-8-along-N raster, stream tiles and the raster rule)
 set -o pipefail
@@ -53,6 +54,8 @@ for step in "$@"; do
     ab-gemm3) py ${AB3_S:-200} profiles/ab_gemm.py --out "$OUT" --tag ab3 ${AB3_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/ab-gemm3.log" ;;
     splitk-mc-tests) py ${MC_S:-200} -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "variant_numerics and mc or a_multicast_numerics" 2>&1 | grep -v Warning | tail -n 30 | tee "$OUT/splitk-mc-tests.log" ;;
     bench-gemm) py ${BENCH_S:-400} profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
+    bench-gemm-decode) py ${BENCH_S:-300} profiles/bench_gemm.py --preset decode --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm-decode.log" ;;
+    skinny-tests) py 200 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "skinny" 2>&1 | grep -v Warning | tail -n 20 | tee "$OUT/skinny-tests.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-gemm.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
     bench-decode-cand) py 400 profiles/bench_decode.py --candidate ${DECODE_CAND:-tma_ef} --out-dir "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/bench-decode.log" ;;
