@@ -653,8 +653,9 @@ def _signature(a, b, out, c, beta, out_dtype):
 def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu=False,
                splitk_mode: str | None = None, options: tuple = ()) -> _Plan:
     """``splitk_mode``: one of SPLITK_MODES (the tuner's candidates; a tuned entry can carry one too)
-    or "swap" (the transposed skinny plan, :func:`skinny_swap_choice`), else ``SPLITK_MODE``.  ``options``: ``(GemmConfig field, value)`` pairs applied to the persistent
-    kernel's config (benchmarks compare kernel variants in one process, e.g. ``(("pdl", False),)``)."""
+    or "swap" (the transposed skinny plan, :func:`skinny_swap_choice`), else ``SPLITK_MODE``.
+    ``options``: ``(GemmConfig field, value)`` pairs applied to the persistent kernel's config
+    (benchmarks compare kernel variants in one process, e.g. ``(("pdl", False),)``)."""
     from .gemm_kernel import GemmConfig
 
     shape = _check(a, b, out, c, out_dtype, allow_cpu)
