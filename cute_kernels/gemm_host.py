@@ -523,16 +523,18 @@ def skinny_swap_choice(m: int, n: int, k: int) -> tuple[int, int] | None:
     problem's N, and K is split so that tiles x slices fill the SMs (slices of >= 8 k-tiles, <= 8).
     One or two slices meet in a cluster's shared memory (the DSMEM kernel), more in an L2 workspace
     (the fixup kernel: clusters of 3+ CTAs do not all fit at once, session 8 run 3); 64-wide tiles
-    take at most two slices (measured below)."""
+    with short slices take at most two (measured below)."""
     if not SKINNY_SWAP or m > SKINNY_SWAP_MAX_M:
         return None
     tn = next(t for t in (16, 32, 64) if t >= m)
     tiles = math.ceil(n / 128)
     s = max(1, min(8, current_arch().sm_count // tiles, math.ceil(k / 64) // 8))
-    if tn == 64:
-        # 64-wide partials (32 KB fp32 per CTA) cost more through the L2 workspace than the extra CTAs
-        # gain: 64x4096x4096 S=2 (DSMEM pairs, 64 CTAs) 0.974x cuBLAS vs S=4 (fixup) 0.903x, 48x4096x4096
-        # 1.065x vs 1.017x (session 8 run 8, paired).  16/32-wide ones keep the split that fills the SMs.
+    if tn == 64 and math.ceil(k / 64) // s < AUTO_PERSISTENT_MIN_SLICE_KTILES:
+        # short slices of 64-wide partials (32 KB fp32 per CTA) cost more through the L2 workspace than
+        # the extra CTAs gain: 64x4096x4096 S=2 (DSMEM pairs, 64 CTAs) 0.974x cuBLAS vs S=4 (fixup, 16
+        # k-tiles per slice) 0.903x, 48x4096x4096 1.065x vs 1.017x (session 8 run 8, paired); with
+        # long slices the fixup is amortised (64x4096x11008, 43 k-tiles per slice: S=4 1.136x, run 6).
+        # 16/32-wide ones keep the split that fills the SMs.
         s = min(s, 2)
     return tn, s
 

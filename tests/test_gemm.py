@@ -1043,7 +1043,8 @@ def test_skinny_swap_plan():
     assert G.skinny_swap_choice(1, 4096, 4096) == (16, 4)
     assert G.skinny_swap_choice(17, 4096, 4096) == (32, 4)
     assert G.skinny_swap_choice(64, 14336, 4096) == (64, 1)
-    assert G.skinny_swap_choice(64, 4096, 4096) == (64, 2)  # 64-wide: DSMEM pairs, not the fixup
+    assert G.skinny_swap_choice(64, 4096, 4096) == (64, 2)  # 64-wide, short slices: DSMEM pairs
+    assert G.skinny_swap_choice(64, 4096, 11008) == (64, 4)  # long slices: the fixup pays off
     assert G.skinny_swap_choice(16, 4096, 520) == (16, 1)  # 9 k-tiles: no split
     assert G.skinny_swap_choice(65, 4096, 4096) is None
     rows = G.explain(16, 4096, 4096)
