@@ -649,6 +649,19 @@ def test_splitk_fixup_alpha_beta_c(c_kind, mode, monkeypatch):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
         cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
         assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(5, 4096, 4096), (40, 1000, 2056)], ids=str)
+def test_gemm_skinny_swapped_fp16(mnk):
+    """fp16 operands and output through the transposed plan (the tests above are bf16)."""
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    cute_kernels.gemm(a, b, out=out)
+    assert G._plans[G._signature(a, b, out, None, 0.0, None)].swapped
+    assert rel_err(out, _ref(a, b)) < _tol(torch.float16)
     p = next(iter(G._plans.values()))
     assert isinstance(p.fn, G.SplitKFixupLauncher)
 
