@@ -174,6 +174,19 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
 
 
 @cute.jit
+def tma_load(atom: cute.CopyAtom, src: cute.Tensor, dst: cute.Tensor, bar, mask=None, policy=None):
+    """One TMA tile load signalling ``bar``: multicast to ``mask``'s CTAs (multicast atoms only) or
+    with the L2 cache hint ``policy`` (a Python int such as :data:`L2_EVICT_FIRST`), or plain."""
+    if cutlass.const_expr(mask is None and policy is None):
+        cute.copy(atom, src, dst, tma_bar_ptr=bar)
+    elif cutlass.const_expr(mask is None):
+        cute.copy(atom, src, dst, tma_bar_ptr=bar, cache_policy=cutlass.Int64(policy))
+    else:
+        assert policy is None, "an L2 policy on a multicast load: not needed yet"
+        cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mask)
+
+
+@cute.jit
 def tma_produce_k_tiles(ab_pipe, state, tma_a: cute.CopyAtom, tAgA: cute.Tensor, tAsA: cute.Tensor,
                         tma_b: cute.CopyAtom, tBgB: cute.Tensor, tBsB: cute.Tensor, k_begin, k_count,
                         a_mask=None, b_mask=None, b_policy=None, a_policy=None):
@@ -186,22 +199,8 @@ def tma_produce_k_tiles(ab_pipe, state, tma_a: cute.CopyAtom, tAgA: cute.Tensor,
     for i in range(k_count):
         ab_pipe.producer_acquire(state)
         bar = ab_pipe.producer_get_barrier(state)
-        if cutlass.const_expr(a_mask is None and a_policy is None):
-            cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-        elif cutlass.const_expr(a_mask is None):
-            cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar,
-                      cache_policy=cutlass.Int64(a_policy))
-        else:
-            assert a_policy is None, "a_policy with multicast A: not needed yet"
-            cute.copy(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
-        if cutlass.const_expr(b_mask is None and b_policy is None):
-            cute.copy(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-        elif cutlass.const_expr(b_mask is None):
-            cute.copy(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                      cache_policy=cutlass.Int64(b_policy))
-        else:
-            assert b_policy is None, "b_policy with multicast B: not needed yet"
-            cute.copy(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+        tma_load(tma_a, tAgA[(None, k_begin + i)], tAsA[(None, state.index)], bar, a_mask, a_policy)
+        tma_load(tma_b, tBgB[(None, k_begin + i)], tBsB[(None, state.index)], bar, b_mask, b_policy)
         ab_pipe.producer_commit(state)
         state.advance()
     return state
