@@ -6,8 +6,8 @@ tile, cluster shape and raster order depend on the shape.  Two rounds: every (ti
 2x1 / 1x2, compiled in parallel processes first) with the shape's default raster, then the other
 rasters on the fastest: at most 15 timings per shape.  A shape the heuristic splits along K instead
 times the split-K kernels (cluster, fixup, persistent) and the unsplit one (4 timings); a problem
-with M <= 64 also times the transposed plan (:func:`gemm_host.skinny_swap_choice`, entry "swap").  Results live in
-``<cache dir>/gemm_tuned.json`` keyed by (M, N, K, L, dtypes, majors) and are picked up by every later
+with M <= 64 also times the transposed plan (:func:`gemm_host.skinny_swap_choice`, entry "swap").
+Results live in ``<cache dir>/gemm_tuned.json`` keyed by (M, N, K, L, dtypes, majors) and are picked up by every later
 call in any process.  ``cute-kernels tune gemm M N K`` runs it from the shell.
 """
 
@@ -189,31 +189,29 @@ def tune_gemm(a, b, out_dtype=None, verbose=True):
     out = torch.empty((*a.shape[:-1], n), dtype=out_dtype or a.dtype, device=a.device)
     from .gemm_host import SPLITK_MODES, default_tiles, skinny_swap_choice, split_k_factor
 
-    if l == 1 and skinny_swap_choice(m, n, k) is not None:
-        # M <= 64: the transposed plan (the default for such shapes) is a candidate, stored as split-K
-        # mode "swap", so tuning never trades it for the slower untransposed kernels
+    def run_mode(mode):
+        """A split-K mode of :func:`gemm_host._make_plan` (or "swap", the transposed skinny plan) as a
+        candidate, stored as ``{"splitk": mode}``; one that does not build or run is skipped."""
         try:
-            _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode="swap")
-            ms = _bench(lambda: _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode="swap"))
-            results.append((ms, dict(splitk="swap")))
-            if verbose:
-                jit.log.info("tune %s: transposed (swap): %.3f ms %.0f TFLOP/s", key, ms, 2 * m * n * k * l / ms / 1e9)
-        except Exception as e:  # noqa: BLE001 - skipped like any candidate that does not run
-            jit.log.warning("tune: the transposed plan failed: %s", e)
+            _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode=mode)
+            ms = _bench(lambda: _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode=mode))
+        except Exception as e:  # noqa: BLE001
+            jit.log.warning("tune: split-K %s failed: %s", mode, e)
+            return
+        results.append((ms, dict(splitk=mode)))
+        if verbose:
+            jit.log.info("tune %s: split-K %s: %.3f ms %.0f TFLOP/s", key, mode, ms, 2 * m * n * k * l / ms / 1e9)
+
+    if l == 1 and skinny_swap_choice(m, n, k) is not None:
+        # M <= 64: the transposed plan (the default for such shapes) is a candidate too, so tuning
+        # never trades it for the slower untransposed kernels
+        run_mode("swap")
 
     if split_k_factor(m, n, k, l, default_tiles(m, n, k, l, ab, am, bm, d_name, "n", pingpong=False)) > 1:
         # a split-K shape: every tile candidate would run the same split kernel; time the split-K
         # kernels (each with its own tiles) and the unsplit persistent kernel instead
         for mode in SPLITK_MODES:
-            try:
-                _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode=mode)
-                ms = _bench(lambda mode=mode: _gemm_impl(a, b, out, None, 1.0, 0.0, None, splitk_mode=mode))
-            except Exception as e:  # noqa: BLE001 - a mode that does not build or run is skipped
-                jit.log.warning("tune: split-K %s failed: %s", mode, e)
-                continue
-            results.append((ms, dict(splitk=mode)))
-            if verbose:
-                jit.log.info("tune %s: split-K %s: %.3f ms %.0f TFLOP/s", key, mode, ms, 2 * m * n * k * l / ms / 1e9)
+            run_mode(mode)
         return _store(key, results, t0)
 
     def run(c):

@@ -892,42 +892,23 @@ def test_tuned_splitk_mode_is_used(monkeypatch, tmp_path):
 
 
 @pytest.mark.gpu
-def test_tune_gemm_splitk_shape(monkeypatch, tmp_path):
-    """gemm(tune=True) on a split-K shape times the split-K kernels and the unsplit one, stores the
-    winning mode, and later calls use it and compute correctly."""
+@pytest.mark.parametrize("m,modes", [(128, G.SPLITK_MODES), (16, (*G.SPLITK_MODES, "swap"))], ids=["splitk", "skinny"])
+def test_tune_gemm_splitk_shape(m, modes, monkeypatch, tmp_path):
+    """gemm(tune=True) on a split-K shape times the split-K kernels and the unsplit one (with M <= 64
+    also the transposed plan, entry "swap"), stores the winning mode, and later calls use it and
+    compute correctly."""
     from cute_kernels import tune
 
     monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
     monkeypatch.setattr(tune, "_table", None)
     monkeypatch.setattr(G, "_plans", {})
-    m, n, k = 128, 4096, 4096
+    n, k = 4096, 4096
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     out = cute_kernels.gemm(a, b, tune=True)
     assert rel_err(out, _ref(a, b)) < 2e-2
     (entry,) = tune._load().values()
-    assert entry["splitk"] in G.SPLITK_MODES and entry["ms"] > 0
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cute_kernels.gemm(a, b, out=out)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-
-
-@pytest.mark.gpu
-def test_tune_gemm_skinny_shape(monkeypatch, tmp_path):
-    """gemm(tune=True) with M <= 64 also times the transposed plan (entry "swap"); whatever wins is
-    used afterwards and is right."""
-    from cute_kernels import tune
-
-    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
-    monkeypatch.setattr(tune, "_table", None)
-    monkeypatch.setattr(G, "_plans", {})
-    m, n, k = 16, 4096, 4096
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = cute_kernels.gemm(a, b, tune=True)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-    (entry,) = tune._load().values()
-    assert entry["splitk"] in (*G.SPLITK_MODES, "swap") and entry["ms"] > 0
+    assert entry["splitk"] in modes and entry["ms"] > 0
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     cute_kernels.gemm(a, b, out=out)
     assert rel_err(out, _ref(a, b)) < 2e-2
