@@ -19,6 +19,8 @@
 #        bench-gemm-decode (bench_gemm.py --preset decode: M <= 64 decode-time shapes), skinny-tests (the transposed plan's GPU tests)
 #        occupancy (max resident clusters of 1..16 CTAs at full shared memory: profiles/cluster_occupancy.py)
 #        band-tests (GPU tests of the swizzle-8-along-N raster, stream tiles and the raster rule)
+#        read-ceiling (the fastest bare read of each open bandwidth target's bytes under do_bench: profiles/read_ceiling.py)
+#        tune-tests (the GEMM tuner's GPU tests)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
@@ -63,6 +65,8 @@ for step in "$@"; do
     l2hint) py 240 profiles/bench_l2hint.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/l2hint.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
     occupancy) py 60 profiles/cluster_occupancy.py "$OUT/cluster-occupancy.json" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/occupancy.log" ;;
+    read-ceiling) py ${CEIL_S:-300} profiles/read_ceiling.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/read-ceiling.log" ;;
+    tune-tests) py 200 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "tune" 2>&1 | grep -v Warning | tail -n 20 | tee "$OUT/tune-tests.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/demo.log" ;;
   esac
 done
