@@ -122,7 +122,7 @@ def main():
     for label, nbytes, target in TARGETS:
         x = torch.rand(nbytes // 4, device="cuda", dtype=torch.float32)
         sink = torch.empty((), device="cuda", dtype=torch.float32)
-        cols = {"torch.sum": lambda x=x, sink=sink: torch.sum(x, out=sink)}
+        cols = {"torch.sum": lambda x=x, sink=sink: torch.sum(x, dim=0, out=sink)}
         # pick the best Triton reader per eviction policy (short do_bench pass)
         for ef in (False, True):
             best = None
