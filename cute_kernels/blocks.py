@@ -175,15 +175,16 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
 
 @cute.jit
 def tma_load(atom: cute.CopyAtom, src: cute.Tensor, dst: cute.Tensor, bar, mask=None, policy=None):
-    """One TMA tile load signalling ``bar``: multicast to ``mask``'s CTAs (multicast atoms only) or
+    """One TMA tile load signalling ``bar``: multicast to ``mask``'s CTAs (multicast atoms only) and / or
     with the L2 cache hint ``policy`` (a Python int such as :data:`L2_EVICT_FIRST`), or plain."""
     if cutlass.const_expr(mask is None and policy is None):
         cute.copy(atom, src, dst, tma_bar_ptr=bar)
     elif cutlass.const_expr(mask is None):
         cute.copy(atom, src, dst, tma_bar_ptr=bar, cache_policy=cutlass.Int64(policy))
-    else:
-        assert policy is None, "an L2 policy on a multicast load: not needed yet"
+    elif cutlass.const_expr(policy is None):
         cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mask)
+    else:  # a multicast weight tile that must not evict activations (the swapped skinny plan)
+        cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mask, cache_policy=cutlass.Int64(policy))
 
 
 @cute.jit

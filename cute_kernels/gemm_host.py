@@ -549,14 +549,17 @@ class SwappedLauncher:
         self.fn(b.mT, a.mT, d.mT, c.mT, alpha, beta)
 
 
-def _skinny_swapped_fn(choice, m, n, ab, am_t, bm_t, d_name, c_name, has_c):
+def _skinny_swapped_fn(choice, m, n, ab, am_t, bm_t, d_name, c_name, has_c, a_mcast: int = 1,
+                       fixup: bool | None = None):
     """The plan's callable for :func:`skinny_swap_choice`: majors ``am_t`` / ``bm_t`` are those of b^T
-    and a^T; the output is written through the transposed view with element stores."""
+    and a^T; the output is written through the transposed view with element stores.  ``a_mcast`` /
+    ``fixup`` (benchmarks): the weight tile multicast to that many CTAs along the problem's M, and the
+    L2-workspace kernel forced on or off (default: beyond two slices)."""
     from .gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
     tn, s = choice
-    tiles = splitk_tiles(tn, ab, am_t, bm_t, d_name)
-    if s <= 2:
+    tiles = splitk_tiles(tn, ab, am_t, bm_t, d_name, a_mcast)
+    if not (s > 2 if fixup is None else fixup):
         cfg = SplitKClusterConfig(tiles=tiles, splits=s, has_c=has_c, a_evict_first=SPLITK_B_EVICT_FIRST)
         return SwappedLauncher(compiled_splitk_cluster(cfg, ab, d_name, c_name))
     cfg = SplitKFixupConfig(tiles=tiles, splits=s, has_c=has_c, a_evict_first=SPLITK_B_EVICT_FIRST)

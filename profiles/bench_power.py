@@ -76,7 +76,10 @@ def explicit_config(spec):
     ``splitk:TN:S:C`` is the cluster split-K kernel at tile width TN, S K slices and A multicast to C
     CTAs along N (L2 evict-first B, vector stores; row-major A, B and out); ``fixup:TN:S:C`` the same
     for the fixup split-K kernel (slices meet in an L2 workspace, the cluster is only along N);
-    ``swap:TN:S`` the transposed skinny plan (gemm_host.skinny_swap_choice) at tile width TN, S slices.
+    ``swap:TN:S[:C]`` the transposed skinny plan (gemm_host.skinny_swap_choice) at tile width TN, S slices
+    and the weight tile multicast to C CTAs along the problem's M (its N tiles when TN < M);
+    ``swapfix:TN:S[:C]`` the same through the fixup kernel at any S (cuBLAS's M = 64 kernel, session 9:
+    64-row weight tiles x 32-wide M halves in 1 x 2 clusters sharing the weight by multicast, no split).
 
     ``:swap`` computes the transposed problem, out^T = b^T a^T, as quack's ``swap_ab`` does (its
     autotuned 8192^3 winner, session 4 run 5): the kernel's M is then the problem's N, A is MN-major,
@@ -89,14 +92,16 @@ def explicit_config(spec):
     from cute_kernels.gemm_host import _gemm_impl
 
     fields = spec.split(":")
-    if fields[0] == "swap":  # the transposed skinny plan at (tile width, K slices), row-major a and b
+    if fields[0] in ("swap", "swapfix"):  # the transposed skinny plan at (tile width, K slices), row-major a, b
         tn, s = int(fields[1]), int(fields[2])
+        c = int(fields[3]) if len(fields) > 3 else 1
         fns = {}
 
         def run_swap(a, b):
             m, n = a.shape[0], b.shape[1]
             if (m, n) not in fns:
-                fns[(m, n)] = G._skinny_swapped_fn((tn, s), m, n, "bfloat16", "mn", "k", "bfloat16", "bfloat16", False)
+                fns[(m, n)] = G._skinny_swapped_fn((tn, s), m, n, "bfloat16", "mn", "k", "bfloat16", "bfloat16", False,
+                                                   a_mcast=c, fixup=True if fields[0] == "swapfix" else None)
             out = torch.empty(m, n, device=a.device, dtype=a.dtype)
             fns[(m, n)](a, b, out, out, 1.0, 0.0)
             return out
