@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -514,29 +515,60 @@ def splitk_a_mcast(m: int, n: int, tile_n: int, splits: int) -> int:
 #: as the 128-row A tile and M becomes a 16 / 32 / 64-wide N tile.  CUTE_KERNELS_SKINNY_SWAP=0 turns it off.
 SKINNY_SWAP = os.environ.get("CUTE_KERNELS_SKINNY_SWAP", "1") not in ("0", "")
 SKINNY_SWAP_MAX_M = 64
+#: 32 < M <= 64: the weight tile goes to two 32-wide CTAs at once (a 1 x 2 cluster, TMA multicast)
+#: instead of one 64-wide CTA, so twice the SMs stream the weight while L2 serves it once.  cuBLAS's
+#: M = 64 kernel does the same (ncu, session 9 run 4: 64 x 32 tiles in 1 x 2 clusters, 128 CTAs, no
+#: split).  Paired vs cuBLAS (run 5): 64x4096x4096 1.003x (64-wide DSMEM pairs: 0.946x),
+#: 48x4096x4096 1.105x (1.062x), 64x4096x11008 with S = 2 1.214x (1.153x); not where the pairs alone
+#: pass one wave (64x14336x4096: 0.996x vs 1.042x), which keeps the 64-wide tile.
+#: CUTE_KERNELS_SKINNY_MCAST=0 turns it off.
+SKINNY_MCAST = os.environ.get("CUTE_KERNELS_SKINNY_MCAST", "1") not in ("0", "")
+#: K slices of the multicast pairs stay >= 64 k-tiles: 64x4096x4096 one slice 1.003x vs two 0.989x,
+#: 64x4096x11008 two 1.214x vs one 1.179x (run 5)
+SKINNY_MCAST_MIN_SLICE_KTILES = 64
 
 
-def skinny_swap_choice(m: int, n: int, k: int) -> tuple[int, int] | None:
-    """Pure Python: (tile width, K slices) of the swapped skinny GEMM, or None when it does not apply.
+class SkinnySwap(NamedTuple):
+    """The transposed skinny plan: N tile width (holding the problem's M), K slices, and the CTAs along
+    N that share each weight tile by multicast (1 or 2)."""
+    tile_n: int
+    splits: int
+    mcast: int = 1
+
+    @property
+    def fixup(self) -> bool:
+        """Slices meet in an L2 workspace (fixup kernel) rather than a cluster's shared memory: beyond
+        two, or two with the weight multicast too (clusters of 4 do not all fit at once)."""
+        return self.splits > 2 or (self.splits > 1 and self.mcast > 1)
+
+
+def skinny_swap_choice(m: int, n: int, k: int) -> SkinnySwap | None:
+    """Pure Python: the swapped skinny GEMM's (tile width, K slices, weight multicast), or None when it
+    does not apply.
 
     The kernel's N tile is the narrowest of 16 / 32 / 64 that holds M; its 128-row tiles run along the
     problem's N, and K is split so that tiles x slices fill the SMs (slices of >= 8 k-tiles, <= 8).
     One or two slices meet in a cluster's shared memory (the DSMEM kernel), more in an L2 workspace
     (the fixup kernel: clusters of 3+ CTAs do not all fit at once, session 8 run 3); 64-wide tiles
-    with short slices take at most two (measured below)."""
+    with short slices take at most two (measured below).  32 < M <= 64 takes two 32-wide tiles
+    sharing the weight by multicast where those pairs fit in one wave (``SKINNY_MCAST``)."""
     if not SKINNY_SWAP or m > SKINNY_SWAP_MAX_M:
         return None
-    tn = next(t for t in (16, 32, 64) if t >= m)
+    sms = current_arch().sm_count
     tiles = math.ceil(n / 128)
-    s = max(1, min(8, current_arch().sm_count // tiles, math.ceil(k / 64) // 8))
-    if tn == 64 and math.ceil(k / 64) // s < AUTO_PERSISTENT_MIN_SLICE_KTILES:
+    k_tiles = math.ceil(k / 64)
+    if SKINNY_MCAST and m > 32 and 2 * tiles <= sms:
+        return SkinnySwap(32, max(1, min(8, sms // (2 * tiles), k_tiles // SKINNY_MCAST_MIN_SLICE_KTILES)), 2)
+    tn = next(t for t in (16, 32, 64) if t >= m)
+    s = max(1, min(8, sms // tiles, k_tiles // 8))
+    if tn == 64 and k_tiles // s < AUTO_PERSISTENT_MIN_SLICE_KTILES:
         # short slices of 64-wide partials (32 KB fp32 per CTA) cost more through the L2 workspace than
         # the extra CTAs gain: 64x4096x4096 S=2 (DSMEM pairs, 64 CTAs) 0.974x cuBLAS vs S=4 (fixup, 16
         # k-tiles per slice) 0.903x, 48x4096x4096 1.065x vs 1.017x (session 8 run 8, paired); with
         # long slices the fixup is amortised (64x4096x11008, 43 k-tiles per slice: S=4 1.136x, run 6).
         # 16/32-wide ones keep the split that fills the SMs.
         s = min(s, 2)
-    return tn, s
+    return SkinnySwap(tn, s)
 
 
 class SwappedLauncher:
@@ -549,17 +581,17 @@ class SwappedLauncher:
         self.fn(b.mT, a.mT, d.mT, c.mT, alpha, beta)
 
 
-def _skinny_swapped_fn(choice, m, n, ab, am_t, bm_t, d_name, c_name, has_c, a_mcast: int = 1,
-                       fixup: bool | None = None):
-    """The plan's callable for :func:`skinny_swap_choice`: majors ``am_t`` / ``bm_t`` are those of b^T
-    and a^T; the output is written through the transposed view with element stores.  ``a_mcast`` /
-    ``fixup`` (benchmarks): the weight tile multicast to that many CTAs along the problem's M, and the
-    L2-workspace kernel forced on or off (default: beyond two slices)."""
+def _skinny_swapped_fn(choice, m, n, ab, am_t, bm_t, d_name, c_name, has_c, fixup: bool | None = None):
+    """The plan's callable for a :class:`SkinnySwap` (or ``(tile_n, splits[, mcast])``): majors ``am_t``
+    / ``bm_t`` are those of b^T and a^T; the output is written through the transposed view with
+    element stores.  One or two slices meet in the DSMEM cluster kernel, unless the weight is also
+    multicast (a cluster of slices x pairs > 2 would not all fit) or ``fixup`` (benchmarks) says so."""
     from .gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
-    tn, s = choice
-    tiles = splitk_tiles(tn, ab, am_t, bm_t, d_name, a_mcast)
-    if not (s > 2 if fixup is None else fixup):
+    choice = SkinnySwap(*choice)
+    tn, s, c = choice
+    tiles = splitk_tiles(tn, ab, am_t, bm_t, d_name, c)
+    if not (choice.fixup if fixup is None else fixup):
         cfg = SplitKClusterConfig(tiles=tiles, splits=s, has_c=has_c, a_evict_first=SPLITK_B_EVICT_FIRST)
         return SwappedLauncher(compiled_splitk_cluster(cfg, ab, d_name, c_name))
     cfg = SplitKFixupConfig(tiles=tiles, splits=s, has_c=has_c, a_evict_first=SPLITK_B_EVICT_FIRST)

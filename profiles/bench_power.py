@@ -100,8 +100,8 @@ def explicit_config(spec):
         def run_swap(a, b):
             m, n = a.shape[0], b.shape[1]
             if (m, n) not in fns:
-                fns[(m, n)] = G._skinny_swapped_fn((tn, s), m, n, "bfloat16", "mn", "k", "bfloat16", "bfloat16", False,
-                                                   a_mcast=c, fixup=True if fields[0] == "swapfix" else None)
+                fns[(m, n)] = G._skinny_swapped_fn((tn, s, c), m, n, "bfloat16", "mn", "k", "bfloat16", "bfloat16",
+                                                   False, fixup=True if fields[0] == "swapfix" else None)
             out = torch.empty(m, n, device=a.device, dtype=a.dtype)
             fns[(m, n)](a, b, out, out, 1.0, 0.0)
             return out

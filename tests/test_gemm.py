@@ -663,7 +663,7 @@ def test_gemm_skinny_swapped_fp16(mnk):
     p = G._plans[G._signature(a, b, out, None, 0.0, None)]
     assert p.swapped and isinstance(p.fn, G.SwappedLauncher)
     # K slices meet in an L2 workspace (fixup kernel) beyond two, in a cluster's shared memory up to two
-    assert isinstance(p.fn.fn, G.SplitKFixupLauncher) == (G.skinny_swap_choice(m, n, k)[1] > 2)
+    assert isinstance(p.fn.fn, G.SplitKFixupLauncher) == G.skinny_swap_choice(m, n, k).fixup
     assert rel_err(out, _ref(a, b)) < _tol(torch.float16)
 
 
@@ -1035,12 +1035,16 @@ def test_gemm_pdl_chain(options):
 def test_skinny_swap_plan():
     """The planner swaps unbatched M <= 64 problems (narrowest 16 / 32 / 64 N tile holding M, K split to
     fill the SMs), not M = 65, batched ones or with CUTE_KERNELS_SKINNY_SWAP=0; explain says so."""
-    assert G.skinny_swap_choice(1, 4096, 4096) == (16, 4)
-    assert G.skinny_swap_choice(17, 4096, 4096) == (32, 4)
-    assert G.skinny_swap_choice(64, 14336, 4096) == (64, 1)
-    assert G.skinny_swap_choice(64, 4096, 4096) == (64, 2)  # 64-wide, short slices: DSMEM pairs
-    assert G.skinny_swap_choice(64, 4096, 11008) == (64, 4)  # long slices: the fixup pays off
-    assert G.skinny_swap_choice(16, 4096, 520) == (16, 1)  # 9 k-tiles: no split
+    assert G.skinny_swap_choice(1, 4096, 4096) == (16, 4, 1)
+    assert G.skinny_swap_choice(17, 4096, 4096) == (32, 4, 1)
+    assert G.skinny_swap_choice(16, 4096, 520) == (16, 1, 1)  # 9 k-tiles: no split
+    # 32 < M <= 64: two 32-wide CTAs share each weight tile (1 x 2 cluster, multicast) where the pairs
+    # fit in one wave, with slices of >= 64 k-tiles through the workspace
+    assert G.skinny_swap_choice(64, 4096, 4096) == (32, 1, 2)
+    assert G.skinny_swap_choice(33, 4096, 4096) == (32, 1, 2)
+    assert G.skinny_swap_choice(64, 4096, 11008) == (32, 2, 2) and G.skinny_swap_choice(64, 4096, 11008).fixup
+    assert G.skinny_swap_choice(64, 14336, 4096) == (64, 1, 1)  # 224 CTAs in pairs: one 64-wide CTA per tile
+    assert not G.skinny_swap_choice(64, 4096, 4096).fixup and G.skinny_swap_choice(1, 4096, 4096).fixup
     assert G.skinny_swap_choice(65, 4096, 4096) is None
     rows = G.explain(16, 4096, 4096)
     assert rows[0]["operands"].startswith("swapped") and rows[0]["tile_mnk"] == (128, 16, 64)
@@ -1049,26 +1053,34 @@ def test_skinny_swap_plan():
 
 
 def test_skinny_swap_off(monkeypatch):
+    monkeypatch.setattr(G, "SKINNY_MCAST", False)  # the 64-wide plan without the multicast pairs
+    assert G.skinny_swap_choice(64, 4096, 4096) == (64, 2, 1)  # 64-wide, short slices: DSMEM pairs
+    assert G.skinny_swap_choice(64, 4096, 11008) == (64, 4, 1)  # long slices: the fixup pays off
+    assert G.explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 1)
+    monkeypatch.setattr(G, "SKINNY_MCAST", True)
+    assert G.explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 2)
     monkeypatch.setattr(G, "SKINNY_SWAP", False)
     assert G.skinny_swap_choice(1, 4096, 4096) is None
     assert "operands" not in G.explain(1, 4096, 4096)[0]
 
 
-@pytest.mark.parametrize("tn,s,kind,am", [(16, 4, "fixup", "mn"), (16, 1, "cluster", "mn"), (32, 2, "cluster", "k"),
-                                          (32, 4, "fixup", "k")], ids=str)
-def test_skinny_swap_compiles(tn, s, kind, am):
+@pytest.mark.parametrize("tn,s,kind,am,mc", [(16, 4, "fixup", "mn", 1), (16, 1, "cluster", "mn", 1),
+                                             (32, 2, "cluster", "k", 1), (32, 4, "fixup", "k", 1),
+                                             (32, 1, "cluster", "mn", 2), (32, 2, "fixup", "mn", 2)], ids=str)
+def test_skinny_swap_compiles(tn, s, kind, am, mc):
     """The swapped kernels' narrow tiles (wgmma 64 x 16 / 32) with the weight as an MN- or K-major A
-    and its L2 evict-first hint: sm_90a builds without local memory."""
+    and its L2 evict-first hint, also on a multicast load (``mc``: CTAs along N sharing the weight
+    tile): sm_90a builds without local memory."""
     from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
 
-    tiles = G.splitk_tiles(tn, "bfloat16", am, "k" if am == "mn" else "mn", "bfloat16")
+    tiles = G.splitk_tiles(tn, "bfloat16", am, "k" if am == "mn" else "mn", "bfloat16", mc)
     Cfg = SplitKFixupConfig if kind == "fixup" else SplitKClusterConfig
     rep, k = _splitk_compile_report(Cfg(tiles=tiles, splits=s, a_evict_first=True), tn)
     assert k.spills == 0
 
 
 SKINNY_SHAPES = [(1, 4096, 4096), (7, 1000, 520), (16, 14336, 4096), (31, 4104, 4168), (33, 8192, 1032),
-                 (64, 4096, 4096), (2, 136, 64)]
+                 (64, 4096, 4096), (2, 136, 64), (57, 2000, 8200), (64, 14336, 4096)]
 
 
 @pytest.mark.gpu
