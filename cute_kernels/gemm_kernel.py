@@ -88,6 +88,13 @@ class GemmConfig:
     # next tile's first k-tiles, while that tile's wgmmas run: the tensor cores wait only for the
     # conversion, not for the stores and their barriers.
     epi_defer: bool = False
+    # Stream-K inside the persistent split-K (splits > 1, cluster M x 1): the grid is exactly
+    # max_active_clusters clusters and each takes an equal contiguous range of the (output tile,
+    # k-tile) iterations, crossing tile boundaries, so every SM streams the same number of k-tiles
+    # (1024x1024x32768: 124.1 on each of 132 SMs instead of 128 units of 128 on 128 SMs).  The 1..n
+    # clusters that share a tile meet in the workspace as split-K slices do (fixed order, the last
+    # to count sums); a tile held by one cluster alone skips the workspace.
+    stream_k: bool = False
 
     @property
     def a_major(self):
@@ -158,6 +165,9 @@ class GemmSm90:
         self.n_epi = (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])  # sub-tiles per tile
         if self.splits > 1 and (self.pingpong or cfg.mainloop != "tma"):
             raise ValueError("GemmConfig.splits > 1: cooperative TMA kernel only")
+        self.stream_k = cfg.stream_k
+        if self.stream_k and (self.splits == 1 or self.cluster_mn[1] != 1):
+            raise ValueError("GemmConfig.stream_k: the persistent split-K kernel (splits > 1) on M x 1 clusters only")
         if cfg.epi_defer and not epi_defer_ok(cfg):
             raise ValueError("GemmConfig.epi_defer: TMA mainloop, cooperative, unsplit, no C, TMA-stored 16-bit D, "
                              f"lean_tile and at most {EPI_DEFER_MAX_ACC} accumulators per thread only")
@@ -181,6 +191,8 @@ class GemmSm90:
         tma_d, tma_mD = blocks.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 
         sched_params, grid = self.schedule(mD)
+        if cutlass.const_expr(self.stream_k):  # one range per cluster slot (see stream_k_range)
+            grid = (self.cluster_mn[0] * cfg.max_active_clusters, 1, 1)
         self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_d, tma_mD, mD, mC, alpha, beta,
@@ -287,7 +299,18 @@ class GemmSm90:
         if wg_idx == 0:
             # ================= producer warpgroup: one warp issues TMA, the rest idle
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
-            if warp_idx == 0:
+            if warp_idx == 0 and cutlass.const_expr(self.stream_k):
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.ab_stages)
+                m_tiles, n_tiles = cute.size(gA, mode=[2]), cute.size(gB, mode=[2])
+                it, it_end, _, _, _ = self.stream_k_range(k_tiles, m_tiles, n_tiles)
+                while it < it_end:
+                    _, m_idx, n_idx, k_begin, k_count = self.stream_k_segment(it, it_end, k_tiles, m_tiles)
+                    state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, 0)], tAsA, tma_b,
+                                                       tBgB[(None, n_idx, None, 0)], tBsB, k_begin, k_count, a_mask,
+                                                       b_mask)
+                    it += k_count
+                ab_pipe.producer_tail(state)
+            elif warp_idx == 0:
                 sched = utils.StaticPersistentTileScheduler.create(
                     sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
                 )
@@ -316,8 +339,12 @@ class GemmSm90:
                 sFlag = None
                 if cutlass.const_expr(self.splits > 1):
                     sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
-                self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
-                              alpha, beta, tidx, warp_idx, mWs, mCnt, sFlag)
+                if cutlass.const_expr(self.stream_k):
+                    self.consumer_stream_k(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD,
+                                           mC, alpha, beta, tidx, warp_idx, mWs, mCnt, sFlag)
+                else:
+                    self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
+                                  alpha, beta, tidx, warp_idx, mWs, mCnt, sFlag)
 
     @cute.jit
     def k_range(self, l_unit, k_tiles):
@@ -369,6 +396,76 @@ class GemmSm90:
                               warp_idx)
             sched.advance_to_next_work()
             work = sched.get_current_work()
+        if cutlass.const_expr(self.use_pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(cfg.tma_store):
+            store_pipe.producer_tail()
+
+    @cute.jit
+    def stream_k_range(self, k_tiles, m_tiles, n_tiles):
+        """Stream-K: this cluster's iterations [it, it_end) of the T = (cluster tiles) x k_tiles space
+        (tile-major, k-tiles inner), with (cluster index, cluster count G, T).  Cluster c takes
+        [c T / G, (c + 1) T / G): equal shares up to one k-tile.  Both CTAs of an M x 1 cluster get the
+        same range (their tiles are M-neighbours), which keeps the B multicast."""
+        cm = self.cluster_mn[0]
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        cid = bidx // cm
+        num_clusters = gdim // cm
+        total = (m_tiles // cm) * n_tiles * k_tiles
+        return cid * total // num_clusters, (cid + 1) * total // num_clusters, cid, num_clusters, total
+
+    @cute.jit
+    def stream_k_segment(self, it, it_end, k_tiles, m_tiles):
+        """The piece of [it, it_end) inside one cluster tile: (cluster tile index, this CTA's M tile, N
+        tile, first k-tile, k-tile count).  Cluster tiles run M-fastest."""
+        cm = self.cluster_mn[0]
+        bidx, _, _ = cute.arch.block_idx()
+        tl = it // k_tiles
+        k_begin = it - tl * k_tiles
+        m_pairs = m_tiles // cm
+        return tl, (tl % m_pairs) * cm + bidx % cm, tl // m_pairs, k_begin, cutlass.min(k_tiles - k_begin, it_end - it)
+
+    @cute.jit
+    def consumer_stream_k(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
+                          ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
+                          mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
+                          tidx, warp_idx, mWs: cute.Tensor, mCnt: cute.Tensor, sFlag: cute.Tensor):
+        """Cooperative consumers over this cluster's stream-K segments (``GemmConfig.stream_k``): one
+        mainloop per segment; a tile's contributors are the clusters c0..c1 whose ranges meet it, the
+        one holding its first k-tile is slot 0; the last to count sums the slots in order (bitwise
+        reproducible) and runs the epilogue, a tile held whole by one cluster goes straight to it."""
+        cfg = self.cfg
+        m_t, n_t, _ = self.tile_mnk
+        mma_tidx = tidx - 128
+        (thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, _, read,
+         release) = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mC, sched_params, mma_tidx)
+        store_pipe = epi[-1]
+        ws = blocks.partial_workspace(mWs, self.num_mma_threads, cute.size(acc), m_t * n_t)
+        m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
+        n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
+        slots = (cute.size(mWs) // (m_t * n_t)) // (m_tiles * n_tiles)  # workspace slots per tile
+        it, it_end, cid, num_clusters, total = self.stream_k_range(k_tiles, m_tiles, n_tiles)
+        done = cutlass.Int32(0)
+        while it < it_end:
+            tl, m_idx, n_idx, k_begin, k_count = self.stream_k_segment(it, it_end, k_tiles, m_tiles)
+            acc.fill(0.0)
+            read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count,
+                                                  zero_init=False)
+            # clusters holding the tile's first and last k-tile: max c with c T / G <= x is ceil((x+1) G / T) - 1
+            x0 = tl * k_tiles
+            c0 = ((x0 + 1) * num_clusters + total - 1) // total - 1
+            c1 = ((x0 + k_tiles) * num_clusters + total - 1) // total - 1
+            tile_id = n_idx * m_tiles + m_idx
+            last = cutlass.Boolean(True)
+            if c1 > c0:
+                slot0 = tile_id * slots
+                last = self.sum_partials(acc, ws, tile_id, slot0, slot0 + cid - c0, c1 - c0 + 1, mCnt, sFlag, mma_tidx)
+            if last:
+                self.epilogue(acc, (m_idx, n_idx, 0), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier, self.epi_store_warp,
+                              0, done, tma_d, mD_tma, mD, alpha, beta, warp_idx)
+                done += 1
+            it += k_count
         if cutlass.const_expr(self.use_pdl):
             cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(cfg.tma_store):
@@ -540,16 +637,24 @@ class GemmSm90:
         spills; one rank at a time keeps a chunk's loads next to its adds."""
         m_t, n_t, _ = self.tile_mnk
         S = self.splits
-        V = blocks.PARTIAL_VEC
         m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
         n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
         tile_id = (l_idx * n_tiles + tile[1]) * m_tiles + tile[0]
         slot0 = tile_id * S
-        last = blocks.publish_partial(acc, ws, mma_tidx, slot0 + tile[2] - l_idx * S, mCnt, tile_id, sFlag,
-                                      self.EPI_BARRIER, self.num_mma_threads, S)
+        return self.sum_partials(acc, ws, tile_id, slot0, slot0 + tile[2] - l_idx * S, S, mCnt, sFlag, mma_tidx)
+
+    @cute.jit
+    def sum_partials(self, acc: cute.Tensor, ws: cute.Tensor, tile_id, slot0, own_slot, count, mCnt: cute.Tensor,
+                     sFlag: cute.Tensor, mma_tidx):
+        """Publish ``acc`` into slot ``own_slot`` and count it on ``mCnt[tile_id]``; in the CTA that
+        counted ``count``-th, replace ``acc`` by the sum of slots ``slot0 .. slot0 + count - 1`` in order.
+        Returns whether this CTA was last.  (Split-K slices and stream-K contributors alike.)"""
+        V = blocks.PARTIAL_VEC
+        last = blocks.publish_partial(acc, ws, mma_tidx, own_slot, mCnt, tile_id, sFlag, self.EPI_BARRIER,
+                                      self.num_mma_threads, count)
         if last:
             acc.fill(0.0)
-            for q in cutlass.range(S, unroll=1):  # fixed slice order: bitwise reproducible
+            for q in cutlass.range(count, unroll=1):  # fixed slice order: bitwise reproducible
                 for j in cutlass.range_constexpr(cute.size(acc) // V):
                     part = cute.make_rmem_tensor((V,), cutlass.Float32)
                     cute.autovec_copy(ws[(None, mma_tidx, j, slot0 + q)], part)

@@ -62,7 +62,7 @@ def parse(lines):
 
 #: ``explicit_config`` flags that switch a kernel option off (``GemmConfig`` field, value)
 OPTION_FLAGS = {"nopdl": ("pdl", False), "fat": ("lean_tile", False), "defer": ("epi_defer", True),
-                "nodefer": ("epi_defer", False)}
+                "nodefer": ("epi_defer", False), "streamk": ("stream_k", True)}
 
 
 def explicit_config(spec):
@@ -71,7 +71,8 @@ def explicit_config(spec):
     the flags change): ``default:nopdl`` is the default plan without programmatic dependent launch,
     ``default:fat`` without the lean per-tile work (acc.fill(0) and an unconditional alpha multiply),
     ``default:defer`` / ``default:nodefer`` with / without the deferred epilogue, ``default:noswap``
-    without the transposed plan of skinny (M <= 64) problems.
+    without the transposed plan of skinny (M <= 64) problems, ``default:streamk`` the persistent
+    split-K as stream-K (shapes whose plan is the persistent split-K only).
 
     ``splitk:TN:S:C`` is the cluster split-K kernel at tile width TN, S K slices and A multicast to C
     CTAs along N (L2 evict-first B, vector stores; row-major A, B and out); ``fixup:TN:S:C`` the same

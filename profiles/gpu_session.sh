@@ -21,6 +21,7 @@
 #        band-tests (GPU tests of the swizzle-8-along-N raster, stream tiles and the raster rule)
 #        read-ceiling (the fastest bare read of each open bandwidth target's bytes under do_bench: profiles/read_ceiling.py)
 #        tune-tests (the GEMM tuner's GPU tests)
+#        gemm-k (test_gemm.py -m gpu -k "$PYTEST_K", PYTEST_S seconds)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
@@ -67,6 +68,7 @@ for step in "$@"; do
     occupancy) py 60 profiles/cluster_occupancy.py "$OUT/cluster-occupancy.json" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/occupancy.log" ;;
     read-ceiling) py ${CEIL_S:-300} profiles/read_ceiling.py --out "$OUT" 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/read-ceiling.log" ;;
     tune-tests) py 200 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "tune" 2>&1 | grep -v Warning | tail -n 20 | tee "$OUT/tune-tests.log" ;;
+    gemm-k) py ${PYTEST_S:-300} -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm.py -k "$PYTEST_K" 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/gemm-k.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | grep -v "Warning:\|warnings.warn" | tee "$OUT/demo.log" ;;
   esac
 done

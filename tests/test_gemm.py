@@ -524,6 +524,43 @@ def test_splitk_persistent_plan(monkeypatch):
     assert cfg.splits == 4 and cfg.tiles.tile_mnk[:2] == (128, 256) and cfg.tiles.cluster_mn == (2, 1)
 
 
+def test_stream_k_slots():
+    """Workspace slots per tile = the most clusters whose equal ranges [c T / G, (c + 1) T / G) of the
+    T = tiles x k_tiles iterations meet one tile; checked against a brute-force assignment."""
+    import random
+
+    assert G.stream_k_slots(16, 512, 66) == 5  # 1024x1024x32768 on 2x1 clusters: 124.1 k-tiles each
+    rng = random.Random(0)
+    for _ in range(300):
+        t, kt, g = rng.randint(1, 40), rng.randint(1, 600), rng.randint(1, 70)
+        if t * kt < g:
+            continue
+        owners = {}
+        for c in range(g):
+            for it in range(c * t * kt // g, (c + 1) * t * kt // g):
+                owners.setdefault(it // kt, set()).add(c)
+        assert G.stream_k_slots(t, kt, g) == max(map(len, owners.values())), (t, kt, g)
+
+
+def test_stream_k_plan(monkeypatch):
+    """CUTE_KERNELS_STREAM_K=1 with the persistent split-K: the config says stream_k, the workspace
+    holds 5 partial tiles per output tile (1024x1024x32768), and the kernel builds without local memory."""
+    from cute_kernels import inspect as ins
+
+    monkeypatch.setattr(G, "SPLITK_MODE", "persistent")
+    monkeypatch.setattr(G, "STREAM_K", True)
+    seen = spy_compiled_gemm(monkeypatch)
+    a = torch.empty(1024, 32768, dtype=torch.bfloat16)
+    b = torch.empty(32768, 1024, dtype=torch.bfloat16)
+    p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
+    cfg = seen[-1]
+    assert cfg.stream_k and cfg.max_active_clusters == 66 and cfg.tiles.cluster_mn == (2, 1)
+    assert (p.fn.ws_numel, p.fn.n_counters) == (32 * 5 * 128 * 256, 32)
+    rep = ins.inspect_builder(lambda: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16"))
+    (k,) = rep.kernels
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+
+
 def test_splitk_fixup_choice():
     assert G.splitk_fixup_choice(1024, 1024, 32768) == (256, 4)  # 32 tiles x 4 = 128 CTAs
     tn, s = G.splitk_fixup_choice(128, 4096, 4096)
@@ -631,13 +668,52 @@ def test_splitk_fixup_numerics(variant, mnk, kind):
     assert int(cnt.abs().sum()) == 0
 
 
+def _set_splitk_mode(monkeypatch, mode):
+    """CUTE_KERNELS_SPLITK=mode; "streamk": the persistent mode with CUTE_KERNELS_STREAM_K=1."""
+    monkeypatch.setattr(G, "STREAM_K", mode == "streamk")
+    monkeypatch.setattr(G, "SPLITK_MODE", "persistent" if mode == "streamk" else mode)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["fixup", "persistent"])
+@pytest.mark.parametrize("tn", [128, 256])
+@pytest.mark.parametrize("mnk", [(1024, 1024, 32768), (256, 512, 8192), (384, 700, 9000), (1, 256, 8960),
+                                 (1000, 520, 20000), (130, 136, 8256)], ids=lambda s: "x".join(map(str, s)))
+def test_stream_k_numerics(tn, mnk):
+    """The persistent kernel as stream-K: float64 reference, NaN-poisoned out, ranges crossing tile
+    boundaries (1..132 contributors per tile: (1, 256, 8960) has 140 k-tiles for 132 clusters), ragged
+    M / N / K, 2x1 and 1x1 clusters, bitwise identical over 10 repeats, counters back at 0."""
+    from cute_kernels.gemm_kernel import GemmConfig
+
+    m, n, k = mnk
+    cl = (2, 1) if -(-m // 128) % 2 == 0 else (1, 1)
+    clusters = 132 // cl[0]
+    n_tiles, k_tiles = -(-m // 128) * -(-n // tn), -(-k // 64)
+    cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16"),
+                     max_active_clusters=clusters, splits=2, stream_k=True)
+    fn = G.compiled_gemm(cfg, "bfloat16", "bfloat16", "bfloat16")
+    slots = G.stream_k_slots(n_tiles // cl[0], k_tiles, clusters)
+    ws = torch.full((n_tiles * slots * 128 * tn,), float("nan"), device="cuda", dtype=torch.float32)
+    cnt = torch.zeros(n_tiles, device="cuda", dtype=torch.int32)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fn(a, b, out, out, ws, cnt, 1.0, 0.0)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    assert int(cnt.abs().sum()) == 0
+    for _ in range(10):
+        again = torch.full_like(out, float("nan"))
+        fn(a, b, again, again, ws, cnt, 1.0, 0.0)
+        assert torch.equal(out, again), "stream-K must be bitwise deterministic"
+    assert int(cnt.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fixup", "persistent", "streamk"])
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
 def test_splitk_fixup_alpha_beta_c(c_kind, mode, monkeypatch):
-    """gemm() with CUTE_KERNELS_SPLITK=fixup / persistent: alpha / beta * C (any C strides), fp32 and
-    bf16 out."""
-    monkeypatch.setattr(G, "SPLITK_MODE", mode)
+    """gemm() with CUTE_KERNELS_SPLITK=fixup / persistent (/ stream-K): alpha / beta * C (any C
+    strides), fp32 and bf16 out."""
+    _set_splitk_mode(monkeypatch, mode)
     monkeypatch.setattr(G, "_plans", {})
     m, n, k = 200, 1000, 8200
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -668,12 +744,12 @@ def test_gemm_skinny_swapped_fp16(mnk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["fixup", "persistent"])
+@pytest.mark.parametrize("mode", ["fixup", "persistent", "streamk"])
 @pytest.mark.parametrize("tile_n", [128, 256])
 def test_splitk_fixup_back_to_back_and_graph(tile_n, mode, monkeypatch):
     """Two calls back to back (no sync) reuse one cached workspace; a CUDA graph replays correctly;
     the counters stay at 0; the large skinny shape matches and repeats bitwise."""
-    monkeypatch.setattr(G, "SPLITK_MODE", mode)
+    _set_splitk_mode(monkeypatch, mode)
     monkeypatch.setattr(G, "FORCE_SPLITK_TILE_N", tile_n)
     monkeypatch.setattr(G, "_plans", {})
     m, n, k = 1024, 1024, 32768
