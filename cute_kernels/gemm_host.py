@@ -391,21 +391,17 @@ EPI_DEFER = os.environ.get("CUTE_KERNELS_EPI_DEFER", "1") not in ("0", "")
 
 #: slices of at least this many 64-deep k-tiles go to the persistent split-K (see auto_splitk_mode)
 AUTO_PERSISTENT_MIN_SLICE_KTILES = 32
-#: The persistent split-K as stream-K (gemm_kernel.GemmConfig.stream_k): every cluster slot takes an
-#: equal share of the (tile, k-tile) iterations.  CUTE_KERNELS_STREAM_K=1 turns it on.
+#: The persistent split-K as stream-K (gemm_kernel.GemmConfig.stream_k): every cluster slot gets work,
+#: in chunks of one budget.  CUTE_KERNELS_STREAM_K=1 turns it on.
 STREAM_K = os.environ.get("CUTE_KERNELS_STREAM_K", "0") not in ("0", "")
 
 
-def stream_k_slots(tiles: int, k_tiles: int, clusters: int) -> int:
-    """Pure Python: the most clusters whose stream-K ranges meet one cluster tile (the workspace slots
-    each tile needs): cluster c takes iterations [c T / G, (c + 1) T / G) of T = tiles x k_tiles."""
-    total = tiles * k_tiles
-    most = 1
-    for t in range(tiles):
-        c0 = -(-((t * k_tiles + 1) * clusters) // total) - 1
-        c1 = -(-((t + 1) * k_tiles * clusters) // total) - 1
-        most = max(most, c1 - c0 + 1)
-    return most
+def stream_k_chunks(tiles: int, k_tiles: int, clusters: int) -> int:
+    """Pure Python: workspace slots per tile of the stream-K persistent kernel = chunks per tile: full
+    chunks of the per-cluster budget ceil(tiles x k_tiles / clusters) plus a tail (gemm_kernel
+    ``GemmSm90.stream_k_units``)."""
+    budget = -(-tiles * k_tiles // clusters)
+    return k_tiles // budget + (1 if k_tiles % budget else 0)
 
 
 def auto_splitk_mode(m: int, n: int, k: int, l: int = 1, out_row_major: bool = True) -> str:
@@ -811,13 +807,13 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         cl = (2, 1) if math.ceil(m / 128) % 2 == 0 else (1, 1)
         n_tiles = math.ceil(m / 128) * math.ceil(n / tn)
         clusters, k_tiles = current_arch().sm_count // cl[0], math.ceil(k / 64)
-        total = n_tiles // cl[0] * k_tiles  # stream-K iterations: >= 1 per cluster, int32 products in the kernel
-        stream_k = dict(options).get("stream_k", STREAM_K) and clusters <= total < 2**31 // clusters
+        total = n_tiles // cl[0] * k_tiles  # stream-K iterations: >= 1 per cluster, int32 in the kernel
+        stream_k = dict(options).get("stream_k", STREAM_K) and clusters <= total < 2**31
         cfg = GemmConfig(tiles=make_gemm_tiles(tn, cl, ab, am, bm, d_name), a_rank=2, has_c=p.has_c,
                          tma_store=_tma_ok(probe, "row"), max_active_clusters=clusters,
                          splits=p.splits, **{**dict(options), "stream_k": stream_k})
         fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)
-        slots = stream_k_slots(n_tiles // cl[0], k_tiles, clusters) if stream_k else p.splits  # per output tile
+        slots = stream_k_chunks(n_tiles // cl[0], k_tiles, clusters) if stream_k else p.splits  # per output tile
         p.fn = SplitKFixupLauncher(fn, n_tiles * slots * 128 * tn, n_tiles)
         p.splits, p.d_fix = 1, None
         return p
@@ -851,7 +847,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
     )
     # options (benchmarks, tests) first; the deferred epilogue's default then sees the final config,
     # unless the options set it themselves
-    cfg = dataclasses.replace(cfg, **dict(options))
+    # (stream_k belongs to the persistent split-K only: an unsplit plan ignores it)
+    cfg = dataclasses.replace(cfg, **{k_: v for k_, v in options if k_ != "stream_k"})
     if "epi_defer" not in dict(options):
         cfg = dataclasses.replace(cfg, epi_defer=EPI_DEFER and epi_defer_default(cfg, m, n, l))
     p.fn = compiled_gemm(cfg, ab, d_name, _TORCH_TO_NAME[c.dtype] if p.has_c else d_name)

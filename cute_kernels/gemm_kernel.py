@@ -89,11 +89,12 @@ class GemmConfig:
     # conversion, not for the stores and their barriers.
     epi_defer: bool = False
     # Stream-K inside the persistent split-K (splits > 1, cluster M x 1): the grid is exactly
-    # max_active_clusters clusters and each takes an equal contiguous range of the (output tile,
-    # k-tile) iterations, crossing tile boundaries, so every SM streams the same number of k-tiles
-    # (1024x1024x32768: 124.1 on each of 132 SMs instead of 128 units of 128 on 128 SMs).  The 1..n
-    # clusters that share a tile meet in the workspace as split-K slices do (fixed order, the last
-    # to count sums); a tile held by one cluster alone skips the workspace.
+    # max_active_clusters clusters, each with a budget of ceil(iterations / clusters) k-tiles; every
+    # tile's K is cut into chunks of that budget (all tiles' chunk j side by side, one per cluster)
+    # plus a short tail, the tails shared out among the remaining clusters
+    # (GemmSm90.stream_k_units).  1024x1024x32768: 64 clusters x 125 k-tiles + 2 x 8 tails of 12,
+    # instead of split-K's 64 x 128 with 2 clusters idle.  A tile's chunks meet in the workspace in
+    # chunk order, as split-K slices do.
     stream_k: bool = False
 
     @property
@@ -302,13 +303,13 @@ class GemmSm90:
             if warp_idx == 0 and cutlass.const_expr(self.stream_k):
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.ab_stages)
                 m_tiles, n_tiles = cute.size(gA, mode=[2]), cute.size(gB, mode=[2])
-                it, it_end, _, _, _ = self.stream_k_range(k_tiles, m_tiles, n_tiles)
-                while it < it_end:
-                    _, m_idx, n_idx, k_begin, k_count = self.stream_k_segment(it, it_end, k_tiles, m_tiles)
+                u, u_end, budget, nf, tail, tiles = self.stream_k_units(k_tiles, m_tiles, n_tiles)
+                while u < u_end:
+                    _, m_idx, n_idx, k_begin, k_count, _ = self.stream_k_unit(u, budget, nf, tail, tiles, m_tiles)
                     state = blocks.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, 0)], tAsA, tma_b,
                                                        tBgB[(None, n_idx, None, 0)], tBsB, k_begin, k_count, a_mask,
                                                        b_mask)
-                    it += k_count
+                    u += 1
                 ab_pipe.producer_tail(state)
             elif warp_idx == 0:
                 sched = utils.StaticPersistentTileScheduler.create(
@@ -402,70 +403,86 @@ class GemmSm90:
             store_pipe.producer_tail()
 
     @cute.jit
-    def stream_k_range(self, k_tiles, m_tiles, n_tiles):
-        """Stream-K: this cluster's iterations [it, it_end) of the T = (cluster tiles) x k_tiles space
-        (tile-major, k-tiles inner), with (cluster index, cluster count G, T).  Cluster c takes
-        [c T / G, (c + 1) T / G): equal shares up to one k-tile.  Both CTAs of an M x 1 cluster get the
-        same range (their tiles are M-neighbours), which keeps the B multicast."""
+    def stream_k_units(self, k_tiles, m_tiles, n_tiles):
+        """Stream-K work of this cluster (``GemmConfig.stream_k``), in chunks that keep concurrent
+        clusters on the same k-range: with T = (cluster tiles) x k_tiles iterations over G clusters,
+        each cluster's budget is R = ceil(T / G) k-tiles, and every tile's K splits into ``nf`` full
+        chunks of R plus a tail of r = k_tiles - nf R.  Units 0 .. tiles x nf - 1 are the full chunks
+        (chunk u // tiles of tile u % tiles: all tiles' chunk j run side by side, as split-K slices do,
+        so L2 serves each A / B k-slice to every tile that needs it), one per cluster; the tiles' tails
+        follow, a few per remaining cluster.  Returns (first unit, end unit, R, nf, r, cluster tiles)."""
         cm = self.cluster_mn[0]
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         cid = bidx // cm
         num_clusters = gdim // cm
-        total = (m_tiles // cm) * n_tiles * k_tiles
-        return cid * total // num_clusters, (cid + 1) * total // num_clusters, cid, num_clusters, total
+        tiles = (m_tiles // cm) * n_tiles
+        budget = (tiles * k_tiles + num_clusters - 1) // num_clusters
+        nf = k_tiles // budget
+        tail = k_tiles - nf * budget
+        full = tiles * nf
+        rest = cutlass.max(num_clusters - full, 1)
+        per = (tiles + rest - 1) // rest  # tails per remaining cluster
+        first = cid
+        count = cutlass.Int32(1)
+        if cid >= full:
+            first = full + (cid - full) * per
+            count = cutlass.max(cutlass.min(per, full + tiles - first), 0) * cutlass.min(tail, 1)  # no tails: none
+        return first, first + count, budget, nf, tail, tiles
 
     @cute.jit
-    def stream_k_segment(self, it, it_end, k_tiles, m_tiles):
-        """The piece of [it, it_end) inside one cluster tile: (cluster tile index, this CTA's M tile, N
-        tile, first k-tile, k-tile count).  Cluster tiles run M-fastest."""
+    def stream_k_unit(self, u, budget, nf, tail, tiles, m_tiles):
+        """Unit ``u`` of :meth:`stream_k_units`: (cluster tile, this CTA's M tile, N tile, first k-tile,
+        k-tile count, chunk index).  Cluster tiles run M-fastest."""
         cm = self.cluster_mn[0]
         bidx, _, _ = cute.arch.block_idx()
-        tl = it // k_tiles
-        k_begin = it - tl * k_tiles
+        full = tiles * nf
+        tl = u - full
+        chunk = nf
+        k_count = tail
+        if u < full:
+            tl = u % tiles
+            chunk = u // tiles
+            k_count = budget
         m_pairs = m_tiles // cm
-        return tl, (tl % m_pairs) * cm + bidx % cm, tl // m_pairs, k_begin, cutlass.min(k_tiles - k_begin, it_end - it)
+        return tl, (tl % m_pairs) * cm + bidx % cm, tl // m_pairs, chunk * budget, k_count, chunk
 
     @cute.jit
     def consumer_stream_k(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
                           ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
                           mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
                           tidx, warp_idx, mWs: cute.Tensor, mCnt: cute.Tensor, sFlag: cute.Tensor):
-        """Cooperative consumers over this cluster's stream-K segments (``GemmConfig.stream_k``): one
-        mainloop per segment; a tile's contributors are the clusters c0..c1 whose ranges meet it, the
-        one holding its first k-tile is slot 0; the last to count sums the slots in order (bitwise
-        reproducible) and runs the epilogue, a tile held whole by one cluster goes straight to it."""
+        """Cooperative consumers over this cluster's stream-K units (``GemmConfig.stream_k``): one
+        mainloop per unit; a tile's nf + (r > 0) chunks meet in the workspace in chunk order (the last
+        to count sums them: bitwise reproducible) and the summing CTA runs the epilogue; a tile that is
+        one chunk goes straight to it."""
         cfg = self.cfg
-        m_t, n_t, _ = self.tile_mnk
         mma_tidx = tidx - 128
+        m_t, n_t, _ = self.tile_mnk
         (thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, _, read,
          release) = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mC, sched_params, mma_tidx)
         store_pipe = epi[-1]
         ws = blocks.partial_workspace(mWs, self.num_mma_threads, cute.size(acc), m_t * n_t)
         m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
         n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
-        slots = (cute.size(mWs) // (m_t * n_t)) // (m_tiles * n_tiles)  # workspace slots per tile
-        it, it_end, cid, num_clusters, total = self.stream_k_range(k_tiles, m_tiles, n_tiles)
+        u, u_end, budget, nf, tail, tiles = self.stream_k_units(k_tiles, m_tiles, n_tiles)
+        chunks = nf + cutlass.min(tail, 1)  # contributors per tile = workspace slots per tile
         done = cutlass.Int32(0)
-        while it < it_end:
-            tl, m_idx, n_idx, k_begin, k_count = self.stream_k_segment(it, it_end, k_tiles, m_tiles)
+        while u < u_end:
+            _, m_idx, n_idx, _, k_count, chunk = self.stream_k_unit(u, budget, nf, tail, tiles, m_tiles)
             acc.fill(0.0)
             read, release = blocks.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count,
                                                   zero_init=False)
-            # clusters holding the tile's first and last k-tile: max c with c T / G <= x is ceil((x+1) G / T) - 1
-            x0 = tl * k_tiles
-            c0 = ((x0 + 1) * num_clusters + total - 1) // total - 1
-            c1 = ((x0 + k_tiles) * num_clusters + total - 1) // total - 1
             tile_id = n_idx * m_tiles + m_idx
             last = cutlass.Boolean(True)
-            if c1 > c0:
-                slot0 = tile_id * slots
-                last = self.sum_partials(acc, ws, tile_id, slot0, slot0 + cid - c0, c1 - c0 + 1, mCnt, sFlag, mma_tidx)
+            if chunks > 1:
+                slot0 = tile_id * chunks
+                last = self.sum_partials(acc, ws, tile_id, slot0, slot0 + chunk, chunks, mCnt, sFlag, mma_tidx)
             if last:
                 self.epilogue(acc, (m_idx, n_idx, 0), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier, self.epi_store_warp,
                               0, done, tma_d, mD_tma, mD, alpha, beta, warp_idx)
                 done += 1
-            it += k_count
+            u += 1
         if cutlass.const_expr(self.use_pdl):
             cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(cfg.tma_store):

@@ -524,22 +524,30 @@ def test_splitk_persistent_plan(monkeypatch):
     assert cfg.splits == 4 and cfg.tiles.tile_mnk[:2] == (128, 256) and cfg.tiles.cluster_mn == (2, 1)
 
 
-def test_stream_k_slots():
-    """Workspace slots per tile = the most clusters whose equal ranges [c T / G, (c + 1) T / G) of the
-    T = tiles x k_tiles iterations meet one tile; checked against a brute-force assignment."""
-    import random
+def test_stream_k_chunks():
+    """Chunks per tile (= workspace slots) of the stream-K kernel: full chunks of the per-cluster budget
+    ceil(tiles x k_tiles / clusters) plus a tail; the work each cluster gets stays within one budget
+    where the tails fit the clusters left over (a model of GemmSm90.stream_k_units)."""
+    assert G.stream_k_chunks(16, 512, 66) == 5  # budget 125: 4 x 125 + a tail of 12
+    assert G.stream_k_chunks(12, 256, 66) == 6  # 768x1024x16384: budget 47, 5 x 47 + 21
+    assert G.stream_k_chunks(1, 140, 132) == 70  # budget 2: 70 chunks on 70 clusters, 62 idle
+    assert G.stream_k_chunks(200, 64, 132) == 1  # budget 97 > 64: whole tiles, no workspace
 
-    assert G.stream_k_slots(16, 512, 66) == 5  # 1024x1024x32768 on 2x1 clusters: 124.1 k-tiles each
-    rng = random.Random(0)
-    for _ in range(300):
-        t, kt, g = rng.randint(1, 40), rng.randint(1, 600), rng.randint(1, 70)
-        if t * kt < g:
-            continue
-        owners = {}
-        for c in range(g):
-            for it in range(c * t * kt // g, (c + 1) * t * kt // g):
-                owners.setdefault(it // kt, set()).add(c)
-        assert G.stream_k_slots(t, kt, g) == max(map(len, owners.values())), (t, kt, g)
+    def work(tiles, kt, g):  # k-tiles per cluster, as the kernel assigns them
+        budget = -(-tiles * kt // g)
+        nf, tail = kt // budget, kt % budget
+        full = tiles * nf
+        per = -(-tiles // max(g - full, 1))
+        out = [budget if c < full else 0 for c in range(g)]
+        for c in range(full, g):
+            first = full + (c - full) * per
+            out[c] = max(min(per, full + tiles - first), 0) * tail
+        assert sum(out) == tiles * kt, (tiles, kt, g)
+        return out
+
+    assert max(work(16, 512, 66)) == 125 and work(16, 512, 66)[64:] == [96, 96]
+    assert max(work(8, 1024, 66)) == 125  # 512x512x65536
+    assert max(work(12, 256, 66)) == 47  # 768x1024x16384: 42 on each of the 6 tail clusters
 
 
 def test_stream_k_plan(monkeypatch):
@@ -555,7 +563,7 @@ def test_stream_k_plan(monkeypatch):
     p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
     cfg = seen[-1]
     assert cfg.stream_k and cfg.max_active_clusters == 66 and cfg.tiles.cluster_mn == (2, 1)
-    assert (p.fn.ws_numel, p.fn.n_counters) == (32 * 5 * 128 * 256, 32)
+    assert (p.fn.ws_numel, p.fn.n_counters) == (32 * 5 * 128 * 256, 32)  # 5 chunks per tile
     rep = ins.inspect_builder(lambda: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16"))
     (k,) = rep.kernels
     assert k.spills == 0 and k.stack_frame == 0, rep.summary()
@@ -676,12 +684,14 @@ def _set_splitk_mode(monkeypatch, mode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tn", [128, 256])
-@pytest.mark.parametrize("mnk", [(1024, 1024, 32768), (256, 512, 8192), (384, 700, 9000), (1, 256, 8960),
-                                 (1000, 520, 20000), (130, 136, 8256)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mnk", [(1024, 1024, 32768), (256, 512, 8192), (384, 712, 9000), (1, 256, 8960),
+                                 (1000, 520, 20000), (130, 136, 8256), (768, 1024, 16384)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_stream_k_numerics(tn, mnk):
-    """The persistent kernel as stream-K: float64 reference, NaN-poisoned out, ranges crossing tile
-    boundaries (1..132 contributors per tile: (1, 256, 8960) has 140 k-tiles for 132 clusters), ragged
-    M / N / K, 2x1 and 1x1 clusters, bitwise identical over 10 repeats, counters back at 0."""
+    """The persistent kernel as stream-K: float64 reference, NaN-poisoned out, chunks plus tails shared
+    out among the spare clusters (up to 70 chunks per tile: (1, 256, 8960) has 140 k-tiles for 132
+    clusters), ragged M / N / K, 2x1 and 1x1 clusters, bitwise identical over 10 repeats, counters
+    back at 0."""
     from cute_kernels.gemm_kernel import GemmConfig
 
     m, n, k = mnk
@@ -691,7 +701,7 @@ def test_stream_k_numerics(tn, mnk):
     cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16"),
                      max_active_clusters=clusters, splits=2, stream_k=True)
     fn = G.compiled_gemm(cfg, "bfloat16", "bfloat16", "bfloat16")
-    slots = G.stream_k_slots(n_tiles // cl[0], k_tiles, clusters)
+    slots = G.stream_k_chunks(n_tiles // cl[0], k_tiles, clusters)
     ws = torch.full((n_tiles * slots * 128 * tn,), float("nan"), device="cuda", dtype=torch.float32)
     cnt = torch.zeros(n_tiles, device="cuda", dtype=torch.int32)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
