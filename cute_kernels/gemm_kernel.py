@@ -32,7 +32,9 @@ Split-K inside the persistent schedule (``GemmConfig.splits`` = S > 1, cooperati
 streams k-tiles [s*ceil(K/S), ...) of tile (m, n, l), so the CTAs of a cluster share their k-range and
 keep the 2x1 multicast.  Each unit publishes its fp32 partial to a workspace and counts it
 (:func:`blocks.publish_partial`); the unit that counts last sums the S partials in slice order
-(bitwise deterministic) and runs the normal epilogue.  Nobody waits for anybody.
+(bitwise deterministic) and runs the normal epilogue.  Nobody waits for anybody.  ``GemmConfig.stream_k``
+(opt-in, measured slower) spreads the same work over every cluster slot in chunks of one budget
+(:meth:`GemmSm90.stream_k_units`).
 
 The tiling (CTA tile, MMA, smem layouts, epilogue tile) comes only from :mod:`layouts.tiles`.
 """
@@ -94,7 +96,9 @@ class GemmConfig:
     # plus a short tail, the tails shared out among the remaining clusters
     # (GemmSm90.stream_k_units).  1024x1024x32768: 64 clusters x 125 k-tiles + 2 x 8 tails of 12,
     # instead of split-K's 64 x 128 with 2 clusters idle.  A tile's chunks meet in the workspace in
-    # chunk order, as split-K slices do.
+    # chunk order, as split-K slices do.  Off by default: measured 3-12% slower than split-K (session 9
+    # run 8, paired: 1024x1024x32768 112.8 vs 100.9 us); ranges crossing tile boundaries were 25-45%
+    # slower (run 7: concurrent clusters no longer share A / B k-slices in L2).
     stream_k: bool = False
 
     @property
