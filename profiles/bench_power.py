@@ -79,6 +79,9 @@ def explicit_config(spec):
     for the fixup split-K kernel (slices meet in an L2 workspace, the cluster is only along N);
     ``swap:TN:S[:C]`` the transposed skinny plan (gemm_host.skinny_swap_choice) at tile width TN, S slices
     and the weight tile multicast to C CTAs along the problem's M (its N tiles when TN < M);
+    ``psplit:TMxTN:CMxCN:S`` the persistent split-K (split-K inside the persistent schedule) at those
+    tiles, cluster and S slices (cuBLAS's 1024x1024x32768 kernel: 256x128 tiles, 1x2 clusters, S=4
+    plus a separate reduce, ncu session 9 run 9);
     ``swapfix:TN:S[:C]`` the same through the fixup kernel at any S (cuBLAS's M = 64 kernel, session 9:
     64-row weight tiles x 32-wide M halves in 1 x 2 clusters sharing the weight by multicast, no split).
 
@@ -108,6 +111,26 @@ def explicit_config(spec):
             return out
 
         return run_swap
+    if fields[0] == "psplit":  # the persistent split-K (GemmConfig.splits) at explicit tiles, cluster, slices
+        from cute_kernels.gemm_kernel import GemmConfig
+
+        tm, tn = (int(x) for x in fields[1].split("x"))
+        cl = tuple(int(x) for x in fields[2].split("x"))
+        s = int(fields[3])
+        cfg = GemmConfig(tiles=tune._tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16", tm), a_rank=2,
+                         max_active_clusters=132 // (cl[0] * cl[1]), splits=s)
+        raw, launchers = G.compiled_gemm(cfg, "bfloat16", "bfloat16", "bfloat16"), {}
+
+        def run_psplit(a, b):
+            m, n = a.shape[0], b.shape[1]
+            if (m, n) not in launchers:
+                n_tiles = -(-m // tm) * -(-n // tn)
+                launchers[(m, n)] = G.SplitKFixupLauncher(raw, n_tiles * s * tm * tn, n_tiles)
+            out = torch.empty(m, n, device=a.device, dtype=a.dtype)
+            launchers[(m, n)](a, b, out, out, 1.0, 0.0)
+            return out
+
+        return run_psplit
     if fields[0] in ("splitk", "fixup"):
         from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
