@@ -553,7 +553,7 @@ class SkinnySwap(NamedTuple):
         return self.splits > 2 or (self.splits > 1 and self.mcast > 1)
 
 
-def skinny_swap_choice(m: int, n: int, k: int) -> SkinnySwap | None:
+def skinny_swap_choice(m: int, n: int, k: int, mcast: bool = True) -> SkinnySwap | None:
     """Pure Python: the swapped skinny GEMM's (tile width, K slices, weight multicast), or None when it
     does not apply.
 
@@ -562,13 +562,15 @@ def skinny_swap_choice(m: int, n: int, k: int) -> SkinnySwap | None:
     One or two slices meet in a cluster's shared memory (the DSMEM kernel), more in an L2 workspace
     (the fixup kernel: clusters of 3+ CTAs do not all fit at once, session 8 run 3); 64-wide tiles
     with short slices take at most two (measured below).  32 < M <= 64 takes two 32-wide tiles
-    sharing the weight by multicast where those pairs fit in one wave (``SKINNY_MCAST``)."""
+    sharing the weight by multicast where those pairs fit in one wave (``SKINNY_MCAST``; ``mcast``
+    False: not for this call -- the planner passes False with C or an fp32 output, which the pairs
+    have not been GPU-tested with)."""
     if not SKINNY_SWAP or m > SKINNY_SWAP_MAX_M:
         return None
     sms = current_arch().sm_count
     tiles = math.ceil(n / 128)
     k_tiles = math.ceil(k / 64)
-    if SKINNY_MCAST and m > 32 and 2 * tiles <= sms:
+    if SKINNY_MCAST and mcast and m > 32 and 2 * tiles <= sms:
         return SkinnySwap(32, max(1, min(8, sms // (2 * tiles), k_tiles // SKINNY_MCAST_MIN_SLICE_KTILES)), 2)
     tn = next(t for t in (16, 32, 64) if t >= m)
     s = max(1, min(8, sms // tiles, k_tiles // 8))
@@ -767,7 +769,8 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
             mode if row_ok and a.dim() == 2 else "cluster")
     # the transposed skinny plan: the planner's default, or a tuned entry's choice (split-K mode "swap")
-    sw = skinny_swap_choice(m, n, k) if (cp_async is None and a.dim() == 2 and (
+    pairs_ok = not p.has_c and p.out_dtype in (torch.float16, torch.bfloat16)  # GPU-tested (session 9)
+    sw = skinny_swap_choice(m, n, k, pairs_ok) if (cp_async is None and a.dim() == 2 and (
         (heuristic and mode != "none" and splitk_mode is None) or mode == "swap")) else None
     if mode == "swap" and sw is None:  # a tuned "swap" that no longer applies (e.g. SKINNY_SWAP=0)
         mode = "cluster"

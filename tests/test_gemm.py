@@ -1131,6 +1131,11 @@ def test_skinny_swap_plan():
     assert G.skinny_swap_choice(64, 4096, 11008) == (32, 2, 2) and G.skinny_swap_choice(64, 4096, 11008).fixup
     assert G.skinny_swap_choice(64, 14336, 4096) == (64, 1, 1)  # 224 CTAs in pairs: one 64-wide CTA per tile
     assert not G.skinny_swap_choice(64, 4096, 4096).fixup and G.skinny_swap_choice(1, 4096, 4096).fixup
+    # the pairs only where they were GPU-tested: no C, 16-bit out (the planner's mcast=False otherwise)
+    assert G.skinny_swap_choice(64, 4096, 4096, mcast=False) == (64, 2, 1)
+    assert G.explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 2)
+    assert G.explain(64, 4096, 4096, with_c=True)[0]["cluster_mn"] == (1, 1)
+    assert G.explain(64, 4096, 4096, out_dtype=torch.float32)[0]["cluster_mn"] == (1, 1)
     assert G.skinny_swap_choice(65, 4096, 4096) is None
     rows = G.explain(16, 4096, 4096)
     assert rows[0]["operands"].startswith("swapped") and rows[0]["tile_mnk"] == (128, 16, 64)
