@@ -196,7 +196,7 @@ class GemmSm90:
         tma_d, tma_mD = blocks.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 
         sched_params, grid = self.schedule(mD)
-        if cutlass.const_expr(self.stream_k):  # one range per cluster slot (see stream_k_range)
+        if cutlass.const_expr(self.stream_k):  # one work list per cluster slot (see stream_k_units)
             grid = (self.cluster_mn[0] * cfg.max_active_clusters, 1, 1)
         self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
         self.kernel(
