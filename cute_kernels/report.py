@@ -65,6 +65,10 @@ def representative_builders() -> list[tuple[str, Callable]]:
     wcfg = SplitKFixupConfig(tiles=G.splitk_tiles(16, "bfloat16", "mn", "k", "bfloat16"), splits=4, a_evict_first=True)
     out.append(("gemm M <= 16 transposed (out^T = b^T a^T): 128x16 tiles, S=4 fixup (default for skinny M)",
                 lambda: G._fake_args_splitk(wcfg, "bfloat16", "bfloat16", "bfloat16")))
+    mcfg = SplitKClusterConfig(tiles=G.splitk_tiles(32, "bfloat16", "mn", "k", "bfloat16", 2), splits=1,
+                               a_evict_first=True)
+    out.append(("gemm 32 < M <= 64 transposed: 128x32 tile pairs sharing the weight by multicast, 1x2 cluster "
+                "(default)", lambda: G._fake_args_splitk(mcfg, "bfloat16", "bfloat16", "bfloat16")))
     from . import splitk_reduce as R
 
     out.append(("split-K reduce -> bf16", lambda: _reduce_args(R)))
