@@ -537,6 +537,10 @@ SKINNY_MCAST = os.environ.get("CUTE_KERNELS_SKINNY_MCAST", "1") not in ("0", "")
 #: K slices of the multicast pairs stay >= 64 k-tiles: 64x4096x4096 one slice 1.003x vs two 0.989x,
 #: 64x4096x11008 two 1.214x vs one 1.179x (run 5)
 SKINNY_MCAST_MIN_SLICE_KTILES = 64
+#: The pairs take C / an fp32 output only when this is set (their GPU test,
+#: test_gemm_skinny_pairs_alpha_beta, had not run yet at the end of session 9); else those keep the
+#: 64-wide plan.
+SKINNY_PAIRS_ANY_EPILOGUE = False
 
 
 class SkinnySwap(NamedTuple):
@@ -769,7 +773,7 @@ def _make_plan(a, b, out, c, beta, out_dtype, tiles=None, raster=None, allow_cpu
         mode = auto_splitk_mode(m, n, k, l, row_ok and a.dim() == 2) if mode == "auto" else (
             mode if row_ok and a.dim() == 2 else "cluster")
     # the transposed skinny plan: the planner's default, or a tuned entry's choice (split-K mode "swap")
-    pairs_ok = not p.has_c and p.out_dtype in (torch.float16, torch.bfloat16)  # GPU-tested (session 9)
+    pairs_ok = SKINNY_PAIRS_ANY_EPILOGUE or (not p.has_c and p.out_dtype in (torch.float16, torch.bfloat16))
     sw = skinny_swap_choice(m, n, k, pairs_ok) if (cp_async is None and a.dim() == 2 and (
         (heuristic and mode != "none" and splitk_mode is None) or mode == "swap")) else None
     if mode == "swap" and sw is None:  # a tuned "swap" that no longer applies (e.g. SKINNY_SWAP=0)

@@ -1210,6 +1210,27 @@ def test_gemm_skinny_swapped_alpha_beta(c_kind):
         assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(48, 3000, 4096), (64, 4096, 11008)], ids=str)
+@pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
+def test_gemm_skinny_pairs_alpha_beta(c_kind, mnk, monkeypatch):
+    """alpha / beta * C and an fp32 output through the multicast pairs (32 < M <= 64; one slice in
+    the DSMEM kernel, two through the fixup workspace).  The planner routes these to the pairs only
+    under SKINNY_PAIRS_ANY_EPILOGUE until this test has passed on the GPU (then drop the guard)."""
+    monkeypatch.setattr(G, "SKINNY_PAIRS_ANY_EPILOGUE", True)
+    monkeypatch.setattr(G, "_plans", {})
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = make_c(c_kind, m, n)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+        cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
+        assert G._plans[G._signature(a, b, out, c, 0.5, None)].swapped
+        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+    assert G.explain(m, n, k, with_c=True)[0]["cluster_mn"] == (1, 2)
+
+
 def test_skinny_swap_tuned_entry(monkeypatch):
     """A tuned entry "swap" keeps the transposed plan; a tuned split-K mode replaces it (the tuner
     times the transposed plan as a candidate, so it only loses when something else was faster)."""
