@@ -676,6 +676,21 @@ def test_splitk_fixup_numerics(variant, mnk, kind):
     assert int(cnt.abs().sum()) == 0
 
 
+def _check_alpha_beta_c(m, n, k, c_kind):
+    """gemm(a, b, alpha=0.75, beta=0.5, c) into NaN-poisoned bf16 and fp32 outputs, each against the
+    float64 reference, on fresh bf16 operands; returns (a, b, c, outputs) for the caller's plan checks."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = make_c(c_kind, m, n)
+    outs = []
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+        cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
+        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+        outs.append(out)
+    return a, b, c, outs
+
+
 def _set_splitk_mode(monkeypatch, mode):
     """CUTE_KERNELS_SPLITK=mode; "streamk": the persistent mode with CUTE_KERNELS_STREAM_K=1."""
     monkeypatch.setattr(G, "STREAM_K", mode == "streamk")
@@ -726,15 +741,9 @@ def test_splitk_fixup_alpha_beta_c(c_kind, mode, monkeypatch):
     _set_splitk_mode(monkeypatch, mode)
     monkeypatch.setattr(G, "_plans", {})
     m, n, k = 200, 1000, 8200
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert G.split_k_factor(m, n, k, 1, tiles) > 1
-    c = make_c(c_kind, m, n)
-    for out_dtype in (torch.bfloat16, torch.float32):
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-        cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
-        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+    _check_alpha_beta_c(m, n, k, c_kind)
 
 
 @pytest.mark.gpu
@@ -1200,14 +1209,7 @@ def test_gemm_skinny_swapped(mnk, majors):
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
 def test_gemm_skinny_swapped_alpha_beta(c_kind):
     """alpha / beta * C through the transposed views, bf16 and fp32 out."""
-    m, n, k = 12, 3000, 4096
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = make_c(c_kind, m, n)
-    for out_dtype in (torch.bfloat16, torch.float32):
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-        cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
-        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+    _check_alpha_beta_c(12, 3000, 4096, c_kind)
 
 
 @pytest.mark.gpu
@@ -1220,14 +1222,9 @@ def test_gemm_skinny_pairs_alpha_beta(c_kind, mnk, monkeypatch):
     monkeypatch.setattr(G, "SKINNY_PAIRS_ANY_EPILOGUE", True)
     monkeypatch.setattr(G, "_plans", {})
     m, n, k = mnk
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = make_c(c_kind, m, n)
-    for out_dtype in (torch.bfloat16, torch.float32):
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-        cute_kernels.gemm(a, b, out=out, alpha=0.75, beta=0.5, c=c)
+    a, b, c, outs = _check_alpha_beta_c(m, n, k, c_kind)
+    for out in outs:
         assert G._plans[G._signature(a, b, out, c, 0.5, None)].swapped
-        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
     assert G.explain(m, n, k, with_c=True)[0]["cluster_mn"] == (1, 2)
 
 
