@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from cute_kernels.arch import set_dsl_arch_env
+from .target import set_dsl_arch_env
 
 set_dsl_arch_env()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cute_kernels.arch import set_dsl_arch_env
+from .target import set_dsl_arch_env
 
 set_dsl_arch_env()
 

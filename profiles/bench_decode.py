@@ -46,8 +46,8 @@ from timing import bench_clean, bench_graph, rotated  # noqa: E402
 
 import importlib  # noqa: E402
 
-DA = importlib.import_module("cute_kernels.decode_attn")  # the module (the package exports the function)
-from cute_kernels.decode_attn import decode_attn  # noqa: E402
+DA = importlib.import_module("cute_kernels.attention.decode")  # the module (the package exports the function)
+from cute_kernels.attention.decode import decode_attn  # noqa: E402
 
 SHAPES = [
     # name, B, Hq, Hkv, L, page size of our paged run

@@ -84,7 +84,7 @@ def main():
     if quack_gemm is not None:
         impls["quack"] = lambda a, b: quack_gemm(a, b, tuned=args.quack_tuned)
     if args.splitk_variants:  # same process, same rounds: the split-K modes side by side
-        from cute_kernels import gemm_host
+        from cute_kernels.gemm import host as gemm_host
 
         for mode in gemm_host.SPLITK_MODES:
             impls[f"ck:{mode}"] = (lambda m_: lambda a, b: gemm_host._gemm_impl(

@@ -20,7 +20,7 @@ CHILD = r"""
 import time, torch
 t0 = time.perf_counter()
 import cute_kernels
-from cute_kernels import jit
+from cute_kernels.common import jit
 t_import = time.perf_counter() - t0
 a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)

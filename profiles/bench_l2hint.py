@@ -55,7 +55,7 @@ def timers(fn, n=30):
 
 def gemm_cases():
     import cute_kernels
-    import cute_kernels.gemm_host as G
+    import cute_kernels.gemm.host as G
 
     res, default_hint = [], G.SPLITK_B_EVICT_FIRST
     for m, n, k in ((128, 4096, 4096), (1024, 1024, 32768)):
@@ -80,8 +80,8 @@ def gemm_cases():
 
 
 def decode_cases():
-    DA = importlib.import_module("cute_kernels.decode_attn")
-    from cute_kernels import decode_attn
+    DA = importlib.import_module("cute_kernels.attention.decode")
+    from cute_kernels.attention import decode as decode_attn
 
     res = []
     for B, Hq, Hkv, L in ((1, 32, 8, 32768), (8, 32, 8, 8192)):

@@ -28,7 +28,7 @@ LARGE = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 143
 def variants_256(m, n, k):
     """--tiles256: the cooperative default vs quack's 256 x {128..208} cooperative tiles (2x1 / 1x2
     clusters where the tile counts allow) and 192-wide ping-pong."""
-    from cute_kernels import gemm_host as G
+    from cute_kernels.gemm import host as G
 
     out = {"coop": G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n", pingpong=False)}
     for tn in (128, 160, 192, 208):
@@ -43,7 +43,7 @@ def variants_256(m, n, k):
 
 def variants(m, n, k):
     """name -> GemmTiles (None: the cooperative default heuristic of cute_kernels.gemm)."""
-    from cute_kernels import gemm_host as G
+    from cute_kernels.gemm import host as G
 
     mk = lambda tn, cl: G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16", pingpong=True)  # noqa: E731
     even_m = (-(-m // 128)) % 2 == 0
@@ -65,7 +65,7 @@ def describe(t):
 def main():
     from triton.testing import do_bench
 
-    from cute_kernels import gemm_host as G
+    from cute_kernels.gemm import host as G
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))

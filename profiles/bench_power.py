@@ -91,9 +91,9 @@ def explicit_config(spec):
     """
     import torch
 
-    from cute_kernels import gemm_host as G
-    from cute_kernels import tune
-    from cute_kernels.gemm_host import _gemm_impl
+    from cute_kernels.gemm import host as G
+    from cute_kernels.gemm import tune
+    from cute_kernels.gemm.host import _gemm_impl
 
     fields = spec.split(":")
     if fields[0] in ("swap", "swapfix"):  # the transposed skinny plan at (tile width, K slices), row-major a, b
@@ -112,7 +112,7 @@ def explicit_config(spec):
 
         return run_swap
     if fields[0] == "psplit":  # the persistent split-K (GemmConfig.splits) at explicit tiles, cluster, slices
-        from cute_kernels.gemm_kernel import GemmConfig
+        from cute_kernels.gemm.kernel import GemmConfig
 
         tm, tn = (int(x) for x in fields[1].split("x"))
         cl = tuple(int(x) for x in fields[2].split("x"))
@@ -132,7 +132,7 @@ def explicit_config(spec):
 
         return run_psplit
     if fields[0] in ("splitk", "fixup"):
-        from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
+        from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
         tn, s, c = (int(x) for x in fields[1:4])
         tiles = G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c)

@@ -37,7 +37,7 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
-    from cute_kernels import decode_attn
+    from cute_kernels.attention import decode as decode_attn
     from timing import bench_clean
 
     B, Hq, Hkv, L, D = 1, 32, 8, 32768, 128

@@ -103,7 +103,7 @@ def hbm_reads(m, n, k, tile_m, tile_n, cluster, swizzle, along_m, l2_bytes, el=2
 def default_config(m, n, k):
     """The (tile_m, tile_n, cluster, swizzle, along_m) the library runs for this bf16 row-major problem
     (``gemm_host.explain``: the real plan, nothing compiled); None for the split-K kernels."""
-    from cute_kernels.gemm_host import explain
+    from cute_kernels.gemm.host import explain
 
     r = explain(m, n, k)[0]
     if "raster" not in r or r.get("splits", 1) > 1:

@@ -61,7 +61,7 @@ def _spec(name):
 
 
 def _DA():
-    return importlib.import_module("cute_kernels.decode_attn")
+    return importlib.import_module("cute_kernels.attention.decode")
 
 
 def configs_for(name):
@@ -78,8 +78,8 @@ def configs_for(name):
 
 def child(name):
     DA = _DA()
-    from cute_kernels import decode_attn
-    from cute_kernels.decode_attn import decode_attn_reference
+    from cute_kernels.attention import decode as decode_attn
+    from cute_kernels.attention.decode import decode_attn_reference
 
     s = _spec(name)
     B, Sq, Hq, Hkv, D, Lmax = s["B"], s["Sq"], s["Hq"], s["Hkv"], s["D"], s["Lmax"]

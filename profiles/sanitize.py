@@ -15,7 +15,7 @@ import sys
 import torch
 
 import cute_kernels
-from cute_kernels import gemm_host as GH
+from cute_kernels.gemm import host as GH
 
 torch.manual_seed(0)
 bad = 0
@@ -72,7 +72,7 @@ def defer(m, n, k):
 def splitk_mcast(kind, tn, s, c, m, n, k):
     """Split-K with A multicast along N (cluster S x c / 1 x c): remote empty-barrier arrivals, padding
     CTAs in a partial last cluster (N tiles not a multiple of c)."""
-    from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
+    from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -94,7 +94,7 @@ splitk_mcast("fixup", 64, 2, 4, 130, 328, 1000)     # 6 N tiles: 2 padding CTAs 
 defer(520, 776, 264)                    # 5 k-tiles, ragged, 5 x 4 tiles of 128 x 192 on one cluster
 defer(300, 520, 104)                    # 2 k-tiles < 4 sub-tiles: stores after the mainloop
 if os.environ.get("SKIP_DECODE") is None:
-    DA = importlib.import_module("cute_kernels.decode_attn")
+    DA = importlib.import_module("cute_kernels.attention.decode")
     q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
     kc = torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn_like(kc)

@@ -26,8 +26,8 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cute_kernels  # noqa: E402
-from cute_kernels import gemm_host as G  # noqa: E402
-from cute_kernels.gemm_splitk_kernel import SplitKClusterConfig  # noqa: E402
+from cute_kernels.gemm import host as G  # noqa: E402
+from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig  # noqa: E402
 
 # (tile_n, splits): CTAs = splits * tiles; cluster size = splits
 VARIANTS = {
@@ -66,7 +66,7 @@ def splitk_fn(tile_n, s, vec=True, has_c=False):
 
 def fixup_fn(tile_n, s, has_c=False):
     """The fixup kernel wrapped as fn(a, b, d, c, alpha, beta), one cached workspace per output shape."""
-    from cute_kernels.gemm_splitk_kernel import SplitKFixupConfig, fixup_workspace_numel
+    from cute_kernels.gemm.splitk_kernel import SplitKFixupConfig, fixup_workspace_numel
 
     cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tile_n, "bfloat16", "k", "mn", "bfloat16"), splits=s, has_c=has_c)
     raw = G.compiled_splitk_fixup(cfg, "bfloat16", "bfloat16", "float32" if has_c else "bfloat16")

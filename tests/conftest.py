@@ -64,7 +64,7 @@ def gemm_tol(dtype):
 
 def spy_compiled_gemm(monkeypatch) -> list:
     """Record every GemmConfig the host compiles or looks up (``gemm_host.compiled_gemm``)."""
-    from cute_kernels import gemm_host as G
+    from cute_kernels.gemm import host as G
 
     seen = []
     real = G.compiled_gemm
@@ -102,7 +102,7 @@ def forced_tiles_gemm(monkeypatch, tiles_kw: dict, expect):
     """``run(a, b, *, out, c, alpha, beta, out_dtype, tile_n, cluster)``: gemm through the host with
     ``make_gemm_tiles(tile_n, cluster, ..., **tiles_kw)`` forced, split-K off; ``expect(cfg, tile_n)``
     checks the config that was compiled (TMA mainloop always)."""
-    from cute_kernels import gemm_host as G
+    from cute_kernels.gemm import host as G
 
     seen = spy_compiled_gemm(monkeypatch)
     monkeypatch.setattr(G, "FORCE_SPLITS", 1)
@@ -126,7 +126,7 @@ def forced_tiles_gemm(monkeypatch, tiles_kw: dict, expect):
 
 
 def tma_able(*ts) -> bool:
-    from cute_kernels import gemm_host as G
+    from cute_kernels.gemm import host as G
 
     return all(G._tma_ok(t, G._major(t, "x", "r", "c")) for t in ts)
 
@@ -199,9 +199,9 @@ def check_gemm_compile(case, **tiles_kw):
     HGMMA + TMA loads (+ TMA stores when ``tma_store``), no local memory, and the setmaxnreg split the
     kernel asks for.  ``case`` = (tile_n, cluster, a_major, b_major, rank, has_c, tma_store, d dtype,
     c_major); ``tiles_kw`` go to ``make_gemm_tiles``.  Returns (kernel resources, GemmSm90, SASS)."""
-    from cute_kernels import gemm_host as G
-    from cute_kernels import inspect as ins
-    from cute_kernels.gemm_kernel import GemmConfig, GemmSm90
+    from cute_kernels.gemm import host as G
+    from cute_kernels.tools import inspect as ins
+    from cute_kernels.gemm.kernel import GemmConfig, GemmSm90
 
     tile_n, cluster, am, bm, rank, has_c, tma, cd, cmaj = case
     ab = "float16" if cd == "float16" else "bfloat16"

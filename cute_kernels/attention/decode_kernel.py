@@ -1,0 +1,670 @@
+"""The split-k decode-attention kernel (:class:`DecodeAttnKernel`); the host side, configuration and
+public API are in :mod:`cute_kernels.decode_attn`, which describes the design.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..common.tma import L2_EVICT_FIRST
+from .merge import LN_2, MergeStatesKernel
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Float32, Int32, const_expr  # noqa: E402
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
+
+
+class DecodeAttnKernel:
+    def __init__(
+        self,
+        dtype,
+        head_dim: int,
+        m_tile: int,
+        n_tile: int,
+        stages: int,
+        num_threads: int,
+        paged: bool,
+        page_size: int,
+        causal: bool,
+        split: bool,
+        q_in_regs: bool,
+        min_blocks_per_mp: int = 1,
+        merge_mode: str = "kernel",
+        load: str = "cpasync",
+        pdl_in: bool = False,
+        page_prefetch: bool = False,
+        kv_evict_first: bool = False,
+    ):
+        self.dtype = dtype
+        self.D = head_dim
+        self.m_tile = m_tile
+        self.n_tile = n_tile
+        self.stages = stages
+        self.num_threads = num_threads
+        self.paged = paged
+        self.page_size = page_size
+        self.causal = causal
+        self.split = split
+        self.q_in_regs = q_in_regs
+        # how split partials are merged: "kernel" (combine kernel), "pdl" (combine kernel launched as
+        # a programmatic dependent), "fused" (the last CTA of each (batch, KV head, row block) merges,
+        # found with an atomic counter that it resets to 0 afterwards)
+        assert merge_mode in ("kernel", "pdl", "fused")
+        self.merge_mode = merge_mode if split else "kernel"
+        self.merger = MergeStatesKernel(Float32, dtype, head_dim)  # its merge_row, for "fused"
+        self.min_blocks_per_mp = min_blocks_per_mp
+        # K/V loads: "cpasync" (every thread, 16-byte cp.async, rows clamped to the length) or "tma"
+        # (contiguous caches only: thread 0 issues one TMA tensor load per K/V tile into the swizzled
+        # ring, completion on one mbarrier per slot; rows past the capacity are zero-filled by the TMA
+        # unit, rows between the length and the capacity are zeroed in V before use)
+        assert load in ("cpasync", "tma")
+        assert not (load == "tma" and paged), "tma loads: contiguous caches only"
+        self.load = load
+        # pdl_in: launched as a programmatic dependent of the previous kernel on the stream (its CTAs
+        # start while that kernel drains; griddepcontrol.wait before the first global read)
+        self.pdl_in = pdl_in
+        # page_prefetch (paged cp.async only): each thread reads the block-table entries of its rows one
+        # tile ahead, into registers, so a refill's cp.asyncs wait for no dependent global load (without
+        # it every refill is block-table load -> address -> cp.async)
+        self.page_prefetch = page_prefetch and paged and load == "cpasync"
+        # kv_evict_first (TMA loads only; cp.async has no L2 hint in the DSL): K/V are read once, so
+        # their TMA loads carry the L2 evict-first policy (tma.L2_EVICT_FIRST)
+        self.kv_evict_first = kv_evict_first and load == "tma"
+        self.num_warps = num_threads // 32
+        self.warps_m = m_tile // 16
+        assert self.num_warps % self.warps_m == 0
+        self.warps_n = self.num_warps // self.warps_m
+        self.n_warp = n_tile // self.warps_n  # tokens per warp per tile
+        assert self.n_warp % 16 == 0, "each warp needs a multiple of 16 tokens per tile"
+        assert head_dim % 64 == 0
+        self.vec = 8  # 16-byte chunks of 16-bit elements
+        self.acc_stride = head_dim + 8  # fp32 row stride of the warp-merge buffer (no bank conflicts)
+
+    # ---- host side (traced) ----------------------------------------------------------------
+    def _smem_layouts(self):
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1))
+        )
+        sQ_layout = cute.tile_to_shape(atom, (self.m_tile, self.D), (0, 1))
+        sKV_layout = cute.tile_to_shape(atom, (self.n_tile, self.D, self.stages), (0, 1, 2))
+        return sQ_layout, sKV_layout
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (B, Sq, Hq, D)
+        mK: cute.Tensor,  # (B, Lmax, Hkv, D) | (num_pages, page_size, Hkv, D)
+        mV: cute.Tensor,
+        mSeqlens: cute.Tensor,  # (B,) int32
+        mBT: Optional[cute.Tensor],  # (B, pages_per_seq) int32 | None
+        mO: cute.Tensor,  # (B, Sq, Hq, D) out dtype
+        mLSE: cute.Tensor,  # (B, Hq, Sq) fp32
+        mOp: Optional[cute.Tensor],  # (P, B, Sq, Hq, D) fp32 | None (direct)
+        mLSEp: Optional[cute.Tensor],  # (P, B, Sq, Hq) fp32 | None
+        mCnt: Optional[cute.Tensor],  # (>= B*Hkv*row_blocks,) int32 zeros | None (fused merge only)
+        scale_log2: Float32,
+        stream,
+    ):
+        sQ_layout, sKV_layout = self._smem_layouts()
+        kv_elems = cute.cosize(sKV_layout)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, 2 * kv_elems], 1024]
+            sM: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
+            sL: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
+            sFlag: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+            mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
+
+        # the fp32 warp-merge buffer reuses the K/V ring after the main loop
+        assert self.warps_n * self.m_tile * self.acc_stride * 4 <= 2 * kv_elems * self.dtype.width // 8
+
+        atom_async = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+            self.dtype,
+            num_bits_per_copy=128,
+        )
+        thr_layout = cute.make_layout((self.num_threads // 8, 8), stride=(8, 1))
+        gmem_tiled_copy = cute.make_tiled_copy_tv(atom_async, thr_layout, cute.make_layout((1, 8)))
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16)
+        )
+
+        tma_atom_K = tma_atom_V = tma_K = tma_V = sKV_tma = None
+        if const_expr(self.load == "tma"):
+            # the same ring, its swizzle written the way the TMA unit wants it (on the byte address:
+            # S<3,4,3> in bytes == S<3,3,3> in 16-bit elements, 1024-byte aligned slots)
+            sKV_tma = cute.tile_to_shape(
+                warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype),
+                (self.n_tile, self.D, self.stages), (0, 1, 2),
+            )
+            # (Lmax, D, Hkv, B) views: one TMA copy = one (n_tile, D) ring slot of one (batch, KV head)
+            sKV_one = cute.slice_(sKV_tma, (None, None, 0))
+            op = cpasync.CopyBulkTensorTileG2SOp()
+            mK_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 3, 2, 0]))
+            mV_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(op, mK_t, sKV_one, (self.n_tile, self.D))
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(op, mV_t, sKV_one, (self.n_tile, self.D))
+
+        B = mQ.shape[0]
+        Sq = mQ.shape[1]
+        Hq = mQ.shape[2]
+        Hkv = mK.shape[2]
+        G = Hq // Hkv
+        n_rb = (G * Sq + self.m_tile - 1) // self.m_tile
+        num_splits = 1
+        if const_expr(self.split):
+            num_splits = mOp.shape[0]
+        self.kernel(
+            mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, mCnt, scale_log2,
+            sQ_layout, sKV_layout, gmem_tiled_copy, tiled_mma, SharedStorage,
+            tma_atom_K, tma_K, tma_atom_V, tma_V, sKV_tma,
+        ).launch(
+            grid=[num_splits, Hkv * n_rb, B],
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=self.min_blocks_per_mp,
+            use_pdl=self.pdl_in,
+        )
+        if const_expr(self.split and self.merge_mode != "fused"):
+            # combine: (P, B, Sq, Hq, D) -> (B, Sq, Hq, D); LSE out viewed as (B, Sq, Hq)
+            mLSE_bsh = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[0, 2, 1]))
+            MergeStatesKernel(Float32, self.dtype, self.D, pdl=self.merge_mode == "pdl")(
+                mOp, mLSEp, mO, mLSE_bsh, stream
+            )
+
+    # ---- device side -----------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mSeqlens: cute.Tensor,
+        mBT: Optional[cute.Tensor],
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mOp: Optional[cute.Tensor],
+        mLSEp: Optional[cute.Tensor],
+        mCnt: Optional[cute.Tensor],
+        scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        gmem_tiled_copy: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+        tma_atom_K: Optional[cute.CopyAtom],
+        tma_K: Optional[cute.Tensor],
+        tma_atom_V: Optional[cute.CopyAtom],
+        tma_V: Optional[cute.Tensor],
+        sKV_tma: Optional[cute.ComposedLayout],
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, hrb, b = cute.arch.block_idx()
+        num_splits, _, _ = cute.arch.grid_dim()
+        if const_expr(self.merge_mode == "pdl"):
+            # let the combine kernel's CTAs launch now (they wait for this grid before reading)
+            cute.arch.griddepcontrol_launch_dependents()
+        warp_id = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        wm = warp_id % self.warps_m
+        wn = warp_id // self.warps_m
+
+        Sq = mQ.shape[1]
+        Hq = mQ.shape[2]
+        Hkv = mK.shape[2]
+        G = Hq // Hkv
+        R = G * Sq
+        n_rb = (R + self.m_tile - 1) // self.m_tile
+        hkv = hrb // n_rb
+        rb = hrb - hkv * n_rb
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        mbar = storage.mbar.data_ptr()
+        if const_expr(self.load == "tma"):
+            if tidx == 0:
+                cpasync.prefetch_descriptor(tma_atom_K)
+                cpasync.prefetch_descriptor(tma_atom_V)
+                for s in cutlass.range_constexpr(self.stages):
+                    cute.arch.mbarrier_init(mbar + s, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()
+        if const_expr(self.pdl_in):
+            # everything above overlaps the previous kernel's tail; its outputs (q, lengths, caches)
+            # are read only below
+            cute.arch.griddepcontrol_wait()
+
+        # ---- this CTA's range of KV tiles (lengths on the device, clamped to the capacity) ----
+        if const_expr(self.paged):
+            cap = mBT.shape[1] * self.page_size
+        else:
+            cap = mK.shape[1]
+        seqlen = cutlass.min(cutlass.max(mSeqlens[b], 0), cap)
+        n_tiles = (seqlen + self.n_tile - 1) // self.n_tile
+        tiles_per_split = (n_tiles + num_splits - 1) // num_splits
+        t_begin = split * tiles_per_split
+        t_end = cutlass.min(t_begin + tiles_per_split, n_tiles)
+        n_iter = cutlass.max(t_end - t_begin, 0)
+
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        kv_ptr = storage.sKV.data_ptr()
+        kv_elems = cute.cosize(sKV_layout)
+        sK = cute.make_tensor(kv_ptr, sKV_layout)
+        sV = cute.make_tensor(kv_ptr + kv_elems, sKV_layout)
+        sM = storage.sM.get_tensor(cute.make_layout((self.m_tile, self.warps_n), stride=(1, self.m_tile)))
+        sL = storage.sL.get_tensor(cute.make_layout((self.m_tile, self.warps_n), stride=(1, self.m_tile)))
+        sAcc = cute.make_tensor(
+            cute.recast_ptr(kv_ptr, dtype=Float32),
+            cute.make_layout(
+                (self.m_tile, self.D, self.warps_n),
+                stride=(self.acc_stride, 1, self.m_tile * self.acc_stride),
+            ),
+        )
+
+        # per-warp state
+        thr_mma = tiled_mma.get_slice(lane)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.D)), Float32)
+        acc_O.fill(0.0)
+        acc_O_mn = self._mn_view(acc_O)
+        n_rows_thr = cute.size(acc_O_mn, mode=[0])  # 2 rows per thread
+        row_max = cute.make_rmem_tensor((n_rows_thr,), Float32)
+        row_sum = cute.make_rmem_tensor((n_rows_thr,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        if n_iter > 0:
+            gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
+            # ---- Q rows -> smem (zero rows past R) ----
+            cQ = cute.make_identity_tensor((self.m_tile, self.D))
+            tQsQ = gmem_thr_copy.partition_D(sQ)
+            tQcQ = gmem_thr_copy.partition_S(cQ)
+            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+                rr = rb * self.m_tile + tQcQ[0, m, 0][0]
+                if rr < R:
+                    t = rr // G
+                    g = rr - t * G
+                    gQrow = cute.tiled_divide(mQ[b, t, hkv * G + g, None], (self.vec,))
+                    for k in cutlass.range_constexpr(cute.size(tQsQ, mode=[2])):
+                        dst = tQsQ[None, m, k]
+                        src = gQrow[None, tQcQ[0, m, k][1] // self.vec]
+                        cute.copy(gmem_tiled_copy, cute.make_tensor(src.iterator, dst.layout), dst)
+                else:
+                    tQsQ[None, m, None].fill(0)
+            cute.arch.cp_async_commit_group()
+
+            # ---- K/V producer: each thread copies its rows of the tile (gathered per row) ----
+            cKV = cute.make_identity_tensor((self.n_tile, self.D))
+            tKsK = gmem_thr_copy.partition_D(sK)  # (CPY, CPY_N, CPY_K, stages)
+            tVsV = gmem_thr_copy.partition_D(sV)
+            tKVc = gmem_thr_copy.partition_S(cKV)
+            kv_head_K = mK[None, None, hkv, None]
+            kv_head_V = mV[None, None, hkv, None]
+
+            load_args = (gmem_tiled_copy, tKsK, tVsV, tKVc, kv_head_K, kv_head_V, mBT, b, seqlen)
+            tma_args = None
+            if const_expr(self.load == "tma"):
+                gK = cute.local_tile(tma_K[None, None, hkv, b], (self.n_tile, self.D), (None, 0))
+                gV = cute.local_tile(tma_V[None, None, hkv, b], (self.n_tile, self.D), (None, 0))
+                sK_t = cute.make_tensor(cute.recast_ptr(kv_ptr, sKV_tma.inner, dtype=self.dtype), sKV_tma.outer)
+                sV_t = cute.make_tensor(
+                    cute.recast_ptr(kv_ptr + kv_elems, sKV_tma.inner, dtype=self.dtype), sKV_tma.outer
+                )
+                tKsK_t, tKgK_t = cpasync.tma_partition(
+                    tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK_t, 0, 2), cute.group_modes(gK, 0, 2)
+                )
+                tVsV_t, tVgV_t = cpasync.tma_partition(
+                    tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV_t, 0, 2), cute.group_modes(gV, 0, 2)
+                )
+                tma_args = (tma_atom_K, tma_atom_V, tKsK_t, tKgK_t, tVsV_t, tVgV_t, mbar, warp_id)
+
+            pages = None
+            if const_expr(self.page_prefetch):
+                pages = cute.make_rmem_tensor((cute.size(tKsK, mode=[1]),), Int32)
+            # prologue: stages-1 tiles in flight
+            for s in cutlass.range_constexpr(self.stages - 1):
+                if const_expr(self.load == "tma"):
+                    if s < n_iter:
+                        self._tma_load_tile(*tma_args, t_begin + s, s)
+                else:
+                    if s < n_iter:
+                        self._load_tile(*load_args, t_begin + s, s)
+                    cute.arch.cp_async_commit_group()
+            if const_expr(self.page_prefetch):
+                if self.stages - 1 < n_iter:
+                    self._fetch_pages(tKVc, kv_head_K, mBT, b, seqlen, t_begin + self.stages - 1, pages)
+
+            # ---- consumer views for this warp ----
+            sQw = cute.flat_divide(sQ, (16, self.D))[None, None, wm, 0]
+            sKw = cute.flat_divide(sK, (self.n_warp, self.D))[None, None, wn, 0, None]
+            sVt = cute.composition(
+                sV,
+                cute.make_ordered_layout((self.D, self.n_tile, self.stages), order=(1, 0, 2)),
+            )
+            sVtw = cute.flat_divide(sVt, (self.D, self.n_warp))[None, None, 0, wn, None]
+
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQw))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKw[None, None, 0]))
+            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVtw[None, None, 0]))
+            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(lane)
+            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(lane)
+            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(lane)
+            tSsQ = s2r_Q.partition_S(sQw)
+            tSrQ_v = s2r_Q.retile(tSrQ)
+            tSsK = s2r_K.partition_S(sKw)
+            tSrK_v = s2r_K.retile(tSrK)
+            tOsVt = s2r_V.partition_S(sVtw)
+            tOrVt_v = s2r_V.retile(tOrVt)
+
+            # coordinates of this thread's S elements within the warp tile (row, token)
+            tScS_mn = self._mn_view(thr_mma.partition_C(cute.make_identity_tensor((16, self.n_warp))))
+            # absolute positions: the first row handled by this warp and its tokens
+            row0 = rb * self.m_tile + wm * 16
+            # causal limit per row: pos <= seqlen - Sq + t
+            row_limit = cute.make_rmem_tensor((n_rows_thr,), Int32)
+            for r in cutlass.range_constexpr(n_rows_thr):
+                lim = seqlen - 1
+                if const_expr(self.causal):
+                    t_row = (row0 + tScS_mn[r, 0][0]) // G
+                    lim = cutlass.min(seqlen - Sq + t_row, seqlen - 1)
+                row_limit[r] = lim
+
+            if const_expr(self.load == "tma"):
+                cute.arch.cp_async_wait_group(0)  # Q (the only cp.async group), visible after a barrier
+            if const_expr(self.q_in_regs):
+                if const_expr(self.load != "tma"):
+                    cute.arch.cp_async_wait_group(self.stages - 1)  # Q landed (committed first)
+                cute.arch.barrier()
+                cute.copy(s2r_Q, tSsQ, tSrQ_v)
+
+            for i in cutlass.range(n_iter, unroll=1):
+                tile = t_begin + i
+                stage = i % self.stages
+                if const_expr(self.load == "tma"):
+                    cute.arch.mbarrier_wait(mbar + stage, (i // self.stages) % 2)
+                    if (tile + 1) * self.n_tile > seqlen:
+                        # the sequence's last tile: V rows past the length hold whatever the cache
+                        # holds there (masked P is 0, but 0 * NaN is not): zero them
+                        for m in cutlass.range_constexpr(cute.size(tVsV, mode=[1])):
+                            if tile * self.n_tile + tKVc[0, m, 0][0] >= seqlen:
+                                tVsV[None, m, None, stage].fill(0)
+                    # every thread is done with the slot consumed in iteration i-1
+                    cute.arch.barrier()
+                    if i + self.stages - 1 < n_iter:
+                        self._tma_load_tile(
+                            *tma_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages
+                        )
+                else:
+                    # tile i landed (everything but the stages-2 newest groups), visible to all threads
+                    cute.arch.cp_async_wait_group(self.stages - 2)
+                    cute.arch.barrier()
+                    # refill the slot consumed in iteration i-1
+                    if i + self.stages - 1 < n_iter:
+                        self._load_tile(
+                            *load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages, pages
+                        )
+                    cute.arch.cp_async_commit_group()
+                    if const_expr(self.page_prefetch):
+                        if i + self.stages < n_iter:
+                            self._fetch_pages(tKVc, kv_head_K, mBT, b, seqlen, tile + self.stages, pages)
+
+                # ---- S = Q K^T (16 x n_warp) ----
+                acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.n_warp)), Float32)
+                acc_S.fill(0.0)
+                n_k = cute.size(tSsK, mode=[2])
+                for k in cutlass.range_constexpr(n_k):
+                    if const_expr(not self.q_in_regs):
+                        cute.copy(s2r_Q, tSsQ[None, None, k], tSrQ_v[None, None, k])
+                    cute.copy(s2r_K, tSsK[None, None, k, stage], tSrK_v[None, None, k])
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+
+                # ---- mask + online softmax ----
+                acc_S_mn = self._mn_view(acc_S)
+                tok0 = tile * self.n_tile + wn * self.n_warp
+                for r in cutlass.range_constexpr(n_rows_thr):
+                    lim = row_limit[r] - tok0
+                    for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                        if tScS_mn[0, c][1] > lim:
+                            acc_S_mn[r, c] = -Float32.inf
+                    m_cur = acc_S_mn[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+                    m_cur = self._quad_max(m_cur)
+                    m_prev = row_max[r]
+                    m_new = cute.arch.fmax(m_prev, m_cur)
+                    m_scaled = m_new * scale_log2
+                    if m_new == -Float32.inf:
+                        m_scaled = Float32(0.0)
+                    p = cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - m_scaled, fastmath=True)
+                    acc_S_mn[r, None].store(p)
+                    corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+                    row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+                    row_max[r] = m_new
+                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * corr)
+
+                # ---- O += P V ----
+                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                tOrP = cute.make_tensor(rP.iterator, self._frgA_layout(rP.layout))
+                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                    cute.copy(s2r_V, tOsVt[None, None, k, stage], tOrVt_v[None, None, k])
+                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()  # everyone is done with the K/V ring: reuse it as sAcc
+
+        # ---- per-warp state -> smem (row sums reduced over the quad) ----
+        # this warp's 16 rows
+        sAccw = cute.flat_divide(sAcc[None, None, wn], (16, self.D))[None, None, wm, 0]
+        tAcc = thr_mma.partition_C(sAccw)
+        cute.autovec_copy(acc_O, tAcc)
+        tScS0 = self._mn_view(thr_mma.partition_C(cute.make_identity_tensor((16, self.D))))
+        for r in cutlass.range_constexpr(n_rows_thr):
+            l = self._quad_sum(row_sum[r])
+            if lane % 4 == 0:
+                rloc = wm * 16 + tScS0[r, 0][0]
+                sM[rloc, wn] = row_max[r]
+                sL[rloc, wn] = l
+        cute.arch.barrier()
+
+        # ---- merge the warps_n states per row and write (coalesced, 4 fp32 per thread) ----
+        vec_o = 4
+        chunks = self.D // vec_o
+        total = self.m_tile * chunks
+        for it in cutlass.range_constexpr((total + self.num_threads - 1) // self.num_threads):
+            idx = tidx + it * self.num_threads
+            if const_expr(total % self.num_threads == 0) or idx < total:
+                r = idx // chunks
+                c = idx - r * chunks
+                rr = rb * self.m_tile + r
+                if rr < R:
+                    m_all = -Float32.inf
+                    for w in cutlass.range_constexpr(self.warps_n):
+                        m_all = cute.arch.fmax(m_all, sM[r, w])
+                    m_all_s = m_all * scale_log2
+                    if m_all == -Float32.inf:
+                        m_all_s = Float32(0.0)
+                    l_all = Float32(0.0)
+                    o = cute.make_rmem_tensor((vec_o,), Float32)
+                    o.fill(0.0)
+                    for w in cutlass.range_constexpr(self.warps_n):
+                        e = cute.math.exp2(sM[r, w] * scale_log2 - m_all_s, fastmath=True)
+                        l_all += e * sL[r, w]
+                        v = cute.local_tile(sAcc[r, None, w], (vec_o,), (c,)).load()
+                        o.store(o.load() + e * v)
+                    inv = Float32(0.0)
+                    if l_all > 0.0:
+                        inv = 1.0 / l_all
+                    o.store(o.load() * inv)
+                    lse = -Float32.inf
+                    if l_all > 0.0:
+                        lse = (m_all_s + cute.math.log2(l_all, fastmath=False)) * LN_2
+                    t = rr // G
+                    g = rr - t * G
+                    hq = hkv * G + g
+                    if const_expr(self.split):
+                        dst = cute.local_tile(mOp[split, b, t, hq, None], (vec_o,), (c,))
+                        dst.store(o.load())
+                        if c == 0:
+                            mLSEp[split, b, t, hq] = lse
+                    else:
+                        dst = cute.local_tile(mO[b, t, hq, None], (vec_o,), (c,))
+                        dst.store(o.load().to(mO.element_type))
+                        if c == 0:
+                            mLSE[b, hq, t] = lse
+
+        if const_expr(self.merge_mode == "fused"):
+            # publish this split's partial state, count, and let the last CTA merge all splits
+            sFlag = storage.sFlag.get_tensor(cute.make_layout((4,)))
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier()
+            cnt_idx = b * (Hkv * n_rb) + hrb
+            if tidx == 0:
+                old = cute.arch.atomic_add(mCnt.iterator + cnt_idx, Int32(1), sem="acq_rel", scope="gpu")
+                sFlag[0] = old
+            cute.arch.barrier()
+            if sFlag[0] == num_splits - 1:
+                cute.arch.fence_acq_rel_gpu()
+                mLSE_bsh = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[0, 2, 1]))
+                n_rows_cta = cutlass.min(R - rb * self.m_tile, self.m_tile)
+                for r in cutlass.range(warp_id, n_rows_cta, self.num_warps, unroll=1):
+                    rr = rb * self.m_tile + r
+                    t = rr // G
+                    hq = hkv * G + (rr - t * G)
+                    self.merger.merge_row(mOp, mLSEp, mO, mLSE_bsh, b, t, hq, lane)
+                if tidx == 0:
+                    mCnt[cnt_idx] = 0  # ready for the next launch (CUDA-graph replays included)
+
+    # ---- helpers ------------------------------------------------------------------------
+    @cute.jit
+    def _load_tile(
+        self,
+        gmem_tiled_copy: cute.TiledCopy,
+        tKsK: cute.Tensor,
+        tVsV: cute.Tensor,
+        tKVc: cute.Tensor,
+        kv_head_K: cute.Tensor,
+        kv_head_V: cute.Tensor,
+        mBT: Optional[cute.Tensor],
+        b: Int32,
+        seqlen: Int32,
+        tile: Int32,
+        stage: Int32,
+        pages: Optional[cute.Tensor] = None,
+    ):
+        """cp.async this thread's rows of K/V tile `tile` into ring slot `stage`.
+
+        Rows past the length are clamped to the last valid row (masked later); paged rows are looked
+        up in the block table one by one and page ids clamped to [0, num_pages), or taken from
+        ``pages`` (filled by :meth:`_fetch_pages` for this tile)."""
+        for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+            pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
+            if const_expr(self.paged):
+                page_idx = pos // self.page_size
+                if const_expr(pages is not None):
+                    page = pages[m]
+                else:
+                    page = mBT[b, page_idx]
+                    page = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
+                off = pos - page_idx * self.page_size
+                gKrow = cute.tiled_divide(kv_head_K[page, off, None], (self.vec,))
+                gVrow = cute.tiled_divide(kv_head_V[page, off, None], (self.vec,))
+            else:
+                gKrow = cute.tiled_divide(kv_head_K[b, pos, None], (self.vec,))
+                gVrow = cute.tiled_divide(kv_head_V[b, pos, None], (self.vec,))
+            for k in cutlass.range_constexpr(cute.size(tKsK, mode=[2])):
+                c = tKVc[0, m, k][1] // self.vec
+                dK = tKsK[None, m, k, stage]
+                srcK = gKrow[None, c]
+                cute.copy(gmem_tiled_copy, cute.make_tensor(srcK.iterator, dK.layout), dK)
+                dV = tVsV[None, m, k, stage]
+                srcV = gVrow[None, c]
+                cute.copy(gmem_tiled_copy, cute.make_tensor(srcV.iterator, dV.layout), dV)
+
+    @cute.jit
+    def _fetch_pages(
+        self,
+        tKVc: cute.Tensor,
+        kv_head_K: cute.Tensor,
+        mBT: cute.Tensor,
+        b: Int32,
+        seqlen: Int32,
+        tile: Int32,
+        pages: cute.Tensor,
+    ):
+        """pages[m] = the clamped page id of this thread's row m of tile `tile` (same clamps as
+        :meth:`_load_tile`).  Issued a tile ahead: the loads complete while the current tile computes."""
+        for m in cutlass.range_constexpr(cute.size(pages)):
+            pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
+            page = mBT[b, pos // self.page_size]
+            pages[m] = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
+
+    @cute.jit
+    def _tma_load_tile(
+        self,
+        atom_K: cute.CopyAtom,
+        atom_V: cute.CopyAtom,
+        tKsK: cute.Tensor,  # (TMA, stages)
+        tKgK: cute.Tensor,  # (TMA, tiles)
+        tVsV: cute.Tensor,
+        tVgV: cute.Tensor,
+        mbar: cute.Pointer,
+        warp_id: Int32,
+        tile: Int32,
+        stage: Int32,
+    ):
+        """Warp 0: K and V tile `tile` -> ring slot `stage`, completion counted on mbar[stage].
+
+        Called by all 32 lanes of warp 0 (warp_id is warp-uniform): the DSL wraps every TMA copy in
+        ``elect.sync 0xffffffff`` itself, so issuing it from one thread (``if tidx == 0``) leaves
+        that lane in a warp-collective ELECT (SASS: ``BRA.DIV`` -> ``WARPSYNC.COLLECTIVE``) waiting
+        for 31 lanes that wait at the next bar.sync: the hang of session 2 run 5.  The arrive +
+        expect_tx (barrier count 1) is done by one elected lane; the byte count is the full boxes."""
+        if warp_id == 0:
+            nbytes = 2 * self.n_tile * self.D * (self.dtype.width // 8)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, nbytes)
+            if const_expr(self.kv_evict_first):
+                policy = cutlass.Int64(L2_EVICT_FIRST)
+                cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage, cache_policy=policy)
+                cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage, cache_policy=policy)
+            else:
+                cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage)
+                cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage)
+
+    @staticmethod
+    def _mn_view(t: cute.Tensor) -> cute.Tensor:
+        """((2,2), MMA_M, MMA_N) accumulator -> ((2, MMA_M), (2, MMA_N)) row/column view."""
+        lay = cute.make_layout(t.layout.shape)
+        mn = cute.make_layout(
+            ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
+            stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])),
+        )
+        return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
+
+    @staticmethod
+    def _frgA_layout(acc_layout):
+        """(4, MMA_M, MMA_N) accumulator of m16n8 -> ((4, 2), MMA_M, MMA_N/2) A fragment of m16n8k16."""
+        l = cute.logical_divide(acc_layout, (None, None, 2))
+        return cute.make_layout(
+            ((l.shape[0], l.shape[2][0]), l.shape[1], l.shape[2][1]),
+            stride=((l.stride[0], l.stride[2][0]), l.stride[1], l.stride[2][1]),
+        )
+
+    @staticmethod
+    def _quad_max(v):
+        v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=2))
+        return cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1))
+
+    @staticmethod
+    def _quad_sum(v):
+        v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
+        return v + cute.arch.shuffle_sync_bfly(v, offset=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration, compile cache
+# ------------------------------------------------------------------------------------------------

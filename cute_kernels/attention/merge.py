@@ -1,0 +1,407 @@
+"""Exact merging of partial attention states (split-k / split-KV attention).
+
+An *attention state* of one query row over a subset ``S`` of the keys is the pair
+
+* ``o``   — the softmax-weighted average of the values in ``S``:  ``o = sum_j exp(s_j - lse) v_j``
+  (already normalized within ``S``), and
+* ``lse`` — the **natural-log** log-sum-exp of the (scaled) scores in ``S``: ``lse = log sum_j exp(s_j)``.
+
+Two or more states over disjoint key subsets merge exactly into the state over their union::
+
+    m   = max_i lse_i
+    w_i = exp(lse_i - m)
+    o   = sum_i w_i * o_i / sum_i w_i
+    lse = m + log(sum_i w_i)
+
+An empty subset has ``lse = -inf``; its ``o`` is ignored (treated as 0 even if it holds NaN), and
+if every part is empty the result is ``o = 0, lse = -inf``.  The LSE base is *e* (as in
+FlashAttention), not 2 (FlashInfer): convert base-2 LSEs with ``lse_e = lse_2 * ln(2)``.
+
+On CUDA tensors the merge runs as a CuTe kernel (:class:`MergeStatesKernel`, the same kernel the
+split-k decode uses as its combine step); on CPU tensors as torch ops with the same math.  Both merge
+the parts in index order, so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..common import jit  # sets CUTE_DSL_ARCH before cutlass is imported
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Float32, Int32, const_expr  # noqa: E402
+
+__all__ = ["merge_states", "merge_state", "MergeStatesKernel", "MergeConfig", "launch_merge"]
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+_TORCH_TO_CUTLASS = {
+    torch.float32: cutlass.Float32,
+    torch.float16: cutlass.Float16,
+    torch.bfloat16: cutlass.BFloat16,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# CuTe combine kernel
+# ------------------------------------------------------------------------------------------------
+class MergeStatesKernel:
+    """Merge ``P`` partial states per row; one warp per row, lanes split the head dimension.
+
+    Tensors (all indexed by a 3-level row coordinate ``(b, s, h)`` so the decode kernel's natural
+    layouts can be used without copies; every stride is a run-time value except the last mode's 1):
+
+    * ``mOp``  (P, B, S, H, D)  partial outputs (fp32/fp16/bf16)
+    * ``mLp``  (P, B, S, H)     partial LSEs, float32, natural log
+    * ``mO``   (B, S, H, D)     merged output (dtype_out)
+    * ``mL``   (B, S, H)        merged LSE, float32
+
+    Each lane first scans the P LSEs of its row (broadcast loads) for the max, then accumulates
+    ``w_p * o_p`` over p in order with 16-byte vector loads; parts with ``lse = -inf`` are skipped.
+    The loop order is fixed, so results are bitwise reproducible.
+    """
+
+    def __init__(
+        self, dtype_in, dtype_out, head_dim: int, num_warps: int = 4, unroll: int = 8, pdl: bool = False
+    ):
+        # pdl: launched as a programmatic dependent of the kernel producing the parts (waits on
+        # griddepcontrol.wait before reading them; a no-op without the launch attribute)
+        self.pdl = pdl
+        self.dtype_in = dtype_in
+        self.dtype_out = dtype_out
+        self.head_dim = head_dim
+        self.num_warps = num_warps
+        self.unroll = unroll
+        # 16-byte vectors on the input side
+        self.vec = 128 // dtype_in.width
+        while head_dim % self.vec != 0:
+            self.vec //= 2
+        assert self.vec >= 1
+        self.chunks = head_dim // self.vec  # vectors per row
+        self.chunks_per_lane = (self.chunks + 31) // 32
+
+    @cute.jit
+    def __call__(
+        self,
+        mOp: cute.Tensor,
+        mLp: cute.Tensor,
+        mO: cute.Tensor,
+        mL: cute.Tensor,
+        stream,
+    ):
+        n_rows = mO.shape[0] * mO.shape[1] * mO.shape[2]
+        grid_x = cute.ceil_div(n_rows, self.num_warps)
+        self.kernel(mOp, mLp, mO, mL).launch(
+            grid=[grid_x, 1, 1],
+            block=[32 * self.num_warps, 1, 1],
+            stream=stream,
+            # an explicit occupancy bound: without it ptxas squeezes registers and serializes the
+            # unrolled loads (one 16-byte load in flight per lane instead of `unroll`)
+            min_blocks_per_mp=1,
+            use_pdl=self.pdl,
+        )
+
+    @cute.jit
+    def merge_row(
+        self,
+        mOp: cute.Tensor,
+        mLp: cute.Tensor,
+        mO: cute.Tensor,
+        mL: cute.Tensor,
+        b: Int32,
+        s: Int32,
+        h: Int32,
+        lane: Int32,
+    ):
+        """Merge the P parts of row (b, s, h); called by the 32 lanes of one warp.
+
+        Parts are read with L2-only loads (ld.global.cg): the decode kernel's fused merge reads parts
+        other CTAs wrote during the same launch, which a stale L1 line must not shadow."""
+        num_parts = mLp.shape[0]
+        n_groups = (num_parts + 31) // 32
+        # 1) max LSE: lanes read 32 parts at a time, butterfly max (order-independent, exact)
+        lse_max = -Float32.inf
+        for g in cutlass.range(n_groups, unroll=1):
+            p = g * 32 + lane
+            lse_l = -Float32.inf
+            if p < num_parts:
+                lse_l = self._ld_lse(mLp, p, b, s, h)
+            lse_max = cute.arch.fmax(lse_max, lse_l)
+        lse_max = cute.arch.warp_reduction_max(lse_max)
+        lse_max_safe = lse_max
+        if lse_max == -Float32.inf:
+            lse_max_safe = Float32(0.0)
+        # 2) weighted sum in part order; lane q holds the weight of part g*32+q
+        acc = cute.make_rmem_tensor((self.vec, self.chunks_per_lane), Float32)
+        acc.fill(0.0)
+        w_sum = Float32(0.0)
+        for g in cutlass.range(n_groups, unroll=1):
+            p_l = g * 32 + lane
+            w_l = Float32(0.0)
+            if p_l < num_parts:
+                w_l = cute.math.exp2((self._ld_lse(mLp, p_l, b, s, h) - lse_max_safe) * LOG2_E, fastmath=True)
+            n_in_group = cutlass.min(num_parts - g * 32, 32)
+            # blocks of `unroll` parts: issue all loads first (clamped to a valid part), then FMA
+            for q0 in cutlass.range(0, n_in_group, self.unroll, unroll=1):
+                vals = cute.make_rmem_tensor((self.vec, self.chunks_per_lane, self.unroll), Float32)
+                ws = cute.make_rmem_tensor((self.unroll,), Float32)
+                # shuffles first: ptxas does not hoist loads across shfl.sync
+                for u in cutlass.range_constexpr(self.unroll):
+                    q = cutlass.min(q0 + u, n_in_group - 1)
+                    w = cute.arch.shuffle_sync(w_l, q)
+                    if q0 + u >= n_in_group:
+                        w = Float32(0.0)
+                    ws[u] = w
+                for u in cutlass.range_constexpr(self.unroll):
+                    q = cutlass.min(q0 + u, n_in_group - 1)
+                    gOp = mOp[g * 32 + q, b, s, h, None]
+                    for j in cutlass.range_constexpr(self.chunks_per_lane):
+                        c = lane + 32 * j
+                        if const_expr(self.chunks % 32 != 0):
+                            c = cutlass.min(c, self.chunks - 1)
+                        tmp = cute.make_rmem_tensor((self.vec,), self.dtype_in)
+                        cute.copy(self._atom_cg(self.dtype_in, self.vec), cute.local_tile(gOp, (self.vec,), (c,)), tmp)
+                        vals[None, j, u].store(tmp.load().to(Float32))
+                for u in cutlass.range_constexpr(self.unroll):
+                    w = ws[u]
+                    w_sum += w
+                    for j in cutlass.range_constexpr(self.chunks_per_lane):
+                        for e in cutlass.range_constexpr(self.vec):
+                            # skip empty parts exactly (their o may hold anything, even NaN)
+                            contrib = w * vals[e, j, u]
+                            if w == 0.0:
+                                contrib = Float32(0.0)
+                            acc[e, j] = acc[e, j] + contrib
+        inv = Float32(0.0)
+        if w_sum > 0.0:
+            inv = cute.arch.rcp_approx(w_sum)
+        gO = mO[b, s, h, None]
+        for j in cutlass.range_constexpr(self.chunks_per_lane):
+            c = lane + 32 * j
+            if const_expr(self.chunks % 32 == 0) or c < self.chunks:
+                out = cute.local_tile(gO, (self.vec,), (c,))
+                out.store((acc[None, j].load() * inv).to(self.dtype_out))
+        if lane == 0:
+            mL[b, s, h] = lse_max_safe + cute.math.log(w_sum, fastmath=False)
+
+    @staticmethod
+    def _atom_cg(dtype, n):
+        return cute.make_copy_atom(
+            cute.nvgpu.CopyG2ROp(),
+            dtype,
+            num_bits_per_copy=n * dtype.width,
+            load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,
+        )
+
+    @cute.jit
+    def _ld_lse(self, mLp: cute.Tensor, p: Int32, b: Int32, s: Int32, h: Int32) -> Float32:
+        r = cute.make_rmem_tensor((1,), Float32)
+        cute.copy(self._atom_cg(Float32, 1), cute.local_tile(mLp[None, b, s, h], (1,), (p,)), r)
+        return r[0]
+
+    @cute.kernel
+    def kernel(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        n_h = mO.shape[2]
+        n_s = mO.shape[1]
+        n_rows = mO.shape[0] * n_s * n_h
+        row = bidx * self.num_warps + warp
+        if row < n_rows:
+            h = row % n_h
+            bs = row // n_h
+            s = bs % n_s
+            b = bs // n_s
+            self.merge_row(mOp, mLp, mO, mL, b, s, h, lane)
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    dtype_in: str  # "float32" | "float16" | "bfloat16"
+    dtype_out: str
+    head_dim: int
+    num_warps: int = 4
+
+
+def _cdtype(name: str):
+    return {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[name]
+
+
+def _merge_builder(cfg: MergeConfig):
+    def build():
+        from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+        din, dout = _cdtype(cfg.dtype_in), _cdtype(cfg.dtype_out)
+        D = cfg.head_dim
+        sym = cute.sym_int
+        P, B, S, H = sym(), sym(), sym(), sym()
+        vin = 128 // din.width
+        vout = 128 // dout.width
+        # strides: all run-time except the head dim's 1; rows stay 16-byte aligned (checked on host)
+        s_in = [cute.sym_int64(divisibility=vin if D % vin == 0 else 1) for _ in range(4)]
+        s_out = [cute.sym_int64(divisibility=vout if D % vout == 0 else 1) for _ in range(3)]
+        s_l = [cute.sym_int64() for _ in range(4)]
+        s_lo = [cute.sym_int64() for _ in range(3)]
+        mOp = make_fake_tensor(din, (P, B, S, H, D), (*s_in, 1), assumed_align=16)
+        mLp = make_fake_tensor(cutlass.Float32, (P, B, S, H), tuple(s_l), assumed_align=4)
+        mO = make_fake_tensor(dout, (B, S, H, D), (*s_out, 1), assumed_align=16)
+        mL = make_fake_tensor(cutlass.Float32, (B, S, H), tuple(s_lo), assumed_align=4)
+        k = MergeStatesKernel(din, dout, D, cfg.num_warps)
+        return k, (mOp, mLp, mO, mL, make_fake_stream(use_tvm_ffi_env_stream=True))
+
+    return build
+
+
+def get_merge_kernel(cfg: MergeConfig):
+    return jit.get_compiled("merge_states", cfg, _merge_builder(cfg))
+
+
+jit.register_warmup("merge_states", get_merge_kernel)
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def _row_aligned(t: torch.Tensor) -> bool:
+    """16-byte aligned base and row strides (what the kernel's vector loads assume)."""
+    es = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+
+
+def launch_merge(o_parts5: torch.Tensor, lse_parts4: torch.Tensor, out4: torch.Tensor, lse_out3: torch.Tensor):
+    """Run the CuTe merge on 5-d/4-d views: (P,B,S,H,D), (P,B,S,H) -> (B,S,H,D), (B,S,H)."""
+    cfg = MergeConfig(_dtype_name(o_parts5.dtype), _dtype_name(out4.dtype), int(o_parts5.shape[-1]))
+    get_merge_kernel(cfg)(o_parts5, lse_parts4, out4, lse_out3)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch math (CPU tensors, and the reference for tests)
+# ------------------------------------------------------------------------------------------------
+def merge_states_torch(o_parts: torch.Tensor, lse_parts: torch.Tensor):
+    """Reference merge in float32 torch ops; same math and part order as the kernel."""
+    o32 = o_parts.float()
+    lse = lse_parts.float()
+    m = lse.amax(dim=0)
+    m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w = torch.exp(lse - m_safe.unsqueeze(0))  # exp(-inf) = 0 for empty parts
+    w_sum = w.sum(dim=0)
+    contrib = torch.where((w > 0).unsqueeze(-1), w.unsqueeze(-1) * o32, torch.zeros_like(o32))
+    acc = contrib.sum(dim=0)
+    inv = torch.where(w_sum > 0, 1.0 / w_sum, torch.zeros_like(w_sum))
+    o = acc * inv.unsqueeze(-1)
+    lse_out = m_safe + torch.log(w_sum)
+    # NaN LSEs propagate (max would hide them)
+    nan_rows = torch.isnan(lse).any(dim=0)
+    if nan_rows.any():
+        lse_out = torch.where(nan_rows, torch.full_like(lse_out, float("nan")), lse_out)
+        o = torch.where(nan_rows.unsqueeze(-1), torch.full_like(o, float("nan")), o)
+    return o, lse_out
+
+
+def _check_states(o_parts: torch.Tensor, lse_parts: torch.Tensor):
+    if not isinstance(o_parts, torch.Tensor) or not isinstance(lse_parts, torch.Tensor):
+        raise TypeError("merge_states: o_parts and lse_parts must be tensors")
+    if o_parts.dim() < 2:
+        raise ValueError(f"merge_states: o_parts must be (P, ..., D), got shape {tuple(o_parts.shape)}")
+    if tuple(lse_parts.shape) != tuple(o_parts.shape[:-1]):
+        raise ValueError(
+            f"merge_states: lse_parts shape {tuple(lse_parts.shape)} must equal o_parts.shape[:-1] "
+            f"= {tuple(o_parts.shape[:-1])}"
+        )
+    if lse_parts.dtype != torch.float32:
+        raise TypeError(f"merge_states: lse_parts must be float32, got {lse_parts.dtype}")
+    if o_parts.dtype not in _TORCH_TO_CUTLASS:
+        raise TypeError(f"merge_states: o_parts must be float32/float16/bfloat16, got {o_parts.dtype}")
+    if o_parts.device != lse_parts.device:
+        raise ValueError("merge_states: o_parts and lse_parts must be on the same device")
+    if o_parts.shape[0] < 1:
+        raise ValueError("merge_states: need at least one part (P >= 1)")
+
+
+def _merge_states_impl(o_parts: torch.Tensor, lse_parts: torch.Tensor):
+    if o_parts.device.type != "cuda":
+        o, lse = merge_states_torch(o_parts, lse_parts)
+        return o.to(o_parts.dtype), lse
+    P = o_parts.shape[0]
+    D = o_parts.shape[-1]
+    rest = tuple(o_parts.shape[1:-1])
+    n = 1
+    for x in rest:
+        n *= x
+    op = o_parts.reshape(P, 1, 1, n, D)
+    if op.stride(-1) != 1 or not _row_aligned(op):
+        op = op.contiguous()
+        if not _row_aligned(op):  # odd head dim: rows cannot be 16-byte aligned
+            o, lse = merge_states_torch(o_parts, lse_parts)
+            return o.to(o_parts.dtype), lse
+    lp = lse_parts.reshape(P, 1, 1, n)
+    out = torch.empty((1, 1, n, D), dtype=o_parts.dtype, device=o_parts.device)
+    lse_out = torch.empty((1, 1, n), dtype=torch.float32, device=o_parts.device)
+    if n > 0:
+        if not _row_aligned(out):
+            o, lse = merge_states_torch(o_parts, lse_parts)
+            return o.to(o_parts.dtype), lse
+        launch_merge(op, lp, out, lse_out)
+    return out.reshape(*rest, D), lse_out.reshape(rest)
+
+
+@torch.library.custom_op("cute_kernels::merge_states", mutates_args=())
+def _merge_states_op(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _merge_states_impl(o_parts, lse_parts)
+
+
+@_merge_states_op.register_fake
+def _(o_parts, lse_parts):
+    return (
+        o_parts.new_empty(o_parts.shape[1:]),
+        lse_parts.new_empty(lse_parts.shape[1:]),
+    )
+
+
+def merge_states(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge P partial attention states exactly.
+
+    Args:
+        o_parts: (P, ..., D) partial outputs, each normalized within its part (float32, float16 or
+            bfloat16).
+        lse_parts: (P, ...) float32 log-sum-exp of each part's scaled scores, **natural log**
+            (``-inf`` marks an empty part: its output is ignored).
+
+    Returns:
+        ``(o, lse)``: o (..., D) in o_parts' dtype, lse (...) float32 natural log.
+        ``m = max_i lse_i; w_i = exp(lse_i - m); o = sum w_i o_i / sum w_i; lse = m + log sum w_i``;
+        rows where every part is empty give ``o = 0, lse = -inf``.
+
+    CUDA tensors run a CuTe kernel; CPU tensors run torch ops with the same math.  Parts are summed
+    in index order, so results are deterministic.
+    """
+    _check_states(o_parts, lse_parts)
+    return _merge_states_op(o_parts, lse_parts)
+
+
+def merge_state(
+    o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two attention states (o_a, lse_a) and (o_b, lse_b) over disjoint key sets.
+
+    o: (..., D), lse: (...) float32, **natural-log** LSE; see :func:`merge_states` for the math.
+    Returns ``(o, lse)`` with o in o_a's dtype.
+    """
+    if o_a.shape != o_b.shape or lse_a.shape != lse_b.shape:
+        raise ValueError(
+            f"merge_state: shapes differ: o {tuple(o_a.shape)} vs {tuple(o_b.shape)}, "
+            f"lse {tuple(lse_a.shape)} vs {tuple(lse_b.shape)}"
+        )
+    if o_a.dtype != o_b.dtype:
+        raise TypeError(f"merge_state: o dtypes differ ({o_a.dtype} vs {o_b.dtype})")
+    return merge_states(torch.stack([o_a, o_b]), torch.stack([lse_a, lse_b]))

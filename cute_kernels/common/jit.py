@@ -1,0 +1,226 @@
+"""One place that compiles a kernel for a configuration, and caches it in memory and on disk.
+
+Why: ``cute.compile`` costs 1-2 s per kernel and does not consult any cache of its own.  Every kernel
+module asks :func:`get_compiled` for its configuration; the first call in a process loads the object
+file another process already exported (~1 ms) or compiles and exports it, later calls are a dict hit.
+
+Key = kernel name + its hyperparameters + dtypes + the shape facts it specializes on (divisibility,
+majors) + target arch facts.  Run-time values (M/N/K, lengths, alpha) are never part of the key: kernels
+take them as ``cute.sym_int`` sizes or scalar arguments.  The disk file name also hashes the DSL and
+TVM-FFI versions and every ``.py`` file of ``cute_kernels/`` and ``layouts/``, so editing any shared
+block invalidates what was built from it.
+
+Concurrency: a per-key ``flock``; the compile runs under the exclusive lock, so N processes racing on a
+cold key compile once; files are written to a temporary name and renamed, so a reader never sees half a
+file.  ``cute.compile`` is not thread-safe: an in-process lock serializes compiles.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+from .arch import current_arch, set_dsl_arch_env
+
+set_dsl_arch_env()
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+
+log = logging.getLogger("cute_kernels")
+if not log.handlers:
+    _h = logging.StreamHandler(sys.stderr)
+    _h.setFormatter(logging.Formatter("[cute-kernels] %(message)s"))
+    log.addHandler(_h)
+    log.setLevel(os.environ.get("CUTE_KERNELS_LOG_LEVEL", "INFO").upper())
+    log.propagate = False
+
+EXPORT_NAME = "cute_kernels_entry"
+#: the package and layouts/: every source file a kernel is built from (cute_kernels/common/jit.py -> up two)
+_PKG_DIRS = [Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "layouts"]
+
+#: Builder: returns the ``@cute.jit`` callable and the (fake) arguments to compile it with.
+Builder = Callable[[], tuple[Callable[..., Any], tuple]]
+
+_memory: dict[tuple, Any] = {}
+_compile_lock = threading.Lock()
+stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "compile_seconds": 0.0}
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("CUTE_KERNELS_CACHE_DIR")
+    if d:
+        p = Path(d)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        p = Path(base) / "cute_kernels"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def disk_cache_enabled() -> bool:
+    return os.environ.get("CUTE_KERNELS_DISK_CACHE", "1") not in ("0", "false", "off")
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """Hash of the DSL/TVM-FFI versions and every source file kernels are built from."""
+    import tvm_ffi
+
+    h = hashlib.sha256()
+    h.update(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
+    h.update(f"cutlass-dsl={cutlass.__version__};tvm_ffi={tvm_ffi.__version__}".encode())
+    for root in _PKG_DIRS:
+        for src in sorted(root.rglob("*.py")):
+            h.update(src.relative_to(root.parent).as_posix().encode())
+            h.update(src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def full_key(name: str, config: Hashable) -> tuple:
+    """The cache key: kernel, its configuration, and the target's facts."""
+    return (name, config, current_arch().key())
+
+
+def compile_options(*, tvm_ffi: bool = True, extra: str = "") -> str:
+    opts = f"--gpu-arch {current_arch().name}"
+    if tvm_ffi:
+        opts += " --enable-tvm-ffi"
+    if os.environ.get("CUTE_KERNELS_LINEINFO"):
+        opts += " --generate-line-info"
+    return (opts + " " + extra).strip()
+
+
+def compile_now(builder: Builder, *, tvm_ffi: bool = True, extra_options: str = ""):
+    """Compile without any cache (used by the cache itself and by :mod:`cute_kernels.inspect`)."""
+    fn, args = builder()
+    with _compile_lock:
+        return cute.compile(fn, *args, options=compile_options(tvm_ffi=tvm_ffi, extra=extra_options))
+
+
+class _FileLock:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _load_object(path: Path):
+    mod = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+    return getattr(mod, EXPORT_NAME)
+
+
+#: Per thread, set by :func:`dry_run`: get_compiled records ``(name, config)`` there and compiles nothing.
+_dry = threading.local()
+
+
+class dry_run:
+    """Context manager: every :func:`get_compiled` inside records ``(name, config)`` in ``.seen`` and
+    returns None instead of compiling.  Why: a plan (``gemm_host.explain``) can then show exactly the
+    configuration a call would compile, by running the real planning code, without a compiler or GPU.
+    Per thread: a real call on another thread still compiles and launches."""
+
+    def __enter__(self):
+        self.prev, self.seen = getattr(_dry, "seen", None), []
+        _dry.seen = self.seen
+        return self
+
+    def __exit__(self, *exc):
+        _dry.seen = self.prev
+
+
+def get_compiled(name: str, config: Hashable, builder: Builder):
+    """The compiled callable for ``(name, config)``: memory, then disk, then a fresh compile."""
+    seen = getattr(_dry, "seen", None)
+    if seen is not None:
+        seen.append((name, config))
+        return None
+    key = full_key(name, config)
+    fn = _memory.get(key)
+    if fn is not None:
+        stats["memory_hits"] += 1
+        return fn
+    if not disk_cache_enabled():
+        fn = _timed_compile(name, config, builder)
+        _memory[key] = fn
+        return fn
+    digest = hashlib.sha256(repr((key, source_fingerprint())).encode()).hexdigest()[:32]
+    d = cache_dir()
+    obj = d / f"{name}-{digest}.o"
+    with _FileLock(d / f"{name}-{digest}.lock"):
+        if obj.exists():
+            try:
+                fn = _load_object(obj)
+                stats["disk_hits"] += 1
+                log.debug("loaded %s %s from %s", name, config, obj)
+            except Exception as e:  # a corrupt file: rebuild it
+                log.warning("cache file %s failed to load (%s); recompiling", obj, e)
+                fn = None
+        if fn is None:
+            compiled = _timed_compile(name, config, builder)
+            tmp = obj.with_suffix(f".tmp{os.getpid()}.o")
+            compiled.export_to_c(str(tmp), function_name=EXPORT_NAME)
+            os.replace(tmp, obj)
+            (d / f"{name}-{digest}.txt").write_text(repr(key) + "\n")
+            fn = compiled
+    _memory[key] = fn
+    return fn
+
+
+def _timed_compile(name: str, config: Hashable, builder: Builder):
+    t0 = time.perf_counter()
+    compiled = compile_now(builder)
+    dt = time.perf_counter() - t0
+    stats["compiles"] += 1
+    stats["compile_seconds"] += dt
+    log.info("compiled %s %s for %s in %.2f s", name, _short(config), current_arch().name, dt)
+    return compiled
+
+
+def _short(config: Hashable) -> str:
+    s = repr(config)
+    return s if len(s) < 160 else s[:157] + "..."
+
+
+def clear_memory_cache() -> None:
+    _memory.clear()
+
+
+# ---- warm-up registry: kernels register how to compile one of their configs ----------------------
+_warmers: dict[str, Callable[[Any], Any]] = {}
+
+
+def register_warmup(name: str, fn: Callable[[Any], Any]) -> None:
+    _warmers[name] = fn
+
+
+def warmup(configs) -> int:
+    """Precompile ``[(kernel_name, spec), ...]``; returns how many were handled.
+
+    ``("gemm", dict(m=4096, n=4096, k=4096, dtype=torch.bfloat16, a_major="row", b_major="row"))``
+    compiles what ``gemm`` would run for that problem (see :func:`cute_kernels.gemm.host.warmup_gemm`);
+    ``("decode_attn", DecodeConfig)`` / ``("merge_states", MergeConfig)`` take those kernels' configs.
+    Without a GPU this fills the disk cache for a GPU machine with the same arch facts.
+    """
+    n = 0
+    for name, cfg in configs:
+        if name not in _warmers:
+            raise ValueError(f"warmup: unknown kernel {name!r}; known: {sorted(_warmers)}")
+        _warmers[name](cfg)
+        n += 1
+    return n

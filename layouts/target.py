@@ -1,0 +1,43 @@
+"""The compile target the DSL is pointed at, set before ``cutlass`` is first imported.
+
+Why: the CuTe DSL reads ``CUTE_DSL_ARCH`` once, at import, and without a GPU it assumes a Blackwell
+target.  Every kernel here is Hopper-only, so whichever of :mod:`layouts` or :mod:`cute_kernels` is
+imported first sets the variable to ``sm_90a`` (or the device's arch, or ``CUTE_KERNELS_ARCH``) before
+anything imports ``cutlass``.  A CPU-only machine can then build real ``sm_90a`` cubins.
+Pure Python; torch is imported lazily and only to ask for a device.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_ARCH = "sm_90a"
+
+
+def cuda_capability() -> tuple[int, int] | None:
+    """The current CUDA device's compute capability, or None without a usable GPU."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_capability()
+    except Exception:  # torch missing or broken CUDA: treat as no GPU
+        pass
+    return None
+
+
+def detect_arch_name() -> str:
+    """The arch to compile for: ``CUTE_KERNELS_ARCH`` if set, else the device's, else sm_90a."""
+    forced = os.environ.get("CUTE_KERNELS_ARCH")
+    if forced:
+        return forced
+    cap = cuda_capability()
+    if cap is None:
+        return DEFAULT_ARCH
+    major, minor = cap
+    return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+
+
+def set_dsl_arch_env() -> None:
+    """Point the DSL at our target before it is imported (it reads the variable only once)."""
+    os.environ.setdefault("CUTE_DSL_ARCH", detect_arch_name())

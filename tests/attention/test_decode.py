@@ -1,0 +1,855 @@
+"""decode_attn tests.
+
+CPU: host validation errors, checked mode, the split heuristic, the torch reference against SDPA, the
+custom ops' fake implementations, and every kernel configuration compiles for sm_90a with no
+local-memory traffic.  GPU (``-m gpu``): numerics against a float32 reference, paged == contiguous,
+split counts, determinism, CUDA-graph capture, poisoned buffers, bad device values.
+"""
+
+import itertools
+import os
+
+import pytest
+import torch
+
+import importlib
+
+# the package exports the function under the module's name: fetch the module itself
+DA = importlib.import_module("cute_kernels.attention.decode")
+from cute_kernels.attention.decode import decode_attn, decode_attn_reference, decode_attn_workspace
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def make_inputs(B, Sq, Hq, Hkv, D, lens, dtype=torch.bfloat16, Lmax=None, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    Lmax = max(1, max(lens)) if Lmax is None else Lmax
+    q = torch.randn(B, Sq, Hq, D, generator=g, device=device).to(dtype)
+    k = torch.randn(B, Lmax, Hkv, D, generator=g, device=device).to(dtype)
+    v = torch.randn(B, Lmax, Hkv, D, generator=g, device=device).to(dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return q, k, v, seqlens
+
+
+def to_paged(k, v, page_size, seed=0, spare_pages=3):
+    """Contiguous (B, Lmax, H, D) -> shuffled pages (num_pages, page_size, H, D) + block table."""
+    B, Lmax, H, D = k.shape
+    pps = -(-Lmax // page_size)
+    pad = pps * page_size - Lmax
+    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(B * pps, page_size, H, D)
+    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(B * pps, page_size, H, D)
+    n_pages = B * pps + spare_pages
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_pages, generator=g)[: B * pps].to(k.device)
+    k_pages = torch.randn(n_pages, page_size, H, D, device=k.device).to(k.dtype)  # junk in spares
+    v_pages = torch.randn(n_pages, page_size, H, D, device=k.device).to(k.dtype)
+    k_pages[perm] = kp
+    v_pages[perm] = vp
+    block_table = perm.view(B, pps).to(torch.int32).contiguous()
+    return k_pages, v_pages, block_table
+
+
+def check_close(out, lse, ref_o, ref_lse, dtype, what=""):
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    scale = ref_o.abs().amax().clamp_min(1e-3)
+    err = ((out.float() - ref_o).abs().amax() / scale).item()
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    assert err < tol, f"{what}: max error {err:.3g} relative to max |ref| (tol {tol})"
+    if lse is not None:
+        empty = torch.isneginf(ref_lse)
+        assert torch.equal(torch.isneginf(lse), empty), f"{what}: -inf LSE pattern differs"
+        assert torch.isfinite(lse[~empty]).all()
+        d = (lse[~empty] - ref_lse[~empty]).abs().amax().item() if (~empty).any() else 0.0
+        assert d < 2e-3, f"{what}: LSE error {d:.3g}"
+    # rows that see no key: exactly zero
+    if lse is not None:
+        B, Hq, Sq = ref_lse.shape
+        empty_rows = torch.isneginf(ref_lse).permute(0, 2, 1)  # (B, Sq, Hq)
+        assert (out.float()[empty_rows] == 0).all(), f"{what}: rows with no keys must be 0"
+
+
+# ------------------------------------------------------------------------------------------ CPU
+def _base(**over):
+    q, k, v, s = make_inputs(2, 1, 8, 2, 128, [5, 9])
+    kw = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=s)
+    kw.update(over)
+    return kw
+
+
+def _call(kw):
+    kw = dict(kw)
+    return decode_attn(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), **kw)
+
+
+BAD_INPUTS = [
+    (lambda: _base(q=torch.randn(2, 1, 8, 128)), TypeError, "float16 or bfloat16"),
+    (lambda: _base(q=torch.randn(2, 1, 8, 128, dtype=torch.float16)), TypeError, "dtype"),
+    (lambda: _base(q=torch.randn(2, 17, 8, 128, dtype=torch.bfloat16)), ValueError, "seqlen_q"),
+    (lambda: _base(q=torch.randn(2, 8, 128, dtype=torch.bfloat16)), ValueError, "batch, seqlen_q"),
+    (lambda: _base(q=torch.randn(2, 1, 8, 96, dtype=torch.bfloat16)), ValueError, "head_dim"),
+    (lambda: _base(q=torch.randn(2, 1, 7, 128, dtype=torch.bfloat16)), ValueError, "multiple of heads_kv"),
+    (lambda: _base(q=torch.randn(2, 1, 8, 256, dtype=torch.bfloat16)[..., ::2]), ValueError, "contiguous in the head dim"),
+    (lambda: _base(k_cache=torch.randn(2, 9, 2, 256, dtype=torch.bfloat16)[..., ::2]), ValueError, "contiguous in the head dim|shapes differ"),
+    (lambda: _base(k_cache=torch.randn(2, 9, 2, 256, dtype=torch.bfloat16)[..., ::2],
+                   v_cache=torch.randn(2, 9, 2, 256, dtype=torch.bfloat16)[..., ::2]), ValueError, "contiguous in the head dim"),
+    (lambda: _base(v_cache=torch.randn(2, 8, 2, 128, dtype=torch.bfloat16)), ValueError, "shapes differ"),
+    (lambda: _base(cache_seqlens=torch.tensor([5, 9])), TypeError, "int32"),
+    (lambda: _base(cache_seqlens=torch.tensor([5, 9, 1], dtype=torch.int32)), ValueError, "cache_seqlens must be"),
+    (lambda: _base(block_table=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "block_table must be int32"),
+    (lambda: _base(block_table=torch.zeros(3, 3, dtype=torch.int32)), ValueError, "block_table must be"),
+    (lambda: _base(out=torch.empty(2, 1, 8, 64, dtype=torch.bfloat16)), ValueError, "out must be"),
+    (lambda: _base(out=torch.empty(2, 1, 8, 128, dtype=torch.float16)), ValueError, "out must be"),
+    (lambda: _base(workspace=torch.empty(10, dtype=torch.float16)), ValueError, "workspace must be"),
+    (lambda: _base(num_splits=0), ValueError, "num_splits"),
+    (lambda: _base(softmax_scale=-1.0), ValueError, "softmax_scale"),
+    (lambda: _base(workspace=torch.empty(10), num_splits=4), ValueError, "workspace has"),
+]
+
+
+@pytest.mark.parametrize("make,exc,match", BAD_INPUTS, ids=[f"bad{i}" for i in range(len(BAD_INPUTS))])
+def test_bad_inputs(make, exc, match):
+    with pytest.raises(exc, match=match):
+        _call(make())
+
+
+def test_empty_batch():
+    q, k, v, s = make_inputs(1, 1, 8, 2, 64, [3])
+    out = decode_attn(q[:0], k[:0], v[:0], cache_seqlens=s[:0])
+    assert out.shape == (0, 1, 8, 64)
+
+
+def test_contiguous_cache_batch_mismatch():
+    q, k, v, s = make_inputs(2, 1, 8, 2, 128, [5, 9])
+    with pytest.raises(ValueError, match="batch"):
+        decode_attn(q, k[:1], v[:1], cache_seqlens=s)
+
+
+def test_checked_mode_lengths(monkeypatch):
+    q, k, v, _ = make_inputs(2, 1, 8, 2, 64, [5, 9])
+    with pytest.raises(ValueError, match="exceed the cache capacity"):
+        decode_attn(q, k, v, cache_seqlens=torch.tensor([5, 10], dtype=torch.int32), checked=True)
+    with pytest.raises(ValueError, match="negative"):
+        decode_attn(q, k, v, cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32), checked=True)
+    monkeypatch.setenv("CUTE_KERNELS_CHECKED", "1")
+    with pytest.raises(ValueError, match="exceed the cache capacity"):
+        decode_attn(q, k, v, cache_seqlens=torch.tensor([5, 10], dtype=torch.int32))
+    # explicit checked=False wins over the environment
+    decode_attn(q, k, v, cache_seqlens=torch.tensor([5, 9], dtype=torch.int32), checked=False)
+
+
+def test_checked_mode_pages():
+    q, k, v, s = make_inputs(2, 1, 8, 2, 64, [30, 17], Lmax=32)
+    kp, vp, bt = to_paged(k, v, 16)
+    decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt, checked=True)  # fine
+    bad = bt.clone()
+    bad[1, 1] = kp.shape[0]
+    with pytest.raises(ValueError, match="page ids outside"):
+        decode_attn(q, kp, vp, cache_seqlens=s, block_table=bad, checked=True)
+    bad = bt.clone()
+    bad[0, 0] = -1
+    with pytest.raises(ValueError, match="page ids outside"):
+        decode_attn(q, kp, vp, cache_seqlens=s, block_table=bad, checked=True)
+    # an unused page may hold anything
+    ok = bt.clone()
+    s2 = torch.tensor([30, 16], dtype=torch.int32)
+    ok[1, 1] = 10**6
+    decode_attn(q, kp, vp, cache_seqlens=s2, block_table=ok, checked=True)
+    with pytest.raises(ValueError, match="exceed the cache capacity"):
+        decode_attn(q, kp, vp, cache_seqlens=torch.tensor([33, 1], dtype=torch.int32), block_table=bt, checked=True)
+
+
+def _sdpa_reference(q, k, v, lens, causal, scale):
+    """Independent float64 reference from torch SDPA with an explicit mask."""
+    B, Sq, Hq, D = q.shape
+    Hkv = k.shape[2]
+    out = torch.zeros(B, Sq, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        L = int(lens[b])
+        if L == 0:
+            continue
+        qb = q[b].double().transpose(0, 1)  # (Hq, Sq, D)
+        kb = k[b, :L].double().transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
+        vb = v[b, :L].double().transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
+        mask = torch.ones(Sq, L, dtype=torch.bool)
+        if causal:
+            mask = torch.arange(L)[None, :] <= (L - Sq + torch.arange(Sq))[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+        o = torch.where(mask.any(-1)[None, :, None], o, torch.zeros_like(o))
+        out[b] = o.transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Sq,G", [(1, 1), (4, 4), (3, 8)])
+def test_reference_matches_sdpa(causal, Sq, G):
+    Hkv = 2
+    q, k, v, s = make_inputs(3, Sq, Hkv * G, Hkv, 64, [0, 2, 37], dtype=torch.float32, Lmax=40)
+    out, lse = decode_attn_reference(q, k, v, s, causal=causal, softmax_scale=0.3)
+    ref = _sdpa_reference(q, k, v, [0, 2, 37], causal, 0.3)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    assert torch.isneginf(lse[0]).all() and torch.isfinite(lse[2]).all()
+    if causal and Sq > 2:  # L=2 < Sq: the first new tokens see nothing
+        assert torch.isneginf(lse[1, :, 0]).all()
+
+
+def test_cpu_path_and_paged_reference():
+    q, k, v, s = make_inputs(2, 2, 8, 2, 64, [30, 17], Lmax=32)
+    out, lse = decode_attn(q, k, v, cache_seqlens=s, return_lse=True)
+    ro, rl = decode_attn_reference(q, k, v, s)
+    torch.testing.assert_close(out, ro.to(q.dtype))
+    torch.testing.assert_close(lse, rl)
+    kp, vp, bt = to_paged(k, v, 16)
+    out2 = decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt)
+    torch.testing.assert_close(out2, out)
+
+
+def test_opcheck_custom_ops():
+    q, k, v, s = make_inputs(2, 1, 4, 2, 64, [5, 9])
+    torch.library.opcheck(DA._decode_attn_op, (q, k, v, s, None, 1, True, 0.125))
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 4, 1)
+    torch.library.opcheck(DA._decode_attn_out_op, (q, k, v, s, None, out, lse, None, 1, True, 0.125))
+
+
+def test_split_heuristic():
+    arch_sms = 132
+    # one (batch, head) pair per... few pairs: fill the SMs
+    s = DA.choose_num_splits(1, 8, 1, 32768, 64, arch_sms, 1)
+    assert 8 <= s <= 64 and 8 * s <= 2 * arch_sms
+    # enough pairs already: no split
+    assert DA.choose_num_splits(64, 8, 1, 2048, 64, arch_sms, 1) == 1
+    # never more splits than tiles
+    assert DA.choose_num_splits(1, 1, 1, 100, 64, arch_sms, 1) <= 2
+    # only static sizes: same answer every time
+    assert len({DA.choose_num_splits(2, 8, 1, 65536, 64, arch_sms, 2) for _ in range(5)}) == 1
+    # the plan does not depend on the lengths
+    q, k, v, _ = make_inputs(1, 1, 32, 8, 128, [1], Lmax=32768)
+    plans = {DA._plan(q, k, None, None, True)[1] for _ in range(3)}
+    assert len(plans) == 1 and plans.pop() > 1
+
+
+def test_split_heuristic_paged_fills_two_ctas_per_sm():
+    """Caches paged in pages no larger than a KV tile get the count that fills 2 CTAs per SM (the
+    second hides block-table latency), contiguous ones and larger pages 1 CTA per SM: b4 hq64 hkv8
+    L65536 -> 8 (pages of 16) vs 4 splits (contiguous, pages of 256) on 132 SMs."""
+    from cute_kernels.common.arch import current_arch
+
+    sms = current_arch().sm_count
+    q = torch.empty(4, 1, 64, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(4, 65536, 8, 128, dtype=torch.bfloat16, device="meta")
+    kp = torch.empty(1, 16, 8, 128, dtype=torch.bfloat16, device="meta")
+    bt = torch.empty(4, 65536 // 16, dtype=torch.int32, device="meta")
+    contiguous, paged = DA._plan(q, k, None, None, True)[1], DA._plan(q, kp, bt, None, True)[1]
+    assert contiguous == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 1)
+    assert paged == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 2) > contiguous
+    kp256 = torch.empty(1, 256, 8, 128, dtype=torch.bfloat16, device="meta")
+    bt256 = torch.empty(4, 65536 // 256, dtype=torch.int32, device="meta")
+    assert DA._plan(q, kp256, bt256, None, True)[1] == contiguous
+    if sms == 132:
+        assert (contiguous, paged) == (4, 8)
+
+
+def test_workspace_helper():
+    q = torch.empty(2, 3, 8, 128, dtype=torch.bfloat16)
+    ws = decode_attn_workspace(q, 16)
+    assert ws.dtype == torch.float32 and ws.numel() == DA.workspace_numel(16, 2, 3, 8, 128)
+    assert DA.workspace_numel(1, 2, 3, 8, 128) >= 1
+
+
+# every kernel variant builds for sm_90a without local memory
+_CFG_AXES = dict(
+    dtype=[torch.bfloat16, torch.float16],
+    D=[64, 128, 256],
+    rows=[8, 32, 64],
+    paged=[0, 16, 256],
+    causal=[True, False],
+    split=[True, False],
+)
+_ALL_CFGS = list(itertools.product(*_CFG_AXES.values()))
+# a fast default subset covering every value of every axis
+_FAST_CFGS = [
+    (torch.bfloat16, 128, 8, 0, True, True),
+    (torch.bfloat16, 128, 8, 16, True, False),
+    (torch.float16, 128, 32, 0, False, True),
+    (torch.bfloat16, 128, 64, 256, True, True),
+    (torch.bfloat16, 64, 8, 16, True, True),
+    (torch.float16, 64, 64, 0, True, False),
+    (torch.bfloat16, 256, 8, 0, True, True),
+    (torch.bfloat16, 256, 32, 16, False, True),
+    (torch.float16, 256, 64, 256, True, False),
+]
+
+
+def _cid(c):
+    return f"{str(c[0])[6:]}-d{c[1]}-r{c[2]}-p{c[3]}-{'causal' if c[4] else 'full'}-{'split' if c[5] else 'direct'}"
+
+
+def _compile_check(case, merge_mode=None):
+    """merge_mode None: the library default (PDL merge, PDL-launched decode kernel)."""
+    from cute_kernels.tools import inspect as ins
+
+    dtype, D, rows, page, causal, split = case
+    with DA.override_config(**({} if merge_mode is None else dict(merge_mode=merge_mode))):
+        cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split)
+    merge_mode = cfg.merge_mode
+    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    ks = [k for k in rep.kernels if "Decode" in k.name]
+    assert len(ks) == 1, rep.summary()
+    k = ks[0]
+    assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
+    if rep.sass is not None:
+        assert k.instructions["HMMA"] > 0 and k.instructions["LDGSTS"] > 0, rep.summary()
+    if split and merge_mode != "fused":
+        assert any("Merge" in k.name for k in rep.kernels)
+    if rep.ptx is not None and split and merge_mode == "pdl":
+        assert "griddepcontrol.wait" in rep.ptx and "griddepcontrol.launch_dependents" in rep.ptx
+    if rep.ptx is not None and cfg.pdl_in:
+        assert "griddepcontrol.wait" in rep.ptx
+    if rep.ptx is not None and merge_mode == "fused":
+        assert "atom.global.acq_rel.add" in rep.ptx and "fence.acq_rel.gpu" in rep.ptx
+
+
+@pytest.mark.parametrize("merge_mode", ["kernel", "fused"])
+@pytest.mark.parametrize(
+    "case", [(torch.bfloat16, 128, 8, 16, True, True), (torch.float16, 256, 64, 0, False, True)], ids=_cid
+)
+def test_compiles_merge_modes(case, merge_mode):
+    _compile_check(case, merge_mode)
+
+
+@pytest.mark.parametrize("case", _FAST_CFGS, ids=_cid)
+def test_compiles_for_sm90a(case):
+    _compile_check(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in _ALL_CFGS if c not in _FAST_CFGS], ids=_cid)
+def test_compiles_for_sm90a_all(case):
+    _compile_check(case)
+
+
+# ------------------------------------------------------------------------------------------ GPU
+def run_and_ref(q, k, v, s, bt=None, **kw):
+    out, lse = decode_attn(q, k, v, cache_seqlens=s, block_table=bt, return_lse=True, **kw)
+    ro, rl = decode_attn_reference(q, k, v, s, bt, kw.get("causal", True), kw.get("softmax_scale"))
+    return out, lse, ro, rl
+
+
+@gpu
+@pytest.mark.parametrize("L", [0, 1, 7, 1000, 65537, 131072])
+@pytest.mark.parametrize("Sq", [1, 4])
+@pytest.mark.parametrize("G", [1, 4, 8])
+def test_gpu_lengths_gqa(L, Sq, G):
+    Hkv = 2
+    lens = [L, L // 3]
+    q, k, v, s = make_inputs(2, Sq, Hkv * G, Hkv, 128, lens, device="cuda", seed=L + 7 * Sq + G)
+    out, lse, ro, rl = run_and_ref(q, k, v, s)
+    check_close(out, lse, ro, rl, q.dtype, f"L={L} Sq={Sq} G={G}")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 256])
+@pytest.mark.parametrize("Sq,G", [(1, 8), (3, 4), (16, 4)])
+def test_gpu_dtypes_head_dims(dtype, D, Sq, G):
+    Hkv = 2
+    q, k, v, s = make_inputs(3, Sq, Hkv * G, Hkv, D, [3000, 1, 777], dtype=dtype, device="cuda")
+    out, lse, ro, rl = run_and_ref(q, k, v, s)
+    check_close(out, lse, ro, rl, dtype, f"{dtype} D={D} Sq={Sq} G={G}")
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Hq,Hkv,Sq", [(32, 1, 1), (64, 1, 2), (16, 16, 16)])
+def test_gpu_mqa_many_rows_and_noncausal(causal, Hq, Hkv, Sq):
+    """MQA with 32..128 rows per KV head (several row blocks), and full (non-causal) masks."""
+    q, k, v, s = make_inputs(2, Sq, Hq, Hkv, 128, [2500, 70], device="cuda")
+    out, lse, ro, rl = run_and_ref(q, k, v, s, causal=causal, softmax_scale=0.2)
+    check_close(out, lse, ro, rl, q.dtype, f"Hq={Hq} Hkv={Hkv} Sq={Sq} causal={causal}")
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [16, 64, 128, 256, 48])
+@pytest.mark.parametrize("Sq", [1, 4])
+def test_gpu_paged_equals_contiguous(page_size, Sq):
+    lens = [5000, 1, 0, 2049]
+    Lmax = 5120
+    q, k, v, s = make_inputs(4, Sq, 16, 4, 128, lens, Lmax=Lmax, device="cuda", seed=page_size)
+    kp, vp, bt = to_paged(k, v, page_size, seed=page_size)
+    for splits in (1, 7, None):
+        # same split count on both: identical tiles and merge order -> identical bits
+        P = splits if splits is not None else DA._plan(q, k, None, None, True)[1]
+        oc, lc = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, return_lse=True)
+        op, lp = decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt, num_splits=P, return_lse=True)
+        assert torch.equal(oc, op) and torch.equal(lc, lp), f"page {page_size} splits {P}"
+    out, lse, ro, rl = run_and_ref(q, kp, vp, s, bt)
+    check_close(out, lse, ro, rl, q.dtype, f"paged {page_size}")
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_gpu_page_prefetch_bitwise(page_size):
+    """The opt-in block-table prefetch (page ids read one tile ahead) gives the default paged kernel's
+    bits on shuffled pages with ragged lengths and splits 1 / 7 / auto, and out-of-range page ids in
+    the table stay clamped (in bounds) exactly as without it."""
+    lens = [5000, 1, 0, 2049, 63]
+    q, k, v, s = make_inputs(5, 2, 16, 4, 128, lens, Lmax=5120, device="cuda", seed=page_size + 1)
+    kp, vp, bt = to_paged(k, v, page_size, seed=page_size + 1)
+    bad = bt.clone()
+    bad[0, 1] = 10**6
+    bad[3, 0] = -7
+    for table in (bt, bad):
+        for splits in (1, 7, None):
+            base = decode_attn(q, kp, vp, cache_seqlens=s, block_table=table, num_splits=splits, return_lse=True)
+            with DA.override_config(page_prefetch=True):
+                assert DA._plan(q, kp, table, splits, True)[0].page_prefetch
+                got = decode_attn(q, kp, vp, cache_seqlens=s, block_table=table, num_splits=splits,
+                                  return_lse=True)
+            assert torch.equal(base[0], got[0]) and torch.equal(base[1], got[1]), (page_size, splits)
+    with DA.override_config(page_prefetch=True):
+        out, lse, ro, rl = run_and_ref(q, kp, vp, s, bt)
+    check_close(out, lse, ro, rl, q.dtype, f"page_prefetch {page_size}")
+
+
+def test_compiles_page_prefetch():
+    """The prefetching paged kernel compiles for sm_90a without spills or a stack frame."""
+    from cute_kernels.tools import inspect as ins
+
+    with DA.override_config(page_prefetch=True):
+        cfg = DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True)
+    assert cfg.page_prefetch
+    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    k = [k for k in rep.kernels if "Decode" in k.name][0]
+    assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
+    if rep.sass is not None:
+        assert k.instructions["LDGSTS"] > 0 and k.instructions["HMMA"] > 0, rep.summary()
+    with DA.override_config(page_prefetch=True):  # contiguous caches ignore it
+        assert not DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).page_prefetch
+
+
+MERGE_MODES = ["kernel", "pdl", "fused"]
+
+
+@gpu
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+@pytest.mark.parametrize("num_splits", [1, None, 3, 64, 300])
+def test_gpu_split_counts(num_splits, merge_mode):
+    """Split 1, auto, a few, more splits than chunks (L=100 -> 2 tiles; 300 splits for L<=9000)."""
+    q, k, v, s = make_inputs(3, 2, 16, 2, 128, [100, 9000, 3], device="cuda", seed=11)
+    with DA.override_config(merge_mode=merge_mode):
+        out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=num_splits)
+        check_close(out, lse, ro, rl, q.dtype, f"splits={num_splits} {merge_mode}")
+        # the same call again (fused: the counters were reset by the previous launch)
+        out2 = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits)
+        assert torch.equal(out2, out)
+
+
+@gpu
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_merge_modes_agree_bitwise(merge_mode):
+    """All merge modes run the same math in the same order: identical bits."""
+    q, k, v, s = make_inputs(4, 4, 32, 8, 128, [7000, 1, 0, 3333], device="cuda", seed=12)
+    kp, vp, bt = to_paged(k, v, 32)
+    base = decode_attn(q, k, v, cache_seqlens=s, num_splits=24, return_lse=True)
+    with DA.override_config(merge_mode=merge_mode):
+        for _ in range(3):
+            o, l = decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt, num_splits=24, return_lse=True)
+            assert torch.equal(o, base[0]) and torch.equal(l, base[1])
+
+
+@gpu
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_deterministic_many_splits(merge_mode):
+    q, k, v, s = make_inputs(2, 4, 32, 4, 128, [20000, 13001], device="cuda", seed=3)
+    with DA.override_config(merge_mode=merge_mode):
+        first = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
+        for _ in range(20):
+            o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
+            assert torch.equal(o, first[0]) and torch.equal(l, first[1])
+    auto = DA._plan(q, k, None, None, True)[1]
+    for _ in range(5):
+        assert torch.equal(decode_attn(q, k, v, cache_seqlens=s, num_splits=auto), decode_attn(q, k, v, cache_seqlens=s))
+
+
+@gpu
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_poisoned_buffers(merge_mode):
+    """out and workspace (all but the merge counters) full of NaN: every element is rewritten."""
+    q, k, v, s = make_inputs(3, 4, 16, 2, 128, [4000, 0, 2], device="cuda", seed=5)
+    P = 40
+    ws = decode_attn_workspace(q, P)
+    rows = 3 * 4 * 16
+    ws[: P * rows * 129].fill_(float("nan"))
+    out = torch.full_like(q, float("nan"))
+    with DA.override_config(merge_mode=merge_mode):
+        o, lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws, return_lse=True)
+    assert o.data_ptr() == out.data_ptr()
+    ro, rl = decode_attn_reference(q, k, v, s)
+    check_close(o, lse, ro, rl, q.dtype, "poisoned")
+    out1 = torch.full_like(q, float("nan"))
+    decode_attn(q, k, v, cache_seqlens=s, num_splits=1, out=out1)
+    check_close(out1, None, ro, rl, q.dtype, "poisoned direct")
+
+
+@gpu
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_gpu_cuda_graph_capture_replay(merge_mode):
+    with DA.override_config(merge_mode=merge_mode):
+        _graph_case()
+
+
+def _graph_case():
+    B, Sq, Hq, Hkv, D = 2, 2, 16, 4, 128
+    Lmax = 8192
+    q, k, v, s = make_inputs(B, Sq, Hq, Hkv, D, [6000, 300], Lmax=Lmax, device="cuda", seed=9)
+    P = 16
+    ws = decode_attn_workspace(q, P)
+    out = torch.empty_like(q)
+    decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws)  # compile + warm
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws)
+    for lens, seed in (([6000, 300], 1), ([8192, 1], 2), ([17, 0], 3), ([4097, 8000], 4)):
+        q2, k2, v2, s2 = make_inputs(B, Sq, Hq, Hkv, D, lens, Lmax=Lmax, device="cuda", seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2), s.copy_(s2)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ro, rl = decode_attn_reference(q, k, v, s)
+        check_close(out, None, ro, rl, q.dtype, f"graph replay {lens}")
+
+
+@gpu
+def test_gpu_bad_device_values_stay_in_bounds():
+    """Default (unchecked) mode: lengths past the capacity are clamped, bad page ids clamped."""
+    q, k, v, _ = make_inputs(3, 1, 8, 2, 128, [1], Lmax=1000, device="cuda")
+    s = torch.tensor([5000, -3, 999], dtype=torch.int32, device="cuda")
+    out, lse = decode_attn(q, k, v, cache_seqlens=s, return_lse=True, num_splits=4)
+    torch.cuda.synchronize()
+    ro, rl = decode_attn_reference(q, k, v, s.clamp(0, 1000))
+    check_close(out, lse, ro, rl, q.dtype, "clamped lengths")
+    kp, vp, bt = to_paged(k, v, 64)
+    bt[0, 3] = 10**7
+    bt[1, 0] = -(10**7)
+    s2 = torch.tensor([900, 64, 10**6], dtype=torch.int32, device="cuda")
+    out2 = decode_attn(q, kp, vp, cache_seqlens=s2, block_table=bt)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out2).all()
+    with pytest.raises(ValueError):
+        decode_attn(q, kp, vp, cache_seqlens=s2, block_table=bt, checked=True)
+
+
+@gpu
+def test_gpu_planted_keys():
+    """One key per query row dominates: the output must be exactly that key's value row."""
+    B, Sq, Hq, Hkv, D, L = 2, 3, 8, 2, 128, 3000
+    G = Hq // Hkv
+    q = torch.zeros(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.zeros(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, L, Hkv, D, device="cuda").to(torch.bfloat16)
+    target = {}
+    gen = torch.Generator().manual_seed(0)
+    for b in range(B):
+        for t in range(Sq):
+            for h in range(Hq):
+                hk = h // G
+                j = (b * Sq + t) * Hq + h  # distinct direction per row
+                pos = int(torch.randint(0, L - Sq + t + 1, (1,), generator=gen))
+                q[b, t, h, j % D] = 1.0
+                k[b, pos, hk, j % D] = 100.0
+                target[(b, t, h)] = (pos, hk)
+    s = torch.tensor([L, L], dtype=torch.int32, device="cuda")
+    # scale makes the planted score 100*... dominate; other scores are 0 (or 100 when two rows
+    # share a direction and a KV head: avoided because j % D is unique per (b, t, h) here)
+    for splits in (1, 13):
+        out = decode_attn(q, k, v, cache_seqlens=s, num_splits=splits, softmax_scale=1.0)
+        for (b, t, h), (pos, hk) in target.items():
+            torch.testing.assert_close(out[b, t, h].float(), v[b, pos, hk].float(), atol=1e-2, rtol=1e-2)
+
+
+@gpu
+def test_gpu_strided_inputs():
+    """q sliced out of a packed qkv buffer, k/v caches as views of one (B, L, 2, Hkv, D) buffer."""
+    B, Sq, Hq, Hkv, D, L = 2, 2, 8, 2, 128, 1500
+    qkv = torch.randn(B, Sq, Hq + 2 * Hkv, D, device="cuda").to(torch.bfloat16)
+    q = qkv[:, :, :Hq]
+    kv = torch.randn(B, L, 2, Hkv, D, device="cuda").to(torch.bfloat16)
+    k, v = kv[:, :, 0], kv[:, :, 1]
+    s = torch.tensor([L, 999], dtype=torch.int32, device="cuda")
+    out, lse, ro, rl = run_and_ref(q, k, v, s)
+    check_close(out, lse, ro, rl, q.dtype, "strided")
+
+
+@gpu
+def test_gpu_torch_compile():
+    q, k, v, s = make_inputs(2, 1, 8, 2, 128, [100, 2000], device="cuda")
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, k, v, s):
+        return decode_attn(q, k, v, cache_seqlens=s, num_splits=4) * 2
+
+    out = f(q, k, v, s)
+    ro, rl = decode_attn_reference(q, k, v, s)
+    check_close(out / 2, None, 2 * ro / 2, rl, q.dtype, "torch.compile")
+
+
+def test_cpu_torch_compile_traces():
+    """The public function traces into one graph (custom ops + fake implementations)."""
+    q, k, v, s = make_inputs(2, 1, 8, 2, 64, [5, 9])
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, k, v, s):
+        o, lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=2, return_lse=True)
+        return o.float() * 2, lse
+
+    o, lse = f(q, k, v, s)
+    ro, rl = decode_attn_reference(q, k, v, s)
+    torch.testing.assert_close(o, 2 * ro.to(q.dtype).float())
+    torch.testing.assert_close(lse, rl)
+
+
+# --------------------------------------------------------------------- GPU: parallel precompile
+def gpu_test_configs():
+    """The DecodeConfigs the GPU tests above use (compiled up front, in parallel)."""
+    bf, f16 = torch.bfloat16, torch.float16
+    cases = set()
+
+    def add(dtype, D, rows, page, causal, modes=("kernel",)):
+        for split in (False, True):
+            for m in modes if split else ("kernel",):
+                cases.add((dtype, D, rows, page, causal, split, m))
+
+    for G in (1, 4, 8):
+        for Sq in (1, 4):
+            add(bf, 128, G * Sq, 0, True)
+    for dt in (bf, f16):
+        for D in (64, 256):
+            for rows in (8, 12, 64):
+                add(dt, D, rows, 0, True)
+    for rows in (32, 128, 16):
+        for c in (True, False):
+            add(bf, 128, rows, 0, c)
+    for ps in (16, 64, 128, 256, 48):
+        for rows in (4, 16):
+            add(bf, 128, rows, ps, True)
+    for rows, page in ((16, 0), (16, 32), (32, 0), (8, 0)):
+        add(bf, 128, rows, page, True, modes=("kernel", "pdl", "fused"))
+    add(bf, 128, 4, 0, True)
+    cfgs = []
+    for dtype, D, rows, page, causal, split, mode in sorted(cases, key=str):
+        with DA.override_config(merge_mode=mode):
+            cfgs.append(DA.make_config(dtype, D, rows, page > 0, page, causal, split))
+    return list(dict.fromkeys(cfgs))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompile_for_gpu_tests(request):
+    if not HAS_CUDA:
+        return
+    if not any("gpu" in item.keywords for item in request.session.items if item.module is request.module):
+        return
+    errors = DA.precompile(gpu_test_configs())
+    for e in errors:
+        print("precompile:", e)
+
+
+def test_gpu_config_list_is_small():
+    assert 10 <= len(gpu_test_configs()) <= 80
+
+
+@gpu
+def test_gpu_empty_batch_and_lengths_shorter_than_q():
+    q, k, v, s = make_inputs(1, 1, 8, 2, 128, [3], device="cuda")
+    assert decode_attn(q[:0], k[:0], v[:0], cache_seqlens=s[:0]).shape == (0, 1, 8, 128)
+    # L < Sq: the first new tokens see nothing (zeros, -inf LSE), the last ones see the cache
+    q, k, v, s = make_inputs(2, 8, 8, 2, 128, [3, 0], Lmax=64, device="cuda")
+    for P in (1, 5):
+        out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=P)
+        check_close(out, lse, ro, rl, q.dtype, f"L<Sq P={P}")
+
+
+# ------------------------------------------------------------------ load / launch variants (v2)
+VARIANTS = {  # the default is cp.async loads with PDL on both kernels
+    "tma": dict(load="tma"),
+    "no_pdl": dict(pdl_in=False, merge_mode="kernel"),
+    "tma_no_pdl": dict(load="tma", pdl_in=False, merge_mode="kernel"),
+    "tma_evict_first": dict(load="tma", kv_evict_first=True),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize(
+    "case",
+    [(torch.bfloat16, 128, 8, 0, True, True), (torch.float16, 256, 64, 0, False, False),
+     (torch.bfloat16, 64, 32, 0, True, True)],
+    ids=_cid,
+)
+def test_compiles_variants(case, variant):
+    from cute_kernels.tools import inspect as ins
+
+    dtype, D, rows, page, causal, split = case
+    with DA.override_config(**VARIANTS[variant]):
+        cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split)
+    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    k = [k for k in rep.kernels if "Decode" in k.name][0]
+    assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
+    if rep.sass is not None and cfg.load == "tma":
+        assert k.instructions["UTMALDG"] > 0 and k.instructions["HMMA"] > 0, rep.summary()
+        # the DSL wraps each TMA copy in elect.sync 0xffffffff: issued from one thread (the v2 bug,
+        # `if tidx == 0`) ptxas emits a divergent fallback (BRA.DIV -> WARPSYNC.COLLECTIVE) in
+        # which that lane waits for 31 lanes that never come (hang).  Issued by a whole warp, none.
+        assert "WARPSYNC.COLLECTIVE" not in rep.sass and "BRA.DIV" not in rep.sass
+    if rep.ptx is not None and cfg.load == "tma":
+        _check_expect_tx(rep.ptx, cfg)
+    if rep.ptx is not None and cfg.pdl_in:
+        assert "griddepcontrol.wait" in rep.ptx
+
+
+def _check_expect_tx(ptx, cfg):
+    """Every mbarrier.arrive.expect_tx arms exactly the bytes of the TMA boxes issued after it on
+    the same barrier (K + V of one tile: 2 * D/64 boxes of n_tile x 64 elements, 128-byte swizzle;
+    clipped boxes still count whole), and is preceded by an elect.sync (one arrival, count 1)."""
+    import re
+
+    lines = ptx.splitlines()
+    movs = {}
+    arms = []
+    for i, ln in enumerate(lines):
+        m = re.match(r"\s*mov\.b32\s+(%r\d+),\s*(\d+);", ln)
+        if m:
+            movs[m.group(1)] = int(m.group(2))
+        m = re.search(r"mbarrier\.arrive\.expect_tx\.shared\.b64\s+\S+\s+\[[^\]]+\],\s*(%r\d+);", ln)
+        if m:
+            arms.append((i, movs[m.group(1)]))
+    assert arms, "no expect_tx in the PTX"
+    el = 2  # float16 / bfloat16 bytes
+    box = cfg.n_tile * 64 * el
+    for i, nbytes in arms:
+        assert any("elect.sync" in x for x in lines[max(0, i - 6) : i]), lines[max(0, i - 6) : i + 1]
+        n = 0
+        for ln in lines[i + 1 :]:
+            if "expect_tx" in ln or "try_wait" in ln or "bar.sync" in ln:
+                break
+            n += "cp.async.bulk.tensor" in ln
+        assert n == 2 * cfg.head_dim // 64, (i, n)
+        assert nbytes == n * box == 2 * cfg.n_tile * cfg.head_dim * el, (i, nbytes, n, box)
+
+
+def test_kv_evict_first_compiles():
+    """The opt-in L2 evict-first hint on the TMA K/V loads: every bulk tensor load carries CUTLASS's
+    EVICT_FIRST policy (without it the DSL passes policy 0); cp.async and paged configs ignore it."""
+    import re
+
+    from cute_kernels.common import tma
+    from cute_kernels.tools import inspect as ins
+
+    with DA.override_config(load="tma", kv_evict_first=True):
+        cfg = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True)
+        assert not DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).kv_evict_first
+    with DA.override_config(load="cpasync", kv_evict_first=True):
+        assert not DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).kv_evict_first
+    assert cfg.kv_evict_first
+    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    k = [k for k in rep.kernels if "Decode" in k.name][0]
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    if rep.ptx is None:
+        pytest.skip("no PTX in the report")
+    regs = re.findall(r"cp\.async\.bulk\.tensor\.\S+L2::cache_hint \[[^\]]*\], \[[^\]]*\], \[[^\]]*\], (%rd\d+);",
+                      rep.ptx)
+    assert len(regs) == 2 * cfg.head_dim // 64 * 3  # K + V boxes, prologue + loop copies of the issue
+    vals = {int(re.findall(r"mov\.[bu]64\s+%s,\s*(\d+);" % re.escape(r), rep.ptx)[0]) for r in regs}
+    assert vals == {tma.L2_EVICT_FIRST}
+
+
+@pytest.mark.parametrize("value,load,ef", [("tma_ef", "tma", True), ("cpasync", "cpasync", False),
+                                           ("auto", "cpasync", False), ("bogus", None, None)])
+def test_decode_load_env(value, load, ef):
+    """CUTE_KERNELS_DECODE_LOAD picks the contiguous K/V load path at import; paged stays cp.async."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, torch\n"
+        "DA = importlib.import_module('cute_kernels.attention.decode')\n"
+        "c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True)\n"
+        "p = DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True)\n"
+        "print(c.load, c.kv_evict_first, p.load, p.kv_evict_first)\n"
+    )
+    env = dict(os.environ, CUTE_KERNELS_DECODE_LOAD=value, CUTE_KERNELS_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if load is None:
+        assert r.returncode != 0 and "CUTE_KERNELS_DECODE_LOAD" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [load, str(ef), "cpasync", "False"]
+
+
+def test_auto_load_by_size():
+    """Default (auto): TMA + evict-first up to TMA_EF_MAX_KV_BYTES of contiguous K+V, cp.async above
+    and for every paged cache; the plan passes the static capacity's bytes."""
+    if DA.LOAD_CHOICE != "auto":
+        pytest.skip("CUTE_KERNELS_DECODE_LOAD is set")
+    cap = DA.TMA_EF_MAX_KV_BYTES
+    assert DA.auto_load(False, 128 << 20) == ("tma", True) and DA.auto_load(False, cap) == ("tma", True)
+    assert DA.auto_load(False, cap + 1) == ("cpasync", False) and DA.auto_load(False, 0) == ("cpasync", False)
+    assert DA.auto_load(True, 1 << 20) == ("cpasync", False)
+    c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=128 << 20)
+    assert (c.load, c.kv_evict_first) == ("tma", True)
+    c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=256 << 20)
+    assert (c.load, c.kv_evict_first) == ("cpasync", False)
+    # the plan: b1 hq32 hkv8 L32768 D128 bf16 = 128 MiB of K+V; b8 L8192 = 256 MiB (meta tensors)
+    for b, L, load in ((1, 32768, "tma"), (8, 8192, "cpasync")):
+        q = torch.empty(b, 1, 32, 128, dtype=torch.bfloat16, device="meta")
+        k = torch.empty(b, L, 8, 128, dtype=torch.bfloat16, device="meta")
+        assert DA._plan_uncached(q, k, None, None, True)[0].load == load
+
+
+def test_tma_falls_back_for_paged():
+    with DA.override_config(load="tma"):
+        assert DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).load == "cpasync"
+        assert DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).load == "tma"
+
+
+@gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("num_splits", [1, None, 48])
+def test_gpu_variants_bitwise_equal_default(variant, num_splits):
+    """Ragged lengths (0/1/7/1000/65537) in a cache whose unused rows are NaN: every variant gives
+    the default kernel's bits (same math, same order) and matches the float32 reference."""
+    lens = [0, 1, 7, 1000, 65537]
+    Lmax = 65600
+    q, k, v, s = make_inputs(len(lens), 1, 16, 4, 128, lens, Lmax=Lmax, device="cuda", seed=21)
+    for b, L in enumerate(lens):
+        k[b, L:] = float("nan")
+        v[b, L:] = float("nan")
+    base, base_lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits, return_lse=True)
+    with DA.override_config(**VARIANTS[variant]):
+        for _ in range(2):
+            o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits, return_lse=True)
+            assert torch.equal(o, base) and torch.equal(l, base_lse), variant
+        ro, rl = decode_attn_reference(q, k, v, s)
+        check_close(o, l, ro, rl, q.dtype, variant)
+        # strided caches (views of one K/V buffer), Sq > 1, D = 256
+        B, Sq, Hq, Hkv, D, L = 2, 3, 8, 2, 256, 1500
+        kv = torch.randn(B, L, 2, Hkv, D, device="cuda").to(torch.bfloat16)
+        q2 = torch.randn(B, Sq, Hq, D, device="cuda").to(torch.bfloat16)
+        s2 = torch.tensor([L, 999], dtype=torch.int32, device="cuda")
+        out, lse, ro, rl = run_and_ref(q2, kv[:, :, 0], kv[:, :, 1], s2, num_splits=num_splits)
+        check_close(out, lse, ro, rl, q2.dtype, f"{variant} strided D=256")
+        # bad lengths stay in bounds
+        s3 = torch.tensor([10**6, -5], dtype=torch.int32, device="cuda")
+        o3 = decode_attn(q2, kv[:, :, 0], kv[:, :, 1], cache_seqlens=s3, num_splits=num_splits)
+        torch.cuda.synchronize()
+        ro3, _ = decode_attn_reference(q2, kv[:, :, 0], kv[:, :, 1], s3.clamp(0, L))
+        check_close(o3, None, ro3, None, q2.dtype, f"{variant} clamped")
+
+
+@gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_variants_graph_replay(variant):
+    with DA.override_config(**VARIANTS[variant]):
+        _graph_case()

@@ -1,0 +1,356 @@
+"""The predicated cp.async GEMM mainloop (A/B whose strides or base pointers TMA cannot describe).
+
+CPU: the vector-width rule, and sm_90a compiles of every vector width x operand major (SASS: HGMMA,
+LDGSTS for cp.async widths, no local memory, the 168-register launch the setmaxnreg split assumes).
+GPU: numerics against a float64 reference, output poisoned with NaN, padding of the operands' rows
+poisoned with NaN (an out-of-bounds read along K would surface as NaN).
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import make_c, rel_err, spy_compiled_gemm
+from conftest import gemm_ref as _ref
+
+import cute_kernels
+from cute_kernels.gemm import host as G
+from cute_kernels.common.arch import current_arch
+from cute_kernels.common.ring import stage_count
+from cute_kernels.gemm.cpasync_kernel import GemmSm90CpAsync, choose_vec_bytes, cpasync_tiles
+from cute_kernels.gemm.kernel import GemmConfig
+from layouts import tiles as T
+
+
+# ------------------------------------------------------------------------------------------- CPU
+@pytest.mark.parametrize(
+    "shape,stride,unit,ptr,want",
+    [
+        ((4096, 4100), (4100, 1), 1, 0, 8),  # row-major A, K = 4100: rows 8200 B apart
+        ((4096, 4096), (4096, 1), 1, 0, 16),
+        ((64, 4102), (4102, 1), 1, 0, 4),
+        ((64, 4101), (4101, 1), 1, 0, 2),  # odd leading dimension
+        ((64, 4100), (4104, 1), 1, 0, 8),  # extent 4100 -> 8-byte vectors even though rows are 16-B apart
+        ((64, 4096), (4096, 1), 1, 8, 8),  # pointer only 8-byte aligned
+        ((64, 4096), (4096, 1), 1, 2, 2),
+        ((127, 333), (1, 127), 0, 0, 2),  # column-major, M = 127
+        ((1000, 522), (1, 1000), 0, 0, 16),
+        ((1, 13), (13, 1), 1, 0, 2),
+        ((1, 64), (13, 1), 1, 0, 16),  # size-1 dims' strides do not count
+        ((3, 64, 64), (4100, 64, 1), 2, 0, 8),  # batch stride
+    ],
+)
+def test_vec_rule(shape, stride, unit, ptr, want):
+    assert choose_vec_bytes(ptr, shape, stride, 2, unit) == want
+
+
+def test_config_checks():
+    tiles = T.GemmTiles(tile_mnk=(128, 128, 64), cluster_mn=(2, 1), mma=T.MmaTile(atom_n=128), ab_stages=4)
+    with pytest.raises(ValueError, match="cluster"):
+        GemmSm90CpAsync(GemmConfig(tiles=tiles, mainloop="cpasync"))
+    assert cpasync_tiles(tiles).cluster_mn == (1, 1)
+    with pytest.raises(ValueError, match="vec_a"):
+        GemmSm90CpAsync(GemmConfig(tiles=cpasync_tiles(tiles), mainloop="cpasync", vec_a=32))
+
+
+cpasync_gpu = pytest.mark.skipif(not G.CPASYNC_ENABLED,
+                                 reason="cp.async mainloop disabled (CUTE_KERNELS_CPASYNC=0)")
+
+
+@pytest.fixture
+def cpu_plan(monkeypatch):
+    """``_make_plan`` on CPU tensors: device checks skipped, the compile replaced by a recorder."""
+    seen = []
+    monkeypatch.setattr(G, "CPASYNC_ENABLED", True)
+    monkeypatch.setattr(G, "_check", lambda a, b, out, c, od, *_: (*a.shape[:-1], b.shape[-1]))
+    monkeypatch.setattr(G, "compiled_gemm", lambda cfg, *rest: seen.append(cfg))
+    monkeypatch.setattr(G, "compiled_splitk_cluster", lambda cfg, *rest: seen.append(cfg))
+
+    def plan(a, b, out=None):
+        seen.clear()
+        p = G._make_plan(a, b, out, None, 0.0, None)
+        return p, seen[-1]
+
+    return plan
+
+
+def _cpu_operand(rows, cols, major, ld=None, offset=0, batch=None):
+    inner, outer = (cols, rows) if major == "row" else (rows, cols)
+    ld = ld or inner
+    b = batch or 1
+    t = torch.zeros(offset + b * outer * ld, dtype=torch.bfloat16)[offset:].view(b, outer, ld)[:, :, :inner]
+    t = t if major == "row" else t.transpose(-1, -2)
+    return t if batch else t[0]
+
+
+def test_plan_k4100(cpu_plan):
+    """Row-major A with K = 4100 takes the cp.async mainloop: 8-byte A vectors, 16-byte B vectors,
+    (1, 1) cluster, no split-K even where the TMA path would split (M = 128)."""
+    for m in (4096, 128):
+        p, cfg = cpu_plan(_cpu_operand(m, 4100, "row"), _cpu_operand(4100, 4096, "row"))
+        assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", 8, 16)
+        assert cfg.tiles.cluster_mn == (1, 1) and p.splits == 1 and cfg.max_active_clusters > 1
+    p, cfg = cpu_plan(_cpu_operand(128, 4096, "row"), _cpu_operand(4096, 4096, "row"))
+    assert type(cfg).__name__ == "SplitKClusterConfig" or cfg.mainloop == "tma" and p.splits > 1  # aligned: TMA split-K
+
+
+@pytest.mark.parametrize(
+    "a_args,b_args,want",
+    [
+        ((300, 1000, "row", None, 4), (1000, 520, "col", None, 4), (8, 8)),  # 8-byte aligned pointers
+        ((300, 1000, "row", None, 1), (1000, 520, "row"), (2, 2)),  # odd pointer: OR-ed low bits
+        ((264, 200, "col", 268), (200, 392, "row", 394), (8, 4)),
+        ((127, 333, "col"), (333, 1001, "col"), (2, 2)),
+        ((1000, 522, "row"), (522, 3000, "row"), (4, 16)),
+    ],
+)
+def test_plan_vec_widths(cpu_plan, a_args, b_args, want):
+    _, cfg = cpu_plan(_cpu_operand(*a_args), _cpu_operand(*b_args))
+    assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", *want)
+
+
+def test_plan_batched(cpu_plan):
+    a = _cpu_operand(201, 130, "row", batch=3)
+    b = _cpu_operand(130, 264, "col", ld=132, batch=3)
+    _, cfg = cpu_plan(a, b)
+    assert (cfg.mainloop, cfg.a_rank, cfg.vec_a, cfg.vec_b) == ("cpasync", 3, 4, 4)
+
+
+# vec_b paired with each vec_a so that both operands see every width under every major combination
+_VEC_B = {16: 4, 8: 2, 4: 16, 2: 8}
+# (rank, has_c, tma_store, out dtype, tile N), cycled over the cases.  (A C term with the direct-store
+# epilogue at N = 256 spills in the shared consumer on the TMA path too: not a producer matter, not here.)
+_VARIANTS = [
+    (2, False, True, "bfloat16", 256),
+    (3, True, True, "float32", 128),
+    (2, False, False, "float16", 192),
+    (3, False, True, "bfloat16", 192),
+    (2, True, False, "bfloat16", 128),
+    (3, False, False, "float32", 256),
+    (2, True, True, "float16", 256),
+    (3, False, True, "float32", 128),
+]
+COMPILE_CASES = []
+for _i, ((_am, _bm), _va) in enumerate(itertools.product([("k", "k"), ("k", "mn"), ("mn", "k"), ("mn", "mn")],
+                                                          [16, 8, 4, 2])):
+    _r, _c, _tma, _out, _n = _VARIANTS[_i % len(_VARIANTS)]
+    COMPILE_CASES.append(dict(am=_am, bm=_bm, va=_va, vb=_VEC_B[_va], rank=_r, has_c=_c, tma_store=_tma,
+                              out=_out, atom_n=_n))
+
+
+def _case_id(c):
+    return f"{c['am']}{c['bm']}-a{c['va']}-b{c['vb']}-r{c['rank']}-{c['out']}-n{c['atom_n']}" + \
+        ("-c" if c["has_c"] else "") + ("" if c["tma_store"] else "-direct")
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=_case_id)
+def test_compiles_for_sm90a(case):
+    from cute_kernels.tools import inspect as ins
+
+    ab = "float16" if case["out"] == "float16" else "bfloat16"
+    n = case["atom_n"]
+    c_bytes = 4 if case["out"] == "float32" else 2
+    stages = stage_count(current_arch().smem_per_cta, (128 + n) * 64 * 2, 128 * 32 * c_bytes * 2)
+    tiles = T.GemmTiles(tile_mnk=(128, n, 64), cluster_mn=(1, 1),
+                        mma=T.MmaTile(ab_dtype=ab, atom_n=n, a_major=case["am"], b_major=case["bm"]),
+                        ab_stages=stages, epi_tile_mn=(128, 32), c_dtype=case["out"])
+    cfg = GemmConfig(tiles=tiles, a_rank=case["rank"], has_c=case["has_c"], tma_store=case["tma_store"],
+                     mainloop="cpasync", vec_a=case["va"], vec_b=case["vb"])
+    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, case["out"], "float32"))
+    (k,) = rep.kernels
+    s = rep.summary()
+    assert k.instructions["HGMMA"] > 0, s
+    assert k.instructions["UTMALDG"] == 0, s
+    assert k.spills == 0 and k.stack_frame == 0, s
+    # setmaxnreg split 72 x 128 + 216 x 256 assumes the launch allocation of 168 x 384
+    assert k.registers == 168, s
+    if max(case["va"], case["vb"]) >= 4:
+        assert k.instructions["LDGSTS"] > 0, s
+    if min(case["va"], case["vb"]) < 4:  # the 2-byte operand goes through registers
+        assert k.instructions["LDG"] > 0 and k.instructions["STS"] > 0, s
+    assert "fence.proxy.async.shared::cta" in rep.ptx
+    if min(case["va"], case["vb"]) >= 4:
+        assert "cp.async.mbarrier.arrive.noinc" in rep.ptx
+
+
+# ------------------------------------------------------------------------------------------- GPU
+def _operand(shape, major, dtype, batch=None, ld=None, offset=0):
+    """A (rows, cols) operand stored row- or column-major with leading dimension ``ld`` (default:
+    tight) and ``offset`` elements from a 256-byte aligned allocation; fresh random values, the
+    padding between rows/columns (and before the offset) is NaN."""
+    rows, cols = shape
+    inner, outer = (cols, rows) if major == "row" else (rows, cols)
+    ld = ld or inner
+    b = batch or 1
+    buf = torch.full((offset + b * outer * ld,), float("nan"), device="cuda", dtype=dtype)
+    store = buf[offset:].view(b, outer, ld)[:, :, :inner]
+    store.copy_(torch.randn(b, outer, inner, device="cuda", dtype=dtype))
+    t = store if major == "row" else store.transpose(-1, -2)
+    return t if batch else t[0]
+
+
+@pytest.fixture
+def seen_cfgs(monkeypatch):
+    """Configs compiled or looked up during the test (plans rebuilt: cache cleared)."""
+    seen = spy_compiled_gemm(monkeypatch)
+    G._plans.clear()
+    yield seen
+    G._plans.clear()
+
+
+def _gemm(seen, a, b, out, **kw):
+    out.fill_(float("nan"))
+    seen.clear()
+    cute_kernels.gemm(a, b, out=out, **kw)
+    torch.cuda.synchronize()
+    return seen[-1] if seen else None
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+def test_cpasync_k4100(seen_cfgs):
+    """The issue's example: row-major A with K = 4100 (8-byte vectors), row-major B (16-byte)."""
+    m, n, k = 4096, 4096, 4100
+    a = _operand((m, k), "row", torch.bfloat16)
+    b = _operand((k, n), "row", torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    cfg = _gemm(seen_cfgs, a, b, out)
+    assert (cfg.mainloop, cfg.vec_a, cfg.vec_b, cfg.tiles.cluster_mn) == ("cpasync", 8, 16, (1, 1))
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+MAJORS = list(itertools.product(["row", "col"], repeat=2))
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+@pytest.mark.parametrize("mnk", [(127, 1001, 333), (1, 7, 13), (1000, 3000, 522)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("majors", MAJORS, ids=lambda m: "".join(x[0] for x in m))
+def test_cpasync_shapes_majors(seen_cfgs, mnk, majors):
+    m, n, k = mnk
+    a = _operand((m, k), majors[0], torch.bfloat16)
+    b = _operand((k, n), majors[1], torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    cfg = _gemm(seen_cfgs, a, b, out)
+    tma = G._tma_ok(a, G._major(a, "a", "M", "K")) and G._tma_ok(b, G._major(b, "b", "K", "N"))
+    assert (cfg.mainloop == "tma") == tma
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+# (vec_a, vec_b) pairs: each width on each operand under each major combination
+VEC_PAIRS = [(16, 8), (8, 4), (4, 2), (2, 16)]
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+@pytest.mark.parametrize("vecs", VEC_PAIRS, ids=lambda v: f"a{v[0]}-b{v[1]}")
+@pytest.mark.parametrize("majors", MAJORS, ids=lambda m: "".join(x[0] for x in m))
+def test_cpasync_vec_widths(seen_cfgs, vecs, majors):
+    """Leading dimensions padded to give exactly the wanted vector width; the padding is NaN."""
+    m, n, k = 264, 392, 200  # multiples of 8: the leading dimension alone sets the width
+
+    def ld(major, rows, cols, w):
+        inner = cols if major == "row" else rows
+        return inner + (8 if w == 16 else w // 2)
+
+    a = _operand((m, k), majors[0], torch.bfloat16, ld=ld(majors[0], m, k, vecs[0]))
+    b = _operand((k, n), majors[1], torch.bfloat16, ld=ld(majors[1], k, n, vecs[1]))
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    cfg = _gemm(seen_cfgs, a, b, out)
+    assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", *vecs)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+@pytest.mark.parametrize("offset,want", [(4, 8), (2, 4), (1, 2)])
+def test_cpasync_pointer_alignment(seen_cfgs, offset, want):
+    """Base pointers only 8/4/2-byte aligned (tight strides): the pointer limits the width."""
+    m, n, k = 300, 520, 1000
+    a = _operand((m, k), "row", torch.bfloat16, offset=offset)
+    b = _operand((k, n), "col", torch.bfloat16, offset=offset)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    cfg = _gemm(seen_cfgs, a, b, out)
+    assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", want, want)
+    assert rel_err(out, _ref(a, b)) < 2e-2
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+@pytest.mark.parametrize("majors", MAJORS, ids=lambda m: "".join(x[0] for x in m))
+def test_cpasync_batched_fp32_out(seen_cfgs, majors):
+    L, m, n, k = 3, 201, 264, 130
+    a = _operand((m, k), majors[0], torch.bfloat16, batch=L, ld=(k + 1 if majors[0] == "row" else m + 3))
+    b = _operand((k, n), majors[1], torch.bfloat16, batch=L, ld=(n + 2 if majors[1] == "row" else k + 2))
+    out = torch.empty(L, m, n, device="cuda", dtype=torch.float32)
+    cfg = _gemm(seen_cfgs, a, b, out)
+    assert cfg.mainloop == "cpasync" and cfg.a_rank == 3
+    assert rel_err(out, _ref(a, b)) < 1e-3
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+@pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
+def test_cpasync_alpha_beta(seen_cfgs, c_kind):
+    m, n, k = 333, 520, 4100
+    a = _operand((m, k), "row", torch.bfloat16)
+    b = _operand((k, n), "row", torch.bfloat16)
+    c = make_c(c_kind, m, n)
+    out = torch.empty(m, n, device="cuda", dtype=torch.float32)
+    cfg = _gemm(seen_cfgs, a, b, out, alpha=0.5, beta=-1.25, c=c)
+    assert cfg.mainloop == "cpasync" and cfg.has_c
+    assert rel_err(out, _ref(a, b, 0.5, -1.25, c)) < 1e-3
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cpasync_dtypes(seen_cfgs, in_dtype, out_dtype):
+    m, n, k = 509, 384, 390
+    a = _operand((m, k), "row", in_dtype)
+    b = _operand((k, n), "col", in_dtype)
+    out = torch.empty(m, n, device="cuda", dtype=out_dtype)
+    cfg = _gemm(seen_cfgs, a, b, out)
+    assert cfg.mainloop == "cpasync"
+    tol = 1e-3 if out_dtype == torch.float32 else (2e-2 if out_dtype == torch.bfloat16 else 5e-3)
+    assert rel_err(out, _ref(a, b)) < tol
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+def test_cpasync_unaligned_and_col_major_out(seen_cfgs):
+    """Direct-store epilogue (out rows 502 B apart) and a column-major out, on the cp.async path."""
+    m, n, k = 100, 250, 222
+    a = _operand((m, k), "row", torch.bfloat16)
+    b = _operand((k, n), "row", torch.bfloat16)
+    big = torch.full((m, 251), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[:, :n]
+    cfg = _gemm(seen_cfgs, a, b, out)
+    assert cfg.mainloop == "cpasync" and not cfg.tma_store
+    assert rel_err(out, _ref(a, b)) < 2e-2
+    assert torch.isnan(big[:, n]).all(), "wrote past the view"
+    out_t = torch.empty(n, m, device="cuda", dtype=torch.bfloat16).t()
+    cfg = _gemm(seen_cfgs, a, b, out_t)
+    assert cfg.mainloop == "cpasync" and cfg.tiles.c_major == "m"
+    assert rel_err(out_t, _ref(a, b)) < 2e-2
+
+
+@pytest.mark.gpu
+@cpasync_gpu
+def test_cpasync_repeat_no_recompile(seen_cfgs):
+    """Same signature again: no compile; other sizes with the same alignment facts: no compile."""
+    from cute_kernels.common import jit
+
+    a = _operand((512, 4100), "row", torch.bfloat16)
+    b = _operand((4100, 384), "row", torch.bfloat16)
+    out = torch.empty(512, 384, device="cuda", dtype=torch.bfloat16)
+    _gemm(seen_cfgs, a, b, out)
+    before = jit.stats["compiles"]
+    for m in (512, 640, 1000):
+        a2 = _operand((m, 4100), "row", torch.bfloat16)
+        o2 = torch.empty(m, 384, device="cuda", dtype=torch.bfloat16)
+        _gemm(seen_cfgs, a2, b, o2)
+        assert rel_err(o2, _ref(a2, b)) < 2e-2
+    assert jit.stats["compiles"] == before
