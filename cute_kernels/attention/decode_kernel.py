@@ -1,95 +1,59 @@
-"""The split-k decode-attention kernel (:class:`DecodeAttnKernel`); the host side, configuration and
-public API are in :mod:`cute_kernels.decode_attn`, which describes the design.
+"""The split-KV decode-attention kernel (:class:`DecodeAttnKernel`); the host side, configuration and
+public API are in :mod:`cute_kernels.attention.decode`, which describes the design.  The tile and its
+shared-memory layouts come from :mod:`layouts.attention`, the softmax arithmetic from
+:mod:`cute_kernels.common.softmax`, the TMA ring from :mod:`cute_kernels.common.ring`.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from ..common.tma import L2_EVICT_FIRST
-from .merge import LN_2, MergeStatesKernel
+from layouts.attention import DecodeTile, make_decode_kv_tma_layout, make_decode_smem_layouts
+
+from ..common import softmax as sm
+from ..common import tma
+from ..common.dtypes import to_cutlass
+from ..common.ring import TxRing
+from .merge import MergeStatesKernel
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32, Int32, const_expr  # noqa: E402
-from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
+from cutlass.cute.nvgpu import cpasync, warp  # noqa: E402
 
 
 class DecodeAttnKernel:
-    def __init__(
-        self,
-        dtype,
-        head_dim: int,
-        m_tile: int,
-        n_tile: int,
-        stages: int,
-        num_threads: int,
-        paged: bool,
-        page_size: int,
-        causal: bool,
-        split: bool,
-        q_in_regs: bool,
-        min_blocks_per_mp: int = 1,
-        merge_mode: str = "kernel",
-        load: str = "cpasync",
-        pdl_in: bool = False,
-        page_prefetch: bool = False,
-        kv_evict_first: bool = False,
-    ):
-        self.dtype = dtype
-        self.D = head_dim
-        self.m_tile = m_tile
-        self.n_tile = n_tile
-        self.stages = stages
-        self.num_threads = num_threads
+    """One CTA per (split, KV head x row block, batch); ``split``: write fp32 partial states and launch
+    the merge kernel after (a programmatic dependent), else write the output directly.
+
+    K/V loads (``load``): "cpasync" (every thread, 16-byte cp.async, rows clamped to the length;
+    paged caches gathered through the block table row by row) or "tma" (contiguous caches: warp 0
+    issues one TMA load per K/V tile into the swizzled ring with the L2 evict-first hint, completion
+    on a :class:`TxRing`; rows past the capacity are zero-filled by the TMA unit, rows between the
+    length and the capacity are zeroed in V before use).  Both paths give the same bits.
+    """
+
+    def __init__(self, tile: DecodeTile, paged: bool, page_size: int, causal: bool, split: bool, load: str):
+        assert load in ("cpasync", "tma") and not (load == "tma" and paged), "tma loads: contiguous caches only"
+        self.tile = tile
+        self.dtype = to_cutlass(tile.dtype)
+        self.D = tile.head_dim
+        self.m_tile = tile.m_tile
+        self.n_tile = tile.n_tile
+        self.stages = tile.stages
+        self.num_threads = tile.num_threads
+        self.warps_m = tile.warps_m
+        self.warps_n = tile.warps_n
+        self.n_warp = tile.n_warp
+        self.q_in_regs = tile.q_in_regs
         self.paged = paged
         self.page_size = page_size
         self.causal = causal
         self.split = split
-        self.q_in_regs = q_in_regs
-        # how split partials are merged: "kernel" (combine kernel), "pdl" (combine kernel launched as
-        # a programmatic dependent), "fused" (the last CTA of each (batch, KV head, row block) merges,
-        # found with an atomic counter that it resets to 0 afterwards)
-        assert merge_mode in ("kernel", "pdl", "fused")
-        self.merge_mode = merge_mode if split else "kernel"
-        self.merger = MergeStatesKernel(Float32, dtype, head_dim)  # its merge_row, for "fused"
-        self.min_blocks_per_mp = min_blocks_per_mp
-        # K/V loads: "cpasync" (every thread, 16-byte cp.async, rows clamped to the length) or "tma"
-        # (contiguous caches only: thread 0 issues one TMA tensor load per K/V tile into the swizzled
-        # ring, completion on one mbarrier per slot; rows past the capacity are zero-filled by the TMA
-        # unit, rows between the length and the capacity are zeroed in V before use)
-        assert load in ("cpasync", "tma")
-        assert not (load == "tma" and paged), "tma loads: contiguous caches only"
         self.load = load
-        # pdl_in: launched as a programmatic dependent of the previous kernel on the stream (its CTAs
-        # start while that kernel drains; griddepcontrol.wait before the first global read)
-        self.pdl_in = pdl_in
-        # page_prefetch (paged cp.async only): each thread reads the block-table entries of its rows one
-        # tile ahead, into registers, so a refill's cp.asyncs wait for no dependent global load (without
-        # it every refill is block-table load -> address -> cp.async)
-        self.page_prefetch = page_prefetch and paged and load == "cpasync"
-        # kv_evict_first (TMA loads only; cp.async has no L2 hint in the DSL): K/V are read once, so
-        # their TMA loads carry the L2 evict-first policy (tma.L2_EVICT_FIRST)
-        self.kv_evict_first = kv_evict_first and load == "tma"
-        self.num_warps = num_threads // 32
-        self.warps_m = m_tile // 16
-        assert self.num_warps % self.warps_m == 0
-        self.warps_n = self.num_warps // self.warps_m
-        self.n_warp = n_tile // self.warps_n  # tokens per warp per tile
-        assert self.n_warp % 16 == 0, "each warp needs a multiple of 16 tokens per tile"
-        assert head_dim % 64 == 0
         self.vec = 8  # 16-byte chunks of 16-bit elements
-        self.acc_stride = head_dim + 8  # fp32 row stride of the warp-merge buffer (no bank conflicts)
 
     # ---- host side (traced) ----------------------------------------------------------------
-    def _smem_layouts(self):
-        atom = cute.make_composed_layout(
-            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1))
-        )
-        sQ_layout = cute.tile_to_shape(atom, (self.m_tile, self.D), (0, 1))
-        sKV_layout = cute.tile_to_shape(atom, (self.n_tile, self.D, self.stages), (0, 1, 2))
-        return sQ_layout, sKV_layout
-
     @cute.jit
     def __call__(
         self,
@@ -102,11 +66,10 @@ class DecodeAttnKernel:
         mLSE: cute.Tensor,  # (B, Hq, Sq) fp32
         mOp: Optional[cute.Tensor],  # (P, B, Sq, Hq, D) fp32 | None (direct)
         mLSEp: Optional[cute.Tensor],  # (P, B, Sq, Hq) fp32 | None
-        mCnt: Optional[cute.Tensor],  # (>= B*Hkv*row_blocks,) int32 zeros | None (fused merge only)
         scale_log2: Float32,
         stream,
     ):
-        sQ_layout, sKV_layout = self._smem_layouts()
+        sQ_layout, sKV_layout = make_decode_smem_layouts(self.tile)
         kv_elems = cute.cosize(sKV_layout)
 
         @cute.struct
@@ -115,16 +78,10 @@ class DecodeAttnKernel:
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, 2 * kv_elems], 1024]
             sM: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
             sL: cute.struct.Align[cute.struct.MemRange[Float32, self.warps_n * self.m_tile], 16]
-            sFlag: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
             mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
 
-        # the fp32 warp-merge buffer reuses the K/V ring after the main loop
-        assert self.warps_n * self.m_tile * self.acc_stride * 4 <= 2 * kv_elems * self.dtype.width // 8
-
         atom_async = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-            self.dtype,
-            num_bits_per_copy=128,
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
         )
         thr_layout = cute.make_layout((self.num_threads // 8, 8), stride=(8, 1))
         gmem_tiled_copy = cute.make_tiled_copy_tv(atom_async, thr_layout, cute.make_layout((1, 8)))
@@ -134,19 +91,12 @@ class DecodeAttnKernel:
 
         tma_atom_K = tma_atom_V = tma_K = tma_V = sKV_tma = None
         if const_expr(self.load == "tma"):
-            # the same ring, its swizzle written the way the TMA unit wants it (on the byte address:
-            # S<3,4,3> in bytes == S<3,3,3> in 16-bit elements, 1024-byte aligned slots)
-            sKV_tma = cute.tile_to_shape(
-                warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype),
-                (self.n_tile, self.D, self.stages), (0, 1, 2),
-            )
+            sKV_tma = make_decode_kv_tma_layout(self.tile)
             # (Lmax, D, Hkv, B) views: one TMA copy = one (n_tile, D) ring slot of one (batch, KV head)
-            sKV_one = cute.slice_(sKV_tma, (None, None, 0))
-            op = cpasync.CopyBulkTensorTileG2SOp()
             mK_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 3, 2, 0]))
             mV_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
-            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(op, mK_t, sKV_one, (self.n_tile, self.D))
-            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(op, mV_t, sKV_one, (self.n_tile, self.D))
+            tma_atom_K, tma_K = tma.make_tma_load(mK_t, sKV_tma, (self.n_tile, self.D))
+            tma_atom_V, tma_V = tma.make_tma_load(mV_t, sKV_tma, (self.n_tile, self.D))
 
         B = mQ.shape[0]
         Sq = mQ.shape[1]
@@ -158,7 +108,7 @@ class DecodeAttnKernel:
         if const_expr(self.split):
             num_splits = mOp.shape[0]
         self.kernel(
-            mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, mCnt, scale_log2,
+            mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, scale_log2,
             sQ_layout, sKV_layout, gmem_tiled_copy, tiled_mma, SharedStorage,
             tma_atom_K, tma_K, tma_atom_V, tma_V, sKV_tma,
         ).launch(
@@ -166,15 +116,15 @@ class DecodeAttnKernel:
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
-            min_blocks_per_mp=self.min_blocks_per_mp,
-            use_pdl=self.pdl_in,
+            min_blocks_per_mp=1,
+            # a programmatic dependent of the previous kernel: its prologue overlaps that kernel's tail
+            use_pdl=True,
         )
-        if const_expr(self.split and self.merge_mode != "fused"):
-            # combine: (P, B, Sq, Hq, D) -> (B, Sq, Hq, D); LSE out viewed as (B, Sq, Hq)
+        if const_expr(self.split):
+            # the merge, launched as a programmatic dependent of this kernel:
+            # (P, B, Sq, Hq, D) -> (B, Sq, Hq, D); the LSE out viewed as (B, Sq, Hq)
             mLSE_bsh = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[0, 2, 1]))
-            MergeStatesKernel(Float32, self.dtype, self.D, pdl=self.merge_mode == "pdl")(
-                mOp, mLSEp, mO, mLSE_bsh, stream
-            )
+            MergeStatesKernel(Float32, self.dtype, self.D, pdl=True)(mOp, mLSEp, mO, mLSE_bsh, stream)
 
     # ---- device side -----------------------------------------------------------------------
     @cute.kernel
@@ -189,7 +139,6 @@ class DecodeAttnKernel:
         mLSE: cute.Tensor,
         mOp: Optional[cute.Tensor],
         mLSEp: Optional[cute.Tensor],
-        mCnt: Optional[cute.Tensor],
         scale_log2: Float32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -205,8 +154,8 @@ class DecodeAttnKernel:
         tidx, _, _ = cute.arch.thread_idx()
         split, hrb, b = cute.arch.block_idx()
         num_splits, _, _ = cute.arch.grid_dim()
-        if const_expr(self.merge_mode == "pdl"):
-            # let the combine kernel's CTAs launch now (they wait for this grid before reading)
+        if const_expr(self.split):
+            # let the merge kernel's CTAs launch now (they wait for this grid before reading)
             cute.arch.griddepcontrol_launch_dependents()
         warp_id = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
@@ -224,19 +173,17 @@ class DecodeAttnKernel:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        mbar = storage.mbar.data_ptr()
+        ring = TxRing(storage.mbar.data_ptr(), self.stages)
         if const_expr(self.load == "tma"):
             if tidx == 0:
                 cpasync.prefetch_descriptor(tma_atom_K)
                 cpasync.prefetch_descriptor(tma_atom_V)
-                for s in cutlass.range_constexpr(self.stages):
-                    cute.arch.mbarrier_init(mbar + s, 1)
+                ring.init()
             cute.arch.mbarrier_init_fence()
             cute.arch.barrier()
-        if const_expr(self.pdl_in):
-            # everything above overlaps the previous kernel's tail; its outputs (q, lengths, caches)
-            # are read only below
-            cute.arch.griddepcontrol_wait()
+        # everything above overlaps the previous kernel's tail; its outputs (q, lengths, caches) are
+        # read only below
+        cute.arch.griddepcontrol_wait()
 
         # ---- this CTA's range of KV tiles (lengths on the device, clamped to the capacity) ----
         if const_expr(self.paged):
@@ -257,24 +204,21 @@ class DecodeAttnKernel:
         sV = cute.make_tensor(kv_ptr + kv_elems, sKV_layout)
         sM = storage.sM.get_tensor(cute.make_layout((self.m_tile, self.warps_n), stride=(1, self.m_tile)))
         sL = storage.sL.get_tensor(cute.make_layout((self.m_tile, self.warps_n), stride=(1, self.m_tile)))
+        # the fp32 warp-merge buffer reuses the K/V ring after the main loop
+        acc_stride = self.tile.acc_stride
         sAcc = cute.make_tensor(
             cute.recast_ptr(kv_ptr, dtype=Float32),
-            cute.make_layout(
-                (self.m_tile, self.D, self.warps_n),
-                stride=(self.acc_stride, 1, self.m_tile * self.acc_stride),
-            ),
+            cute.make_layout((self.m_tile, self.D, self.warps_n),
+                             stride=(acc_stride, 1, self.m_tile * acc_stride)),
         )
 
-        # per-warp state
+        # per-warp state: O accumulator and the online softmax of this thread's rows
         thr_mma = tiled_mma.get_slice(lane)
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.D)), Float32)
         acc_O.fill(0.0)
         acc_O_mn = self._mn_view(acc_O)
         n_rows_thr = cute.size(acc_O_mn, mode=[0])  # 2 rows per thread
-        row_max = cute.make_rmem_tensor((n_rows_thr,), Float32)
-        row_sum = cute.make_rmem_tensor((n_rows_thr,), Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
+        softmax = sm.OnlineSoftmax.create(scale_log2, n_rows_thr)
 
         if n_iter > 0:
             gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
@@ -319,11 +263,8 @@ class DecodeAttnKernel:
                 tVsV_t, tVgV_t = cpasync.tma_partition(
                     tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV_t, 0, 2), cute.group_modes(gV, 0, 2)
                 )
-                tma_args = (tma_atom_K, tma_atom_V, tKsK_t, tKgK_t, tVsV_t, tVgV_t, mbar, warp_id)
+                tma_args = (tma_atom_K, tma_atom_V, tKsK_t, tKgK_t, tVsV_t, tVgV_t, ring, warp_id)
 
-            pages = None
-            if const_expr(self.page_prefetch):
-                pages = cute.make_rmem_tensor((cute.size(tKsK, mode=[1]),), Int32)
             # prologue: stages-1 tiles in flight
             for s in cutlass.range_constexpr(self.stages - 1):
                 if const_expr(self.load == "tma"):
@@ -333,9 +274,6 @@ class DecodeAttnKernel:
                     if s < n_iter:
                         self._load_tile(*load_args, t_begin + s, s)
                     cute.arch.cp_async_commit_group()
-            if const_expr(self.page_prefetch):
-                if self.stages - 1 < n_iter:
-                    self._fetch_pages(tKVc, kv_head_K, mBT, b, seqlen, t_begin + self.stages - 1, pages)
 
             # ---- consumer views for this warp ----
             sQw = cute.flat_divide(sQ, (16, self.D))[None, None, wm, 0]
@@ -386,7 +324,7 @@ class DecodeAttnKernel:
                 tile = t_begin + i
                 stage = i % self.stages
                 if const_expr(self.load == "tma"):
-                    cute.arch.mbarrier_wait(mbar + stage, (i // self.stages) % 2)
+                    ring.wait(stage, i)
                     if (tile + 1) * self.n_tile > seqlen:
                         # the sequence's last tile: V rows past the length hold whatever the cache
                         # holds there (masked P is 0, but 0 * NaN is not): zero them
@@ -405,13 +343,8 @@ class DecodeAttnKernel:
                     cute.arch.barrier()
                     # refill the slot consumed in iteration i-1
                     if i + self.stages - 1 < n_iter:
-                        self._load_tile(
-                            *load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages, pages
-                        )
+                        self._load_tile(*load_args, tile + self.stages - 1, (i + self.stages - 1) % self.stages)
                     cute.arch.cp_async_commit_group()
-                    if const_expr(self.page_prefetch):
-                        if i + self.stages < n_iter:
-                            self._fetch_pages(tKVc, kv_head_K, mBT, b, seqlen, tile + self.stages, pages)
 
                 # ---- S = Q K^T (16 x n_warp) ----
                 acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, self.n_warp)), Float32)
@@ -423,7 +356,7 @@ class DecodeAttnKernel:
                     cute.copy(s2r_K, tSsK[None, None, k, stage], tSrK_v[None, None, k])
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
 
-                # ---- mask + online softmax ----
+                # ---- mask + online softmax (S becomes P in place, O rescaled) ----
                 acc_S_mn = self._mn_view(acc_S)
                 tok0 = tile * self.n_tile + wn * self.n_warp
                 for r in cutlass.range_constexpr(n_rows_thr):
@@ -431,19 +364,7 @@ class DecodeAttnKernel:
                     for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
                         if tScS_mn[0, c][1] > lim:
                             acc_S_mn[r, c] = -Float32.inf
-                    m_cur = acc_S_mn[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-                    m_cur = self._quad_max(m_cur)
-                    m_prev = row_max[r]
-                    m_new = cute.arch.fmax(m_prev, m_cur)
-                    m_scaled = m_new * scale_log2
-                    if m_new == -Float32.inf:
-                        m_scaled = Float32(0.0)
-                    p = cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - m_scaled, fastmath=True)
-                    acc_S_mn[r, None].store(p)
-                    corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-                    row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
-                    row_max[r] = m_new
-                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * corr)
+                    softmax.update_row(r, acc_S_mn[r, None], acc_O_mn[r, None])
 
                 # ---- O += P V ----
                 rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
@@ -456,17 +377,26 @@ class DecodeAttnKernel:
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()  # everyone is done with the K/V ring: reuse it as sAcc
 
-        # ---- per-warp state -> smem (row sums reduced over the quad) ----
-        # this warp's 16 rows
+        self._epilogue(acc_O, softmax, thr_mma, sAcc, sM, sL, mO, mLSE, mOp, mLSEp, scale_log2,
+                       tidx, lane, wm, wn, rb, R, G, hkv, b, split)
+
+    @cute.jit
+    def _epilogue(self, acc_O: cute.Tensor, softmax, thr_mma, sAcc: cute.Tensor, sM: cute.Tensor,
+                  sL: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mOp: Optional[cute.Tensor],
+                  mLSEp: Optional[cute.Tensor], scale_log2: Float32, tidx, lane, wm, wn, rb, R, G, hkv, b,
+                  split):
+        """Merge the ``warps_n`` token warps' states of every row and write O and the LSE (the fp32
+        partial state of this split, or the final output)."""
+        # ---- per-warp state -> smem (row sums reduced over the quad); this warp's 16 rows ----
         sAccw = cute.flat_divide(sAcc[None, None, wn], (16, self.D))[None, None, wm, 0]
         tAcc = thr_mma.partition_C(sAccw)
         cute.autovec_copy(acc_O, tAcc)
         tScS0 = self._mn_view(thr_mma.partition_C(cute.make_identity_tensor((16, self.D))))
-        for r in cutlass.range_constexpr(n_rows_thr):
-            l = self._quad_sum(row_sum[r])
+        for r in cutlass.range_constexpr(softmax.n_rows):
+            l = sm.quad_sum(softmax.row_sum[r])
             if lane % 4 == 0:
                 rloc = wm * 16 + tScS0[r, 0][0]
-                sM[rloc, wn] = row_max[r]
+                sM[rloc, wn] = softmax.row_max[r]
                 sL[rloc, wn] = l
         cute.arch.barrier()
 
@@ -484,24 +414,17 @@ class DecodeAttnKernel:
                     m_all = -Float32.inf
                     for w in cutlass.range_constexpr(self.warps_n):
                         m_all = cute.arch.fmax(m_all, sM[r, w])
-                    m_all_s = m_all * scale_log2
-                    if m_all == -Float32.inf:
-                        m_all_s = Float32(0.0)
+                    m_all_s = sm.scaled_max(m_all, scale_log2)
                     l_all = Float32(0.0)
                     o = cute.make_rmem_tensor((vec_o,), Float32)
                     o.fill(0.0)
                     for w in cutlass.range_constexpr(self.warps_n):
-                        e = cute.math.exp2(sM[r, w] * scale_log2 - m_all_s, fastmath=True)
+                        e = sm.raw_state_weight(sM[r, w], m_all_s, scale_log2)
                         l_all += e * sL[r, w]
                         v = cute.local_tile(sAcc[r, None, w], (vec_o,), (c,)).load()
                         o.store(o.load() + e * v)
-                    inv = Float32(0.0)
-                    if l_all > 0.0:
-                        inv = 1.0 / l_all
-                    o.store(o.load() * inv)
-                    lse = -Float32.inf
-                    if l_all > 0.0:
-                        lse = (m_all_s + cute.math.log2(l_all, fastmath=False)) * LN_2
+                    o.store(o.load() * sm.inv_or_zero(l_all))
+                    lse = sm.lse_from_scaled(m_all_s, l_all)
                     t = rr // G
                     g = rr - t * G
                     hq = hkv * G + g
@@ -515,28 +438,6 @@ class DecodeAttnKernel:
                         dst.store(o.load().to(mO.element_type))
                         if c == 0:
                             mLSE[b, hq, t] = lse
-
-        if const_expr(self.merge_mode == "fused"):
-            # publish this split's partial state, count, and let the last CTA merge all splits
-            sFlag = storage.sFlag.get_tensor(cute.make_layout((4,)))
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.barrier()
-            cnt_idx = b * (Hkv * n_rb) + hrb
-            if tidx == 0:
-                old = cute.arch.atomic_add(mCnt.iterator + cnt_idx, Int32(1), sem="acq_rel", scope="gpu")
-                sFlag[0] = old
-            cute.arch.barrier()
-            if sFlag[0] == num_splits - 1:
-                cute.arch.fence_acq_rel_gpu()
-                mLSE_bsh = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[0, 2, 1]))
-                n_rows_cta = cutlass.min(R - rb * self.m_tile, self.m_tile)
-                for r in cutlass.range(warp_id, n_rows_cta, self.num_warps, unroll=1):
-                    rr = rb * self.m_tile + r
-                    t = rr // G
-                    hq = hkv * G + (rr - t * G)
-                    self.merger.merge_row(mOp, mLSEp, mO, mLSE_bsh, b, t, hq, lane)
-                if tidx == 0:
-                    mCnt[cnt_idx] = 0  # ready for the next launch (CUDA-graph replays included)
 
     # ---- helpers ------------------------------------------------------------------------
     @cute.jit
@@ -553,22 +454,17 @@ class DecodeAttnKernel:
         seqlen: Int32,
         tile: Int32,
         stage: Int32,
-        pages: Optional[cute.Tensor] = None,
     ):
         """cp.async this thread's rows of K/V tile `tile` into ring slot `stage`.
 
         Rows past the length are clamped to the last valid row (masked later); paged rows are looked
-        up in the block table one by one and page ids clamped to [0, num_pages), or taken from
-        ``pages`` (filled by :meth:`_fetch_pages` for this tile)."""
+        up in the block table one by one and page ids clamped to [0, num_pages)."""
         for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
             pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
             if const_expr(self.paged):
                 page_idx = pos // self.page_size
-                if const_expr(pages is not None):
-                    page = pages[m]
-                else:
-                    page = mBT[b, page_idx]
-                    page = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
+                page = mBT[b, page_idx]
+                page = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
                 off = pos - page_idx * self.page_size
                 gKrow = cute.tiled_divide(kv_head_K[page, off, None], (self.vec,))
                 gVrow = cute.tiled_divide(kv_head_V[page, off, None], (self.vec,))
@@ -585,24 +481,6 @@ class DecodeAttnKernel:
                 cute.copy(gmem_tiled_copy, cute.make_tensor(srcV.iterator, dV.layout), dV)
 
     @cute.jit
-    def _fetch_pages(
-        self,
-        tKVc: cute.Tensor,
-        kv_head_K: cute.Tensor,
-        mBT: cute.Tensor,
-        b: Int32,
-        seqlen: Int32,
-        tile: Int32,
-        pages: cute.Tensor,
-    ):
-        """pages[m] = the clamped page id of this thread's row m of tile `tile` (same clamps as
-        :meth:`_load_tile`).  Issued a tile ahead: the loads complete while the current tile computes."""
-        for m in cutlass.range_constexpr(cute.size(pages)):
-            pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
-            page = mBT[b, pos // self.page_size]
-            pages[m] = cutlass.min(cutlass.max(page, 0), kv_head_K.shape[0] - 1)
-
-    @cute.jit
     def _tma_load_tile(
         self,
         atom_K: cute.CopyAtom,
@@ -611,29 +489,22 @@ class DecodeAttnKernel:
         tKgK: cute.Tensor,  # (TMA, tiles)
         tVsV: cute.Tensor,
         tVgV: cute.Tensor,
-        mbar: cute.Pointer,
+        ring: TxRing,
         warp_id: Int32,
         tile: Int32,
         stage: Int32,
     ):
-        """Warp 0: K and V tile `tile` -> ring slot `stage`, completion counted on mbar[stage].
+        """Warp 0: K and V tile `tile` -> ring slot `stage`, L2 evict-first (read once).
 
         Called by all 32 lanes of warp 0 (warp_id is warp-uniform): the DSL wraps every TMA copy in
-        ``elect.sync 0xffffffff`` itself, so issuing it from one thread (``if tidx == 0``) leaves
-        that lane in a warp-collective ELECT (SASS: ``BRA.DIV`` -> ``WARPSYNC.COLLECTIVE``) waiting
-        for 31 lanes that wait at the next bar.sync: the hang of session 2 run 5.  The arrive +
-        expect_tx (barrier count 1) is done by one elected lane; the byte count is the full boxes."""
+        ``elect.sync 0xffffffff`` itself, so issuing it from one thread (``if tidx == 0``) would leave
+        that lane in a warp-collective ELECT waiting for 31 lanes that wait at the next bar.sync (a
+        hang).  The arrive + expect_tx (barrier count 1) is done by one elected lane."""
         if warp_id == 0:
-            nbytes = 2 * self.n_tile * self.D * (self.dtype.width // 8)
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, nbytes)
-            if const_expr(self.kv_evict_first):
-                policy = cutlass.Int64(L2_EVICT_FIRST)
-                cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage, cache_policy=policy)
-                cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage, cache_policy=policy)
-            else:
-                cute.copy(atom_K, tKgK[None, tile], tKsK[None, stage], tma_bar_ptr=mbar + stage)
-                cute.copy(atom_V, tVgV[None, tile], tVsV[None, stage], tma_bar_ptr=mbar + stage)
+            ring.arm(stage, self.tile.kv_stage_bytes)
+            bar = ring.barrier(stage)
+            tma.tma_load(atom_K, tKgK[None, tile], tKsK[None, stage], bar, policy=tma.L2_EVICT_FIRST)
+            tma.tma_load(atom_V, tVgV[None, tile], tVsV[None, stage], bar, policy=tma.L2_EVICT_FIRST)
 
     @staticmethod
     def _mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -653,18 +524,3 @@ class DecodeAttnKernel:
             ((l.shape[0], l.shape[2][0]), l.shape[1], l.shape[2][1]),
             stride=((l.stride[0], l.stride[2][0]), l.stride[1], l.stride[2][1]),
         )
-
-    @staticmethod
-    def _quad_max(v):
-        v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=2))
-        return cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1))
-
-    @staticmethod
-    def _quad_sum(v):
-        v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
-        return v + cute.arch.shuffle_sync_bfly(v, offset=1)
-
-
-# ------------------------------------------------------------------------------------------------
-# configuration, compile cache
-# ------------------------------------------------------------------------------------------------

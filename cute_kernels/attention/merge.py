@@ -24,27 +24,19 @@ the parts in index order, so the result is deterministic.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ..common import jit  # sets CUTE_DSL_ARCH before cutlass is imported
+from ..common import softmax as sm
+from ..common.dtypes import TORCH_TO_NAME, name_of, to_cutlass
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import Float32, Int32, const_expr  # noqa: E402
 
-__all__ = ["merge_states", "merge_state", "MergeStatesKernel", "MergeConfig", "launch_merge"]
-
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
-
-_TORCH_TO_CUTLASS = {
-    torch.float32: cutlass.Float32,
-    torch.float16: cutlass.Float16,
-    torch.bfloat16: cutlass.BFloat16,
-}
+__all__ = ["merge_states", "merge_state", "MergeStatesKernel", "MergeConfig", "launch_merge", "merge_builder"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,8 +112,8 @@ class MergeStatesKernel:
     ):
         """Merge the P parts of row (b, s, h); called by the 32 lanes of one warp.
 
-        Parts are read with L2-only loads (ld.global.cg): the decode kernel's fused merge reads parts
-        other CTAs wrote during the same launch, which a stale L1 line must not shadow."""
+        Parts are read with L2-only loads (ld.global.cg): each is read once, so L1 would only hold
+        lines nobody reads again."""
         num_parts = mLp.shape[0]
         n_groups = (num_parts + 31) // 32
         # 1) max LSE: lanes read 32 parts at a time, butterfly max (order-independent, exact)
@@ -133,9 +125,7 @@ class MergeStatesKernel:
                 lse_l = self._ld_lse(mLp, p, b, s, h)
             lse_max = cute.arch.fmax(lse_max, lse_l)
         lse_max = cute.arch.warp_reduction_max(lse_max)
-        lse_max_safe = lse_max
-        if lse_max == -Float32.inf:
-            lse_max_safe = Float32(0.0)
+        lse_max_safe = sm.safe_max(lse_max)
         # 2) weighted sum in part order; lane q holds the weight of part g*32+q
         acc = cute.make_rmem_tensor((self.vec, self.chunks_per_lane), Float32)
         acc.fill(0.0)
@@ -144,7 +134,7 @@ class MergeStatesKernel:
             p_l = g * 32 + lane
             w_l = Float32(0.0)
             if p_l < num_parts:
-                w_l = cute.math.exp2((self._ld_lse(mLp, p_l, b, s, h) - lse_max_safe) * LOG2_E, fastmath=True)
+                w_l = sm.lse_state_weight(self._ld_lse(mLp, p_l, b, s, h), lse_max_safe)
             n_in_group = cutlass.min(num_parts - g * 32, 32)
             # blocks of `unroll` parts: issue all loads first (clamped to a valid part), then FMA
             for q0 in cutlass.range(0, n_in_group, self.unroll, unroll=1):
@@ -187,7 +177,7 @@ class MergeStatesKernel:
                 out = cute.local_tile(gO, (self.vec,), (c,))
                 out.store((acc[None, j].load() * inv).to(self.dtype_out))
         if lane == 0:
-            mL[b, s, h] = lse_max_safe + cute.math.log(w_sum, fastmath=False)
+            mL[b, s, h] = sm.lse_from_safe_max(lse_max_safe, w_sum)
 
     @staticmethod
     def _atom_cg(dtype, n):
@@ -232,15 +222,11 @@ class MergeConfig:
     num_warps: int = 4
 
 
-def _cdtype(name: str):
-    return {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[name]
-
-
-def _merge_builder(cfg: MergeConfig):
+def merge_builder(cfg: MergeConfig):
     def build():
         from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-        din, dout = _cdtype(cfg.dtype_in), _cdtype(cfg.dtype_out)
+        din, dout = to_cutlass(cfg.dtype_in), to_cutlass(cfg.dtype_out)
         D = cfg.head_dim
         sym = cute.sym_int
         P, B, S, H = sym(), sym(), sym(), sym()
@@ -262,14 +248,10 @@ def _merge_builder(cfg: MergeConfig):
 
 
 def get_merge_kernel(cfg: MergeConfig):
-    return jit.get_compiled("merge_states", cfg, _merge_builder(cfg))
+    return jit.get_compiled("merge_states", cfg, merge_builder(cfg))
 
 
 jit.register_warmup("merge_states", get_merge_kernel)
-
-
-def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).replace("torch.", "")
 
 
 def _row_aligned(t: torch.Tensor) -> bool:
@@ -280,7 +262,7 @@ def _row_aligned(t: torch.Tensor) -> bool:
 
 def launch_merge(o_parts5: torch.Tensor, lse_parts4: torch.Tensor, out4: torch.Tensor, lse_out3: torch.Tensor):
     """Run the CuTe merge on 5-d/4-d views: (P,B,S,H,D), (P,B,S,H) -> (B,S,H,D), (B,S,H)."""
-    cfg = MergeConfig(_dtype_name(o_parts5.dtype), _dtype_name(out4.dtype), int(o_parts5.shape[-1]))
+    cfg = MergeConfig(name_of(o_parts5.dtype), name_of(out4.dtype), int(o_parts5.shape[-1]))
     get_merge_kernel(cfg)(o_parts5, lse_parts4, out4, lse_out3)
 
 
@@ -320,7 +302,7 @@ def _check_states(o_parts: torch.Tensor, lse_parts: torch.Tensor):
         )
     if lse_parts.dtype != torch.float32:
         raise TypeError(f"merge_states: lse_parts must be float32, got {lse_parts.dtype}")
-    if o_parts.dtype not in _TORCH_TO_CUTLASS:
+    if o_parts.dtype not in TORCH_TO_NAME:
         raise TypeError(f"merge_states: o_parts must be float32/float16/bfloat16, got {o_parts.dtype}")
     if o_parts.device != lse_parts.device:
         raise ValueError("merge_states: o_parts and lse_parts must be on the same device")

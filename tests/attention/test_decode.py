@@ -7,16 +7,13 @@ split counts, determinism, CUDA-graph capture, poisoned buffers, bad device valu
 """
 
 import itertools
-import os
 
 import pytest
 import torch
 
-import importlib
-
-# the package exports the function under the module's name: fetch the module itself
-DA = importlib.import_module("cute_kernels.attention.decode")
+from cute_kernels.attention import decode as DA
 from cute_kernels.attention.decode import decode_attn, decode_attn_reference, decode_attn_workspace
+from cute_kernels.attention.decode_plan import plan
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -208,10 +205,10 @@ def test_cpu_path_and_paged_reference():
 
 def test_opcheck_custom_ops():
     q, k, v, s = make_inputs(2, 1, 4, 2, 64, [5, 9])
-    torch.library.opcheck(DA._decode_attn_op, (q, k, v, s, None, 1, True, 0.125))
+    torch.library.opcheck(torch.ops.cute_kernels.decode_attn, (q, k, v, s, None, 1, True, 0.125))
     out = torch.empty_like(q)
     lse = torch.empty(2, 4, 1)
-    torch.library.opcheck(DA._decode_attn_out_op, (q, k, v, s, None, out, lse, None, 1, True, 0.125))
+    torch.library.opcheck(torch.ops.cute_kernels.decode_attn_, (q, k, v, s, None, out, lse, None, 1, True, 0.125))
 
 
 def test_split_heuristic():
@@ -227,7 +224,7 @@ def test_split_heuristic():
     assert len({DA.choose_num_splits(2, 8, 1, 65536, 64, arch_sms, 2) for _ in range(5)}) == 1
     # the plan does not depend on the lengths
     q, k, v, _ = make_inputs(1, 1, 32, 8, 128, [1], Lmax=32768)
-    plans = {DA._plan(q, k, None, None, True)[1] for _ in range(3)}
+    plans = {plan(q, k, None, None, True)[1] for _ in range(3)}
     assert len(plans) == 1 and plans.pop() > 1
 
 
@@ -242,12 +239,12 @@ def test_split_heuristic_paged_fills_two_ctas_per_sm():
     k = torch.empty(4, 65536, 8, 128, dtype=torch.bfloat16, device="meta")
     kp = torch.empty(1, 16, 8, 128, dtype=torch.bfloat16, device="meta")
     bt = torch.empty(4, 65536 // 16, dtype=torch.int32, device="meta")
-    contiguous, paged = DA._plan(q, k, None, None, True)[1], DA._plan(q, kp, bt, None, True)[1]
+    contiguous, paged = plan(q, k, None, None, True)[1], plan(q, kp, bt, None, True)[1]
     assert contiguous == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 1)
     assert paged == DA.choose_num_splits(4, 8, 1, 65536, 64, sms, 2) > contiguous
     kp256 = torch.empty(1, 256, 8, 128, dtype=torch.bfloat16, device="meta")
     bt256 = torch.empty(4, 65536 // 256, dtype=torch.int32, device="meta")
-    assert DA._plan(q, kp256, bt256, None, True)[1] == contiguous
+    assert plan(q, kp256, bt256, None, True)[1] == contiguous
     if sms == 132:
         assert (contiguous, paged) == (4, 8)
 
@@ -287,37 +284,28 @@ def _cid(c):
     return f"{str(c[0])[6:]}-d{c[1]}-r{c[2]}-p{c[3]}-{'causal' if c[4] else 'full'}-{'split' if c[5] else 'direct'}"
 
 
-def _compile_check(case, merge_mode=None):
-    """merge_mode None: the library default (PDL merge, PDL-launched decode kernel)."""
+def _compile_check(case, kv_bytes=0):
+    """The default kernel of a configuration (``kv_bytes`` <= TMA_EF_MAX_KV_BYTES of a contiguous
+    cache: TMA + evict-first loads, else cp.async) builds without local memory; split configurations
+    launch the merge as a programmatic dependent."""
     from cute_kernels.tools import inspect as ins
 
     dtype, D, rows, page, causal, split = case
-    with DA.override_config(**({} if merge_mode is None else dict(merge_mode=merge_mode))):
-        cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split)
-    merge_mode = cfg.merge_mode
-    rep = ins.inspect_builder(DA._decode_builder(cfg))
+    cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split, kv_bytes=kv_bytes)
+    rep = ins.inspect_builder(DA.decode_builder(cfg))
     ks = [k for k in rep.kernels if "Decode" in k.name]
     assert len(ks) == 1, rep.summary()
     k = ks[0]
     assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
     if rep.sass is not None:
         assert k.instructions["HMMA"] > 0 and k.instructions["LDGSTS"] > 0, rep.summary()
-    if split and merge_mode != "fused":
+    if split:
         assert any("Merge" in k.name for k in rep.kernels)
-    if rep.ptx is not None and split and merge_mode == "pdl":
-        assert "griddepcontrol.wait" in rep.ptx and "griddepcontrol.launch_dependents" in rep.ptx
-    if rep.ptx is not None and cfg.pdl_in:
+    if rep.ptx is not None:
         assert "griddepcontrol.wait" in rep.ptx
-    if rep.ptx is not None and merge_mode == "fused":
-        assert "atom.global.acq_rel.add" in rep.ptx and "fence.acq_rel.gpu" in rep.ptx
-
-
-@pytest.mark.parametrize("merge_mode", ["kernel", "fused"])
-@pytest.mark.parametrize(
-    "case", [(torch.bfloat16, 128, 8, 16, True, True), (torch.float16, 256, 64, 0, False, True)], ids=_cid
-)
-def test_compiles_merge_modes(case, merge_mode):
-    _compile_check(case, merge_mode)
+        if split:
+            assert "griddepcontrol.launch_dependents" in rep.ptx
+    return cfg, rep, k
 
 
 @pytest.mark.parametrize("case", _FAST_CFGS, ids=_cid)
@@ -381,7 +369,7 @@ def test_gpu_paged_equals_contiguous(page_size, Sq):
     kp, vp, bt = to_paged(k, v, page_size, seed=page_size)
     for splits in (1, 7, None):
         # same split count on both: identical tiles and merge order -> identical bits
-        P = splits if splits is not None else DA._plan(q, k, None, None, True)[1]
+        P = splits if splits is not None else plan(q, k, None, None, True)[1]
         oc, lc = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, return_lse=True)
         op, lp = decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt, num_splits=P, return_lse=True)
         assert torch.equal(oc, op) and torch.equal(lc, lp), f"page {page_size} splits {P}"
@@ -390,102 +378,50 @@ def test_gpu_paged_equals_contiguous(page_size, Sq):
 
 
 @gpu
-@pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_gpu_page_prefetch_bitwise(page_size):
-    """The opt-in block-table prefetch (page ids read one tile ahead) gives the default paged kernel's
-    bits on shuffled pages with ragged lengths and splits 1 / 7 / auto, and out-of-range page ids in
-    the table stay clamped (in bounds) exactly as without it."""
-    lens = [5000, 1, 0, 2049, 63]
-    q, k, v, s = make_inputs(5, 2, 16, 4, 128, lens, Lmax=5120, device="cuda", seed=page_size + 1)
-    kp, vp, bt = to_paged(k, v, page_size, seed=page_size + 1)
-    bad = bt.clone()
-    bad[0, 1] = 10**6
-    bad[3, 0] = -7
-    for table in (bt, bad):
-        for splits in (1, 7, None):
-            base = decode_attn(q, kp, vp, cache_seqlens=s, block_table=table, num_splits=splits, return_lse=True)
-            with DA.override_config(page_prefetch=True):
-                assert DA._plan(q, kp, table, splits, True)[0].page_prefetch
-                got = decode_attn(q, kp, vp, cache_seqlens=s, block_table=table, num_splits=splits,
-                                  return_lse=True)
-            assert torch.equal(base[0], got[0]) and torch.equal(base[1], got[1]), (page_size, splits)
-    with DA.override_config(page_prefetch=True):
-        out, lse, ro, rl = run_and_ref(q, kp, vp, s, bt)
-    check_close(out, lse, ro, rl, q.dtype, f"page_prefetch {page_size}")
-
-
-def test_compiles_page_prefetch():
-    """The prefetching paged kernel compiles for sm_90a without spills or a stack frame."""
-    from cute_kernels.tools import inspect as ins
-
-    with DA.override_config(page_prefetch=True):
-        cfg = DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True)
-    assert cfg.page_prefetch
-    rep = ins.inspect_builder(DA._decode_builder(cfg))
-    k = [k for k in rep.kernels if "Decode" in k.name][0]
-    assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
-    if rep.sass is not None:
-        assert k.instructions["LDGSTS"] > 0 and k.instructions["HMMA"] > 0, rep.summary()
-    with DA.override_config(page_prefetch=True):  # contiguous caches ignore it
-        assert not DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).page_prefetch
-
-
-MERGE_MODES = ["kernel", "pdl", "fused"]
-
-
-@gpu
-@pytest.mark.parametrize("merge_mode", MERGE_MODES)
 @pytest.mark.parametrize("num_splits", [1, None, 3, 64, 300])
-def test_gpu_split_counts(num_splits, merge_mode):
+def test_gpu_split_counts(num_splits):
     """Split 1, auto, a few, more splits than chunks (L=100 -> 2 tiles; 300 splits for L<=9000)."""
     q, k, v, s = make_inputs(3, 2, 16, 2, 128, [100, 9000, 3], device="cuda", seed=11)
-    with DA.override_config(merge_mode=merge_mode):
-        out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=num_splits)
-        check_close(out, lse, ro, rl, q.dtype, f"splits={num_splits} {merge_mode}")
-        # the same call again (fused: the counters were reset by the previous launch)
-        out2 = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits)
-        assert torch.equal(out2, out)
+    out, lse, ro, rl = run_and_ref(q, k, v, s, num_splits=num_splits)
+    check_close(out, lse, ro, rl, q.dtype, f"splits={num_splits}")
+    out2 = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits)
+    assert torch.equal(out2, out)
 
 
 @gpu
-@pytest.mark.parametrize("merge_mode", MERGE_MODES)
-def test_gpu_merge_modes_agree_bitwise(merge_mode):
-    """All merge modes run the same math in the same order: identical bits."""
+def test_gpu_paged_split_agrees_bitwise():
+    """Paged (cp.async gather) and contiguous (TMA) caches with the same splits: identical bits."""
     q, k, v, s = make_inputs(4, 4, 32, 8, 128, [7000, 1, 0, 3333], device="cuda", seed=12)
     kp, vp, bt = to_paged(k, v, 32)
     base = decode_attn(q, k, v, cache_seqlens=s, num_splits=24, return_lse=True)
-    with DA.override_config(merge_mode=merge_mode):
-        for _ in range(3):
-            o, l = decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt, num_splits=24, return_lse=True)
-            assert torch.equal(o, base[0]) and torch.equal(l, base[1])
+    for _ in range(3):
+        o, l = decode_attn(q, kp, vp, cache_seqlens=s, block_table=bt, num_splits=24, return_lse=True)
+        assert torch.equal(o, base[0]) and torch.equal(l, base[1])
 
 
 @gpu
-@pytest.mark.parametrize("merge_mode", MERGE_MODES)
-def test_gpu_deterministic_many_splits(merge_mode):
+def test_gpu_deterministic_many_splits():
     q, k, v, s = make_inputs(2, 4, 32, 4, 128, [20000, 13001], device="cuda", seed=3)
-    with DA.override_config(merge_mode=merge_mode):
-        first = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
-        for _ in range(20):
-            o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
-            assert torch.equal(o, first[0]) and torch.equal(l, first[1])
-    auto = DA._plan(q, k, None, None, True)[1]
+    first = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
+    for _ in range(20):
+        o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=48, return_lse=True)
+        assert torch.equal(o, first[0]) and torch.equal(l, first[1])
+    auto = plan(q, k, None, None, True)[1]
     for _ in range(5):
         assert torch.equal(decode_attn(q, k, v, cache_seqlens=s, num_splits=auto), decode_attn(q, k, v, cache_seqlens=s))
 
 
 @gpu
-@pytest.mark.parametrize("merge_mode", MERGE_MODES)
-def test_gpu_poisoned_buffers(merge_mode):
-    """out and workspace (all but the merge counters) full of NaN: every element is rewritten."""
+def test_gpu_poisoned_buffers():
+    """out and workspace full of NaN: every element is rewritten."""
     q, k, v, s = make_inputs(3, 4, 16, 2, 128, [4000, 0, 2], device="cuda", seed=5)
     P = 40
     ws = decode_attn_workspace(q, P)
     rows = 3 * 4 * 16
-    ws[: P * rows * 129].fill_(float("nan"))
+    assert ws.numel() == P * rows * 129
+    ws.fill_(float("nan"))
     out = torch.full_like(q, float("nan"))
-    with DA.override_config(merge_mode=merge_mode):
-        o, lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws, return_lse=True)
+    o, lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws, return_lse=True)
     assert o.data_ptr() == out.data_ptr()
     ro, rl = decode_attn_reference(q, k, v, s)
     check_close(o, lse, ro, rl, q.dtype, "poisoned")
@@ -495,32 +431,38 @@ def test_gpu_poisoned_buffers(merge_mode):
 
 
 @gpu
-@pytest.mark.parametrize("merge_mode", MERGE_MODES)
-def test_gpu_cuda_graph_capture_replay(merge_mode):
-    with DA.override_config(merge_mode=merge_mode):
-        _graph_case()
-
-
-def _graph_case():
+@pytest.mark.parametrize("paged", [False, True], ids=["tma", "paged-cpasync"])
+def test_gpu_cuda_graph_capture_replay(paged):
+    """Capture once, replay with new lengths and contents: the contiguous cache (32 MiB: TMA loads)
+    and the same cache paged (cp.async gather)."""
     B, Sq, Hq, Hkv, D = 2, 2, 16, 4, 128
     Lmax = 8192
     q, k, v, s = make_inputs(B, Sq, Hq, Hkv, D, [6000, 300], Lmax=Lmax, device="cuda", seed=9)
+    bt = None
+    kc, vc = k, v
+    if paged:
+        kc, vc, bt = to_paged(k, v, 64, spare_pages=0)
     P = 16
     ws = decode_attn_workspace(q, P)
     out = torch.empty_like(q)
-    decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws)  # compile + warm
+    decode_attn(q, kc, vc, cache_seqlens=s, block_table=bt, num_splits=P, out=out, workspace=ws)  # compile
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decode_attn(q, k, v, cache_seqlens=s, num_splits=P, out=out, workspace=ws)
+        decode_attn(q, kc, vc, cache_seqlens=s, block_table=bt, num_splits=P, out=out, workspace=ws)
     for lens, seed in (([6000, 300], 1), ([8192, 1], 2), ([17, 0], 3), ([4097, 8000], 4)):
         q2, k2, v2, s2 = make_inputs(B, Sq, Hq, Hkv, D, lens, Lmax=Lmax, device="cuda", seed=seed)
-        q.copy_(q2), k.copy_(k2), v.copy_(v2), s.copy_(s2)
+        q.copy_(q2), s.copy_(s2)
+        if paged:  # the same page permutation (to_paged's seed), new contents
+            kp2, vp2, _ = to_paged(k2, v2, 64, spare_pages=0)
+            kc.copy_(kp2), vc.copy_(vp2)
+        else:
+            kc.copy_(k2), vc.copy_(v2)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ro, rl = decode_attn_reference(q, k, v, s)
-        check_close(out, None, ro, rl, q.dtype, f"graph replay {lens}")
+        ro, rl = decode_attn_reference(q2, k2, v2, s)
+        check_close(out, None, ro, rl, q.dtype, f"graph replay {lens} paged={paged}")
 
 
 @gpu
@@ -618,10 +560,9 @@ def gpu_test_configs():
     bf, f16 = torch.bfloat16, torch.float16
     cases = set()
 
-    def add(dtype, D, rows, page, causal, modes=("kernel",)):
+    def add(dtype, D, rows, page, causal):
         for split in (False, True):
-            for m in modes if split else ("kernel",):
-                cases.add((dtype, D, rows, page, causal, split, m))
+            cases.add((dtype, D, rows, page, causal, split))
 
     for G in (1, 4, 8):
         for Sq in (1, 4):
@@ -633,16 +574,16 @@ def gpu_test_configs():
     for rows in (32, 128, 16):
         for c in (True, False):
             add(bf, 128, rows, 0, c)
-    for ps in (16, 64, 128, 256, 48):
+    for ps in (16, 64, 128, 256, 48, 32):
         for rows in (4, 16):
             add(bf, 128, rows, ps, True)
-    for rows, page in ((16, 0), (16, 32), (32, 0), (8, 0)):
-        add(bf, 128, rows, page, True, modes=("kernel", "pdl", "fused"))
-    add(bf, 128, 4, 0, True)
+    for rows in (16, 32, 8):
+        add(bf, 128, rows, 0, True)
     cfgs = []
-    for dtype, D, rows, page, causal, split, mode in sorted(cases, key=str):
-        with DA.override_config(merge_mode=mode):
-            cfgs.append(DA.make_config(dtype, D, rows, page > 0, page, causal, split))
+    for dtype, D, rows, page, causal, split in sorted(cases, key=str):
+        # contiguous caches: both load paths (small caches TMA, the long-length tests cp.async)
+        for kv_bytes in ((1 << 20, 0) if page == 0 else (0,)):
+            cfgs.append(DA.make_config(dtype, D, rows, page > 0, page, causal, split, kv_bytes=kv_bytes))
     return list(dict.fromkeys(cfgs))
 
 
@@ -672,41 +613,24 @@ def test_gpu_empty_batch_and_lengths_shorter_than_q():
         check_close(out, lse, ro, rl, q.dtype, f"L<Sq P={P}")
 
 
-# ------------------------------------------------------------------ load / launch variants (v2)
-VARIANTS = {  # the default is cp.async loads with PDL on both kernels
-    "tma": dict(load="tma"),
-    "no_pdl": dict(pdl_in=False, merge_mode="kernel"),
-    "tma_no_pdl": dict(load="tma", pdl_in=False, merge_mode="kernel"),
-    "tma_evict_first": dict(load="tma", kv_evict_first=True),
-}
+# ------------------------------------------------------------------ the two contiguous load paths
+_LOAD_CASES = [(torch.bfloat16, 128, 8, 0, True, True), (torch.float16, 256, 64, 0, False, False),
+               (torch.bfloat16, 64, 32, 0, True, True)]
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize(
-    "case",
-    [(torch.bfloat16, 128, 8, 0, True, True), (torch.float16, 256, 64, 0, False, False),
-     (torch.bfloat16, 64, 32, 0, True, True)],
-    ids=_cid,
-)
-def test_compiles_variants(case, variant):
-    from cute_kernels.tools import inspect as ins
-
-    dtype, D, rows, page, causal, split = case
-    with DA.override_config(**VARIANTS[variant]):
-        cfg = DA.make_config(dtype, D, rows, page > 0, page, causal, split)
-    rep = ins.inspect_builder(DA._decode_builder(cfg))
-    k = [k for k in rep.kernels if "Decode" in k.name][0]
-    assert k.spills == 0 and k.stack_frame == 0, f"{cfg}\n{rep.summary()}"
-    if rep.sass is not None and cfg.load == "tma":
+@pytest.mark.parametrize("case", _LOAD_CASES, ids=_cid)
+def test_compiles_tma_path(case):
+    """Contiguous caches within TMA_EF_MAX_KV_BYTES: TMA loads issued by a whole warp (the DSL wraps
+    each TMA copy in elect.sync 0xffffffff; issued from one thread ptxas emits a divergent fallback,
+    BRA.DIV -> WARPSYNC.COLLECTIVE, in which that lane waits for 31 lanes that never come: a hang),
+    every expect_tx arming exactly the bytes of its boxes."""
+    cfg, rep, k = _compile_check(case, kv_bytes=1 << 20)
+    assert cfg.load == "tma"
+    if rep.sass is not None:
         assert k.instructions["UTMALDG"] > 0 and k.instructions["HMMA"] > 0, rep.summary()
-        # the DSL wraps each TMA copy in elect.sync 0xffffffff: issued from one thread (the v2 bug,
-        # `if tidx == 0`) ptxas emits a divergent fallback (BRA.DIV -> WARPSYNC.COLLECTIVE) in
-        # which that lane waits for 31 lanes that never come (hang).  Issued by a whole warp, none.
         assert "WARPSYNC.COLLECTIVE" not in rep.sass and "BRA.DIV" not in rep.sass
-    if rep.ptx is not None and cfg.load == "tma":
+    if rep.ptx is not None:
         _check_expect_tx(rep.ptx, cfg)
-    if rep.ptx is not None and cfg.pdl_in:
-        assert "griddepcontrol.wait" in rep.ptx
 
 
 def _check_expect_tx(ptx, cfg):
@@ -739,23 +663,15 @@ def _check_expect_tx(ptx, cfg):
         assert nbytes == n * box == 2 * cfg.n_tile * cfg.head_dim * el, (i, nbytes, n, box)
 
 
-def test_kv_evict_first_compiles():
-    """The opt-in L2 evict-first hint on the TMA K/V loads: every bulk tensor load carries CUTLASS's
-    EVICT_FIRST policy (without it the DSL passes policy 0); cp.async and paged configs ignore it."""
+def test_tma_loads_evict_first():
+    """TMA K/V loads carry the L2 evict-first policy (CUTLASS's EVICT_FIRST; without it the DSL
+    passes policy 0): every bulk tensor load of the kernel."""
     import re
 
     from cute_kernels.common import tma
-    from cute_kernels.tools import inspect as ins
 
-    with DA.override_config(load="tma", kv_evict_first=True):
-        cfg = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True)
-        assert not DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).kv_evict_first
-    with DA.override_config(load="cpasync", kv_evict_first=True):
-        assert not DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).kv_evict_first
-    assert cfg.kv_evict_first
-    rep = ins.inspect_builder(DA._decode_builder(cfg))
-    k = [k for k in rep.kernels if "Decode" in k.name][0]
-    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    cfg, rep, k = _compile_check((torch.bfloat16, 128, 4, 0, True, True), kv_bytes=1 << 20)
+    assert cfg.load == "tma"
     if rep.ptx is None:
         pytest.skip("no PTX in the report")
     regs = re.findall(r"cp\.async\.bulk\.tensor\.\S+L2::cache_hint \[[^\]]*\], \[[^\]]*\], \[[^\]]*\], (%rd\d+);",
@@ -765,91 +681,75 @@ def test_kv_evict_first_compiles():
     assert vals == {tma.L2_EVICT_FIRST}
 
 
-@pytest.mark.parametrize("value,load,ef", [("tma_ef", "tma", True), ("cpasync", "cpasync", False),
-                                           ("auto", "cpasync", False), ("bogus", None, None)])
-def test_decode_load_env(value, load, ef):
-    """CUTE_KERNELS_DECODE_LOAD picks the contiguous K/V load path at import; paged stays cp.async."""
-    import subprocess
-    import sys
-
-    code = (
-        "import importlib, torch\n"
-        "DA = importlib.import_module('cute_kernels.attention.decode')\n"
-        "c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True)\n"
-        "p = DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True)\n"
-        "print(c.load, c.kv_evict_first, p.load, p.kv_evict_first)\n"
-    )
-    env = dict(os.environ, CUTE_KERNELS_DECODE_LOAD=value, CUTE_KERNELS_ARCH="sm_90a")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    if load is None:
-        assert r.returncode != 0 and "CUTE_KERNELS_DECODE_LOAD" in r.stderr
-        return
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == [load, str(ef), "cpasync", "False"]
-
-
-def test_auto_load_by_size():
-    """Default (auto): TMA + evict-first up to TMA_EF_MAX_KV_BYTES of contiguous K+V, cp.async above
-    and for every paged cache; the plan passes the static capacity's bytes."""
-    if DA.LOAD_CHOICE != "auto":
-        pytest.skip("CUTE_KERNELS_DECODE_LOAD is set")
+def test_load_path_by_size():
+    """TMA + evict-first up to TMA_EF_MAX_KV_BYTES of contiguous K+V, cp.async above and for every
+    paged cache; the plan passes the static capacity's bytes."""
     cap = DA.TMA_EF_MAX_KV_BYTES
-    assert DA.auto_load(False, 128 << 20) == ("tma", True) and DA.auto_load(False, cap) == ("tma", True)
-    assert DA.auto_load(False, cap + 1) == ("cpasync", False) and DA.auto_load(False, 0) == ("cpasync", False)
-    assert DA.auto_load(True, 1 << 20) == ("cpasync", False)
-    c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=128 << 20)
-    assert (c.load, c.kv_evict_first) == ("tma", True)
-    c = DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=256 << 20)
-    assert (c.load, c.kv_evict_first) == ("cpasync", False)
+    assert DA.load_for(False, 128 << 20) == "tma" and DA.load_for(False, cap) == "tma"
+    assert DA.load_for(False, cap + 1) == "cpasync" and DA.load_for(False, 0) == "cpasync"
+    assert DA.load_for(True, 1 << 20) == "cpasync"
+    assert DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=128 << 20).load == "tma"
+    assert DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True, kv_bytes=256 << 20).load == "cpasync"
+    assert DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True, kv_bytes=1 << 20).load == "cpasync"
+    with pytest.raises(ValueError, match="contiguous caches only"):
+        DA.DecodeConfig(tile=DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).tile, paged=True,
+                        page_size=16, causal=True, split=True, load="tma")
     # the plan: b1 hq32 hkv8 L32768 D128 bf16 = 128 MiB of K+V; b8 L8192 = 256 MiB (meta tensors)
     for b, L, load in ((1, 32768, "tma"), (8, 8192, "cpasync")):
         q = torch.empty(b, 1, 32, 128, dtype=torch.bfloat16, device="meta")
         k = torch.empty(b, L, 8, 128, dtype=torch.bfloat16, device="meta")
-        assert DA._plan_uncached(q, k, None, None, True)[0].load == load
-
-
-def test_tma_falls_back_for_paged():
-    with DA.override_config(load="tma"):
-        assert DA.make_config(torch.bfloat16, 128, 4, True, 16, True, True).load == "cpasync"
-        assert DA.make_config(torch.bfloat16, 128, 4, False, 0, True, True).load == "tma"
+        assert plan(q, k, None, None, True)[0].load == load
 
 
 @gpu
-@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("num_splits", [1, None, 48])
-def test_gpu_variants_bitwise_equal_default(variant, num_splits):
-    """Ragged lengths (0/1/7/1000/65537) in a cache whose unused rows are NaN: every variant gives
-    the default kernel's bits (same math, same order) and matches the float32 reference."""
-    lens = [0, 1, 7, 1000, 65537]
-    Lmax = 65600
+def test_gpu_load_paths_bitwise_equal(num_splits):
+    """The two contiguous load paths give the same bits: one cache whose capacity is above
+    TMA_EF_MAX_KV_BYTES (cp.async) and a view of its first rows within the bound (TMA + evict-first),
+    ragged lengths (0/1/7/1000/5000), rows past each length NaN; both match the float32 reference."""
+    lens = [0, 1, 7, 1000, 5000]
+    Lmax = 65600  # 5 x 65600 x 4 heads x 128 x 2 B x 2 = 671 MB of K+V: cp.async
     q, k, v, s = make_inputs(len(lens), 1, 16, 4, 128, lens, Lmax=Lmax, device="cuda", seed=21)
     for b, L in enumerate(lens):
         k[b, L:] = float("nan")
         v[b, L:] = float("nan")
-    base, base_lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits, return_lse=True)
-    with DA.override_config(**VARIANTS[variant]):
-        for _ in range(2):
-            o, l = decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits, return_lse=True)
-            assert torch.equal(o, base) and torch.equal(l, base_lse), variant
-        ro, rl = decode_attn_reference(q, k, v, s)
-        check_close(o, l, ro, rl, q.dtype, variant)
-        # strided caches (views of one K/V buffer), Sq > 1, D = 256
-        B, Sq, Hq, Hkv, D, L = 2, 3, 8, 2, 256, 1500
-        kv = torch.randn(B, L, 2, Hkv, D, device="cuda").to(torch.bfloat16)
-        q2 = torch.randn(B, Sq, Hq, D, device="cuda").to(torch.bfloat16)
-        s2 = torch.tensor([L, 999], dtype=torch.int32, device="cuda")
-        out, lse, ro, rl = run_and_ref(q2, kv[:, :, 0], kv[:, :, 1], s2, num_splits=num_splits)
-        check_close(out, lse, ro, rl, q2.dtype, f"{variant} strided D=256")
-        # bad lengths stay in bounds
-        s3 = torch.tensor([10**6, -5], dtype=torch.int32, device="cuda")
-        o3 = decode_attn(q2, kv[:, :, 0], kv[:, :, 1], cache_seqlens=s3, num_splits=num_splits)
-        torch.cuda.synchronize()
-        ro3, _ = decode_attn_reference(q2, kv[:, :, 0], kv[:, :, 1], s3.clamp(0, L))
-        check_close(o3, None, ro3, None, q2.dtype, f"{variant} clamped")
+    small = 5120  # the first 5120 rows: 52 MB, TMA + evict-first
+    assert plan(q, k, None, num_splits, True)[0].load == "cpasync"
+    assert plan(q, k[:, :small], None, num_splits, True)[0].load == "tma"
+    P = num_splits or plan(q, k[:, :small], None, None, True)[1]
+    base, base_lse = decode_attn(q, k, v, cache_seqlens=s, num_splits=P, return_lse=True)
+    for _ in range(2):
+        o, l = decode_attn(q, k[:, :small], v[:, :small], cache_seqlens=s, num_splits=P, return_lse=True)
+        assert torch.equal(o, base) and torch.equal(l, base_lse)
+    ro, rl = decode_attn_reference(q, k, v, s)
+    check_close(o, l, ro, rl, q.dtype, "load paths")
+    # strided caches (views of one K/V buffer), Sq > 1, D = 256, and clamped lengths: TMA path
+    B, Sq, Hq, Hkv, D, L = 2, 3, 8, 2, 256, 1500
+    kv = torch.randn(B, L, 2, Hkv, D, device="cuda").to(torch.bfloat16)
+    q2 = torch.randn(B, Sq, Hq, D, device="cuda").to(torch.bfloat16)
+    s2 = torch.tensor([L, 999], dtype=torch.int32, device="cuda")
+    out, lse, ro, rl = run_and_ref(q2, kv[:, :, 0], kv[:, :, 1], s2, num_splits=num_splits)
+    check_close(out, lse, ro, rl, q2.dtype, "strided D=256")
+    s3 = torch.tensor([10**6, -5], dtype=torch.int32, device="cuda")
+    o3 = decode_attn(q2, kv[:, :, 0], kv[:, :, 1], cache_seqlens=s3, num_splits=num_splits)
+    torch.cuda.synchronize()
+    ro3, _ = decode_attn_reference(q2, kv[:, :, 0], kv[:, :, 1], s3.clamp(0, L))
+    check_close(o3, None, ro3, None, q2.dtype, "clamped")
 
 
-@gpu
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_gpu_variants_graph_replay(variant):
-    with DA.override_config(**VARIANTS[variant]):
-        _graph_case()
+def test_public_surface_and_warmup():
+    """What a user imports from cute_kernels.attention, and warm-up of the planned decode config
+    (plus its merge) through cute_kernels.warmup (recorded, nothing compiled)."""
+    import cute_kernels
+    from cute_kernels import attention
+    from cute_kernels.common import jit
+
+    for name in attention.__all__:
+        assert getattr(attention, name) is not None
+    assert attention.decode_attn is cute_kernels.decode_attn and attention.decode is DA
+    cfg = attention.explain(1, 32, 8, 32768)["config"]
+    assert isinstance(cfg, attention.DecodeConfig) and cfg.split and cfg.load == "tma"
+    merge = attention.MergeConfig("float32", "bfloat16", 128)
+    with jit.dry_run() as dry:
+        assert cute_kernels.warmup([("decode_attn", cfg), ("merge_states", merge)]) == 2
+    assert dry.seen == [("decode_attn", cfg), ("merge_states", merge)]

@@ -7,8 +7,7 @@ import torch
 
 from cute_kernels.attention.merge import (
     MergeConfig,
-    _merge_builder,
-    _merge_states_op,
+    merge_builder,
     merge_state,
     merge_states,
     merge_states_torch,
@@ -118,7 +117,7 @@ def test_cpu_merge_state_shape_mismatch():
 
 def test_cpu_opcheck():
     op, lp, _, _ = make_parts(3, 4, 8)
-    torch.library.opcheck(_merge_states_op, (op, lp))
+    torch.library.opcheck(torch.ops.cute_kernels.merge_states, (op, lp))
 
 
 @pytest.mark.parametrize(
@@ -136,7 +135,7 @@ def test_cpu_opcheck():
 def test_merge_kernel_compiles_for_sm90a(cfg):
     from cute_kernels.tools import inspect as ins
 
-    rep = ins.inspect_builder(_merge_builder(cfg))
+    rep = ins.inspect_builder(merge_builder(cfg))
     ks = [k for k in rep.kernels if "Merge" in k.name]
     assert len(ks) == 1
     k = ks[0]

@@ -1,0 +1,276 @@
+"""Host-side planning of ``decode_attn``: argument validation, the kernel configuration and the split
+count, all from static facts (shapes, dtypes, the cache's capacity), never from the lengths on the
+device.  :func:`explain` runs the same code on meta tensors (any machine, nothing compiled)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from layouts.attention import DecodeTile, decode_tile
+
+from ..common.arch import current_arch
+from ..common.dtypes import HALF_TORCH, name_of
+
+__all__ = ["DecodeConfig", "make_config", "choose_num_splits", "workspace_numel", "explain",
+           "TMA_EF_MAX_KV_BYTES", "load_for"]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything the compiled decode kernel specializes on (lengths, batch, heads, splits are not)."""
+
+    tile: DecodeTile
+    paged: bool
+    page_size: int  # 0 when not paged
+    causal: bool
+    split: bool  # False: num_splits == 1, the kernel writes the output directly
+    # K/V loads: "cpasync" (16-byte cp.async by every thread; paged caches gather through the block
+    # table) or "tma" (contiguous caches: one TMA box per K/V tile, L2 evict-first)
+    load: str = "cpasync"
+
+    def __post_init__(self):
+        if self.load not in ("cpasync", "tma") or (self.load == "tma" and self.paged):
+            raise ValueError(f"DecodeConfig: load={self.load!r} (tma: contiguous caches only)")
+
+    dtype = property(lambda self: self.tile.dtype)
+    head_dim = property(lambda self: self.tile.head_dim)
+    m_tile = property(lambda self: self.tile.m_tile)
+    n_tile = property(lambda self: self.tile.n_tile)
+    stages = property(lambda self: self.tile.stages)
+    num_threads = property(lambda self: self.tile.num_threads)
+
+
+#: Contiguous caches of at most this many K + V bytes (static capacity) load through TMA with the
+#: L2 evict-first hint, larger ones with cp.async.  Why: a call that starts with dirty lines in L2
+#: (the previous kernel's output) has them written back while it streams K/V unless its own lines
+#: are the first victims; the hint saves a roughly fixed few microseconds, while the hinted stream
+#: itself runs a few percent slower, a cost that grows with the bytes.  Break-even lies between 128
+#: and 256 MiB (profiles/NOTES-decode.md).
+TMA_EF_MAX_KV_BYTES = 192 << 20
+
+
+def load_for(paged: bool, kv_bytes: int) -> str:
+    """Pure Python: the K/V load path for a cache of ``kv_bytes`` (K + V, static capacity)."""
+    return "tma" if not paged and 0 < kv_bytes <= TMA_EF_MAX_KV_BYTES else "cpasync"
+
+
+def make_config(dtype: torch.dtype, head_dim: int, rows: int, paged: bool, page_size: int, causal: bool,
+                split: bool, kv_bytes: int = 0) -> DecodeConfig:
+    """The configuration from static facts only.  ``rows`` = (Hq/Hkv) * Sq; ``kv_bytes`` = K + V bytes
+    of the cache's static capacity (picks the load path, :func:`load_for`; 0: cp.async)."""
+    return DecodeConfig(tile=decode_tile(name_of(dtype), head_dim, rows), paged=paged,
+                        page_size=page_size if paged else 0, causal=causal, split=split,
+                        load=load_for(paged, kv_bytes))
+
+
+def choose_num_splits(
+    batch: int, heads_kv: int, row_blocks: int, capacity: int, n_tile: int, sm_count: int, per_sm: int
+) -> int:
+    """Split count from static sizes: fill the SMs with whole waves, keep chunks long.
+
+    Model: time(s) = waves(s) * (tiles per split + fixed cost of a CTA) + (s > 1) * combine cost,
+    waves(s) = ceil(batch*heads_kv*row_blocks*s / (SMs * CTAs per SM)); costs in tiles."""
+    tiles = max(1, -(-capacity // n_tile))
+    base = batch * heads_kv * row_blocks
+    slots = sm_count * per_sm
+    cta_cost, combine_cost = 3.0, 3.0
+    best, best_t = 1, None
+    max_s = min(256, tiles, max(1, 4 * -(-slots // base)))
+    for s in range(1, max_s + 1):
+        waves = -(-(base * s) // slots)
+        t = waves * (-(-tiles // s) + cta_cost) + (combine_cost if s > 1 else 0.0)
+        if best_t is None or t < best_t - 1e-9:
+            best, best_t = s, t
+    return best
+
+
+def workspace_numel(num_splits: int, batch: int, seqlen_q: int, heads_q: int, head_dim: int) -> int:
+    """float32 elements of a decode workspace: the partial outputs and LSEs of every split."""
+    if num_splits <= 1:
+        return 1
+    return num_splits * batch * seqlen_q * heads_q * (head_dim + 1)
+
+
+def checked_default(checked: Optional[bool]) -> bool:
+    if checked is not None:
+        return bool(checked)
+    return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
+
+
+def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True):
+    def err(cls, msg):
+        raise cls(f"decode_attn: {msg}")
+
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            err(TypeError, f"{name} must be a tensor")
+    if q.dim() != 4:
+        err(ValueError, f"q must be (batch, seqlen_q, heads_q, head_dim), got shape {tuple(q.shape)}")
+    B, Sq, Hq, D = q.shape
+    if q.dtype not in HALF_TORCH:
+        err(TypeError, f"q must be float16 or bfloat16, got {q.dtype}")
+    if not 1 <= Sq <= 16:
+        err(ValueError, f"seqlen_q must be in 1..16 (decode / speculative verification), got {Sq}")
+    if D not in (64, 128, 256):
+        err(ValueError, f"head_dim must be 64, 128 or 256, got {D}")
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        err(ValueError, f"k_cache/v_cache must be 4-d, got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    if k_cache.shape != v_cache.shape:
+        err(ValueError, f"k_cache and v_cache shapes differ: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        err(TypeError, f"k_cache/v_cache dtype ({k_cache.dtype}/{v_cache.dtype}) must equal q's ({q.dtype})")
+    Hkv = k_cache.shape[2]
+    if k_cache.shape[3] != D:
+        err(ValueError, f"cache head_dim {k_cache.shape[3]} != q head_dim {D}")
+    if Hkv < 1 or Hq < 1 or Hq % Hkv != 0:
+        err(ValueError, f"heads_q ({Hq}) must be a multiple of heads_kv ({Hkv})")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got stride {t.stride()}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if (check_ptrs and t.data_ptr() % 16 != 0) or any(s % 8 != 0 for s in t.stride()[:-1]):
+            err(ValueError, f"{name} rows must be 16-byte aligned (strides multiple of 8 elements), got {t.stride()}")
+    devs = {t.device for t in (q, k_cache, v_cache, cache_seqlens)}
+    if block_table is not None:
+        devs.add(block_table.device)
+    if len(devs) != 1:
+        err(ValueError, f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    if cache_seqlens.dtype != torch.int32:
+        err(TypeError, f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
+    if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != B:
+        err(ValueError, f"cache_seqlens must be ({B},), got {tuple(cache_seqlens.shape)}")
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            err(ValueError, f"contiguous cache batch ({k_cache.shape[0]}) != q batch ({B})")
+    else:
+        if block_table.dtype != torch.int32:
+            err(TypeError, f"block_table must be int32, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != B:
+            err(ValueError, f"block_table must be ({B}, pages_per_seq), got {tuple(block_table.shape)}")
+        if block_table.shape[1] < 1:
+            err(ValueError, "block_table needs at least one page column")
+        if block_table.stride(-1) != 1:
+            err(ValueError, "block_table must be contiguous along pages")
+        ps = k_cache.shape[1]
+        if not 1 <= ps <= 1024:
+            err(ValueError, f"page_size must be in 1..1024, got {ps}")
+    if out is not None:
+        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
+            err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
+        if check_ptrs and out.data_ptr() % 16 != 0:
+            err(ValueError, "out must be 16-byte aligned")
+    if workspace is not None:
+        if workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.device != q.device:
+            err(ValueError, "workspace must be a contiguous float32 tensor on q's device")
+        if check_ptrs and workspace.data_ptr() % 16 != 0:
+            err(ValueError, "workspace must be 16-byte aligned")
+
+
+def capacity(k_cache, block_table) -> int:
+    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+
+
+def kv_bytes(batch: int, k_cache, block_table) -> int:
+    """K + V bytes of the cache's static capacity (what :func:`load_for` decides on)."""
+    _, _, Hkv, D = k_cache.shape
+    return 2 * batch * capacity(k_cache, block_table) * Hkv * D * k_cache.element_size()
+
+
+def check_device_values(k_cache, cache_seqlens, block_table):
+    """Checked mode: validate lengths and page ids (synchronizes with the device)."""
+    cap = capacity(k_cache, block_table)
+    lens = cache_seqlens.detach().to("cpu", torch.int64)
+    if lens.numel() and int(lens.min()) < 0:
+        raise ValueError(f"decode_attn: negative cache_seqlens: {lens.tolist()}")
+    if lens.numel() and int(lens.max()) > cap:
+        what = "Lmax" if block_table is None else "block_table width x page_size"
+        raise ValueError(
+            f"decode_attn: cache_seqlens (max {int(lens.max())}) exceed the cache capacity {cap} ({what})"
+        )
+    if block_table is not None:
+        ps = k_cache.shape[1]
+        bt = block_table.detach().to("cpu", torch.int64)
+        for b, L in enumerate(lens.tolist()):
+            used = bt[b, : -(-L // ps)]
+            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0]):
+                raise ValueError(
+                    f"decode_attn: block_table[{b}] has page ids outside [0, {k_cache.shape[0]}) "
+                    f"among its first {used.numel()} pages: {used.tolist()}"
+                )
+
+
+_PLANS: dict = {}
+
+
+def plan(q, k_cache, block_table, num_splits, causal):
+    """(DecodeConfig, num_splits) from static facts only; memoized (host overhead per call)."""
+    key = (tuple(q.shape), q.dtype, k_cache.shape[2], k_cache.shape[1], block_table is not None,
+           capacity(k_cache, block_table), num_splits, causal)
+    hit = _PLANS.get(key)
+    if hit is None:
+        hit = _PLANS[key] = plan_uncached(q, k_cache, block_table, num_splits, causal)
+    return hit
+
+
+def plan_uncached(q, k_cache, block_table, num_splits, causal):
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    rows = (Hq // Hkv) * Sq
+    paged = block_table is not None
+    page_size = k_cache.shape[1] if paged else 0
+    nbytes = kv_bytes(B, k_cache, block_table)
+    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False, kv_bytes=nbytes)
+    if num_splits is None:
+        row_blocks = -(-rows // cfg1.m_tile)
+        # One CTA per SM per wave although two fit: the kernel is bandwidth-bound, so a second
+        # resident CTA shares the SM's bandwidth instead of adding to it, and fewer splits mean less
+        # partial-output traffic to merge.  Caches in pages no larger than a KV tile are the
+        # exception: each tile's gather first waits on block-table reads, and a second resident CTA
+        # per SM hides that latency (where the batch already fills the SMs twice, the count stays 1).
+        small_pages = paged and page_size <= cfg1.n_tile
+        num_splits = choose_num_splits(
+            B, Hkv, row_blocks, capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count,
+            2 if small_pages else 1,
+        )
+    num_splits = int(num_splits)
+    if num_splits < 1:
+        raise ValueError(f"decode_attn: num_splits must be >= 1, got {num_splits}")
+    cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal, split=True,
+                                                   kv_bytes=nbytes)
+    return cfg, num_splits
+
+
+def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim: int = 128, sq: int = 1,
+            page_size: int | None = None, dtype=torch.bfloat16, num_splits: int | None = None,
+            causal: bool = True) -> dict:
+    """What ``decode_attn`` would run, on any machine (no GPU, nothing compiled): the real planning
+    code (:func:`plan_uncached`) on meta tensors.  ``capacity`` = Lmax of a contiguous cache, or the
+    block-table width x ``page_size`` of a paged one (rounded up to whole pages)."""
+    for name, v in (("batch", batch), ("heads_q", heads_q), ("heads_kv", heads_kv), ("capacity", capacity),
+                    ("head_dim", head_dim), ("sq", sq)):
+        if v < 1:
+            raise ValueError(f"explain: {name} must be >= 1, got {v}")
+    if head_dim not in (64, 128, 256):
+        raise ValueError(f"explain: head_dim must be 64, 128 or 256, got {head_dim}")
+    if sq > 16:
+        raise ValueError(f"explain: sq must be in 1..16, got {sq}")
+    q = torch.empty(batch, sq, heads_q, head_dim, dtype=dtype, device="meta")
+    bt = None
+    if page_size:
+        pages = -(-capacity // page_size)
+        k = torch.empty(batch * pages, page_size, heads_kv, head_dim, dtype=dtype, device="meta")
+        bt = torch.empty(batch, pages, dtype=torch.int32, device="meta")
+    else:
+        k = torch.empty(batch, capacity, heads_kv, head_dim, dtype=dtype, device="meta")
+    if heads_q % heads_kv:
+        raise ValueError(f"explain: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
+    cfg, splits = plan_uncached(q, k, bt, num_splits, causal)
+    row_blocks = -(-((heads_q // heads_kv) * sq) // cfg.m_tile)
+    ctas = batch * heads_kv * row_blocks * splits
+    return {"config": cfg, "num_splits": splits, "load": "tma+evict_first" if cfg.load == "tma" else cfg.load,
+            "kv_bytes": kv_bytes(batch, k, bt), "ctas": ctas,
+            "ctas_per_sm": round(ctas / current_arch().sm_count, 2), "merge": "pdl" if splits > 1 else "none"}

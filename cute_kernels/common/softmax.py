@@ -1,0 +1,192 @@
+"""Online softmax and attention-state (LSE) arithmetic shared by the attention kernels.
+
+Conventions, the same everywhere in the package:
+
+* Scores are scaled by ``softmax_scale`` and exponentiated in base 2: the kernels carry
+  ``scale_log2 = softmax_scale * log2(e)`` (:data:`LOG2_E`) and compute ``exp2(s * scale_log2 - m_s)``
+  with ``m_s = m * scale_log2``, one FMA and one MUFU.EX2 per score.
+* A row's running state is its max raw score ``m`` and the sum ``l`` of ``exp2(s * scale_log2 - m_s)``;
+  the output accumulator holds the unnormalized ``sum_j p_j v_j`` and is rescaled by
+  ``exp2((m_old - m_new) * scale_log2)`` when the max grows.  Normalization (``/ l``) is deferred to
+  the end.
+* The log-sum-exp a kernel writes is in **natural log** (FlashAttention's base, not FlashInfer's
+  base 2): ``lse = (m_s + log2(l)) * ln(2)`` (:data:`LN_2`).
+* A row that saw no key has ``m = -inf`` and ``l = 0``: its scaled max is taken as 0 (so ``exp2`` of
+  ``-inf`` gives 0, never NaN), its output is 0 and its LSE ``-inf``.
+
+Two states over disjoint key sets merge exactly (the decode kernel's cross-warp combine, the split
+merge kernel): with raw states, weights ``exp2(m_i * scale_log2 - max_s)``; with normalized states
+``(o_i, lse_i)``, weights ``exp2((lse_i - max lse) * log2(e))``; then ``o = sum w_i o_i / sum w_i``.
+
+The ``@cute.jit`` functions and :class:`OnlineSoftmax` run inside a DSL trace (kernel code).
+:func:`online_softmax_reference` is the same math in torch, for tests (the merge's torch form is
+:func:`cute_kernels.attention.merge.merge_states_torch`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass.cute as cute
+from cutlass import Float32
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# device side (inside a DSL trace)
+# ------------------------------------------------------------------------------------------------
+@cute.jit
+def quad_max(v: Float32) -> Float32:
+    """Max over the 4 lanes of a quad (the threads that share an MMA accumulator row)."""
+    v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=2))
+    return cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1))
+
+
+@cute.jit
+def quad_sum(v: Float32) -> Float32:
+    """Sum over the 4 lanes of a quad."""
+    v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
+    return v + cute.arch.shuffle_sync_bfly(v, offset=1)
+
+
+@cute.jit
+def scaled_max(m: Float32, scale_log2: Float32) -> Float32:
+    """``m * scale_log2``, or 0 for a row that saw no key (``m = -inf``): the offset subtracted before
+    ``exp2``, chosen so an empty row gives ``exp2(-inf) = 0`` instead of ``exp2(NaN)``."""
+    m_s = m * scale_log2
+    if m == -Float32.inf:
+        m_s = Float32(0.0)
+    return m_s
+
+
+@cute.jit
+def safe_max(m: Float32) -> Float32:
+    """``m``, or 0 when ``m = -inf`` (the unscaled form of :func:`scaled_max`, for natural-log LSEs)."""
+    m_safe = m
+    if m == -Float32.inf:
+        m_safe = Float32(0.0)
+    return m_safe
+
+
+@cute.jit
+def raw_state_weight(m: Float32, max_scaled: Float32, scale_log2: Float32) -> Float32:
+    """Weight of a raw state with running max ``m`` in a merge whose scaled max is ``max_scaled``
+    (from :func:`scaled_max`): ``exp2(m * scale_log2 - max_scaled)``, one FMA + EX2."""
+    return cute.math.exp2(m * scale_log2 - max_scaled, fastmath=True)
+
+
+@cute.jit
+def lse_state_weight(lse: Float32, lse_max_safe: Float32) -> Float32:
+    """Weight of a normalized state with natural-log ``lse`` in a merge whose max LSE is
+    ``lse_max_safe`` (from :func:`safe_max`): ``exp(lse - lse_max)``, computed in base 2."""
+    return cute.math.exp2((lse - lse_max_safe) * LOG2_E, fastmath=True)
+
+
+@cute.jit
+def inv_or_zero(l: Float32) -> Float32:
+    """``1 / l``, or 0 for an empty row (``l = 0``): the deferred normalization."""
+    inv = Float32(0.0)
+    if l > 0.0:
+        inv = 1.0 / l
+    return inv
+
+
+@cute.jit
+def lse_from_scaled(max_scaled: Float32, l: Float32) -> Float32:
+    """Natural-log LSE of a raw state: ``(max_scaled + log2(l)) * ln 2``, ``-inf`` for ``l = 0``."""
+    lse = -Float32.inf
+    if l > 0.0:
+        lse = (max_scaled + cute.math.log2(l, fastmath=False)) * LN_2
+    return lse
+
+
+@cute.jit
+def lse_from_safe_max(lse_max_safe: Float32, w_sum: Float32) -> Float32:
+    """Natural-log LSE of a merge of normalized states: ``lse_max + log(sum w)`` (``-inf`` when every
+    weight is 0, as ``log(0)``)."""
+    return lse_max_safe + cute.math.log(w_sum, fastmath=False)
+
+
+@dataclass(frozen=True)
+class OnlineSoftmax:
+    """Running (max, sum) of the ``n_rows`` accumulator rows one thread holds, updated tile by tile.
+
+    Build it inside a kernel with :meth:`create` (its state lives in registers)::
+
+        softmax = OnlineSoftmax.create(scale_log2, n_rows)
+        for each KV tile:  S = Q K^T (masked scores = -inf)
+            for r in rows:  softmax.update_row(r, S_row(r), O_row(r))   # S_row becomes P in place
+            O += P V
+        m, l = softmax.row_max[r], quad_sum(softmax.row_sum[r])
+
+    The row max is reduced over the quad (:func:`quad_max`), the row sum is kept per thread (reduce
+    it once at the end).  A row with only masked scores keeps ``m = -inf``, ``l = 0``, ``O = 0``.
+    Frozen: the DSL treats a frozen dataclass as read-only in dynamic control flow (its tensors'
+    contents still change).
+    """
+
+    scale_log2: Float32
+    n_rows: int
+    row_max: cute.Tensor
+    row_sum: cute.Tensor
+
+    @staticmethod
+    def create(scale_log2: Float32, n_rows: int) -> "OnlineSoftmax":
+        row_max = cute.make_rmem_tensor((n_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        return OnlineSoftmax(scale_log2, n_rows, row_max, row_sum)
+
+    @cute.jit
+    def update_row(self, r, s_row: cute.Tensor, o_row: cute.Tensor):
+        """Row ``r``: new max from the scores ``s_row`` (overwritten with ``p = exp2(s * scale_log2 -
+        m_new_s)``), the sum and the output row ``o_row`` rescaled by ``exp2((m_old - m_new) *
+        scale_log2)`` and the tile's ``p`` added to the sum."""
+        m_cur = s_row.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+        m_cur = quad_max(m_cur)
+        m_prev = self.row_max[r]
+        m_new = cute.arch.fmax(m_prev, m_cur)
+        m_scaled = scaled_max(m_new, self.scale_log2)
+        p = cute.math.exp2(s_row.load() * self.scale_log2 - m_scaled, fastmath=True)
+        s_row.store(p)
+        corr = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
+        self.row_sum[r] = self.row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+        self.row_max[r] = m_new
+        o_row.store(o_row.load() * corr)
+
+
+# ------------------------------------------------------------------------------------------------
+# the same math in torch (tests, references)
+# ------------------------------------------------------------------------------------------------
+def online_softmax_reference(scores, values, scale: float, chunk: int):
+    """``softmax(scale * scores) @ values`` computed the kernels' way, ``chunk`` keys at a time:
+    exp2 with the scale folded, running max / sum, rescale on max change, deferred normalization.
+
+    scores (..., L) with ``-inf`` for masked keys, values (L, D), float tensors.  Returns (o (..., D),
+    lse (...) natural log); rows with no visible key give o = 0, lse = -inf.
+    """
+    import torch
+
+    scale_log2 = scale * LOG2_E
+    shape = scores.shape[:-1]
+    m = torch.full(shape, float("-inf"), dtype=torch.float64)
+    l = torch.zeros(shape, dtype=torch.float64)
+    o = torch.zeros(*shape, values.shape[-1], dtype=torch.float64)
+    s_all, v_all = scores.double(), values.double()
+    for j in range(0, scores.shape[-1], chunk):
+        s, v = s_all[..., j : j + chunk], v_all[j : j + chunk]
+        m_new = torch.maximum(m, s.amax(-1))
+        m_s = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new * scale_log2)
+        p = torch.exp2(s * scale_log2 - m_s.unsqueeze(-1))
+        corr = torch.exp2(m * scale_log2 - m_s)
+        l = l * corr + p.sum(-1)
+        o = o * corr.unsqueeze(-1) + p @ v
+        m = m_new
+    m_s = torch.where(torch.isneginf(m), torch.zeros_like(m), m * scale_log2)
+    inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
+    lse = torch.where(l > 0, (m_s + torch.log2(l)) * LN_2, torch.full_like(l, float("-inf")))
+    return o * inv.unsqueeze(-1), lse
