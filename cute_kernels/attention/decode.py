@@ -63,11 +63,14 @@ def decode_builder(cfg: DecodeConfig):
         D = cfg.head_dim
         s64 = cute.sym_int64
         B, Sq, Hq, Hkv = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-        row_strides = (s64(divisibility=8), s64(divisibility=8), s64(divisibility=8), 1)
-        mQ = make_fake_tensor(dt, (B, Sq, Hq, D), row_strides, assumed_align=16)
+
+        def row_strides():  # fresh symbols per tensor: shared ones would make the compiled call demand equal strides
+            return (s64(divisibility=8), s64(divisibility=8), s64(divisibility=8), 1)
+
+        mQ = make_fake_tensor(dt, (B, Sq, Hq, D), row_strides(), assumed_align=16)
         kv_shape = (cute.sym_int(), cfg.page_size, Hkv, D) if cfg.paged else (B, cute.sym_int(), Hkv, D)
-        mK = make_fake_tensor(dt, kv_shape, row_strides, assumed_align=16)
-        mV = make_fake_tensor(dt, kv_shape, row_strides, assumed_align=16)
+        mK = make_fake_tensor(dt, kv_shape, row_strides(), assumed_align=16)
+        mV = make_fake_tensor(dt, kv_shape, row_strides(), assumed_align=16)
         mSeq = make_fake_compact_tensor(cutlass.Int32, (B,), assumed_align=4)
         mBT = None
         if cfg.paged:
