@@ -1,7 +1,10 @@
 """Tile descriptions of the kernels (:mod:`layouts.tiles`) and a CPU explorer for them.
 
-The explorer evaluates layouts with the DSL's own algebra (:mod:`layouts.explore`), draws them as
-text/SVG/PNG (:mod:`layouts.render`) and is reachable as ``cute-kernels layouts`` (:mod:`layouts.cli`).
+The explorer evaluates layouts with the DSL's own algebra (:mod:`layouts.explore`: fragments, shared
+memory and banks; :mod:`layouts.raster`: the persistent scheduler's tile order), draws them as
+text/SVG/PNG (:mod:`layouts.render`) and is reachable as ``cute-kernels layouts``
+(:mod:`cute_kernels.tools.layouts_cli`).  ``layouts`` never imports ``cute_kernels``; the compile target
+is set by :mod:`layouts.target`.
 """
 
 from .explore import (
@@ -9,16 +12,12 @@ from .explore import (
     Grid,
     LayoutTable,
     OwnershipTable,
-    RasterTable,
-    cta_raster_order,
     evaluate,
     in_dsl,
     mma_fragment_ownership,
-    num_tiles,
-    scheduler_cluster_order,
     smem_bank_pattern,
-    tile_coord,
 )
+from .raster import RasterTable, cta_raster_order, num_tiles, scheduler_cluster_order, tile_coord
 from .render import SvgImage, save, to_png, to_svg, to_text
 from .tiles import GemmTiles, MmaTile
 

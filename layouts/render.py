@@ -1,7 +1,7 @@
 """Draw the explorer's tables as text, SVG or PNG.
 
-Anything with a ``grid()`` method (the tables of :mod:`layouts.explore`) or a :class:`~layouts.explore.Grid`
-can be rendered.  Text shows every label; the pictures colour cells by their key (thread, bank
+Anything with a ``grid()`` method (the tables of :mod:`layouts.explore` and :mod:`layouts.raster`) or a
+:class:`~layouts.explore.Grid` can be rendered.  Text shows every label; the pictures colour cells by their key (thread, bank
 group, CTA, ...).  Pictures stay small (< 300 KB) because a 64x128 accumulator or a 128x64 smem tile
 is 8192 cells: neighbouring cells of the same key are merged into one run, one ``<path>`` per colour,
 and large grids label runs (with the short label) instead of cells, and only where the text fits.

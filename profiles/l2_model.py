@@ -4,7 +4,7 @@ Why: on the power-capped shapes the clock follows energy per FLOP, and HBM traff
 (session 5: ncu read 1.47-1.52 GB per 8192^3 call for 128x256 / swizzle 4 against 1.23 GB for
 256x128 / 1x2 / swizzle 8, and the latter ran ~3% faster at the cap).  Rasters and tiles can be
 ranked on the CPU before spending device time: this replays the scheduler's order
-(``layouts.explore.scheduler_cluster_order``, read off the DSL's ``PersistentTileSchedulerParams``)
+(``layouts.raster.scheduler_cluster_order``, read off the DSL's ``PersistentTileSchedulerParams``)
 wave by wave, k-tile by k-tile, through an LRU cache of ``--l2-mb``.
 
 It is a model: all CTAs of a wave advance in lockstep, L2 is one LRU pool, multicast loads count
@@ -19,7 +19,7 @@ at 8192^3 11% slower than 1x1 sw4m, with the same modelled traffic (1.49 vs 1.46
 
     python3 profiles/l2_model.py [--shapes 8192x8192x8192,...] [--configs default,128x256:1x1:4m,...] [--l2-mb 28]
 
-``default`` is the configuration the library runs for the shape (its real plan, via ``gemm_host.explain``).
+``default`` is the configuration the library runs for the shape (its real plan, via ``cute_kernels.gemm.explain``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections import OrderedDict
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("CUTE_KERNELS_ARCH", "sm_90a")
-from layouts.explore import scheduler_cluster_order  # noqa: E402  (the DSL scheduler's own order)
+from layouts.raster import scheduler_cluster_order  # noqa: E402  (the DSL scheduler's own order)
 
 SMS = 132
 
@@ -102,8 +102,8 @@ def hbm_reads(m, n, k, tile_m, tile_n, cluster, swizzle, along_m, l2_bytes, el=2
 
 def default_config(m, n, k):
     """The (tile_m, tile_n, cluster, swizzle, along_m) the library runs for this bf16 row-major problem
-    (``gemm_host.explain``: the real plan, nothing compiled); None for the split-K kernels."""
-    from cute_kernels.gemm.host import explain
+    (``cute_kernels.gemm.explain``: the real plan, nothing compiled); None for the split-K kernels."""
+    from cute_kernels.gemm import explain
 
     r = explain(m, n, k)[0]
     if "raster" not in r or r.get("splits", 1) > 1:

@@ -1,6 +1,6 @@
 """One place that compiles a kernel for a configuration, and caches it in memory and on disk.
 
-Why: ``cute.compile`` costs 1-2 s per kernel and does not consult any cache of its own.  Every kernel
+Why: ``cute.compile`` takes seconds per kernel and does not consult any cache of its own.  Every kernel
 module asks :func:`get_compiled` for its configuration; the first call in a process loads the object
 file another process already exported (~1 ms) or compiles and exports it, later calls are a dict hit.
 
@@ -100,7 +100,7 @@ def compile_options(*, tvm_ffi: bool = True, extra: str = "") -> str:
 
 
 def compile_now(builder: Builder, *, tvm_ffi: bool = True, extra_options: str = ""):
-    """Compile without any cache (used by the cache itself and by :mod:`cute_kernels.inspect`)."""
+    """Compile without any cache (used by the cache itself and by :mod:`cute_kernels.tools.inspect`)."""
     fn, args = builder()
     with _compile_lock:
         return cute.compile(fn, *args, options=compile_options(tvm_ffi=tvm_ffi, extra=extra_options))
@@ -131,7 +131,7 @@ _dry = threading.local()
 
 class dry_run:
     """Context manager: every :func:`get_compiled` inside records ``(name, config)`` in ``.seen`` and
-    returns None instead of compiling.  Why: a plan (``gemm_host.explain``) can then show exactly the
+    returns None instead of compiling.  Why: a plan (``cute_kernels.gemm.explain``) can then show exactly the
     configuration a call would compile, by running the real planning code, without a compiler or GPU.
     Per thread: a real call on another thread still compiles and launches."""
 
@@ -213,7 +213,7 @@ def warmup(configs) -> int:
     """Precompile ``[(kernel_name, spec), ...]``; returns how many were handled.
 
     ``("gemm", dict(m=4096, n=4096, k=4096, dtype=torch.bfloat16, a_major="row", b_major="row"))``
-    compiles what ``gemm`` would run for that problem (see :func:`cute_kernels.gemm.host.warmup_gemm`);
+    compiles what ``gemm`` would run for that problem (see :func:`cute_kernels.gemm.warmup_gemm`);
     ``("decode_attn", DecodeConfig)`` / ``("merge_states", MergeConfig)`` take those kernels' configs.
     Without a GPU this fills the disk cache for a GPU machine with the same arch facts.
     """

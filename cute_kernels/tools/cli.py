@@ -1,22 +1,192 @@
-"""``cute-kernels`` / ``python -m cute_kernels``: demo, layouts, tune, report, warmup.
+"""The ``cute-kernels`` command (also ``python -m cute_kernels``).
 
-    cute-kernels demo [--out DIR]      GPU: each kernel vs a PyTorch reference (error, speed).
-                                       CPU: compile every kernel for sm_90a, print the resource report,
-                                       write layout pictures to DIR.
-    cute-kernels layouts gemm [...]    print / draw tile layouts (see `cute-kernels layouts --help`)
-    cute-kernels tune gemm M N K       autotune the GEMM for one shape (needs a GPU); persisted
-    cute-kernels report                compile report only
+    cute-kernels demo [--cpu] [--out DIR]   GPU: each kernel against a PyTorch reference (error, speed).
+                                            CPU: compile every kernel for sm_90a, print the resource
+                                            report, write layout pictures to DIR.
+    cute-kernels report                     the CPU compile report only (registers, spills, instructions)
+    cute-kernels plan gemm M N K [...]      what gemm() runs for one problem (no GPU, nothing compiled)
+    cute-kernels plan decode B HQ HKV L     what decode_attn() runs for one problem
+    cute-kernels warmup gemm M N K [...]    compile what gemm() runs into the disk cache (no GPU needed)
+    cute-kernels warmup decode B HQ HKV L   the same for decode_attn()
+    cute-kernels warmup merge --head-dim D  the same for merge_states()
+    cute-kernels tune gemm M N K            autotune the GEMM for one shape (needs a GPU); persisted
+    cute-kernels layouts gemm [...]         print / draw tile layouts (cute-kernels layouts --help)
+
+Each subcommand documents its arguments (``cute-kernels plan gemm --help``).  A bad argument, or a
+problem the library rejects, is reported in one line and exits with status 2
+(``CUTE_KERNELS_LOG_LEVEL=DEBUG`` shows the traceback instead).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
+import logging
 import sys
+import time
+from typing import Sequence
+
+from .args import OneLineParser, int_in, one_line
+
+PROG = "cute-kernels"
+DTYPES = ("bfloat16", "float16")
+OUT_DTYPES = ("bfloat16", "float16", "float32")
+_ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: what decode_attn accepts (its argument validation): head dims and query tokens per sequence.
+DECODE_HEAD_DIMS = (64, 128, 256)
+DECODE_MAX_SQ = 16
+DECODE_MAX_PAGE_SIZE = 1024
 
 
+class UsageError(Exception):
+    """A bad argument found after parsing; printed as ``cute-kernels: error: ...`` (status 2)."""
+
+
+def _torch_dtype(name: str | None):
+    import torch
+
+    return None if name is None else getattr(torch, name)
+
+
+def _add_gemm_problem(p: argparse.ArgumentParser) -> None:
+    p.add_argument("m", type=int_in(0), help="rows of a and of the output")
+    p.add_argument("n", type=int_in(0), help="columns of b and of the output")
+    p.add_argument("k", type=int_in(0), help="the reduction length (columns of a, rows of b)")
+    p.add_argument("--batch", type=int_in(1), default=None, help="batch count (default: a 2-d problem)")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="a and b element type (default bfloat16)")
+    p.add_argument("--out-dtype", default=None, choices=OUT_DTYPES, help="output element type (default: --dtype)")
+    p.add_argument("--a-major", default="row", choices=("row", "col"),
+                   help="a (M, K) stored row-major (K contiguous) or column-major (default row)")
+    p.add_argument("--b-major", default="row", choices=("row", "col"),
+                   help="b (K, N) stored row-major (N contiguous) or column-major (default row)")
+    p.add_argument("--with-c", action="store_true", help="alpha * a @ b + beta * c with a C operand, beta != 0")
+
+
+def _add_decode_problem(p: argparse.ArgumentParser) -> None:
+    p.add_argument("batch", type=int_in(1), help="sequences in the batch")
+    p.add_argument("heads_q", type=int_in(1), help="query heads (a multiple of heads_kv)")
+    p.add_argument("heads_kv", type=int_in(1), help="key/value heads")
+    p.add_argument("capacity", type=int_in(1),
+                   help="KV tokens the cache holds per sequence: Lmax (contiguous) or block-table width x page size")
+    p.add_argument("--head-dim", type=int, default=128, choices=DECODE_HEAD_DIMS, help="head dimension (default 128)")
+    p.add_argument("--sq", type=int_in(1, DECODE_MAX_SQ), default=1,
+                   help=f"new query tokens per sequence, 1..{DECODE_MAX_SQ} (default 1)")
+    p.add_argument("--page-size", type=int_in(1, DECODE_MAX_PAGE_SIZE), default=None,
+                   help=f"tokens per page of a paged cache, 1..{DECODE_MAX_PAGE_SIZE} (default: contiguous cache)")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="q / K / V element type (default bfloat16)")
+    p.add_argument("--num-splits", type=int_in(1), default=None, help="KV splits (default: the heuristic's)")
+
+
+def _check_decode(a: argparse.Namespace) -> None:
+    if a.heads_q % a.heads_kv:
+        raise UsageError(f"heads_q ({a.heads_q}) must be a multiple of heads_kv ({a.heads_kv})")
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+def _gemm_rows(a: argparse.Namespace) -> list[dict]:
+    from ..gemm import explain
+
+    return explain(a.m, a.n, a.k, batch=a.batch, dtype=_torch_dtype(a.dtype), a_major=a.a_major,
+                   b_major=a.b_major, out_dtype=_torch_dtype(a.out_dtype), with_c=a.with_c)
+
+
+def _decode_row(a: argparse.Namespace) -> dict:
+    from ..attention import explain as decode_explain
+
+    _check_decode(a)
+    return decode_explain(a.batch, a.heads_q, a.heads_kv, a.capacity, head_dim=a.head_dim, sq=a.sq,
+                          page_size=a.page_size, dtype=_torch_dtype(a.dtype), num_splits=a.num_splits)
+
+
+def _gemm_title(a: argparse.Namespace) -> str:
+    return (f"gemm {a.m}x{a.n}x{a.k}" + (f" batch {a.batch}" if a.batch else "")
+            + f" {a.dtype}, a {a.a_major}-major, b {a.b_major}-major")
+
+
+def _decode_title(a: argparse.Namespace) -> str:
+    return (f"decode_attn b{a.batch} hq{a.heads_q} hkv{a.heads_kv} capacity {a.capacity} D{a.head_dim} Sq{a.sq}"
+            + (f" pages of {a.page_size}" if a.page_size else " contiguous"))
+
+
+def _print_rows(rows: list[dict]) -> None:
+    if not rows:
+        print("  no kernel: an empty problem launches nothing\n")
+    for row in rows:
+        for key, val in row.items():
+            print(f"  {key:14s} {val}")
+        print()
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    """Print what a call would run: the library's own planning code on meta tensors."""
+    if a.kernel == "gemm":
+        rows = _gemm_rows(a)
+        print(_gemm_title(a) + ":")
+    else:
+        rows = [_decode_row(a)]
+        print(_decode_title(a) + ":")
+    _print_rows(rows)
+    return 0
+
+
+# ---- warmup --------------------------------------------------------------------------------------
+def cmd_warmup(a: argparse.Namespace) -> int:
+    """Compile (or load from the disk cache) exactly what a call would run, without running it."""
+    from ..common import jit
+
+    if a.kernel == "gemm":
+        kernels = [r.get("kernel", "?") for r in _gemm_rows(a)]  # validates before compiling
+        spec = dict(m=a.m, n=a.n, k=a.k, batch=a.batch, dtype=_torch_dtype(a.dtype), a_major=a.a_major,
+                    b_major=a.b_major, out_dtype=_torch_dtype(a.out_dtype), with_c=a.with_c)
+        todo, title = [("gemm", spec)], _gemm_title(a)
+    elif a.kernel == "decode":
+        row = _decode_row(a)
+        splits = row.get("num_splits", 1)
+        kernels = ["decode_attn" + (f" ({splits} splits + their merge)" if splits > 1 else "")]
+        todo, title = [("decode_attn", row["config"])], _decode_title(a)
+    else:
+        from ..attention import MergeConfig
+
+        if a.head_dim * _ELEM_BYTES[a.dtype] % 16:
+            raise UsageError(f"--head-dim {a.head_dim}: {a.dtype} rows must be a multiple of 16 bytes "
+                             "(merge_states computes other head dims with torch)")
+        kernels = ["merge_states"]
+        todo = [("merge_states", MergeConfig(dtype_in=a.dtype, dtype_out=a.dtype, head_dim=a.head_dim))]
+        title = f"merge_states {a.dtype} D{a.head_dim}"
+    before = dict(jit.stats)
+    t0 = time.perf_counter()
+    jit.warmup(todo)
+    dt = time.perf_counter() - t0
+    compiled = jit.stats["compiles"] - before["compiles"]
+    loaded = jit.stats["disk_hits"] - before["disk_hits"]
+    where = jit.cache_dir() if jit.disk_cache_enabled() else "memory only (CUTE_KERNELS_DISK_CACHE=0)"
+    print(f"{title}: {', '.join(kernels) or 'no kernel (an empty problem launches nothing)'}")
+    print(f"  compiled {compiled}, loaded from disk {loaded}, in {dt:.1f} s; cache: {where}")
+    return 0
+
+
+# ---- tune ----------------------------------------------------------------------------------------
+def cmd_tune(a: argparse.Namespace) -> int:
+    import torch
+
+    from ..common.arch import has_gpu
+    from ..gemm import gemm
+    from ..gemm.tune import tune_gemm
+
+    if not has_gpu():
+        raise UsageError("tune needs a CUDA GPU (use `cute-kernels plan gemm` or `warmup gemm` on the CPU)")
+    dt = _torch_dtype(a.dtype)
+    x = torch.randn(a.m, a.k, device="cuda", dtype=dt)
+    y = torch.randn(a.k, a.n, device="cuda", dtype=dt)
+    best = tune_gemm(x, y)
+    print(f"best for {a.m}x{a.n}x{a.k} {a.dtype}: {best}")
+    gemm(x, y)
+    return 0
+
+
+# ---- demo / report -------------------------------------------------------------------------------
 def _demo_pictures(out_dir: str) -> list[str]:
+    import os
+
     from . import layouts_cli as lcli
 
     os.makedirs(out_dir, exist_ok=True)
@@ -33,7 +203,7 @@ def _demo_pictures(out_dir: str) -> list[str]:
     return made
 
 
-def _bench_ms(fn):
+def _bench_ms(fn) -> float:
     import torch
 
     try:
@@ -55,7 +225,8 @@ def _bench_ms(fn):
 def _gpu_demo() -> int:
     import torch
 
-    import cute_kernels
+    from ..attention import decode_attn, decode_attn_reference
+    from ..gemm import gemm
 
     print(f"GPU: {torch.cuda.get_device_name(0)}")
     bad = 0
@@ -63,29 +234,27 @@ def _gpu_demo() -> int:
     for m, n, k in [(4096, 4096, 4096), (4097, 4096, 4096), (128, 4096, 4096), (1000, 3000, 520), (7, 1000, 136)]:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        out = cute_kernels.gemm(a, b)
+        out = gemm(a, b)
         ref = a.double() @ b.double()
         err = ((out.double() - ref).norm() / ref.norm()).item()
-        ms, ms_ref = _bench_ms(lambda: cute_kernels.gemm(a, b)), _bench_ms(lambda: torch.matmul(a, b))
+        ms, ms_ref = _bench_ms(lambda: gemm(a, b)), _bench_ms(lambda: torch.matmul(a, b))
         ok = err < 2e-2
         bad += not ok
         tf = 2 * m * n * k / 1e9
         print(f"  {m:5d}x{n:5d}x{k:5d}: rel err {err:.1e} {'ok' if ok else 'WRONG'}; "
               f"{tf / ms:6.0f} TFLOP/s vs cuBLAS {tf / ms_ref:6.0f} ({ms_ref / ms:.2f}x)")
     try:
-        DA = importlib.import_module("cute_kernels.decode_attn")
-
         print("\nDecode attention bf16 d128 (KV bytes read per second), vs float32 reference:")
         for b_, hq, hkv, L in [(1, 32, 8, 32768), (8, 32, 8, 8192)]:
             q = torch.randn(b_, 1, hq, 128, device="cuda", dtype=torch.bfloat16)
             kc = torch.randn(b_, L, hkv, 128, device="cuda", dtype=torch.bfloat16)
             vc = torch.randn_like(kc)
             lens = torch.full((b_,), L, device="cuda", dtype=torch.int32)
-            o = cute_kernels.decode_attn(q, kc, vc, cache_seqlens=lens)
-            ref = DA.decode_attn_reference(q, kc, vc, cache_seqlens=lens)
+            o = decode_attn(q, kc, vc, cache_seqlens=lens)
+            ref = decode_attn_reference(q, kc, vc, cache_seqlens=lens)
             ref = ref[0] if isinstance(ref, tuple) else ref
             err = ((o.double() - ref.double()).norm() / ref.double().norm()).item()
-            ms = _bench_ms(lambda: cute_kernels.decode_attn(q, kc, vc, cache_seqlens=lens))
+            ms = _bench_ms(lambda: decode_attn(q, kc, vc, cache_seqlens=lens))
             ok = err < 2e-2
             bad += not ok
             print(f"  b{b_} hq{hq} hkv{hkv} L{L}: rel err {err:.1e} {'ok' if ok else 'WRONG'}; "
@@ -96,118 +265,98 @@ def _gpu_demo() -> int:
     return 1 if bad else 0
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(a: argparse.Namespace) -> int:
     from ..common.arch import has_gpu
 
-    if has_gpu() and not args.cpu:
+    if has_gpu() and not a.cpu:
         return _gpu_demo()
+    import os
+
     from .report import compile_report
 
-    print("No CUDA device: compiling every kernel for sm_90a (CPU-only build) instead.\n")
+    os.makedirs(a.out, exist_ok=True)  # an unwritable --out fails here, before a minute of compiling
+    print("No CUDA device (or --cpu): compiling every kernel for sm_90a (CPU-only build) instead.\n")
     compile_report()
-    paths = _demo_pictures(args.out)
+    paths = _demo_pictures(a.out)
     print("\nLayout pictures:\n" + "\n".join(f"  {p}" for p in paths))
     return 0
 
 
-def cmd_tune(args) -> int:
-    import torch
+def cmd_report(a: argparse.Namespace) -> int:
+    from .report import compile_report
 
-    import cute_kernels
-    from ..gemm.tune import tune_gemm
-
-    if args.kernel != "gemm":
-        print(f"tune: unknown kernel {args.kernel!r}; known: gemm", file=sys.stderr)
-        return 2
-    dt = getattr(torch, args.dtype)
-    a = torch.randn(args.m, args.k, device="cuda", dtype=dt)
-    b = torch.randn(args.k, args.n, device="cuda", dtype=dt)
-    best = tune_gemm(a, b)
-    print(f"best for {args.m}x{args.n}x{args.k} {args.dtype}: {best}")
-    cute_kernels.gemm(a, b)
+    compile_report()
     return 0
 
 
-def cmd_plan(args) -> int:
-    """Print what a call would run: the real planning code on meta tensors (see ``explain``)."""
-    import torch
+# ---- parser --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    if args.kernel == "gemm":
-        from ..gemm.host import explain
-
-        rows = explain(args.m, args.n, args.k, batch=args.batch, dtype=getattr(torch, args.dtype),
-                       a_major=args.a_major, b_major=args.b_major,
-                       out_dtype=getattr(torch, args.out_dtype) if args.out_dtype else None, with_c=args.with_c)
-        print(f"gemm {args.m}x{args.n}x{args.k}" + (f" batch {args.batch}" if args.batch else "")
-              + f" {args.dtype}, a {args.a_major}-major, b {args.b_major}-major:")
-    else:
-        from ..attention.decode import explain
-
-        rows = [explain(args.batch, args.heads_q, args.heads_kv, args.capacity, head_dim=args.head_dim, sq=args.sq,
-                        page_size=args.page_size, dtype=getattr(torch, args.dtype), num_splits=args.num_splits)]
-        print(f"decode_attn b{args.batch} hq{args.heads_q} hkv{args.heads_kv} capacity {args.capacity} "
-              f"D{args.head_dim} Sq{args.sq}" + (f" pages of {args.page_size}" if args.page_size else " contiguous") + ":")
-    for row in rows:
-        for key, val in row.items():
-            print(f"  {key:14s} {val}")
-        print()
-    return 0
-
-
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "layouts":
-        from . import layouts_cli as lcli
-
-        return lcli.main(argv[1:]) or 0
-    ap = argparse.ArgumentParser(prog="cute-kernels", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="run (GPU) or compile (CPU) every kernel")
-    d.add_argument("--out", default="cute-kernels-demo", help="folder for layout pictures (CPU demo)")
+    d = sub.add_parser("demo", help="run (GPU) or compile (CPU) every kernel",
+                       description="On a GPU: each kernel against a PyTorch reference (error and speed).  "
+                                   "Without one (or with --cpu): compile every kernel for sm_90a, print the "
+                                   "resource report and write layout pictures to --out.")
+    d.add_argument("--out", default="cute-kernels-demo", help="folder for the layout pictures (CPU demo)")
     d.add_argument("--cpu", action="store_true", help="the CPU demo even when a GPU is present")
-    sub.add_parser("layouts", help="print / draw tile layouts")
-    sub.add_parser("report", help="compile every kernel for sm_90a and print resources")
-    t = sub.add_parser("tune", help="autotune a kernel for one shape (GPU)")
-    t.add_argument("kernel")
-    t.add_argument("m", type=int)
-    t.add_argument("n", type=int)
-    t.add_argument("k", type=int)
-    t.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    pl = sub.add_parser("plan", help="what a call would run for one problem (no GPU, nothing compiled)")
-    psub = pl.add_subparsers(dest="kernel", required=True)
-    pg = psub.add_parser("gemm", help="tiles, cluster, raster, split-K of gemm(a, b)")
-    for name in ("m", "n", "k"):
-        pg.add_argument(name, type=int)
-    pg.add_argument("--batch", type=int, default=None)
-    pg.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    pg.add_argument("--out-dtype", default=None, choices=["bfloat16", "float16", "float32"])
-    pg.add_argument("--a-major", default="row", choices=["row", "col"])
-    pg.add_argument("--b-major", default="row", choices=["row", "col"])
-    pg.add_argument("--with-c", action="store_true", help="beta != 0 with a C operand")
-    pd = psub.add_parser("decode", help="tiles, split count and load path of decode_attn")
-    pd.add_argument("batch", type=int)
-    pd.add_argument("heads_q", type=int)
-    pd.add_argument("heads_kv", type=int)
-    pd.add_argument("capacity", type=int, help="Lmax (contiguous) or block-table width x page size")
-    pd.add_argument("--head-dim", type=int, default=128)
-    pd.add_argument("--sq", type=int, default=1)
-    pd.add_argument("--page-size", type=int, default=None)
-    pd.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    pd.add_argument("--num-splits", type=int, default=None)
-    args = ap.parse_args(argv)
-    if args.cmd == "plan":
-        return cmd_plan(args)
-    if args.cmd == "demo":
-        return cmd_demo(args)
-    if args.cmd == "report":
-        from .report import compile_report
+    d.set_defaults(func=cmd_demo)
 
-        compile_report()
-        return 0
-    if args.cmd == "tune":
-        return cmd_tune(args)
-    return 2
+    r = sub.add_parser("report", help="compile every kernel for sm_90a and print its resources",
+                       description="Compile one configuration of every kernel for sm_90a (no GPU needed) and "
+                                   "print registers, spills and instruction counts (HGMMA, UTMALDG, ...).")
+    r.set_defaults(func=cmd_report)
+
+    for name, func, what in (("plan", cmd_plan, "what a call would run for one problem (no GPU, nothing compiled)"),
+                             ("warmup", cmd_warmup, "compile what a call would run into the disk cache (no GPU "
+                                                    "needed)")):
+        p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
+        ks = p.add_subparsers(dest="kernel", required=True, metavar="KERNEL")
+        g = ks.add_parser("gemm", help="gemm(a, b): tiles, cluster, raster, split-K",
+                          description=f"{name} for gemm(a, b) with a (M, K) and b (K, N).")
+        _add_gemm_problem(g)
+        dd = ks.add_parser("decode", help="decode_attn: tiles, split count, load path",
+                           description=f"{name} for decode_attn(q, k_cache, v_cache, ...).")
+        _add_decode_problem(dd)
+        if name == "warmup":
+            mg = ks.add_parser("merge", help="merge_states: the exact merge of attention states",
+                               description="warmup for merge_states(o_parts, lse_parts): one kernel per "
+                                           "element type and head dimension (any number of parts and rows).")
+            mg.add_argument("--head-dim", type=int_in(1), default=128, help="head dimension (default 128)")
+            mg.add_argument("--dtype", default="float32", choices=OUT_DTYPES,
+                            help="o_parts element type, also the output's (default float32)")
+        p.set_defaults(func=func)
+
+    t = sub.add_parser("tune", help="autotune a kernel for one shape (needs a GPU)",
+                       description="Time the GEMM's candidate configurations for one shape on the GPU and "
+                                   "persist the fastest; later gemm() calls of that shape use it.")
+    t.add_argument("kernel", choices=("gemm",), help="the kernel to tune (gemm)")
+    t.add_argument("m", type=int_in(1), help="rows of a")
+    t.add_argument("n", type=int_in(1), help="columns of b")
+    t.add_argument("k", type=int_in(1), help="the reduction length")
+    t.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="a and b element type (default bfloat16)")
+    t.set_defaults(func=cmd_tune)
+
+    # parsed by layouts_cli (its own parser and --help); listed here for the top-level help
+    sub.add_parser("layouts", help="print / draw tile layouts (cute-kernels layouts --help)", add_help=False)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for a bad argument, printed in one line)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["layouts"]:
+        from . import layouts_cli
+
+        return layouts_cli.main(argv[1:]) or 0
+    ap = build_parser()
+    args = ap.parse_args(argv)  # a bad argument: one line, SystemExit(2)
+    try:
+        return args.func(args)
+    except (UsageError, ValueError, TypeError, OSError) as e:  # the library's argument checks, an --out path
+        if logging.getLogger("cute_kernels").isEnabledFor(logging.DEBUG):
+            raise  # CUTE_KERNELS_LOG_LEVEL=DEBUG: the whole traceback
+        ap.exit(2, f"{PROG}: error: {one_line(e)}\n")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ import math
 import sys
 from typing import Any, Callable, Sequence
 
-from layouts import explore, render, tiles
+from layouts import explore, raster, render, tiles
 
-import cutlass.cute as cute  # noqa: E402  (after explore: it sets the DSL arch first)
+import cutlass.cute as cute  # noqa: E402  (after layouts: it sets the DSL arch first)
+
+from .args import OneLineParser, int_in, one_line
 
 WHATS = ("mma-c", "mma-a", "mma-b", "smem-a", "smem-b", "smem-epi", "banks", "raster", "layout")
 
@@ -33,6 +35,8 @@ def _ints(n: int) -> Callable[[str], tuple[int, ...]]:
             raise argparse.ArgumentTypeError(f"expected {n} comma-separated integers, got {s!r}") from None
         if len(v) != n:
             raise argparse.ArgumentTypeError(f"expected {n} comma-separated integers, got {s!r}")
+        if min(v) < 1:
+            raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
         return v
 
     return parse
@@ -56,19 +60,19 @@ def _layout_spec(s: str) -> tuple[Any, Any]:
 
 def _apply_plan(a: argparse.Namespace) -> tiles.GemmTiles | None:
     """``--plan M,N,K``: the tiles and raster ``cute_kernels.gemm`` runs for that bf16 row-major problem
-    (``gemm_host.explain``: its real planning code, nothing compiled).  Explicit flags still win; the
-    problem, swizzle (as fitted) and raster direction are filled in where not given."""
+    (``cute_kernels.gemm.explain``: its real planning code, nothing compiled).  Explicit flags still win;
+    the problem, swizzle (as fitted) and raster direction are filled in where not given."""
     if a.plan is None:
         return None
-    from ..gemm.host import explain
+    from ..gemm import explain
 
     rows = [r for r in explain(*a.plan) if "tile_mnk" in r]
     r = next((r for r in rows if "raster" in r), rows[0] if rows else None)
     if r is None:
-        raise SystemExit(f"--plan {a.plan}: no GEMM kernel in that plan")
+        raise ValueError(f"--plan {a.plan}: no GEMM kernel in that plan")
     if "raster" not in r:  # a split-K kernel (grid of (slice, tile) CTAs): its tiles, but no raster to draw
         if a.what == "raster":
-            raise SystemExit(f"--plan {a.plan}: that problem runs a split-K kernel ({r['kernel']}), "
+            raise ValueError(f"--plan {a.plan}: that problem runs a split-K kernel ({r['kernel']}), "
                              "which has no persistent raster")
         return r["config"].tiles
     if a.problem is None:
@@ -115,8 +119,8 @@ def _gemm(a: argparse.Namespace) -> tuple[Any, dict]:
     if w == "banks":
         return explore.smem_bank_pattern(t, a.operand, a.stage), {"level": "chunk"}
     if w == "raster":
-        nt = explore.num_tiles(a.problem, t.tile_mnk[:2])
-        table = explore.cta_raster_order(nt, t.cluster_mn, a.swizzle, a.raster == "m", a.num_ctas)
+        nt = raster.num_tiles(a.problem, t.tile_mnk[:2])
+        table = raster.cta_raster_order(nt, t.cluster_mn, a.swizzle, a.raster == "m", a.num_ctas)
         return table, {"by": a.color or "cta"}
     if w == "layout":
         if a.layout is None:  # the accumulator's TV layout itself, (thread, value) -> index in the tile
@@ -130,31 +134,33 @@ KERNELS: dict[str, Callable[[argparse.Namespace], tuple[Any, dict]]] = {"gemm": 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="cute-kernels layouts",
         description="Show a kernel's MMA fragments, shared-memory layouts/banks and tile order, on the CPU.",
+        epilog="examples:\n" + __doc__.split("Examples::", 1)[1].rstrip().rstrip('"'),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("kernel", help=f"kernel name ({', '.join(KERNELS)})")
+    p.add_argument("kernel", choices=tuple(KERNELS), help=f"kernel name ({', '.join(KERNELS)})")
     p.add_argument("--what", choices=WHATS, default="mma-c",
                    help="mma-c/a/b: thread ownership of a wgmma operand; smem-a/b/epi: one stage of the "
                         "swizzled smem tile (offsets, coloured by bank group); banks: bank group per 16B "
                         "chunk (--operand); raster: persistent scheduler tile order; layout: --layout or "
                         "the C TV layout (default: mma-c)")
     p.add_argument("--tile", type=_ints(3), help="CTA tile M,N,K (default 128,256,64)")
-    p.add_argument("--atom-n", type=int, help="N of one wgmma instruction (default 128)")
+    p.add_argument("--atom-n", type=int_in(8, 256), help="N of one wgmma instruction (default 128)")
     p.add_argument("--warpgroups", type=_ints(2), help="consumer warpgroups M,N (default 2,1)")
     p.add_argument("--cluster", type=_ints(2), help="cluster shape M,N (default 1,1)")
-    p.add_argument("--stages", type=int, help="A/B pipeline stages (default 4)")
+    p.add_argument("--stages", type=int_in(1), help="A/B pipeline stages (default 4)")
     p.add_argument("--dtype", choices=sorted(k for k in tiles.DTYPES if k != "float32"), help="A/B/C element type")
-    p.add_argument("--a-major", choices=("k", "mn"))
-    p.add_argument("--b-major", choices=("k", "mn"))
+    p.add_argument("--a-major", choices=("k", "mn"), help="A tile stored K-major or M-major (default k)")
+    p.add_argument("--b-major", choices=("k", "mn"), help="B tile stored K-major or N-major (default k)")
     p.add_argument("--tiled", action="store_true", help="mma-*: the whole tiled MMA instead of one atom")
     p.add_argument("--operand", default="a", choices=("a", "b", "c", "epi"), help="banks: which smem tile")
-    p.add_argument("--stage", type=int, default=0, help="smem-*/banks: pipeline stage")
+    p.add_argument("--stage", type=int_in(0), default=0, help="smem-*/banks: pipeline stage")
     p.add_argument("--problem", type=_ints(2),
                    help="raster: problem M,N (default 4096,4096, or --plan's)")
-    p.add_argument("--num-ctas", type=int, default=132, help="raster: persistent CTAs (default 132 = SMs)")
-    p.add_argument("--swizzle", type=int, help="raster: group width for L2 reuse (default 1, or --plan's)")
+    p.add_argument("--num-ctas", type=int_in(1), default=132, help="raster: persistent CTAs (default 132 = SMs)")
+    p.add_argument("--swizzle", type=int_in(1), help="raster: group width for L2 reuse (default 1, or --plan's)")
     p.add_argument("--raster", choices=("m", "n"), help="raster: direction (default m, or --plan's)")
     p.add_argument("--plan", type=_ints(3), help="M,N,K: start from the tiles, cluster and raster that "
                                                  "cute_kernels.gemm runs for this bf16 problem")
@@ -172,20 +178,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = argv[1:]
     p = build_parser()
     a = p.parse_args(argv)
-    if a.kernel not in KERNELS:
-        p.error(f"unknown kernel {a.kernel!r}; known kernels: {', '.join(KERNELS)}")
     fmt = a.format or (render.format_from_path(a.out) if a.out else "text")
     if fmt == "png" and not a.out:
         p.error("--format png needs --out FILE")
     try:
         table, kw = KERNELS[a.kernel](a)
-    except ValueError as e:  # bad tile/atom combinations, stage out of range, ...
-        p.error(str(e))
-    if a.out:
-        render.save(table, a.out, fmt, **kw)
-        print(f"wrote {a.out} ({fmt})", file=sys.stderr)
-    else:
-        sys.stdout.write(render.render(table, fmt, **kw))
+        if a.out:
+            render.save(table, a.out, fmt, **kw)
+            print(f"wrote {a.out} ({fmt})", file=sys.stderr)
+        else:
+            sys.stdout.write(render.render(table, fmt, **kw))
+    except (ValueError, TypeError, OSError) as e:  # bad tile/atom combinations, stage out of range, --out
+        p.exit(2, f"{p.prog}: error: {one_line(e)}\n")
     return 0
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import cute_kernels  # noqa: F401  (sets the DSL arch before cutlass is imported)
 import cutlass.cute as cute
 from cute_kernels.tools import layouts_cli as cli
-from layouts import explore, render, tiles
+from layouts import explore, raster, render, tiles
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -133,7 +133,7 @@ def test_epilogue_bank_pattern():
     swizzle=st.integers(1, 5), along_m=st.booleans(),
 )
 def test_raster_order_is_a_permutation(mt, nt, cm, cn, swizzle, along_m):
-    r = explore.cta_raster_order((mt, nt), (cm, cn), swizzle, along_m, num_ctas=2 * cm * cn)
+    r = raster.cta_raster_order((mt, nt), (cm, cn), swizzle, along_m, num_ctas=2 * cm * cn)
     inside = [mn for i, mn in enumerate(r.order) if r.in_bounds(i)]
     assert sorted(inside) == [(m, n) for m in range(mt) for n in range(nt)]
     assert len(set(r.order)) == len(r.order)
@@ -141,25 +141,25 @@ def test_raster_order_is_a_permutation(mt, nt, cm, cn, swizzle, along_m):
 
 
 def test_raster_formulas():
-    plain = explore.cta_raster_order((3, 4))
+    plain = raster.cta_raster_order((3, 4))
     assert list(plain.order) == [(m, n) for n in range(4) for m in range(3)]  # swizzle 1: column-major
-    grouped = explore.cta_raster_order((4, 4), swizzle=2, num_ctas=3)
+    grouped = raster.cta_raster_order((4, 4), swizzle=2, num_ctas=3)
     assert list(grouped.order[:6]) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     assert grouped.tiles_of_cta(1) == [grouped.order[i] for i in (1, 4, 7, 10, 13)]
-    clustered = explore.cta_raster_order((4, 2), cluster_mn=(2, 1))
+    clustered = raster.cta_raster_order((4, 2), cluster_mn=(2, 1))
     assert list(clustered.order[:4]) == [(0, 0), (1, 0), (2, 0), (3, 0)]  # CTA rank along M in a cluster
-    assert explore.tile_coord(5, (3, 4)) == (2, 1)
+    assert raster.tile_coord(5, (3, 4)) == (2, 1)
     # swizzle 1 along N: row-major (the scheduler's fast-divmod decode)
-    assert list(explore.cta_raster_order((2, 3), raster_along_m=False).order) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert list(raster.cta_raster_order((2, 3), raster_along_m=False).order) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     # a partial last strip is padded to the swizzle width (DSL PersistentTileSchedulerParams): 3 x 5
     # tiles, swizzle 2 -> 18 work units, strip 2 = columns 4 and (padding) 5, walked row by row
-    order = explore.scheduler_cluster_order((3, 5), (1, 1), 2, True)
+    order = raster.scheduler_cluster_order((3, 5), (1, 1), 2, True)
     assert len(order) == 18 and list(order[:6]) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     assert list(order[12:]) == [(0, 4), (0, 5), (1, 4), (1, 5), (2, 4), (2, 5)]
-    order = explore.scheduler_cluster_order((5, 3), (1, 1), 2, False)  # along N: strips of 2 rows
+    order = raster.scheduler_cluster_order((5, 3), (1, 1), 2, False)  # along N: strips of 2 rows
     assert len(order) == 18 and list(order[:6]) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
     with pytest.raises(ValueError):
-        explore.cta_raster_order((4, 4), cluster_mn=(2, 1), num_ctas=3)
+        raster.cta_raster_order((4, 4), cluster_mn=(2, 1), num_ctas=3)
 
 
 # ---- rendering and CLI -------------------------------------------------------------------------
@@ -182,14 +182,14 @@ def test_svg_is_xml_and_small(c_fragment):
     root = ET.fromstring(svg.data)
     assert root.tag.endswith("svg")
     assert len(svg.data.encode()) < 300_000
-    small = render.to_svg(explore.cta_raster_order((4, 5), swizzle=2, num_ctas=6))
+    small = render.to_svg(raster.cta_raster_order((4, 5), swizzle=2, num_ctas=6))
     assert sum(1 for e in ET.fromstring(small.data).iter() if e.tag.endswith("path")) >= 2
 
 
 def test_png(tmp_path, c_fragment):
     data = render.to_png(c_fragment)
     assert data.startswith(PNG_MAGIC) and len(data) < 300_000
-    assert render.save(explore.cta_raster_order((4, 4)), tmp_path / "r.png") == "png"
+    assert render.save(raster.cta_raster_order((4, 4)), tmp_path / "r.png") == "png"
     assert (tmp_path / "r.png").read_bytes().startswith(PNG_MAGIC)
 
 
@@ -216,8 +216,9 @@ def test_cli_raster_from_plan(capsys):
     assert capsys.readouterr().out.startswith("tile order 64x35 tiles, 132 CTAs, swizzle 6, along M, cluster 1x2")
     assert cli.main(["gemm", "--what", "raster", "--plan", "4096,4096,4096", "--swizzle", "2", "--raster", "m"]) == 0
     assert "swizzle 2, along M" in capsys.readouterr().out.splitlines()[0]
-    with pytest.raises(SystemExit, match="split-K"):
+    with pytest.raises(SystemExit) as e:
         cli.main(["gemm", "--what", "raster", "--plan", "128,4096,4096"])
+    assert e.value.code == 2 and "split-K" in capsys.readouterr().err
 
 
 def test_cli_split_k_plan_tiles(capsys):
@@ -229,15 +230,26 @@ def test_cli_split_k_plan_tiles(capsys):
     assert cli._gemm_tiles(cli.build_parser().parse_args(["gemm", "--plan", "16,4096,4096"])).tile_mnk == (128, 16, 64)
 
 
-def test_cli_errors(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["attention"])
-    assert "known kernels: gemm" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["gemm", "--tile", "100,256,64"])  # not a multiple of the MMA tile
-    assert "multiple" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["gemm", "--what", "raster", "--format", "png"])  # png needs --out
+@pytest.mark.parametrize("argv, words", [
+    (["attention"], "invalid choice: 'attention'"),
+    (["gemm", "--tile", "100,256,64"], "multiple"),  # not a multiple of the MMA tile
+    (["gemm", "--what", "raster", "--format", "png"], "--out"),  # png needs --out
+    (["gemm", "--tile", "128,256"], "expected 3 comma-separated integers"),
+    (["gemm", "--tile", "0,0,0"], "expected positive integers"),
+    (["gemm", "--what", "smem-a", "--stage", "9"], "stage 9 out of range"),
+    (["gemm", "--what", "raster", "--swizzle", "0"], "argument --swizzle: must be >= 1"),
+    (["gemm", "--what", "raster", "--cluster", "2,1", "--num-ctas", "3"], "multiple of the cluster size"),
+    (["gemm", "--what", "layout", "--layout", "(4,8:(1"], "cannot parse layout"),
+    (["gemm", "--what", "mma-c", "--out", "/nonexistent-dir/x.svg"], "nonexistent-dir"),
+])
+def test_cli_errors_one_line(capsys, argv, words):
+    """A bad argument: exit status 2 and one line on stderr naming the problem, no traceback."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cute-kernels layouts: error: ") and err.count("\n") == 1, err
+    assert words in err, err
 
 
 def test_tour_notebook_runs():

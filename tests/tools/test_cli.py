@@ -1,10 +1,40 @@
-"""The CLI and the CPU compile report: every kernel family builds for sm_90a without spills."""
+"""The ``cute-kernels`` command on the CPU: every subcommand's success path and its one-line errors.
+
+Most tests call :func:`cute_kernels.tools.cli.main` in this process (one import of torch and the DSL);
+one runs the installed entry point (``python -m cute_kernels``) to see what a user's shell sees.
+The full ``report`` / ``demo --cpu`` compile every kernel (about a minute each on two cores) and are
+marked slow; the compile report itself is checked once, structurally, here.
+"""
 
 import os
 import subprocess
 import sys
 
-from cute_kernels.tools import report
+import pytest
+
+from cute_kernels.tools import cli, report
+
+SUBCOMMANDS = [
+    ["demo"], ["report"], ["plan"], ["plan", "gemm"], ["plan", "decode"], ["warmup"], ["warmup", "gemm"],
+    ["warmup", "decode"], ["warmup", "merge"], ["tune"], ["layouts"],
+]
+
+
+def run_main(capsys, argv):
+    """(exit status, stdout, stderr) of ``cute-kernels ARGV`` run in this process."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def assert_one_line_error(rc, err, *words):
+    assert rc == 2, (rc, err)
+    assert err.count("\n") == 1 and ": error: " in err and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
 
 
 def test_compile_report_every_kernel():
@@ -20,33 +50,184 @@ def test_compile_report_every_kernel():
             assert r.get("UTMALDG", 0) > 0 or ("cp.async" in r["label"] and r.get("LDGSTS", 0) > 0), r
 
 
-def test_cli_layouts_text():
-    out = subprocess.run([sys.executable, "-m", "cute_kernels", "layouts", "gemm", "--what", "mma-c"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "thread" in out.stdout.lower() or "t0" in out.stdout.lower()
+# ---- help ----------------------------------------------------------------------------------------
+def test_help_lists_every_subcommand(capsys):
+    rc, out, _ = run_main(capsys, ["--help"])
+    assert rc == 0
+    for name in ("demo", "report", "plan", "warmup", "tune", "layouts"):
+        assert f"\n    {name}" in out, (name, out)
 
 
-def test_cli_demo_cpu(tmp_path):
-    """The CPU demo compiles everything and writes the layout pictures."""
-    out = subprocess.run([sys.executable, "-m", "cute_kernels", "demo", "--cpu", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
+@pytest.mark.parametrize("argv", SUBCOMMANDS, ids=lambda a: "-".join(a))
+def test_help_of_each_subcommand(capsys, argv):
+    """Each subcommand documents its arguments: ``--help`` exits 0 and every argument has a line."""
+    rc, out, _ = run_main(capsys, [*argv, "--help"])
+    assert rc == 0 and out.startswith("usage: cute-kernels " + " ".join(argv)), out
+    if argv in (["plan", "gemm"], ["warmup", "gemm"]):
+        for word in ("m ", "n ", "k ", "--batch", "--dtype", "--out-dtype", "--a-major", "--b-major", "--with-c"):
+            assert word in out, word
+    if argv in (["plan", "decode"], ["warmup", "decode"]):
+        for word in ("batch", "heads_q", "heads_kv", "capacity", "--head-dim", "--sq", "--page-size", "--num-splits"):
+            assert word in out, word
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+def test_plan_gemm(capsys):
+    rc, out, err = run_main(capsys, ["plan", "gemm", "4096", "4096", "4096"])
+    assert rc == 0, err
+    assert out.startswith("gemm 4096x4096x4096 bfloat16, a row-major, b row-major:")
+    assert "tile_mnk       (128, 256, 64)" in out and "raster         (8, 'N')" in out
+
+
+def test_plan_decode(capsys):
+    rc, out, err = run_main(capsys, ["plan", "decode", "1", "32", "8", "32768"])
+    assert rc == 0, err
+    assert "num_splits" in out and "kv_bytes       134217728" in out
+    for hd in ("64", "256"):
+        rc, out, err = run_main(capsys, ["plan", "decode", "2", "8", "8", "1000", "--head-dim", hd, "--sq", "16",
+                                         "--page-size", "16", "--dtype", "float16"])
+        assert rc == 0 and f"D{hd} Sq16 pages of 16" in out, err
+
+
+@pytest.mark.parametrize("head_dim, sq", [(d, 1) for d in (32, 63, 64, 96, 128, 256, 512)]
+                         + [(128, s) for s in (0, 1, cli.DECODE_MAX_SQ, cli.DECODE_MAX_SQ + 1)])
+def test_plan_decode_limits_match_the_library(capsys, head_dim, sq):
+    """``plan decode`` accepts exactly the head dims and query lengths ``decode_attn`` accepts (its CPU
+    path validates the same way), so the CLI's limits cannot drift from the kernel's."""
+    import torch
+
+    from cute_kernels.attention import decode_attn
+
+    q = torch.randn(1, max(sq, 0), 2, head_dim, dtype=torch.bfloat16)
+    k = torch.randn(1, 8, 2, head_dim, dtype=torch.bfloat16)
+    try:
+        decode_attn(q, k, k.clone(), cache_seqlens=torch.tensor([8], dtype=torch.int32))
+        library_ok = True
+    except ValueError:
+        library_ok = False
+    rc, _, err = run_main(capsys, ["plan", "decode", "1", "2", "2", "8", "--head-dim", str(head_dim), "--sq", str(sq)])
+    assert (rc == 0) == library_ok, (head_dim, sq, library_ok, err)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "decode", "1", "32", "8", "1024", "--head-dim", "63"], ["--head-dim", "invalid choice: 63"]),
+    (["plan", "decode", "1", "32", "8", "1024", "--sq", "17"], ["--sq", "1..16"]),
+    (["plan", "decode", "1", "32", "8", "1024", "--sq", "0"], ["--sq"]),
+    (["plan", "decode", "1", "32", "7", "1024"], ["heads_q (32) must be a multiple of heads_kv (7)"]),
+    (["plan", "decode", "0", "32", "8", "1024"], ["batch", ">= 1"]),
+    (["plan", "decode", "1", "32", "8", "1024", "--page-size", "4096"], ["--page-size"]),
+    (["plan", "decode", "1", "32", "8", "1024", "--num-splits", "0"], ["--num-splits"]),
+    (["plan", "decode", "1", "32", "8"], ["capacity"]),
+    (["plan", "gemm", "-5", "3", "3"], ["argument m", ">= 0"]),
+    (["plan", "gemm", "1", "2", "x"], ["argument k", "'x'"]),
+    (["plan", "gemm", "64", "64", "64", "--dtype", "float32"], ["--dtype", "invalid choice"]),
+    (["plan", "gemm", "64", "64", "64", "--a-major", "k"], ["--a-major"]),
+    (["plan", "conv", "1"], ["invalid choice: 'conv'"]),
+    (["plan"], ["KERNEL"]),
+    (["warmup"], ["KERNEL"]),
+    (["warmup", "gemm", "8", "8"], ["k"]),
+    (["warmup", "decode", "1", "32", "8", "1024", "--head-dim", "96"], ["--head-dim"]),
+    (["tune", "conv", "1", "2", "3"], ["invalid choice: 'conv'"]),
+    (["tune", "gemm", "0", "2", "3"], ["argument m"]),
+    (["nope"], ["invalid choice: 'nope'"]),
+    ([], ["COMMAND"]),
+])
+def test_bad_argument_one_line(capsys, argv, words):
+    rc, out, err = run_main(capsys, argv)
+    assert_one_line_error(rc, err, *words)
+    assert out == ""
+
+
+def test_tune_without_gpu_one_line(capsys):
+    from cute_kernels.common.arch import has_gpu
+
+    if has_gpu():
+        pytest.skip("CPU behaviour (on a GPU, tune runs)")
+    rc, _, err = run_main(capsys, ["tune", "gemm", "128", "128", "128"])
+    assert_one_line_error(rc, err, "needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+def test_tune_gemm(capsys):
+    """On a GPU: ``tune gemm`` times the candidates for one shape and prints the winner."""
+    rc, out, err = run_main(capsys, ["tune", "gemm", "256", "512", "256"])
+    assert rc == 0, err
+    assert "best for 256x512x256 bfloat16: " in out, out
+
+
+def test_entry_point_bad_argument_is_one_line():
+    """What a shell sees: ``python -m cute_kernels plan decode ... --head-dim 63`` -> one line, status 2."""
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "plan", "decode", "1", "32", "8", "1024",
+                        "--head-dim", "63"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr[-2000:])
+    lines = [l for l in r.stderr.splitlines() if "Warning" not in l and "warnings.warn" not in l]
+    assert lines == ["cute-kernels plan decode: error: argument --head-dim: invalid choice: 63 (choose from 64, "
+                     "128, 256) (see cute-kernels plan decode --help)"], r.stderr
+
+
+# ---- warmup --------------------------------------------------------------------------------------
+def test_warmup_gemm_compiles_what_plan_shows(capsys):
+    """``warmup gemm`` compiles (or loads) the kernels ``plan gemm`` lists; a second run is a cache hit."""
+    from cute_kernels.common import jit
+
+    rc, out, err = run_main(capsys, ["warmup", "gemm", "100", "136", "64"])
+    assert rc == 0, err
+    assert out.startswith("gemm 100x136x64 bfloat16, a row-major, b row-major: gemm_sm90"), out
+    assert "compiled" in out and "loaded from disk" in out
+    before = dict(jit.stats)
+    rc, out, err = run_main(capsys, ["warmup", "gemm", "100", "136", "64"])
+    assert rc == 0 and jit.stats["compiles"] == before["compiles"], (out, err)
+    assert "compiled 0, loaded from disk 0" in out  # in memory already
+
+
+def test_warmup_decode(capsys):
+    rc, out, err = run_main(capsys, ["warmup", "decode", "1", "8", "8", "256", "--head-dim", "64"])
+    assert rc == 0, err
+    assert out.startswith("decode_attn b1 hq8 hkv8 capacity 256 D64 Sq1 contiguous: decode_attn"), out
+    assert "compiled" in out
+
+
+def test_warmup_merge(capsys):
+    rc, out, err = run_main(capsys, ["warmup", "merge", "--head-dim", "64", "--dtype", "bfloat16"])
+    assert rc == 0, err
+    assert out.startswith("merge_states bfloat16 D64: merge_states"), out
+    rc, _, err = run_main(capsys, ["warmup", "merge", "--head-dim", "7", "--dtype", "bfloat16"])
+    assert_one_line_error(rc, err, "multiple of 16 bytes")
+
+
+# ---- layouts -------------------------------------------------------------------------------------
+def test_layouts_text(capsys):
+    rc, out, err = run_main(capsys, ["layouts", "gemm", "--what", "mma-c"])
+    assert rc == 0, err
+    assert out.startswith("wgmma C atom 64x")
+
+
+def test_layouts_bad_argument_one_line(capsys):
+    rc, _, err = run_main(capsys, ["layouts", "nope"])
+    assert_one_line_error(rc, err, "cute-kernels layouts: error:", "invalid choice: 'nope'")
+
+
+# ---- demo / report -------------------------------------------------------------------------------
+def test_demo_pictures(tmp_path):
+    """The CPU demo's pictures (the cheap half of ``demo --cpu``): SVGs and PNGs of the GEMM's layouts."""
+    paths = cli._demo_pictures(str(tmp_path))
     files = sorted(os.listdir(tmp_path))
+    assert len(paths) == len(files) == 5, files
     assert any(f.endswith(".svg") for f in files) and any(f.endswith(".png") for f in files), files
 
 
-def test_cli_unknown_kernel():
-    out = subprocess.run([sys.executable, "-m", "cute_kernels", "layouts", "nope"], capture_output=True, text=True)
-    assert out.returncode != 0 and "known" in (out.stderr + out.stdout)
+@pytest.mark.slow
+def test_demo_cpu(tmp_path):
+    """``cute-kernels demo --cpu``: compiles every kernel, prints the report, writes the pictures."""
+    out = subprocess.run([sys.executable, "-m", "cute_kernels", "demo", "--cpu", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "regs/thread" in out.stdout and "Layout pictures:" in out.stdout
+    assert len(os.listdir(tmp_path)) == 5
 
 
-def test_cli_plan():
-    out = subprocess.run([sys.executable, "-m", "cute_kernels", "plan", "gemm", "4096", "4096", "4096"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "tile_mnk       (128, 256, 64)" in out.stdout and "raster         (8, 'N')" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "cute_kernels", "plan", "decode", "1", "32", "8", "32768"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "num_splits" in out.stdout and "kv_bytes       134217728" in out.stdout
+@pytest.mark.slow
+def test_report_command(capsys):
+    rc, out, err = run_main(capsys, ["report"])
+    assert rc == 0, err
+    assert out.count("regs/thread, stack 0 B, local-memory ops 0") >= 10, out

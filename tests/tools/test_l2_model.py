@@ -1,5 +1,5 @@
 """profiles/l2_model.py (CPU): its agreement with the ncu figures it was checked against (session 5,
-results/gemm-ncu-2026-11-30-s5.md).  The tile order it replays is layouts.explore's (tests/test_layouts.py)."""
+results/gemm-ncu-2026-11-30-s5.md).  The tile order it replays is layouts.raster's (tests/layouts/test_layouts.py)."""
 
 import os
 import sys
