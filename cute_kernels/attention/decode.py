@@ -32,7 +32,6 @@ ids to ``[0, num_pages)``, so bad values give wrong numbers but never out-of-bou
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
@@ -110,21 +109,9 @@ def _precompile_one(cfg: DecodeConfig) -> str:
 
 
 def precompile(configs, processes: Optional[int] = None) -> list[str]:
-    """Compile decode configs into the disk cache in parallel processes (``cute.compile`` is not
-    thread-safe); later ``get_decode_kernel`` calls load them in ~1 ms.  Returns error strings."""
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    configs = list(dict.fromkeys(configs))
-    if not configs:
-        return []
-    if not jit.disk_cache_enabled():
-        return [_precompile_one(c) for c in configs]
-    n = processes or max(1, min(len(configs), (os.cpu_count() or 2) - 1, 16))
-    if n == 1:
-        return [e for e in map(_precompile_one, configs) if e]
-    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
-        return [e for e in ex.map(_precompile_one, configs) if e]
+    """Compile decode configs into the disk cache in parallel processes; later ``get_decode_kernel``
+    calls load them in ~1 ms.  Returns error strings."""
+    return jit.precompile_in_processes(_precompile_one, list(dict.fromkeys(configs)), processes)
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):

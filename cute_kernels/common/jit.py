@@ -224,3 +224,24 @@ def warmup(configs) -> int:
         _warmers[name](cfg)
         n += 1
     return n
+
+
+def precompile_in_processes(worker: Callable[[Any], str | None], jobs: list, processes: int | None = None) -> list[str]:
+    """Run ``worker(job)`` for each job in spawned processes (``cute.compile`` is not thread-safe) so
+    that later calls load the kernels from the disk cache; returns the non-empty error strings.
+
+    ``worker`` must be a module-level function that compiles through :func:`get_compiled` and returns
+    None / "" or an error string.  One process (or no disk cache, which processes could not share):
+    the jobs run here, serially.  ``processes`` defaults to min(jobs, cores - 1, 16)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    if not jobs:
+        return []
+    n = processes or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 16))
+    if n == 1 or len(jobs) == 1 or not disk_cache_enabled():
+        results = list(map(worker, jobs))
+    else:
+        with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
+            results = list(ex.map(worker, jobs))
+    return [r for r in results if r]
