@@ -9,15 +9,15 @@ and timed by CUDA events, so neighbouring calls see the same clock and L2 state.
 variant's median microseconds, and the median over iterations of the paired ratio to the first
 variant in ``--variants``, with its interquartile range.
 
-    python3 profiles/ab_gemm.py --shapes 4096x4096x4096,... --variants cuBLAS,default,default:nopdl \
+    python3 profiles/ab_gemm.py --shapes 4096x4096x4096,... --variants cuBLAS,default,default:nodefer \
         [--iters 200] [--out DIR]
 
 ``--burst N``: each timed sample is N back-to-back calls of the variant after one flush (us per call
 reported), as layers follow each other in a model; the launch gap between kernels is then part of the
-figure, which is where programmatic dependent launch (``default:nopdl`` vs ``default``) can show.
+figure, which is where programmatic dependent launch can show.
 
 Variants: ``cuBLAS`` (torch.matmul), ``quack`` (autotuned), ``default`` (cute_kernels.gemm), or any
-``bench_power.explicit_config`` spec (``default:defer``, ``256x128:1x2:8m``, ...).
+``bench_gemm.explicit_config`` spec (``default:defer``, ``default:nodefer``, ``256x128:1x2:8m``, ...).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def make_fn(name):
         from quack.gemm_interface import gemm as quack_gemm
 
         return lambda a, b: quack_gemm(a, b, tuned=True)
-    from bench_power import explicit_config
+    from bench_gemm import explicit_config
 
     return explicit_config(name)
 

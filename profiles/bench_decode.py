@@ -124,7 +124,7 @@ def build_impls(B, Hq, Hkv, L, page, notes):
                 return F(qt, kt, vt, enable_gqa=True)
 
         try:
-            o = run_gqa()
+            run_gqa()
             torch.cuda.synchronize()
             impls[name] = (run_gqa, lambda: run_gqa().transpose(1, 2))
         except Exception as e:  # expanded heads as a fallback (reads Hq/Hkv x more bytes)

@@ -45,6 +45,37 @@ DECODE = [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096),
           (16, 4096, 14336), (8, 11008, 4096), (64, 4096, 11008), (32, 8192, 8192)]
 
 
+def explicit_config(spec: str):
+    """``fn(a, b)`` running our GEMM at an explicit config: ``TMxTN:CMxCN[:SW(m|n)][:swap]`` (tile,
+    cluster, raster swizzle and direction, and ``swap``: out^T = b^T a^T on those tiles), or
+    ``default:defer`` / ``default:nodefer`` (the planner's choice with the deferred epilogue forced)."""
+    from cute_kernels.gemm import plan as gemm_plan
+    from cute_kernels.gemm.heuristics import make_gemm_tiles
+
+    parts = spec.split(":")
+    if parts[0] == "default":
+        choice = gemm_plan.PlanChoice(epi_defer={"defer": True, "nodefer": False}[parts[1]])
+        return lambda a, b: gemm_plan.run(a, b, choice=choice)
+    tm, tn = map(int, parts[0].split("x"))
+    cm, cn = map(int, parts[1].split("x"))
+    raster = next(((int(p[:-1]), p[-1] == "m") for p in parts[2:] if p[-1] in "mn" and p[:-1].isdigit()), None)
+    swap = "swap" in parts[2:]
+
+    def run(a, b):
+        if swap:
+            a, b = b.mT, a.mT
+        am = "k" if a.stride(-1) == 1 else "mn"
+        bm = "mn" if b.stride(-1) == 1 else "k"
+        tiles = make_gemm_tiles(tn, (cm, cn), "bfloat16", am, bm, "bfloat16", tile_m=tm)
+        out = torch.empty(a.shape[-2], b.shape[-1], device=a.device, dtype=a.dtype)
+        if swap:  # the output transposed back as a view: D is written M-major
+            out = torch.empty(b.shape[-1], a.shape[-2], device=a.device, dtype=a.dtype).mT
+        gemm_plan.run(a, b, out, choice=gemm_plan.PlanChoice(tiles=tiles, raster=raster, splits=1))
+        return out.mT if swap else out
+
+    return run
+
+
 def main():
     from triton.testing import do_bench
 
@@ -62,9 +93,9 @@ def main():
                     help="shape set: the nine issue shapes (default), LLM layer shapes (LLM above) or "
                          "decode-time ones with M <= 64 (DECODE above)")
     ap.add_argument("--splitk-variants", action="store_true",
-                    help="also time every split-K mode (gemm_host.SPLITK_MODES) as 'ck:<mode>' columns")
+                    help="also time every split-K mode (cute_kernels.gemm.plan.SPLITK_MODES) as 'ck:<mode>' columns")
     ap.add_argument("--configs", default="",
-                    help="also time our kernel at explicit configs (bench_power.py syntax, e.g. 256x128:1x2:8m,"
+                    help="also time our kernel at explicit configs (TMxTN:CMxCN[:SW(m|n)][:swap], e.g. 256x128:1x2:8m,"
                          "256x208:1x2:8m:swap) as 'ck <spec>' columns in the same rounds")
     args = ap.parse_args()
     preset = {"llm": LLM, "decode": DECODE}.get(args.preset, SHAPES)
@@ -84,16 +115,13 @@ def main():
     if quack_gemm is not None:
         impls["quack"] = lambda a, b: quack_gemm(a, b, tuned=args.quack_tuned)
     if args.splitk_variants:  # same process, same rounds: the split-K modes side by side
-        from cute_kernels.gemm import host as gemm_host
+        from cute_kernels.gemm import plan as gemm_plan
 
-        for mode in gemm_host.SPLITK_MODES:
-            impls[f"ck:{mode}"] = (lambda m_: lambda a, b: gemm_host._gemm_impl(
-                a, b, None, None, 1.0, 0.0, None, splitk_mode=m_))(mode)
+        for mode in gemm_plan.SPLITK_MODES:
+            impls[f"ck:{mode}"] = (lambda c: lambda a, b: gemm_plan.run(a, b, choice=c))(
+                gemm_plan.PlanChoice(splitk_mode=mode))
 
     if args.configs:
-        sys.path.insert(0, os.path.dirname(__file__))
-        from bench_power import explicit_config
-
         for spec in filter(None, args.configs.split(",")):
             impls[f"ck {spec}"] = explicit_config(spec)
 

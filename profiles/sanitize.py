@@ -5,8 +5,9 @@
 
 Each case is checked against a float64 reference and prints one line; the exit status is the number
 of wrong results.  Cases cover the TMA-store epilogue, the predicated direct-store epilogue (ragged,
-misaligned D), batched L, alpha/beta with C, the cluster split-K (also with A multicast, and the fixup
-split-K with it), the deferred epilogue with PDL, and one decode call with splits.
+misaligned D), batched L, alpha/beta with C, the cluster split-K, the skinny plan's A-multicast pairs
+(DSMEM kernel, and the fixup kernel with them), the deferred epilogue with PDL, and one decode call
+with splits.
 """
 import importlib
 import os
@@ -15,7 +16,9 @@ import sys
 import torch
 
 import cute_kernels
-from cute_kernels.gemm import host as GH
+from cute_kernels.gemm import heuristics as GHe
+from cute_kernels.gemm import launch as GL
+from cute_kernels.gemm import plan as GP
 
 torch.manual_seed(0)
 bad = 0
@@ -36,12 +39,7 @@ def mm(m, n, k, *, l=None, a_col=False, b_col=False, beta=0.0, splits=None):
     b = torch.randn(*lead, n, k, device="cuda", dtype=torch.bfloat16).transpose(-1, -2) if b_col else \
         torch.randn(*lead, k, n, device="cuda", dtype=torch.bfloat16)
     c = torch.randn(*lead, m, n, device="cuda", dtype=torch.bfloat16) if beta else None
-    old = GH.FORCE_SPLITS
-    GH.FORCE_SPLITS = splits
-    try:
-        out = cute_kernels.gemm(a, b, alpha=1.5, beta=beta, c=c)
-    finally:
-        GH.FORCE_SPLITS = old
+    out = GP.run(a, b, None, c, 1.5, beta, choice=GP.PlanChoice(splits=splits))
     torch.cuda.synchronize()
     ref = 1.5 * (a.double() @ b.double()) + (beta * c.double() if beta else 0)
     check(f"gemm {lead}{m}x{n}x{k} a_col={a_col} b_col={b_col} beta={beta} splits={splits}", out, ref)
@@ -61,36 +59,36 @@ def defer(m, n, k):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     b2 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16) / 16
-    opts = (("epi_defer", True), ("max_active_clusters", 1))
-    out = GH._gemm_impl(a, b, None, None, 1.5, 0.0, None, options=opts)
-    out2 = GH._gemm_impl(out, b2, None, None, 1.0, 0.0, None, options=opts)
+    choice = GP.PlanChoice(epi_defer=True, max_active_clusters=1)
+    out = GP.run(a, b, None, None, 1.5, choice=choice)
+    out2 = GP.run(out, b2, choice=choice)
     torch.cuda.synchronize()
     check(f"gemm deferred epilogue {m}x{n}x{k}, 1 cluster", out, 1.5 * (a.double() @ b.double()))
     check(f"gemm deferred epilogue, PDL chain {m}x{n}x{n}", out2, out.double() @ b2.double())
 
 
 def splitk_mcast(kind, tn, s, c, m, n, k):
-    """Split-K with A multicast along N (cluster S x c / 1 x c): remote empty-barrier arrivals, padding
-    CTAs in a partial last cluster (N tiles not a multiple of c)."""
+    """Split-K kernels with A multicast along N (cluster S x c / 1 x c, the skinny plan's pairs): remote
+    empty-barrier arrivals, padding CTAs in a partial last cluster (N tiles not a multiple of c)."""
     from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    tiles = GH.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c)
+    tiles = GHe.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c)
     if kind == "cluster":
-        fn = GH.compiled_splitk_cluster(SplitKClusterConfig(tiles=tiles, splits=s, vec_store=True, b_evict_first=True),
-                                        "bfloat16", "bfloat16", "bfloat16")
+        fn = GL.compiled(SplitKClusterConfig(tiles=tiles, splits=s, vec_store=True, b_evict_first=True),
+                         "bfloat16", "bfloat16", "bfloat16")
     else:
-        fn = GH.SplitKFixupLauncher(GH.compiled_splitk_fixup(SplitKFixupConfig(tiles=tiles, splits=s), "bfloat16",
-                                                              "bfloat16", "bfloat16"), *fixup_workspace_numel(m, n, tn, s))
+        fn = GL.WorkspaceLauncher(GL.compiled(SplitKFixupConfig(tiles=tiles, splits=s), "bfloat16", "bfloat16",
+                                              "bfloat16"), *fixup_workspace_numel(m, n, tn, s))
     fn(a, b, out, out, 1.0, 0.0)
     torch.cuda.synchronize()
     check(f"{kind} split-K tn{tn} S={s} A multicast {c}: {m}x{n}x{k}", out, a.double() @ b.double())
 
 
-splitk_mcast("cluster", 64, 2, 2, 130, 328, 1000)   # 6 N tiles in 3 clusters of 2 x 2
-splitk_mcast("fixup", 64, 2, 4, 130, 328, 1000)     # 6 N tiles: 2 padding CTAs per K slice
+splitk_mcast("cluster", 32, 1, 2, 130, 296, 1000)   # 10 N tiles of 32 in 5 clusters of 1 x 2
+splitk_mcast("fixup", 32, 2, 2, 130, 200, 1000)     # 7 N tiles: the last pair's second CTA pads
 defer(520, 776, 264)                    # 5 k-tiles, ragged, 5 x 4 tiles of 128 x 192 on one cluster
 defer(300, 520, 104)                    # 2 k-tiles < 4 sub-tiles: stores after the mainloop
 if os.environ.get("SKIP_DECODE") is None:

@@ -62,19 +62,15 @@ def gemm_tol(dtype):
     return 2e-2 if dtype == torch.bfloat16 else 5e-3
 
 
-def spy_compiled_gemm(monkeypatch) -> list:
-    """Record every GemmConfig the host compiles or looks up (``gemm_host.compiled_gemm``)."""
-    from cute_kernels.gemm import host as G
+def planned_configs(a, b, out=None, c=None, beta=0.0, out_dtype=None, choice=None) -> list:
+    """The kernel configs the GEMM plan for these operands runs (planned on any device, nothing
+    compiled: ``jit.dry_run``)."""
+    from cute_kernels.common import jit
+    from cute_kernels.gemm.plan import DEFAULT_CHOICE, make_plan
 
-    seen = []
-    real = G.compiled_gemm
-
-    def spy(cfg, *rest):
-        seen.append(cfg)
-        return real(cfg, *rest)
-
-    monkeypatch.setattr(G, "compiled_gemm", spy)
-    return seen
+    with jit.dry_run():
+        p = make_plan(a, b, out, c, beta, out_dtype, choice or DEFAULT_CHOICE, allow_cpu=True)
+    return [cfg for _, cfg in p.kernels]
 
 
 def capture_graph(fn):
@@ -92,43 +88,41 @@ def capture_graph(fn):
 
 
 # ---------------------------------------------------------------- GEMM tile-variant GPU checks
-# The ping-pong and 256-row tile tests run the same checks through the real host path with forced
+# The 256-row tile tests run the same checks through the real host path with forced
 # tiles; the bodies live here once, each test file keeps its own parametrization.
 VARIANT_SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 264), (131, 64, 8),
                   (2, 4096, 4096), (997, 1013, 136), (4099, 1024, 1000)]
 
 
-def forced_tiles_gemm(monkeypatch, tiles_kw: dict, expect):
-    """``run(a, b, *, out, c, alpha, beta, out_dtype, tile_n, cluster)``: gemm through the host with
+def forced_tiles_gemm(tiles_kw: dict, expect):
+    """``run(a, b, *, out, c, alpha, beta, out_dtype, tile_n, cluster)``: gemm through the planner with
     ``make_gemm_tiles(tile_n, cluster, ..., **tiles_kw)`` forced, split-K off; ``expect(cfg, tile_n)``
-    checks the config that was compiled (TMA mainloop always)."""
-    from cute_kernels.gemm import host as G
-
-    seen = spy_compiled_gemm(monkeypatch)
-    monkeypatch.setattr(G, "FORCE_SPLITS", 1)
-    monkeypatch.setattr(G, "_plans", {})
+    checks the config that ran (TMA mainloop always)."""
+    from cute_kernels.common.dtypes import TORCH_TO_NAME
+    from cute_kernels.gemm import plan as P
+    from cute_kernels.gemm.heuristics import make_gemm_tiles
+    from cute_kernels.gemm.validate import major_of
 
     def run(a, b, *, out=None, c=None, alpha=1.0, beta=0.0, out_dtype=None, tile_n=128, cluster=(1, 1)):
-        am = "k" if G._major(a, "a", "M", "K") == "row" else "mn"
-        bm = "mn" if G._major(b, "b", "K", "N") == "row" else "k"
+        am = "k" if major_of(a, "a", "M", "K") == "row" else "mn"
+        bm = "mn" if major_of(b, "b", "K", "N") == "row" else "k"
         d_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
-        t = G.make_gemm_tiles(tile_n, cluster, G._TORCH_TO_NAME[a.dtype], am, bm, G._TORCH_TO_NAME[d_dtype],
-                              **tiles_kw)
-        seen.clear()
-        G._plans.clear()  # plans with explicit tiles are cached too: rebuild, so the config is seen
-        res = G._gemm_impl(a, b, out, c, alpha, beta, out_dtype, tiles=t)
+        t = make_gemm_tiles(tile_n, cluster, TORCH_TO_NAME[a.dtype], am, bm, TORCH_TO_NAME[d_dtype], **tiles_kw)
+        choice = P.PlanChoice(tiles=t, splits=1)
+        res = P.run(a, b, out, c, alpha, beta, out_dtype, choice=choice)
         torch.cuda.synchronize()
-        assert seen and seen[-1].mainloop == "tma", seen
-        expect(seen[-1], tile_n)
+        cfg = P.plan(a, b, out, c, beta, out_dtype, choice).kernels[-1][1]
+        assert cfg.mainloop == "tma", cfg
+        expect(cfg, tile_n)
         return res
 
     return run
 
 
 def tma_able(*ts) -> bool:
-    from cute_kernels.gemm import host as G
+    from cute_kernels.gemm.validate import major_of, tma_ok
 
-    return all(G._tma_ok(t, G._major(t, "x", "r", "c")) for t in ts)
+    return all(tma_ok(t, major_of(t, "x", "r", "c")) for t in ts)
 
 
 def nan_out(*shape, dtype=torch.bfloat16):
@@ -199,15 +193,16 @@ def check_gemm_compile(case, **tiles_kw):
     HGMMA + TMA loads (+ TMA stores when ``tma_store``), no local memory, and the setmaxnreg split the
     kernel asks for.  ``case`` = (tile_n, cluster, a_major, b_major, rank, has_c, tma_store, d dtype,
     c_major); ``tiles_kw`` go to ``make_gemm_tiles``.  Returns (kernel resources, GemmSm90, SASS)."""
-    from cute_kernels.gemm import host as G
-    from cute_kernels.tools import inspect as ins
+    from cute_kernels.gemm.heuristics import make_gemm_tiles
     from cute_kernels.gemm.kernel import GemmConfig, GemmSm90
+    from cute_kernels.gemm.launch import fake_args
+    from cute_kernels.tools import inspect as ins
 
     tile_n, cluster, am, bm, rank, has_c, tma, cd, cmaj = case
     ab = "float16" if cd == "float16" else "bfloat16"
-    tiles = G.make_gemm_tiles(tile_n, cluster, ab, am, bm, cd, cmaj, **tiles_kw)
+    tiles = make_gemm_tiles(tile_n, cluster, ab, am, bm, cd, cmaj, **tiles_kw)
     cfg = GemmConfig(tiles=tiles, a_rank=rank, has_c=has_c, tma_store=tma)
-    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, cd, "bfloat16"))
+    rep = ins.inspect_builder(lambda: fake_args(cfg, ab, cd, "bfloat16"))
     (k,) = rep.kernels
     assert k.instructions["HGMMA"] > 0 and k.instructions["UTMALDG"] > 0, rep.summary()
     assert k.spills == 0 and k.stack_frame == 0, rep.summary()

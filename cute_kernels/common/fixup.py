@@ -51,3 +51,37 @@ def publish_partial(acc: cute.Tensor, ws: cute.Tensor, thr, slot, mCnt: cute.Ten
         if thr == 0:
             mCnt[tile_id] = 0
     return last
+
+
+@cute.jit
+def add_partial(acc: cute.Tensor, ws: cute.Tensor, thr, j: cutlass.Constexpr[int], slot,
+                overwrite: cutlass.Constexpr[bool] = False):
+    """``acc`` chunk ``j`` (+)= this thread's chunk ``j`` of the partial tile in ``ws`` slot ``slot``
+    (one 16-byte load); ``overwrite``: assign instead of add (the first slot of a sum)."""
+    V = PARTIAL_VEC
+    part = cute.make_rmem_tensor((V,), cutlass.Float32)
+    cute.autovec_copy(ws[(None, thr, j, slot)], part)
+    for e in cutlass.range_constexpr(V):
+        if cutlass.const_expr(overwrite):
+            acc[j * V + e] = part[e]
+        else:
+            acc[j * V + e] = acc[j * V + e] + part[e]
+
+
+@cute.jit
+def publish_and_sum(acc: cute.Tensor, ws: cute.Tensor, thr, own_slot, slot0, count, mCnt: cute.Tensor, tile_id,
+                    sFlag: cute.Tensor, barrier_id: int, nthr: int):
+    """:func:`publish_partial` into ``own_slot``; in the CTA that counted last, replace ``acc`` by the
+    sum of slots ``slot0 .. slot0 + count - 1`` in that order (its own read back too: the same code
+    and order whoever is last, so the bits do not depend on completion order).  Returns whether this
+    CTA was last.
+
+    The slots are summed in a dynamic loop: unrolled, the compiler hoists count x (acc size) loads and
+    spills; one slot at a time keeps a chunk's loads next to its adds."""
+    last = publish_partial(acc, ws, thr, own_slot, mCnt, tile_id, sFlag, barrier_id, nthr, count)
+    if last:
+        acc.fill(0.0)
+        for q in cutlass.range(count, unroll=1):  # fixed slot order: bitwise reproducible
+            for j in cutlass.range_constexpr(cute.size(acc) // PARTIAL_VEC):
+                add_partial(acc, ws, thr, j, slot0 + q)
+    return last

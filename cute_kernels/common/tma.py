@@ -1,5 +1,6 @@
-"""TMA atoms and copies: tile loads (plain, multicast, L2-hinted) and stores, and the producer loop
-that fills an mbarrier ring with the k-tiles of two operands.  All run inside a DSL context."""
+"""TMA atoms and copies: tile loads (plain, multicast, L2-hinted) and stores, and the producer loops
+that fill an mbarrier ring with one tensor's tiles per stage (:func:`tma_produce_tiles`) or with the
+k-tiles of two operands per stage (:func:`tma_produce_k_tiles`).  All run inside a DSL context."""
 
 from __future__ import annotations
 
@@ -44,6 +45,25 @@ def tma_load(atom: cute.CopyAtom, src: cute.Tensor, dst: cute.Tensor, bar, mask=
         cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mask)
     else:  # a multicast weight tile that must not evict activations (the swapped skinny plan)
         cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mask, cache_policy=cutlass.Int64(policy))
+
+
+@cute.jit
+def tma_produce_tiles(pipe, state, atom: cute.CopyAtom, src: cute.Tensor, dst: cute.Tensor, begin, count,
+                      mask=None, policy=None):
+    """The producer side of a ring that carries ONE tensor per stage: tiles ``begin .. begin+count``
+    of ``src`` ((TMA, tile) after ``tma_partition``) into the next ``count`` stages of ``dst``
+    ((TMA, stage)), each load signalling its stage's full barrier.  An attention forward gives K and V
+    rings of their own this way (and loads Q once, outside any ring).
+
+    ``mask`` / ``policy`` as for :func:`tma_load`; the ring's ``tx_count`` is one tile of ``src``.
+    Returns the advanced producer state (rebind it, as for :func:`wgmma.wgmma_mainloop`)."""
+    for i in range(count):
+        pipe.producer_acquire(state)
+        tma_load(atom, src[(None, begin + i)], dst[(None, state.index)], pipe.producer_get_barrier(state), mask,
+                 policy)
+        pipe.producer_commit(state)
+        state.advance()
+    return state
 
 
 @cute.jit

@@ -1,4 +1,5 @@
-"""wgmma steps: the mainloop that walks the operand ring, one wgmma group in flight."""
+"""wgmma steps: one tile's k-blocks (:func:`wgmma_tile`, operand A from shared memory or registers)
+and the mainloop that walks the operand ring with one wgmma group in flight (:func:`wgmma_mainloop`)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,53 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
 
+def _k_block(frag: cute.Tensor, kb: int, stage):
+    """k-block ``kb`` of a (MMA, M/N, k-blocks[, stages]) fragment, of stage ``stage`` if given.
+    (Indexed in one step: slicing the stage first changes the code ptxas makes of the ring walk.)"""
+    if stage is None:
+        return frag[(None, None, kb)]
+    return frag[(None, None, kb, stage)]
+
+
+@cute.jit
+def wgmma_tile(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+               a_stage=None, b_stage=None, accumulate=None):
+    """``acc += A @ B`` (or ``acc = A @ B``) over the k-blocks of one stage.
+
+    ``tCrA`` / ``tCrB``: a thread's (MMA, M/N, k-blocks) fragments, or (MMA, M/N, k-blocks, stages)
+    with ``a_stage`` / ``b_stage`` picking the stage (a ring's ``read.index``).  A comes from shared
+    memory (descriptors, an ``OperandSource.SMEM`` tiled MMA) or from registers (an
+    ``OperandSource.RMEM`` tiled MMA and a register fragment, e.g. softmax probabilities converted to
+    16 bits); B always from shared memory.
+
+    ``accumulate``: None -- the tiled MMA's ACCUMULATE field as the caller set it (``warpgroup.fence``,
+    ``commit_group`` and ``wait_group`` stay with the caller, too); a Boolean (run-time predicate) --
+    the first k-block accumulates iff it is true (``acc = A @ B`` when false: no ``acc.fill(0)``), the
+    others always.  The predicate goes on a fresh atom: a field set on a loop-carried tiled MMA would
+    not dominate its later uses."""
+    num_k_blocks = cute.size(tCrA, mode=[2])
+    if cutlass.const_expr(accumulate is None):
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            cute.gemm(tiled_mma, acc, _k_block(tCrA, kb, a_stage), _k_block(tCrB, kb, b_stage), acc)
+    else:
+        mma_atom = cute.make_mma_atom(tiled_mma.op)
+        mma_atom.set(warpgroup.Field.ACCUMULATE, accumulate)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            cute.gemm(mma_atom, acc, _k_block(tCrA, kb, a_stage), _k_block(tCrB, kb, b_stage), acc)
+            mma_atom.set(warpgroup.Field.ACCUMULATE, True)
+
+
 @cute.jit
 def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-                   ab_pipe, read, release, k_tiles, handoff_barrier_id=None, handoff_threads: int = 0,
-                   zero_init: cutlass.Constexpr[bool] = False, after_commit=None, after_commit_args=()):
-    """acc += A @ B over ``k_tiles`` stages of the ring, one wgmma group in flight.
+                   ab_pipe, read, release, k_tiles, zero_init: cutlass.Constexpr[bool] = False,
+                   after_commit=None, after_commit_args=()):
+    """acc += A @ B over ``k_tiles`` stages of the ring (``tCrA`` / ``tCrB``: (MMA, M/N, k-blocks,
+    stage) fragments), one wgmma group in flight.
 
     ``zero_init``: acc = A @ B instead: the first k-tile's first wgmma runs with ACCUMULATE off (the
-    instruction's scale-d predicate), so the caller skips ``acc.fill(0)``, i.e. 64 register-pair
-    moves per thread between tiles while the tensor cores wait (as quack and CUTLASS do).  Only when
-    ``k_tiles >= 1`` (a split-K slice may be empty: those callers keep the fill).
+    instruction's scale-d predicate), so the caller skips ``acc.fill(0)`` between tiles while the
+    tensor cores wait (as quack and CUTLASS do).  Only when ``k_tiles >= 1`` (a split-K slice may be
+    empty: those callers keep the fill).
 
     ``after_commit(kt, *after_commit_args)`` (traced inline) runs right after k-tile ``kt``'s wgmma
     group is committed, while it executes: the GEMM's deferred epilogue stores the previous tile there.
@@ -29,28 +67,15 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
     body assigns it or calls a method on it, so a persistent tile loop that merely passes the states
     in would restart every tile at stage 0 / phase 0 while the producer runs on (deadlock whenever
     ``k_tiles`` is not a multiple of 2 x stages and a CTA gets more than one tile).
-
-    Ping-pong consumers pass ``handoff_barrier_id``: once this warpgroup has issued its last wgmma of
-    the tile it arrives on that named barrier (``handoff_threads`` threads: this warpgroup's arrive +
-    the other warpgroup's sync), so the other warpgroup starts issuing its tile's wgmmas while the
-    tensor cores still drain these.
     """
-    num_k_blocks = cute.size(tCrA, mode=[2])
     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.fence()
     for kt in range(k_tiles):
         ab_pipe.consumer_wait(read)
         if cutlass.const_expr(zero_init):
-            # a fresh atom per k-tile: its ACCUMULATE field is a run-time predicate set in this body
-            # (a field set on the loop-carried tiled_mma would not dominate its later uses)
-            mma_atom = cute.make_mma_atom(tiled_mma.op)
-            mma_atom.set(warpgroup.Field.ACCUMULATE, kt != 0)
-            for kb in cutlass.range_constexpr(num_k_blocks):
-                cute.gemm(mma_atom, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
-                mma_atom.set(warpgroup.Field.ACCUMULATE, True)
+            wgmma_tile(tiled_mma, acc, tCrA, tCrB, read.index, read.index, accumulate=kt != 0)
         else:
-            for kb in cutlass.range_constexpr(num_k_blocks):
-                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrB[(None, None, kb, read.index)], acc)
+            wgmma_tile(tiled_mma, acc, tCrA, tCrB, read.index, read.index)
         warpgroup.commit_group()
         if cutlass.const_expr(after_commit is not None):
             after_commit(kt, *after_commit_args)
@@ -59,8 +84,6 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
             ab_pipe.consumer_release(release)
             release.advance()
         read.advance()
-    if cutlass.const_expr(handoff_barrier_id is not None):
-        cute.arch.barrier_arrive(barrier_id=handoff_barrier_id, number_of_threads=handoff_threads)
     warpgroup.wait_group(0)
     if k_tiles > 0:
         ab_pipe.consumer_release(release)

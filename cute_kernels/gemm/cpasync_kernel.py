@@ -5,11 +5,10 @@ dimension that breaks that (row-major A with K = 4100: rows 8200 B apart) cannot
 tensor map; rather than copying the operand into an aligned buffer behind the caller's back, this
 kernel reads it where it is.
 
-What changes against :class:`GemmSm90` (``gemm_kernel.py``): the producer.  The consumer
+What changes against :class:`GemmSm90` (``kernel.py``): the producer.  The consumer
 warpgroups run ``GemmSm90.consumer`` unchanged (same tiled wgmma, same swizzled shared-memory stages
-from :mod:`layouts.tiles`, same alpha/beta/C and TMA-store or direct-store epilogue).  Its first GPU
-run deadlocked at K = 4100 because the shared mainloop then dropped the ring's read/release states
-between persistent tiles (see ``wgmma.wgmma_mainloop``; fixed there).
+from :mod:`layouts.tiles`, same alpha/beta/C and TMA-store or direct-store epilogue).  The ring's
+read/release states must travel from one persistent tile to the next (see ``wgmma.wgmma_mainloop``).
 
 Producer: the whole producer warpgroup (128 threads) copies each A/B k-tile global -> shared with
 ``cp.async`` vectors of ``cfg.vec_a`` / ``cfg.vec_b`` bytes (16: ``cp.async.cg``, 8 or 4:
@@ -57,7 +56,7 @@ from cutlass.pipeline import Agent, CooperativeGroup, PipelineOp, pipeline_init_
 
 from layouts import tiles as T
 
-from ..common import tma, wgmma
+from ..common import tma
 from . import views
 from .kernel import GemmConfig, GemmSm90
 

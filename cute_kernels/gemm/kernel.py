@@ -6,35 +6,25 @@ Roles (one CTA = 1 producer warpgroup + ``num_mma_warpgroups`` consumer warpgrou
   * producer warp 0 walks the persistent tile schedule and issues TMA loads of A/B k-tiles into a
     ``ab_stages``-deep mbarrier ring (multicast across the cluster when the cluster is 2x1 / 1x2);
   * consumer warpgroups wait on the ring, issue wgmma with one group in flight, release stages, then run
-    the epilogue: alpha/beta in registers, registers -> smem (stmatrix) -> TMA store, sub-tile by
-    sub-tile, or predicated direct stores when D's strides are not TMA-compatible.
+    the epilogue (:mod:`.epilogue`): alpha/beta in registers, registers -> smem (stmatrix) -> TMA store,
+    sub-tile by sub-tile, or predicated direct stores when D's strides are not TMA-compatible.
+Both consumer warpgroups work on one CTA tile (64 rows each of a 128-row tile; two 64-row M-blocks each
+of a 256-row tile: rows 64w.. and 128+64w.. for warpgroup w), then both run its epilogue.
 Tails in M/N/K come for free: TMA fills out-of-bounds reads with zeros and clips out-of-bounds writes.
 
-Two consumer schemes (``GemmTiles.pingpong``):
-  * cooperative (default): both consumer warpgroups work on one CTA tile (64 rows each of a 128-row
-    tile; two 64-row M-blocks each of a 256-row tile: rows 64w.. and 128+64w.. for warpgroup w), then
-    both run its epilogue; the tensor cores idle during the epilogue.
-  * ping-pong: each consumer warpgroup owns whole CTA tiles (128 x N, so N <= ~192 for the accumulators
-    to fit in registers); warpgroup 0 takes the CTA's even tiles, warpgroup 1 the odd ones.  The producer
-    loads tiles in schedule order, i.e. in the order they are consumed, and two named barriers hand the
-    tensor cores from one warpgroup to the other after each mainloop, so one warpgroup's epilogue runs
-    while the other's wgmmas do.  See :meth:`GemmSm90.consumer_pingpong` for the barrier protocol.
-
-Deferred epilogue (``GemmConfig.epi_defer``, cooperative; the default where a CTA gets several tiles):
-the epilogue's stores move under the next tile's mainloop.  After a mainloop the consumers only scale
-and convert the accumulators into a register copy of the tile in D's type; the next mainloop stores
-one sub-tile of that copy after each of its first k-tiles' wgmma groups is committed, so the tensor
-cores wait for the conversion but not for the stores, barriers and buffer waits
+Deferred epilogue (``GemmConfig.epi_defer``; the default where a CTA gets several tiles): the
+epilogue's stores move under the next tile's mainloop.  After a mainloop the consumers only scale and
+convert the accumulators into a register copy of the tile in D's type; the next mainloop stores one
+sub-tile of that copy after each of its first k-tiles' wgmma groups is committed, so the tensor cores
+wait for the conversion but not for the stores, barriers and buffer waits
 (:meth:`GemmSm90.consumer_deferred`).
 
-Split-K inside the persistent schedule (``GemmConfig.splits`` = S > 1, cooperative only,
-:class:`GemmSm90SplitK`): the scheduler walks (M tiles, N tiles, L x S) work units; unit (m, n, l*S+s)
-streams k-tiles [s*ceil(K/S), ...) of tile (m, n, l), so the CTAs of a cluster share their k-range and
-keep the 2x1 multicast.  Each unit publishes its fp32 partial to a workspace and counts it
-(:func:`fixup.publish_partial`); the unit that counts last sums the S partials in slice order
-(bitwise deterministic) and runs the normal epilogue.  Nobody waits for anybody.  ``GemmConfig.stream_k``
-(opt-in, measured slower) spreads the same work over every cluster slot in chunks of one budget
-(:meth:`GemmSm90.stream_k_units`).
+Split-K inside the persistent schedule (``GemmConfig.splits`` = S > 1, :class:`GemmSm90SplitK`): the
+scheduler walks (M tiles, N tiles, L x S) work units; unit (m, n, l*S+s) streams k-tiles
+[s*ceil(K/S), ...) of tile (m, n, l), so the CTAs of a cluster share their k-range and keep the 2x1
+multicast.  Each unit publishes its fp32 partial to a workspace and counts it; the unit that counts
+last sums the S partials in slice order (bitwise deterministic, :mod:`cute_kernels.common.fixup`) and
+runs the normal epilogue.  Nobody waits for anybody.
 
 The tiling (CTA tile, MMA, smem layouts, epilogue tile) comes only from :mod:`layouts.tiles`.
 """
@@ -42,20 +32,21 @@ The tiling (CTA tile, MMA, smem layouts, epilogue tile) comes only from :mod:`la
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from layouts import tiles as T
 
 from ..common import fixup, ring, scheduler, tma, wgmma
+from ..common.barriers import NamedBarrierId
 from . import views
+from .epilogue import ConsumerViews, EpilogueViews, GemmEpilogue
 
 
 @dataclass(frozen=True)
@@ -69,7 +60,7 @@ class GemmConfig:
     raster_swizzle: int = 1
     raster_along_m: bool = True
     max_active_clusters: int = 132
-    # A/B mainloop: "tma" (GemmSm90) or "cpasync" (gemm_cpasync_kernel.GemmSm90CpAsync, for operands
+    # A/B mainloop: "tma" (GemmSm90) or "cpasync" (cpasync_kernel.GemmSm90CpAsync, for operands
     # whose strides/base break TMA); vec_a / vec_b: bytes per global->shared vector on that path
     # (16, 8, 4: cp.async; 2: synchronous loads through registers).
     mainloop: str = "tma"
@@ -91,17 +82,6 @@ class GemmConfig:
     # next tile's first k-tiles, while that tile's wgmmas run: the tensor cores wait only for the
     # conversion, not for the stores and their barriers.
     epi_defer: bool = False
-    # Stream-K inside the persistent split-K (splits > 1, cluster M x 1): the grid is exactly
-    # max_active_clusters clusters, each with a budget of ceil(iterations / clusters) k-tiles; every
-    # tile's K is cut into chunks of that budget (all tiles' chunk j side by side, one per cluster)
-    # plus a short tail, the tails shared out among the remaining clusters
-    # (GemmSm90.stream_k_units).  1024x1024x32768: 64 clusters x 125 k-tiles + 2 x 8 tails of 12,
-    # instead of split-K's 64 x 128 with 2 clusters idle.  A tile's chunks meet in the workspace in
-    # chunk order, as split-K slices do.  Off by default: measured 3-12% slower than split-K (session 9
-    # run 8, paired: 1024x1024x32768 112.8 vs 100.9 us); ranges crossing tile boundaries were 25-45%
-    # slower (run 7: concurrent clusters no longer share A / B k-slices in L2).
-    stream_k: bool = False
-
     @property
     def a_major(self):
         return self.tiles.mma.a_major
@@ -119,42 +99,45 @@ EPI_DEFER_MAX_ACC = 128
 def epi_defer_ok(cfg: GemmConfig) -> bool:
     """Pure Python: whether ``cfg`` can take the deferred epilogue (see ``GemmConfig.epi_defer``)."""
     t = cfg.tiles
-    return (cfg.mainloop == "tma" and not t.pingpong and cfg.splits == 1 and not cfg.has_c and cfg.tma_store
+    return (cfg.mainloop == "tma" and cfg.splits == 1 and not cfg.has_c and cfg.tma_store
             and cfg.lean_tile and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
 
 
-class GemmSm90:
+class CooperativeSetup(NamedTuple):
+    """What a cooperative consumer starts with (:meth:`GemmSm90.cooperative_setup`)."""
+
+    views: ConsumerViews  # operand fragments, D / C / coordinate tiles, accumulators
+    epi_barrier: pipeline.NamedBarrier  # over the consumer warpgroups of one tile
+    epi: EpilogueViews
+    sched: utils.StaticPersistentTileScheduler
+    read: pipeline.PipelineState  # the A/B ring's consumer states
+    release: pipeline.PipelineState
+
+
+class GemmSm90(GemmEpilogue):
     """The kernel for one :class:`GemmConfig`.  ``__call__`` is the ``@cute.jit`` host entry."""
 
     PRODUCER_REGS = 40
     CONSUMER_REGS = 232
-    # Named barriers (id 0 is __syncthreads).  Cooperative: EPI_BARRIER over both consumer warpgroups.
-    # Ping-pong: PP_EPI_BARRIER + c (c = consumer 0/1, its 128 threads) and PP_MMA_BARRIER + c (256
-    # threads: consumer 1-c arrives when it has issued its last wgmma of a tile, consumer c syncs before
-    # its next mainloop).
-    EPI_BARRIER = 1
-    PP_EPI_BARRIER = 2
-    PP_MMA_BARRIER = 4
-    # Accumulator registers per consumer thread above which the split is 24/240 instead of 40/232,
-    # indexed by ``pingpong``: ping-pong 128 x {160..208} and cooperative 256 x 208 take 240 (quack's
-    # thresholds).  256 x 192 stays at 232: with C, 232 spills 24 B (bf16 D) and 240 spills 136 B
-    # (rank-3, fp32 D), ptxas's choice; without C neither spills.
-    HEAVY_ACC_REGS = {False: 192, True: 128}
+    # Accumulator registers per consumer thread above which the split is 24/240 instead of 40/232:
+    # 256 x 208 tiles take 240 (quack's threshold).  256 x 192 stays at 232: with C, 232 spills 24 B
+    # (bf16 D) and 240 spills 136 B (rank-3, fp32 D), ptxas's choice; without C neither spills.
+    HEAVY_ACC_REGS = 192
 
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
         t = cfg.tiles
         self.tile_mnk = t.tile_mnk
         self.cluster_mn = t.cluster_mn
-        self.pingpong = t.pingpong
-        self.num_mma_wg = t.mma.num_warpgroups  # warpgroups sharing one tile (each stage's consumers)
-        self.num_consumer_wg = t.num_consumer_warpgroups  # ping-pong: 2, each on its own tiles
-        self.threads = 128 * (1 + self.num_consumer_wg)
+        if t.pingpong:
+            raise ValueError("GemmSm90: cooperative consumer warpgroups only (GemmTiles.pingpong is not built)")
+        self.num_mma_wg = t.mma.num_warpgroups  # consumer warpgroups, all on one tile
+        self.threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg  # threads of one tile's epilogue
-        heavy = t.acc_regs_per_thread > self.HEAVY_ACC_REGS[self.pingpong]
+        heavy = t.acc_regs_per_thread > self.HEAVY_ACC_REGS
         if heavy:
-            # many accumulator registers per thread: ping-pong 128 x N (N > 128) or cooperative 256 x N
-            # (N >= 208); as in quack, the producer gives up more
+            # many accumulator registers per thread (256 x N, N >= 208): as in quack, the producer
+            # gives up more
             # (24 * 128 + 240 * 256 = 64512 <= 65536)
             self.PRODUCER_REGS, self.CONSUMER_REGS = 24, 240
         self.epi_store_warp = 4  # first consumer warp issues the TMA stores
@@ -169,13 +152,10 @@ class GemmSm90:
         # heavy tiles keep the fill: ptxas peels the first k-tile, and 256 x 208 with C then spills 8 B
         self.mma_zero_init = cfg.lean_tile and cfg.splits == 1 and not heavy
         self.n_epi = (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])  # sub-tiles per tile
-        if self.splits > 1 and (self.pingpong or cfg.mainloop != "tma"):
-            raise ValueError("GemmConfig.splits > 1: cooperative TMA kernel only")
-        self.stream_k = cfg.stream_k
-        if self.stream_k and (self.splits == 1 or self.cluster_mn[1] != 1):
-            raise ValueError("GemmConfig.stream_k: the persistent split-K kernel (splits > 1) on M x 1 clusters only")
+        if self.splits > 1 and cfg.mainloop != "tma":
+            raise ValueError("GemmConfig.splits > 1: TMA mainloop only")
         if cfg.epi_defer and not epi_defer_ok(cfg):
-            raise ValueError("GemmConfig.epi_defer: TMA mainloop, cooperative, unsplit, no C, TMA-stored 16-bit D, "
+            raise ValueError("GemmConfig.epi_defer: TMA mainloop, unsplit, no C, TMA-stored 16-bit D, "
                              f"lean_tile and at most {EPI_DEFER_MAX_ACC} accumulators per thread only")
 
     # ---------------------------------------------------------------- host entry (traced once)
@@ -197,8 +177,6 @@ class GemmSm90:
         tma_d, tma_mD = tma.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 
         sched_params, grid = self.schedule(mD)
-        if cutlass.const_expr(self.stream_k):  # one work list per cluster slot (see stream_k_units)
-            grid = (self.cluster_mn[0] * cfg.max_active_clusters, 1, 1)
         self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_d, tma_mD, mD, mC, alpha, beta,
@@ -305,18 +283,7 @@ class GemmSm90:
         if wg_idx == 0:
             # ================= producer warpgroup: one warp issues TMA, the rest idle
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
-            if warp_idx == 0 and cutlass.const_expr(self.stream_k):
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.ab_stages)
-                m_tiles, n_tiles = cute.size(gA, mode=[2]), cute.size(gB, mode=[2])
-                u, u_end, budget, nf, tail, tiles = self.stream_k_units(k_tiles, m_tiles, n_tiles)
-                while u < u_end:
-                    _, m_idx, n_idx, k_begin, k_count, _ = self.stream_k_unit(u, budget, nf, tail, tiles, m_tiles)
-                    state = tma.tma_produce_k_tiles(ab_pipe, state, tma_a, tAgA[(None, m_idx, None, 0)], tAsA, tma_b,
-                                                       tBgB[(None, n_idx, None, 0)], tBsB, k_begin, k_count, a_mask,
-                                                       b_mask)
-                    u += 1
-                ab_pipe.producer_tail(state)
-            elif warp_idx == 0:
+            if warp_idx == 0:
                 sched = utils.StaticPersistentTileScheduler.create(
                     sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
                 )
@@ -338,19 +305,12 @@ class GemmSm90:
             if cutlass.const_expr(cfg.epi_defer):
                 self.consumer_deferred(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD,
                                        alpha, tidx, warp_idx)
-            elif cutlass.const_expr(self.pingpong):
-                self.consumer_pingpong(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma,
-                                       mD, mC, alpha, beta, tidx, warp_idx)
             else:
                 sFlag = None
                 if cutlass.const_expr(self.splits > 1):
                     sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
-                if cutlass.const_expr(self.stream_k):
-                    self.consumer_stream_k(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD,
-                                           mC, alpha, beta, tidx, warp_idx, mWs, mCnt, sFlag)
-                else:
-                    self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
-                                  alpha, beta, tidx, warp_idx, mWs, mCnt, sFlag)
+                self.consumer(tiled_mma, sA, sB, sD, ab_pipe, k_tiles, sched_params, tma_d, mD_tma, mD, mC,
+                              alpha, beta, tidx, warp_idx, mWs, mCnt, sFlag)
 
     @cute.jit
     def k_range(self, l_unit, k_tiles):
@@ -376,9 +336,10 @@ class GemmSm90:
         cfg = self.cfg
         m_t, n_t, _ = self.tile_mnk
         mma_tidx = tidx - 128
-        (thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, sched, read,
-         release) = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mC, sched_params, mma_tidx)
-        store_pipe = epi[-1]
+        v, epi_barrier, epi, sched, read, release = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mC,
+                                                                           sched_params, mma_tidx)
+        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = v
+        store_pipe = epi.store_pipe
         work = sched.initial_work_tile_info()
         ws = None
         if cutlass.const_expr(self.splits > 1):
@@ -408,92 +369,6 @@ class GemmSm90:
             store_pipe.producer_tail()
 
     @cute.jit
-    def stream_k_units(self, k_tiles, m_tiles, n_tiles):
-        """Stream-K work of this cluster (``GemmConfig.stream_k``), in chunks that keep concurrent
-        clusters on the same k-range: with T = (cluster tiles) x k_tiles iterations over G clusters,
-        each cluster's budget is R = ceil(T / G) k-tiles, and every tile's K splits into ``nf`` full
-        chunks of R plus a tail of r = k_tiles - nf R.  Units 0 .. tiles x nf - 1 are the full chunks
-        (chunk u // tiles of tile u % tiles: all tiles' chunk j run side by side, as split-K slices do,
-        so L2 serves each A / B k-slice to every tile that needs it), one per cluster; the tiles' tails
-        follow, a few per remaining cluster.  Returns (first unit, end unit, R, nf, r, cluster tiles)."""
-        cm = self.cluster_mn[0]
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        cid = bidx // cm
-        num_clusters = gdim // cm
-        tiles = (m_tiles // cm) * n_tiles
-        budget = (tiles * k_tiles + num_clusters - 1) // num_clusters
-        nf = k_tiles // budget
-        tail = k_tiles - nf * budget
-        full = tiles * nf
-        rest = cutlass.max(num_clusters - full, 1)
-        per = (tiles + rest - 1) // rest  # tails per remaining cluster
-        first = cid
-        count = cutlass.Int32(1)
-        if cid >= full:
-            first = full + (cid - full) * per
-            count = cutlass.max(cutlass.min(per, full + tiles - first), 0) * cutlass.min(tail, 1)  # no tails: none
-        return first, first + count, budget, nf, tail, tiles
-
-    @cute.jit
-    def stream_k_unit(self, u, budget, nf, tail, tiles, m_tiles):
-        """Unit ``u`` of :meth:`stream_k_units`: (cluster tile, this CTA's M tile, N tile, first k-tile,
-        k-tile count, chunk index).  Cluster tiles run M-fastest."""
-        cm = self.cluster_mn[0]
-        bidx, _, _ = cute.arch.block_idx()
-        full = tiles * nf
-        tl = u - full
-        chunk = nf
-        k_count = tail
-        if u < full:
-            tl = u % tiles
-            chunk = u // tiles
-            k_count = budget
-        m_pairs = m_tiles // cm
-        return tl, (tl % m_pairs) * cm + bidx % cm, tl // m_pairs, chunk * budget, k_count, chunk
-
-    @cute.jit
-    def consumer_stream_k(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
-                          ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
-                          mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
-                          tidx, warp_idx, mWs: cute.Tensor, mCnt: cute.Tensor, sFlag: cute.Tensor):
-        """Cooperative consumers over this cluster's stream-K units (``GemmConfig.stream_k``): one
-        mainloop per unit; a tile's nf + (r > 0) chunks meet in the workspace in chunk order (the last
-        to count sums them: bitwise reproducible) and the summing CTA runs the epilogue; a tile that is
-        one chunk goes straight to it."""
-        cfg = self.cfg
-        mma_tidx = tidx - 128
-        m_t, n_t, _ = self.tile_mnk
-        (thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, _, read,
-         release) = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mC, sched_params, mma_tidx)
-        store_pipe = epi[-1]
-        ws = fixup.partial_workspace(mWs, self.num_mma_threads, cute.size(acc), m_t * n_t)
-        m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
-        n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
-        u, u_end, budget, nf, tail, tiles = self.stream_k_units(k_tiles, m_tiles, n_tiles)
-        chunks = nf + cutlass.min(tail, 1)  # contributors per tile = workspace slots per tile
-        done = cutlass.Int32(0)
-        while u < u_end:
-            _, m_idx, n_idx, _, k_count, chunk = self.stream_k_unit(u, budget, nf, tail, tiles, m_tiles)
-            acc.fill(0.0)
-            read, release = wgmma.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count,
-                                                  zero_init=False)
-            tile_id = n_idx * m_tiles + m_idx
-            last = cutlass.Boolean(True)
-            if chunks > 1:
-                slot0 = tile_id * chunks
-                last = self.sum_partials(acc, ws, tile_id, slot0, slot0 + chunk, chunks, mCnt, sFlag, mma_tidx)
-            if last:
-                self.epilogue(acc, (m_idx, n_idx, 0), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier, self.epi_store_warp,
-                              0, done, tma_d, mD_tma, mD, alpha, beta, warp_idx)
-                done += 1
-            u += 1
-        if cutlass.const_expr(self.use_pdl):
-            cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(cfg.tma_store):
-            store_pipe.producer_tail()
-
-    @cute.jit
     def cooperative_setup(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
                           mD: cute.Tensor, mC: cute.Tensor, sched_params, mma_tidx):
         """What both cooperative consumers (:meth:`consumer`, :meth:`consumer_deferred`) start with: the
@@ -501,15 +376,14 @@ class GemmSm90:
         epilogue barrier over both warpgroups and the epilogue views, the tile scheduler and the ring's
         (read, release) states."""
         wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
-        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
-            tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mC)
-        epi_barrier = pipeline.NamedBarrier(barrier_id=self.EPI_BARRIER, num_threads=self.num_mma_threads)
-        epi = self.make_epilogue(tiled_mma, sD, acc, mma_tidx)
+        v = self.consumer_views(tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mC)
+        epi_barrier = pipeline.NamedBarrier(barrier_id=NamedBarrierId.EPILOGUE, num_threads=self.num_mma_threads)
+        epi = self.make_epilogue(tiled_mma, sD, v.acc, mma_tidx)
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         stages = self.cfg.tiles.ab_stages
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
-        return thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, sched, read, release
+        return CooperativeSetup(v, epi_barrier, epi, sched, read, release)
 
     @cute.jit
     def consumer_deferred(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
@@ -524,10 +398,11 @@ class GemmSm90:
         barriers and buffer waits overlap the tensor cores.  The last tile is stored after the loop.
         Sub-tiles keep their running order, so the epilogue buffers rotate as in :meth:`epilogue`."""
         mma_tidx = tidx - 128
-        (thr_mma_c, tCrA, tCrB, gD, gC, cD, acc, epi_barrier, epi, sched, read,
-         release) = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mD, sched_params, mma_tidx)
-        store_pipe = epi[-1]
-        rPend = [cute.make_rmem_tensor(epi[4].shape, self.c_dtype) for _ in range(self.n_epi)]
+        v, epi_barrier, epi, sched, read, release = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mD,
+                                                                           sched_params, mma_tidx)
+        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = v
+        store_pipe = epi.store_pipe
+        rPend = [cute.make_rmem_tensor(epi.tRS_rD_out.shape, self.c_dtype) for _ in range(self.n_epi)]
         pend = (rPend, sD, epi, epi_barrier, tma_d, mD_tma, warp_idx)
         work = sched.initial_work_tile_info()
         has_pend = cutlass.Boolean(False)
@@ -570,244 +445,6 @@ class GemmSm90:
                     self.store_subtile(e, rPend[e], tile_mnl, tiles_done, sD, epi, epi_barrier, self.epi_store_warp, 0,
                                        tma_d, mD_tma, warp_idx)
 
-    @cute.jit
-    def consumer_pingpong(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
-                          ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
-                          mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
-                          tidx, warp_idx):
-        """Ping-pong consumers: consumer ``c`` (0/1) runs the CTA's schedule tiles ``c, c+2, c+4, ...``.
-
-        Order of the A/B ring: the producer fills stages tile by tile in schedule order, so consumer c's
-        tile ``j`` occupies ring positions ``[(2j + c) * k_tiles, (2j + c + 1) * k_tiles)``.  Each
-        consumer keeps its own (read, release) states over the *whole* ring: consumer 1 starts
-        ``k_tiles`` positions in, and after each tile both skip the other's ``k_tiles`` positions
-        (``advance(k_tiles)`` flips the phase as often as a stage-by-stage walk would).
-
-        Turn-taking (named barriers, 256 threads each: one consumer arrives, the other syncs):
-          * MMA(c) = PP_MMA_BARRIER + c.  Consumer c syncs on MMA(c) before every mainloop except
-            consumer 0's first; consumer 1-c arrives on it right after issuing a tile's last wgmma.
-            Hence the mainloops alternate strictly 0, 1, 0, 1, ... in schedule order.  This also keeps
-            the ring's phase bits unambiguous: when consumer c waits on position p of its tile, every
-            position before the tile start was already waited on (by the other consumer, before it
-            handed over), so the producer is at most one ring lap ahead of p, never two.
-          * Arrivals and syncs balance: consumer 0 has ceil(T/2) tiles and consumer 1 floor(T/2) of a
-            CTA's T tiles; MMA(0) gets floor(T/2) arrivals and ceil(T/2) - 1 syncs, MMA(1) ceil(T/2)
-            arrivals and floor(T/2) syncs.  At most one arrival per barrier is left when the CTA exits
-            (as in CUTLASS/quack ping-pong); no sync ever waits for a tile that does not exist.
-          * Epilogues are not ordered: each consumer has its own ``epi_stages`` shared-memory buffers,
-            its own 128-thread epilogue barrier (PP_EPI_BARRIER + c) and its own TMA-store warp.
-        """
-        cfg = self.cfg
-        t = cfg.tiles
-        m_t, n_t, _ = self.tile_mnk
-        cons = cute.arch.make_warp_uniform((tidx - 128) // 128)  # consumer 0 / 1
-        wg_tidx = tidx % 128
-        # A/B: the warpgroup's slice (one warpgroup per tile); C: each thread's own accumulator fragment
-        thr_mma_c, tCrA, tCrB, gD, gC, cD, acc = self.consumer_views(
-            tiled_mma, tiled_mma.get_slice(0), wg_tidx, sA, sB, mD, mC)
-
-        epi_barrier = pipeline.NamedBarrier(barrier_id=self.PP_EPI_BARRIER + cons, num_threads=128)
-        epi = self.make_epilogue(tiled_mma, sD, acc, wg_tidx)
-        store_pipe = epi[-1]
-        store_warp = self.epi_store_warp + 4 * cons  # the first warp of each consumer warpgroup
-        my_bufs = cons * t.epi_stages  # this consumer's epilogue buffers: [my_bufs, my_bufs + epi_stages)
-        mma_bar = self.PP_MMA_BARRIER + cons
-        other_mma_bar = self.PP_MMA_BARRIER + 1 - cons
-
-        sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.ab_stages)
-        if cons == 1:  # consumer 1 starts at the CTA's second tile, k_tiles ring positions in
-            read.advance(k_tiles)
-            release.advance(k_tiles)
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
-        while work.is_valid_tile:
-            tile = work.tile_idx
-            if cutlass.const_expr(not self.mma_zero_init):
-                acc.fill(0.0)
-            # consumer 0's first tile goes first; every other mainloop waits for the hand-over from the
-            # other consumer (num_tiles_executed: consumer 0 starts at 0, consumer 1 at 1)
-            if sched.num_tiles_executed > 0:
-                cute.arch.barrier(barrier_id=mma_bar, number_of_threads=256)
-            read, release = wgmma.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_tiles,
-                                                  handoff_barrier_id=other_mma_bar, handoff_threads=256,
-                                                  zero_init=self.mma_zero_init)
-            self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
-                          store_warp, my_bufs, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
-                          warp_idx)
-            # skip the other consumer's tile: its k_tiles ring positions and its schedule slot
-            read.advance(k_tiles)
-            release.advance(k_tiles)
-            sched.advance_to_next_work(advance_count=2)
-            work = sched.get_current_work()
-        if cutlass.const_expr(self.use_pdl):
-            cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(cfg.tma_store):
-            store_pipe.producer_tail()
-
-    @cute.jit
-    def reduce_partials(self, acc: cute.Tensor, ws: cute.Tensor, tile, l_idx, mD: cute.Tensor, mCnt: cute.Tensor,
-                        sFlag: cute.Tensor, mma_tidx):
-        """Split-K: publish this unit's partial (slot tile_id * S + s) and count it; in the unit that
-        counted last, replace ``acc`` by the sum of the S partials in slice order 0..S-1 (its own read
-        back from the workspace too: the same code and order whoever is last, so the bits do not depend
-        on completion order).  Returns whether this unit is the last (it then runs the epilogue).
-
-        The ranks are summed in a dynamic loop: unrolled, the compiler hoists S x (acc size) loads and
-        spills; one rank at a time keeps a chunk's loads next to its adds."""
-        m_t, n_t, _ = self.tile_mnk
-        S = self.splits
-        m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
-        n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
-        tile_id = (l_idx * n_tiles + tile[1]) * m_tiles + tile[0]
-        slot0 = tile_id * S
-        return self.sum_partials(acc, ws, tile_id, slot0, slot0 + tile[2] - l_idx * S, S, mCnt, sFlag, mma_tidx)
-
-    @cute.jit
-    def sum_partials(self, acc: cute.Tensor, ws: cute.Tensor, tile_id, slot0, own_slot, count, mCnt: cute.Tensor,
-                     sFlag: cute.Tensor, mma_tidx):
-        """Publish ``acc`` into slot ``own_slot`` and count it on ``mCnt[tile_id]``; in the CTA that
-        counted ``count``-th, replace ``acc`` by the sum of slots ``slot0 .. slot0 + count - 1`` in order.
-        Returns whether this CTA was last.  (Split-K slices and stream-K contributors alike.)"""
-        V = fixup.PARTIAL_VEC
-        last = fixup.publish_partial(acc, ws, mma_tidx, own_slot, mCnt, tile_id, sFlag, self.EPI_BARRIER,
-                                      self.num_mma_threads, count)
-        if last:
-            acc.fill(0.0)
-            for q in cutlass.range(count, unroll=1):  # fixed slice order: bitwise reproducible
-                for j in cutlass.range_constexpr(cute.size(acc) // V):
-                    part = cute.make_rmem_tensor((V,), cutlass.Float32)
-                    cute.autovec_copy(ws[(None, mma_tidx, j, slot0 + q)], part)
-                    for e in cutlass.range_constexpr(V):
-                        acc[j * V + e] = acc[j * V + e] + part[e]
-        return last
-
-    # ---------------------------------------------------------------- epilogue pieces
-    @cute.jit
-    def consumer_views(self, tiled_mma: cute.TiledMma, thr_mma, c_idx, sA: cute.Tensor, sB: cute.Tensor,
-                       mD: cute.Tensor, mC: cute.Tensor):
-        """A consumer's operand fragments (from ``thr_mma``, its warpgroup's A/B slice), its C slice
-        (``c_idx``: the thread's index within the MMA), the D/C/coordinate tiles and a zeroed-shape
-        accumulator."""
-        m_t, n_t, _ = self.tile_mnk
-        thr_mma_c = tiled_mma.get_slice(c_idx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        gD = cute.local_tile(mD, (m_t, n_t), (None, None, None))  # (m_t, n_t, tm, tn, l)
-        gC = cute.local_tile(mC, (m_t, n_t), (None, None, None))
-        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), (m_t, n_t), (None, None, None))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
-        return thr_mma_c, tCrA, tCrB, gD, gC, cD, acc
-
-    def make_epilogue(self, tiled_mma: cute.TiledMma, sD: cute.Tensor, acc: cute.Tensor, thr_idx):
-        """Per-thread views of the epilogue: registers -> smem (stmatrix for 16-bit D) -> TMA store.
-
-        Returns ``(tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe)``; ``thr_idx`` is the
-        thread's index among the threads that share one tile's accumulators."""
-        t = self.cfg.tiles
-        c_layout = T.c_layout_enum(t)
-        # The thread->element map of the copy comes from a 16-bit stmatrix atom over the MMA's C layout
-        # (for any D width); the store op itself is stmatrix for 16-bit D, plain stores for fp32.
-        c_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), cutlass.Float16
-        )
-        r2s_atom = sm90_utils.get_smem_store_op(c_layout, self.c_dtype, self.acc_dtype)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
-        thr_r2s = tiled_r2s.get_slice(thr_idx)
-        tRS_sD = thr_r2s.partition_D(sD)
-        tRS_acc = tiled_r2s.retile(acc)
-        rD_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
-        tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
-        tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
-        store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=t.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
-        )
-        return tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe
-
-    @cute.jit
-    def scale_acc(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gC: cute.Tensor, cD: cute.Tensor, mD: cute.Tensor,
-                  alpha: cutlass.Float32, beta: cutlass.Float32):
-        """acc = alpha * acc (+ beta * C, read with predicates: any strides, ragged tiles), in registers."""
-        cfg = self.cfg
-        if cutlass.const_expr(cfg.has_c):
-            tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
-            tCgC = thr_mma_c.partition_C(gC[(None, None, *tile_mnl)])
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                v = acc[i] * alpha
-                if cute.elem_less(tCcD[i], mD.shape):
-                    v = v + beta * tCgC[i].to(cutlass.Float32)
-                acc[i] = v
-        elif cutlass.const_expr(cfg.lean_tile):
-            if alpha != cutlass.Float32(1.0):
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] * alpha
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] * alpha
-
-    @cute.jit
-    def convert_subtile(self, epi, e: cutlass.Constexpr[int], rD_out: cute.Tensor):
-        """Sub-tile ``e`` of the (scaled) accumulators, converted to D's type, into ``rD_out``."""
-        tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
-        n_rD = cute.size(tRS_rD)
-        for v in cutlass.range_constexpr(n_rD):
-            tRS_rD[v] = tRS_acc[e * n_rD + v]
-        rD_out.store(tRS_rD.load().to(self.c_dtype))
-
-    @cute.jit
-    def store_subtile(self, e: cutlass.Constexpr[int], rD_out: cute.Tensor, tile_mnl, tiles_done, sD: cute.Tensor,
-                      epi, epi_barrier, store_warp, buf_base, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, warp_idx):
-        """Sub-tile ``e`` of tile ``tile_mnl`` (converted registers ``rD_out``) -> smem buffer
-        ``buf_base + (tiles_done * n_epi + e) % epi_stages`` (stmatrix for 16-bit D) -> TMA store
-        issued by ``store_warp``, which then waits until the buffer written next is no longer read."""
-        t = self.cfg.tiles
-        m_t, n_t, _ = self.tile_mnk
-        tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
-        gD_tile = cute.local_tile(mD_tma, (m_t, n_t), (None, None, None))[(None, None, *tile_mnl)]
-        gD_epi = cute.zipped_divide(gD_tile, t.epi_tile_mn)
-        bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-            tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi,
-        )
-        epi_shape = gD_epi.shape[1]
-        epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-        n_epi = cute.size(gD_epi, mode=[1])
-        buf = buf_base + (tiles_done * n_epi + e) % t.epi_stages
-        cute.copy(tiled_r2s, rD_out, tRS_sD[(None, None, None, buf)])
-        cute.arch.fence_proxy("async.shared", space="cta")
-        epi_barrier.arrive_and_wait()
-        if warp_idx == store_warp:
-            cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
-            store_pipe.producer_commit()
-            store_pipe.producer_acquire()
-        epi_barrier.arrive_and_wait()
-
-    @cute.jit
-    def epilogue(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gD: cute.Tensor, gC: cute.Tensor, cD: cute.Tensor,
-                 sD: cute.Tensor, epi, epi_barrier, store_warp, buf_base, tiles_done, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
-                 mD: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx):
-        """One tile's epilogue by the threads that hold its accumulators: alpha/beta in registers, then
-        sub-tile by sub-tile registers -> smem buffer -> TMA store (:meth:`store_subtile`); or predicated
-        direct stores when D's strides are not TMA-compatible.  ``tiles_done`` counts this storer's
-        earlier tiles (it only has to grow by one per tile)."""
-        cfg = self.cfg
-        m_t, n_t, _ = self.tile_mnk
-        self.scale_acc(acc, tile_mnl, thr_mma_c, gC, cD, mD, alpha, beta)
-        if cutlass.const_expr(cfg.tma_store):
-            tRS_rD_out = epi[4]
-            for e in cutlass.range_constexpr(self.n_epi):
-                self.convert_subtile(epi, e, tRS_rD_out)
-                self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, store_warp, buf_base,
-                                   tma_d, mD_tma, warp_idx)
-        else:
-            tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
-            tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                if cute.elem_less(tCcD[i], mD.shape):
-                    tCgD[i] = acc[i].to(self.c_dtype)
-
 
 class GemmSm90SplitK(GemmSm90):
     """:class:`GemmSm90` with ``GemmConfig.splits`` > 1: split-K inside the persistent schedule (see the
@@ -818,3 +455,18 @@ class GemmSm90SplitK(GemmSm90):
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
                  cnt: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
         self.launch(a, b, d, c, ws, cnt, alpha, beta, stream)
+
+    @cute.jit
+    def reduce_partials(self, acc: cute.Tensor, ws: cute.Tensor, tile, l_idx, mD: cute.Tensor, mCnt: cute.Tensor,
+                        sFlag: cute.Tensor, mma_tidx):
+        """Publish this unit's partial (slot tile_id * S + s) and count it; in the unit that counted
+        last, replace ``acc`` by the sum of the S partials in slice order (:func:`fixup.publish_and_sum`).
+        Returns whether this unit is the last (it then runs the epilogue)."""
+        m_t, n_t, _ = self.tile_mnk
+        S = self.splits
+        m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
+        n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
+        tile_id = (l_idx * n_tiles + tile[1]) * m_tiles + tile[0]
+        slot0 = tile_id * S
+        return fixup.publish_and_sum(acc, ws, mma_tidx, slot0 + tile[2] - l_idx * S, slot0, S, mCnt, tile_id, sFlag,
+                                     NamedBarrierId.EPILOGUE, self.num_mma_threads)

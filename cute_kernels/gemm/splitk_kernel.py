@@ -8,25 +8,26 @@ shared memory (reusing the drained operand stages), and after a cluster barrier 
 [r * 128/S, (r+1) * 128/S) of all S partial tiles, in rank order 0..S-1 (deterministic), applies
 alpha / beta * C and stores D.  HBM traffic is the operands plus D, as in an unsplit GEMM.
 
-Variants (all fields of :class:`SplitKClusterConfig`, so one sweep can compare them):
-- tile_n 64 / 128 / 192 / 256 (``tiles.tile_mnk[1]``): 128x64 tiles give twice the CTAs of 128x128
-  at the same split (more SMs streaming B), 128x256 tiles the most efficient wgmma per SM.
-- splits 1 / 2 / 4 / 8: cluster size.  splits=1 is a plain (non-persistent) GEMM with this epilogue.
+Configurations (fields of :class:`SplitKClusterConfig`):
+- tile_n 64 / 128 (``tiles.tile_mnk[1]``; 192 / 256 build too): 128x64 tiles give twice the CTAs of
+  128x128 at the same split (more SMs streaming B).
+- splits 1 / 2: cluster size (pairs; larger clusters schedule worse, profiles/NOTES-gemm.md).
+  splits=1 is a plain (non-persistent) GEMM with this epilogue.
 - vec_store: D row-major with 16-byte aligned rows: 8 consecutive outputs per thread go out as one
   vector store (16 B for 16-bit D) instead of 8 predicated scalar stores; ragged edges stay scalar.
-- A multicast along N (``tiles.cluster_mn = (1, c)``, cluster (S, c, 1)): the c CTAs of one K slice
-  and neighbouring N tiles each load 1/c of the shared A tile into all of them.  Built and tested,
-  off by default: no faster on the shapes that use this kernel (see gemm_host.SPLITK_MCAST_DEFAULT).
-- tile_n 16 / 32: the host's transposed plan for M <= 64 problems (gemm_host.skinny_swap_choice),
-  where the weight is the 128-row A operand and the problem's M the narrow N tile.
+- A multicast along N (``tiles.cluster_mn = (1, 2)``, cluster (S, 2, 1)): the two CTAs of one K slice
+  and neighbouring N tiles each load half of the shared A tile into both: the skinny plan's pairs
+  (:func:`cute_kernels.gemm.heuristics.skinny_swap_choice`), where the weight is the 128-row A operand
+  and the problem's M the narrow 16 / 32-wide N tile.
 
-Roles are those of :class:`cute_kernels.gemm_kernel.GemmSm90` (warp 0 of warpgroup 0 issues TMA, two
+Roles are those of :class:`cute_kernels.gemm.kernel.GemmSm90` (warp 0 of warpgroup 0 issues TMA, two
 consumer warpgroups issue wgmma); the grid is not persistent: one cluster per output tile.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -39,13 +40,15 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from layouts import tiles as T
 
 from ..common import fixup, ring, tma, wgmma
+from ..common.barriers import NamedBarrierId
 from . import views
+from .epilogue import add_beta_c
 
 RED_PAD = 8  # fp32 words of padding per row of the reduction tile: 2-way instead of 8-way bank conflicts
 VEC = 8  # consecutive output columns one thread reduces and stores
 TILE_NS = (16, 32, 64, 128, 192, 256)  # 16 / 32: the swapped skinny GEMM (N' = the problem's M <= 32)
-SPLITS = (1, 2, 4, 8)
-A_MCAST = (1, 2, 4)  # CTAs along N sharing each A tile (tiles.cluster_mn[1]); splits x this <= 8
+SPLITS = (1, 2)
+A_MCAST = (1, 2)  # CTAs along N sharing each A tile (tiles.cluster_mn[1])
 
 
 @dsl_user_op
@@ -60,6 +63,23 @@ def stage_bytes(tile_n: int) -> int:
 
 def red_bytes(tile_n: int) -> int:
     return 128 * (tile_n + RED_PAD) * 4
+
+
+class SplitKHost(NamedTuple):
+    """What the host side of a split-K kernel sets up (:meth:`_SplitKBase._host_operands`)."""
+
+    mD: cute.Tensor
+    mC: cute.Tensor
+    tiled_mma: cute.TiledMma
+    sA_layout: cute.ComposedLayout
+    sB_layout: cute.ComposedLayout
+    tma_a: cute.CopyAtom
+    tma_mA: cute.Tensor
+    tma_b: cute.CopyAtom
+    tma_mB: cute.Tensor
+    m_tiles: object
+    n_tiles: object
+    grid: tuple
 
 
 class _SplitKBase:
@@ -108,7 +128,7 @@ class _SplitKBase:
         # whole clusters along N: a CTA past the last N tile still loads (and multicasts) its share of
         # A; its B box is all out of bounds (zero-filled) and its stores are predicated off
         grid = (cfg.splits, cute.ceil_div(n_tiles, self.mcast_a) * self.mcast_a, m_tiles * cute.size(mD, mode=[2]))
-        return mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, n_tiles, grid
+        return SplitKHost(mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, n_tiles, grid)
 
     @cute.jit
     def _ring(self, storage, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
@@ -213,8 +233,8 @@ class GemmSm90SplitKCluster(_SplitKBase):
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
                  alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
         t = self.cfg.tiles
-        (mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, _,
-         grid) = self._host_operands(a, b, d, c)
+        h = self._host_operands(a, b, d, c)
+        sA_layout, sB_layout = h.sA_layout, h.sB_layout
 
         # sA and sB are adjacent (each a multiple of 1024 B): the reduction tile may span both
         @cute.struct
@@ -224,9 +244,9 @@ class GemmSm90SplitKCluster(_SplitKBase):
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, alpha, beta, tiled_mma, sA_layout, sB_layout,
-                    m_tiles).launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.cfg.splits, self.mcast_a, 1),
-                                    min_blocks_per_mp=1, stream=stream)
+        self.kernel(h.tma_a, h.tma_mA, h.tma_b, h.tma_mB, h.mD, h.mC, alpha, beta, h.tiled_mma, sA_layout, sB_layout,
+                    h.m_tiles).launch(grid=h.grid, block=[self.threads, 1, 1],
+                                      cluster=(self.cfg.splits, self.mcast_a, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
@@ -269,7 +289,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             acc, _, thr_mma_c = self._consume(tiled_mma, sA, sB, ab_pipe, k_count, tidx - 128)
             # every stage has been consumed: the operand buffers are free for the fp32 partial tile
-            pipeline.NamedBarrier(barrier_id=1, num_threads=128 * self.num_mma_wg).arrive_and_wait()
+            pipeline.NamedBarrier(barrier_id=NamedBarrierId.EPILOGUE, num_threads=128 * self.num_mma_wg).arrive_and_wait()
             tCsRed = thr_mma_c.partition_C(sRed)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 tCsRed[i] = acc[i]
@@ -306,7 +326,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
                         if cutlass.const_expr(cfg.has_c):
                             for j in cutlass.range_constexpr(VEC):
                                 if gn0 + j < n_size:
-                                    vals[j] = vals[j] + beta * mC[gm, gn0 + j, l_idx].to(cutlass.Float32)
+                                    vals[j] = add_beta_c(vals[j], beta, mC[gm, gn0 + j, l_idx])
                         if cutlass.const_expr(cfg.vec_store):
                             if gn0 + VEC <= n_size:
                                 outv = cute.make_rmem_tensor((1, VEC), self.d_dtype)
@@ -376,8 +396,8 @@ class GemmSm90SplitKFixup(_SplitKBase):
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
                  cnt: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
         t = self.cfg.tiles
-        (mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, n_tiles,
-         grid) = self._host_operands(a, b, d, c)
+        h = self._host_operands(a, b, d, c)
+        sA_layout, sB_layout = h.sA_layout, h.sB_layout
 
         @cute.struct
         class SharedStorage:
@@ -387,8 +407,8 @@ class GemmSm90SplitKFixup(_SplitKBase):
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        self.kernel(tma_a, tma_mA, tma_b, tma_mB, mD, mC, ws, cnt, alpha, beta, tiled_mma, sA_layout,
-                    sB_layout, m_tiles, n_tiles).launch(grid=grid, block=[self.threads, 1, 1],
+        self.kernel(h.tma_a, h.tma_mA, h.tma_b, h.tma_mB, h.mD, h.mC, ws, cnt, alpha, beta, h.tiled_mma, sA_layout,
+                    sB_layout, h.m_tiles, h.n_tiles).launch(grid=h.grid, block=[self.threads, 1, 1],
                                                         cluster=(1, self.mcast_a, 1) if self.mcast_a > 1 else None,
                                                         min_blocks_per_mp=1, stream=stream)
 
@@ -436,7 +456,8 @@ class GemmSm90SplitKFixup(_SplitKBase):
             slot0 = tile_id * S
             # a CTA past the last N tile (A multicast pads the grid to whole clusters) only fed its peers
             if n_idx < n_tiles:
-                if fixup.publish_partial(acc, ws, mma_tidx, slot0 + rank, mCnt, tile_id, sFlag, 1, nthr, S):
+                if fixup.publish_partial(acc, ws, mma_tidx, slot0 + rank, mCnt, tile_id, sFlag, NamedBarrierId.EPILOGUE,
+                                         nthr, S):
                     # groups of G chunks: G x S 16-byte loads in flight per thread (the D stores between
                     # groups keep the compiler from hoisting more loads, which would spill), summed in rank
                     # order into acc (whose own value is in the workspace already), then stored
@@ -446,13 +467,7 @@ class GemmSm90SplitKFixup(_SplitKBase):
                     for g in cutlass.range_constexpr((chunks + G - 1) // G):
                         for j in cutlass.range_constexpr(g * G, min(chunks, (g + 1) * G)):
                             for q in cutlass.range_constexpr(S):  # fixed rank order: bitwise reproducible
-                                part = cute.make_rmem_tensor((V,), cutlass.Float32)
-                                cute.autovec_copy(ws[(None, mma_tidx, j, slot0 + q)], part)
-                                for e in cutlass.range_constexpr(V):
-                                    if cutlass.const_expr(q == 0):
-                                        acc[j * V + e] = part[e]
-                                    else:
-                                        acc[j * V + e] = acc[j * V + e] + part[e]
+                                fixup.add_partial(acc, ws, mma_tidx, j, slot0 + q, overwrite=q == 0)
                         for i in cutlass.range_constexpr(g * G * V, min(chunks, (g + 1) * G) * V):
                             r, cn = tCcD[i]
                             gm = m_idx * m_t + r
@@ -460,5 +475,5 @@ class GemmSm90SplitKFixup(_SplitKBase):
                             if gm < m_size and gn < n_size:
                                 v = acc[i] * alpha
                                 if cutlass.const_expr(cfg.has_c):
-                                    v = v + beta * mC[gm, gn, l_idx].to(cutlass.Float32)
+                                    v = add_beta_c(v, beta, mC[gm, gn, l_idx])
                                 mD[gm, gn, l_idx] = v.to(self.d_dtype)

@@ -13,8 +13,8 @@ def as_mkl(t: cute.Tensor, order: tuple[int, ...]) -> cute.Tensor:
     """View a torch-ordered tensor as the kernel's (rows, cols, batch) without moving data.
 
     ``order`` lists which torch modes become (rows, cols[, batch]); a rank-2 input gets a batch mode
-    of size 1 and stride 0.  Doing this inside the compiled function keeps ``permute`` calls (about
-    1.5 us each) off the host path.
+    of size 1 and stride 0.  Doing this inside the compiled function keeps ``permute`` calls (each a
+    host-side tensor op) off the hot path.
     """
     lay = cute.select(t.layout, mode=list(order))
     if cutlass.const_expr(len(order) == 2):

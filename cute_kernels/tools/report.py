@@ -7,7 +7,6 @@ The same list is the CPU compile test (``tests/test_report.py``).
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Callable
 
@@ -19,90 +18,64 @@ def representative_builders() -> list[tuple[str, Callable]]:
     out: list[tuple[str, Callable]] = []
     from layouts import tiles as T
 
-    from ..gemm import host as G
+    from ..gemm import heuristics as H
     from ..gemm.kernel import GemmConfig
+    from ..gemm.launch import fake_args
+    from ..gemm.splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
 
     for label, am, bm, tile_n, cluster, cd, has_c in [
         ("gemm bf16 128x256 cluster 2x1, A row / B row", "k", "mn", 256, (2, 1), "bfloat16", False),
         ("gemm fp16 128x128, A col / B col, beta*C, fp32 out", "mn", "k", 128, (1, 1), "float32", True),
     ]:
         ab = "float16" if label.startswith("gemm fp16") else "bfloat16"
-        tiles = G.default_tiles(4096, 4096, 4096, 1, ab, am, bm, cd, "n")
+        tiles = H.default_tiles(4096, 4096, 4096, 1, ab, am, bm, cd, "n")
         tiles = T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=cluster,
                             mma=T.MmaTile(ab_dtype=ab, atom_n=tile_n, a_major=am, b_major=bm),
                             ab_stages=tiles.ab_stages if tile_n == 256 else 6, c_dtype=cd)
         cfg = GemmConfig(tiles=tiles, a_rank=2, has_c=has_c)
-        out.append((label, lambda cfg=cfg, ab=ab, cd=cd: G._fake_args(cfg, ab, cd, "float32")))
+        out.append((label, lambda cfg=cfg, ab=ab, cd=cd: fake_args(cfg, ab, cd, "float32")))
 
     for label, cfg in [
         ("gemm bf16 256x128 cluster 1x2, swizzle 8 (two 64-row M-blocks per warpgroup; default when A >= 64 MB)",
-         GemmConfig(tiles=G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n"),
+         GemmConfig(tiles=H.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n"),
                     raster_swizzle=8, max_active_clusters=66)),
         ("gemm bf16 128x256 cluster 2x1, deferred epilogue (stores under the next tile's mainloop; default "
          "when a CTA gets more than one tile)",
-         GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), raster_swizzle=8,
+         GemmConfig(tiles=H.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), raster_swizzle=8,
                     raster_along_m=False, max_active_clusters=66, epi_defer=True)),
-        ("gemm bf16 ping-pong 128x192 cluster 2x1 (CUTE_KERNELS_PINGPONG=1)",
-         GemmConfig(tiles=G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True))),
         ("gemm bf16 cp.async mainloop 128x256, 8-byte vectors (row-major A with K % 8 != 0)",
-         GemmConfig(tiles=G.make_gemm_tiles(256, (1, 1), "bfloat16", "k", "mn", "bfloat16"), mainloop="cpasync",
+         GemmConfig(tiles=H.make_gemm_tiles(256, (1, 1), "bfloat16", "k", "mn", "bfloat16"), mainloop="cpasync",
                     vec_a=8, vec_b=16)),
+        ("gemm split-K 128x256 S=4 in the persistent schedule, 2x1 multicast (default for long K slices)",
+         GemmConfig(tiles=H.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), splits=4,
+                    max_active_clusters=66)),
+        ("gemm split-K 128x64 over a 2-CTA cluster (DSMEM reduction; default for short K slices)",
+         SplitKClusterConfig(tiles=H.splitk_tiles(64, "bfloat16", "k", "mn", "bfloat16"), splits=2, vec_store=True)),
+        ("gemm M <= 16 transposed (out^T = b^T a^T): 128x16 tiles, S=4 fixup (default for skinny M)",
+         SplitKFixupConfig(tiles=H.splitk_tiles(16, "bfloat16", "mn", "k", "bfloat16"), splits=4, a_evict_first=True)),
+        ("gemm 32 < M <= 64 transposed: 128x32 tile pairs sharing the weight by multicast, 1x2 cluster "
+         "(default)", SplitKClusterConfig(tiles=H.splitk_tiles(32, "bfloat16", "mn", "k", "bfloat16", 2), splits=1,
+                                          a_evict_first=True)),
     ]:
-        out.append((label, lambda cfg=cfg: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16")))
-
-    pcfg = GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), splits=4,
-                      max_active_clusters=66)
-    out.append(("gemm split-K 128x256 S=4 in the persistent schedule, 2x1 multicast (default for long K slices)",
-                lambda: G._fake_args(pcfg, "bfloat16", "bfloat16", "bfloat16")))
-    from ..gemm.splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
-
-    scfg = SplitKClusterConfig(tiles=G.splitk_tiles(64, "bfloat16", "k", "mn", "bfloat16"), splits=2, vec_store=True)
-    out.append(("gemm split-K 128x64 over a 2-CTA cluster (DSMEM reduction; default for short K slices)",
-                lambda: G._fake_args_splitk(scfg, "bfloat16", "bfloat16", "bfloat16")))
-    fcfg = SplitKFixupConfig(tiles=G.splitk_tiles(256, "bfloat16", "k", "mn", "bfloat16"), splits=4)
-    out.append(("gemm split-K 128x256 S=4, last-CTA fixup (CUTE_KERNELS_SPLITK=fixup)",
-                lambda: G._fake_args_splitk(fcfg, "bfloat16", "bfloat16", "bfloat16")))
-    wcfg = SplitKFixupConfig(tiles=G.splitk_tiles(16, "bfloat16", "mn", "k", "bfloat16"), splits=4, a_evict_first=True)
-    out.append(("gemm M <= 16 transposed (out^T = b^T a^T): 128x16 tiles, S=4 fixup (default for skinny M)",
-                lambda: G._fake_args_splitk(wcfg, "bfloat16", "bfloat16", "bfloat16")))
-    mcfg = SplitKClusterConfig(tiles=G.splitk_tiles(32, "bfloat16", "mn", "k", "bfloat16", 2), splits=1,
-                               a_evict_first=True)
-    out.append(("gemm 32 < M <= 64 transposed: 128x32 tile pairs sharing the weight by multicast, 1x2 cluster "
-                "(default)", lambda: G._fake_args_splitk(mcfg, "bfloat16", "bfloat16", "bfloat16")))
-    from ..gemm import splitk_reduce as R
-
-    out.append(("split-K reduce -> bf16", lambda: _reduce_args(R)))
+        out.append((label, lambda cfg=cfg: fake_args(cfg, "bfloat16", "bfloat16", "bfloat16")))
     try:
         import torch
 
-        DA = importlib.import_module("cute_kernels.attention.decode")
+        from ..attention import decode as DA
+        from ..attention import merge as MG
 
-        # contiguous caches up to TMA_EF_MAX_KV_BYTES load with TMA + evict-first (auto), larger ones
-        # and paged caches with cp.async
+        # contiguous caches up to TMA_EF_MAX_KV_BYTES load with TMA + evict-first, larger ones and
+        # paged caches with cp.async
         mib = DA.TMA_EF_MAX_KV_BYTES >> 20
         for label, paged, kv_bytes in ((f"contiguous <= {mib} MiB (TMA + evict-first)", False, 1 << 20),
                                        (f"contiguous > {mib} MiB (cp.async)", False, 0),
                                        ("paged16 (cp.async)", True, 0)):
             cfg = DA.make_config(torch.bfloat16, 128, 4, paged, 16 if paged else 0, True, True, kv_bytes=kv_bytes)
-            out.append((f"decode_attn bf16 d128 GQA4 {label} split", DA._decode_builder(cfg)))
-        from ..attention import merge as MG
-
-        out.append(("merge_states fp32 -> bf16 d128", MG._merge_builder(MG.MergeConfig("float32", "bfloat16", 128))))
+            out.append((f"decode_attn bf16 d128 GQA4 {label} split", DA.decode_builder(cfg)))
+        out.append(("merge_states fp32 -> bf16 d128", MG.merge_builder(MG.MergeConfig("float32", "bfloat16", 128))))
     except ImportError as e:  # pragma: no cover - attention modules missing
         out.append((f"attention kernels unavailable: {e}", None))
     return out
-
-
-def _reduce_args(R):
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
-    S, M, N = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    ws = make_fake_tensor(cutlass.Float32, (S, M, N), (cute.sym_int(), cute.sym_int(), 1), assumed_align=16)
-    o = make_fake_tensor(cutlass.BFloat16, (M, N), (cute.sym_int(), cute.sym_int()))
-    return R.SplitKReduce(False), (ws, o, o, cutlass.Float32(1.0), cutlass.Float32(0.0),
-                                   make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_report(print_fn=print) -> list[dict]:

@@ -1,19 +1,22 @@
 """GEMM tests.  CPU: validation errors and sm_90a compiles with resource checks.  GPU: numerics."""
 
 import itertools
-import os
-
 import re
 
 import pytest
 import torch
 
-from conftest import capture_graph, make_c, rel_err, spy_compiled_gemm
+from conftest import capture_graph, make_c, planned_configs, rel_err
 from conftest import gemm_operand as _operand, gemm_ref as _ref, gemm_tol as _tol
 
 import cute_kernels
-from cute_kernels.gemm import host as G
+from cute_kernels.common import jit
+from cute_kernels.gemm import heuristics as H
+from cute_kernels.gemm import launch, tuned
+from cute_kernels.gemm import plan as P
+from cute_kernels.gemm.host import explain
 from cute_kernels.gemm.kernel import GemmConfig
+from cute_kernels.gemm.validate import major_of
 from layouts import tiles as T
 
 
@@ -39,10 +42,10 @@ def test_bad_inputs(a, b, exc, match):
 
 def test_major_detection():
     x = torch.empty(64, 32)
-    assert G._major(x, "a", "M", "K") == "row"
-    assert G._major(x.t(), "a", "M", "K") == "col"
+    assert major_of(x, "a", "M", "K") == "row"
+    assert major_of(x.t(), "a", "M", "K") == "col"
     with pytest.raises(ValueError, match="contiguous"):
-        G._major(torch.empty(64, 64)[::2, ::2], "a", "M", "K")
+        major_of(torch.empty(64, 64)[::2, ::2], "a", "M", "K")
 
 
 COMPILE_CASES = [
@@ -65,7 +68,7 @@ def test_compiles_for_sm90a(case):
                         mma=T.MmaTile(ab_dtype=ab, atom_n=atom_n, a_major=am, b_major=bm),
                         ab_stages=4 if atom_n == 256 else 6, c_dtype=cd)
     cfg = GemmConfig(tiles=tiles, a_rank=rank, has_c=has_c, tma_store=tma)
-    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, cd, "bfloat16"))
+    rep = ins.inspect_builder(lambda: launch.fake_args(cfg, ab, cd, "bfloat16"))
     (k,) = rep.kernels
     assert k.instructions["HGMMA"] > 0, rep.summary()
     assert k.instructions["UTMALDG"] > 0, rep.summary()
@@ -83,8 +86,6 @@ SHAPES = [(1, 8, 8), (7, 8, 16), (127, 256, 64), (1000, 3000, 520), (4097, 136, 
 @pytest.mark.parametrize("majors", list(itertools.product(["row", "col"], repeat=2)), ids=lambda m: "".join(x[0] for x in m))
 def test_gemm_shapes_majors(mnk, majors):
     m, n, k = mnk
-    if not G.CPASYNC_ENABLED and (majors[0] == "col" and m % 8 or majors[1] == "row" and n % 8):
-        pytest.skip("leading dimension not 16-byte aligned: needs the (disabled) cp.async mainloop")
     a = _operand((m, k), majors[0], torch.bfloat16)
     b = _operand((k, n), majors[1], torch.bfloat16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -168,101 +169,74 @@ def test_gemm_torch_compile():
 
 @pytest.mark.gpu
 def test_gemm_misaligned_pointer():
-    """A pointer off 16-byte alignment: the cp.async mainloop when enabled, else a clear error."""
+    """A pointer off 16-byte alignment: the cp.async mainloop."""
     base = torch.randn(64 * 64 + 1, device="cuda", dtype=torch.bfloat16)
     a = base[1:].view(64, 64)
     b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    if not G.CPASYNC_ENABLED:
-        with pytest.raises(ValueError, match="16-byte"):
-            cute_kernels.gemm(a, b)
-        return
     assert rel_err(cute_kernels.gemm(a, b), _ref(a, b)) < 2e-2
 
 
-def test_splitk_reduce_compiles():
-    from cute_kernels.tools import inspect as ins
-    from cute_kernels.gemm.splitk_reduce import SplitKReduce  # noqa: F401
-
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
-    def build():
-        S, M, N = cute.sym_int(), cute.sym_int(), cute.sym_int()
-        ws = make_fake_tensor(cutlass.Float32, (S, M, N), (cute.sym_int(), cute.sym_int(), 1), assumed_align=16)
-        out = make_fake_tensor(cutlass.BFloat16, (M, N), (cute.sym_int(), cute.sym_int()))
-        c = make_fake_tensor(cutlass.Float32, (M, N), (cute.sym_int(), cute.sym_int()))
-        return SplitKReduce(True), (ws, out, c, cutlass.Float32(1.0), cutlass.Float32(0.0),
-                                    make_fake_stream(use_tvm_ffi_env_stream=True))
-
-    (k,) = ins.inspect_builder(build).kernels
-    assert k.spills == 0
-
-
-def test_auto_splitk_mode(monkeypatch):
-    """The default split-K mode: persistent for long slices (1024x1024x32768: S=4, 128 k-tiles each),
+def test_auto_splitk_mode():
+    """The default split-K kernel: persistent for long slices (1024x1024x32768: S=4, 128 k-tiles each),
     the cluster pair for short ones (128x4096x4096: 8 k-tiles), cluster for batched or non-row-major
     outputs (which the persistent kernel does not take), in the plan too."""
-    assert G.SPLITK_MODE == "auto" or "CUTE_KERNELS_SPLITK" in os.environ  # the shipped default
-    assert G.auto_splitk_mode(1024, 1024, 32768) == "persistent"
-    assert G.auto_splitk_mode(128, 4096, 4096) == "cluster"
-    assert G.auto_splitk_mode(1024, 1024, 32768, out_row_major=False) == "cluster"
-    assert G.auto_splitk_mode(1024, 1024, 32768, l=2) == "cluster"
-    monkeypatch.setattr(G, "SPLITK_MODE", "auto")
-    spy_compiled_gemm(monkeypatch)
+    assert H.auto_splitk_mode(1024, 1024, 32768) == "persistent"
+    assert H.auto_splitk_mode(128, 4096, 4096) == "cluster"
+    assert H.auto_splitk_mode(1024, 1024, 32768, out_row_major=False) == "cluster"
+    assert H.auto_splitk_mode(1024, 1024, 32768, l=2) == "cluster"
     a = torch.empty(1024, 32768, dtype=torch.bfloat16)
     b = torch.empty(32768, 1024, dtype=torch.bfloat16)
-    p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
-    assert isinstance(p.fn, G.SplitKFixupLauncher)
-    for mode in ("auto", "persistent"):  # a column-major out falls back to the cluster kernel
-        monkeypatch.setattr(G, "SPLITK_MODE", mode)
-        p = G._make_plan(a, b, torch.empty(1024, 1024, dtype=torch.bfloat16).t(), None, 0.0, None, allow_cpu=True)
-        assert not isinstance(p.fn, G.SplitKFixupLauncher) and p.splits == 1 and p.reduce_fn is None
+    with jit.dry_run():
+        p = P.make_plan(a, b, allow_cpu=True)
+        assert p.kind == "splitk-persistent" and isinstance(p.fn, launch.WorkspaceLauncher)
+        col_out = torch.empty(1024, 1024, dtype=torch.bfloat16).t()
+        for choice in (P.PlanChoice(), P.PlanChoice(splitk_mode="persistent")):  # column-major out: cluster
+            p = P.make_plan(a, b, col_out, choice=choice, allow_cpu=True)
+            assert p.kind == "splitk-cluster" and not isinstance(p.fn, launch.WorkspaceLauncher)
 
 
 def test_split_k_heuristic():
-    tiles = G.default_tiles(128, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
-    s = G.split_k_factor(128, 4096, 4096, 1, tiles, "workspace")
-    assert s > 1 and 4096 % (64 * s) == 0
-    assert G.split_k_factor(128, 4096, 4096, 1, tiles, "cluster") == 2
-    big = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
-    assert G.split_k_factor(4096, 4096, 4096, 1, big) == 1
-    assert G.split_k_factor(128, 4096, 4100, 1, tiles, "workspace") == 1  # whole k-tiles per slice
-    assert G.split_k_factor(128, 4096, 4100, 1, tiles, "cluster") > 1  # TMA zero-fills the K tail
+    tiles = H.default_tiles(128, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert H.split_k_factor(128, 4096, 4096, 1, tiles, "cluster") == 2
+    assert H.split_k_factor(128, 4096, 4096, 1, tiles, "none") == 1
+    assert H.split_k_factor(1024, 1024, 32768, 1, tiles, "persistent") == 4
+    big = H.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert H.split_k_factor(4096, 4096, 4096, 1, big, "cluster") == 1
+    assert H.split_k_factor(128, 4096, 4100, 1, tiles, "cluster") > 1  # TMA zero-fills the K tail
+    with pytest.raises(ValueError, match="split-K mode"):
+        H.split_k_factor(128, 4096, 4096, 1, tiles, "workspace")
 
 
 def test_splitk_cluster_compiles():
     from cute_kernels.tools import inspect as ins
     from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig
 
-    for s, has_c, am, bm in [(4, False, "k", "mn"), (2, True, "mn", "k"), (8, False, "k", "k")]:
-        cfg = SplitKClusterConfig(tiles=G.make_gemm_tiles(128, (1, 1), "bfloat16", am, bm, "bfloat16"),
-                                  splits=s, has_c=has_c)
-        (k,) = ins.inspect_builder(lambda: G._fake_args_splitk(cfg, "bfloat16", "bfloat16", "float32")).kernels
+    for s, has_c, am, bm in [(2, False, "k", "mn"), (2, True, "mn", "k"), (1, False, "k", "k")]:
+        cfg = SplitKClusterConfig(tiles=H.splitk_tiles(128, "bfloat16", am, bm, "bfloat16"), splits=s, has_c=has_c)
+        (k,) = ins.inspect_builder(lambda: launch.fake_args(cfg, "bfloat16", "bfloat16", "float32")).kernels
         assert k.instructions["HGMMA"] > 0 and k.spills == 0 and k.stack_frame == 0
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["auto", "cluster", "workspace"])
+@pytest.mark.parametrize("mode", ["auto", "cluster", "persistent"])
 @pytest.mark.parametrize("mnk", [(128, 4096, 4096), (64, 520, 8192), (1024, 1024, 32768), (200, 136, 8200)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("with_c", [False, True])
-def test_gemm_split_k(mnk, with_c, mode, monkeypatch):
+def test_gemm_split_k(mnk, with_c, mode):
     m, n, k = mnk
-    monkeypatch.setattr(G, "SPLITK_MODE", mode)
-    monkeypatch.setattr(G, "_plans", {})
-    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
-    if G.split_k_factor(m, n, k, 1, tiles) == 1:
+    tiles = H.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    if H.split_k_factor(m, n, k, 1, tiles, H.auto_splitk_mode(m, n, k) if mode == "auto" else mode) == 1:
         pytest.skip(f"{mode} split-K does not apply to {mnk}")
+    choice = P.PlanChoice() if mode == "auto" else P.PlanChoice(splitk_mode=mode)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     c = torch.randn(m, n, device="cuda", dtype=torch.float32) if with_c else None
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     alpha, beta = (0.75, 0.5) if with_c else (1.0, 0.0)
-    cute_kernels.gemm(a, b, out=out, alpha=alpha, beta=beta, c=c)
+    P.run(a, b, out, c, alpha, beta, choice=choice)
     assert rel_err(out, _ref(a, b, alpha, beta, c)) < 2e-2
     for _ in range(5):
-        again = cute_kernels.gemm(a, b, alpha=alpha, beta=beta, c=c)
+        again = P.run(a, b, None, c, alpha, beta, choice=choice)
         assert torch.equal(out, again), "split-K reduction must be deterministic"
 
 
@@ -315,7 +289,7 @@ def test_gemm_persistent_multi_tile_odd_k(mnk):
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    tiles = H.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     n_tiles = -(-m // tiles.tile_mnk[0]) * -(-n // tiles.tile_mnk[1])
     assert n_tiles > 132 and (-(-k // 64)) % (2 * tiles.ab_stages) != 0
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -325,18 +299,19 @@ def test_gemm_persistent_multi_tile_odd_k(mnk):
 
 
 # ---- cluster split-K variants (tile width x split count x store path) -----------------------------
-SPLITK_COMPILE_CASES = [(64, 2, True, False), (128, 4, True, True), (256, 4, True, False), (192, 1, False, True),
-                        (256, 2, True, True), (64, 8, False, False)]
+SPLITK_COMPILE_CASES = [(64, 2, True, False), (128, 2, True, True), (256, 2, True, False), (192, 1, False, True),
+                        (64, 1, False, False)]
 
 
-@pytest.mark.parametrize("tn,s,mc", [(64, 2, 2), (64, 2, 4), (128, 4, 2), (64, 1, 4)], ids=lambda v: str(v))
+@pytest.mark.parametrize("tn,s,mc", [(32, 1, 2), (64, 1, 2)], ids=lambda v: str(v))
 def test_splitk_cluster_a_multicast_compiles(tn, s, mc):
-    """A multicast along N (cluster S x c): the A loads are multicast TMA, B's stay CTA-local, the
-    consumers release stages to remote empty barriers, nothing spills; c = 1 has no multicast at all."""
+    """A multicast along N (cluster S x c, the skinny plan's pairs): the A loads are multicast TMA, B's
+    stay CTA-local, the consumers release stages to remote empty barriers, nothing spills; c = 1 has no
+    multicast at all."""
     from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig
 
     for c in (1, mc):
-        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c), splits=s,
+        cfg = SplitKClusterConfig(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", c), splits=s,
                                   vec_store=True, b_evict_first=True)
         rep, k = _splitk_compile_report(cfg, tn)
         assert k.spills == 0
@@ -346,21 +321,11 @@ def test_splitk_cluster_a_multicast_compiles(tn, s, mc):
         assert (n_mc > 0) == (c > 1), (c, n_mc)
 
 
-def test_splitk_a_mcast_choice(monkeypatch):
-    """The multicast width never exceeds 8 CTAs per cluster nor the number of N tiles."""
-    monkeypatch.setattr(G, "FORCE_SPLITK_MCAST", 4)
-    assert G.splitk_a_mcast(128, 4096, 64, 2) == 4
-    assert G.splitk_a_mcast(128, 4096, 64, 4) == 2
-    assert G.splitk_a_mcast(128, 4096, 64, 8) == 1
-    assert G.splitk_a_mcast(128, 130, 64, 2) == 2  # 3 N tiles
-    assert G.splitk_a_mcast(128, 64, 64, 2) == 1
-
-
 def _splitk_compile_report(cfg, tn):
     """sm_90a compile of a split-K config: HGMMA 64 x tn x 16 present, no local memory in the mainloop."""
     from cute_kernels.tools import inspect as ins
 
-    rep = ins.inspect_builder(lambda: G._fake_args_splitk(cfg, "bfloat16", "bfloat16", "float32"))
+    rep = ins.inspect_builder(lambda: launch.fake_args(cfg, "bfloat16", "bfloat16", "float32"))
     (k,) = rep.kernels
     assert k.instructions["HGMMA"] > 0 and f"HGMMA.64x{tn}x16" in rep.sass
     lines = rep.sass.splitlines()
@@ -375,10 +340,10 @@ def test_splitk_cluster_variants_compile(tn, s, vec, has_c):
     and 16-byte global stores on the vector-store path."""
     from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig
 
-    cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s,
+    cfg = SplitKClusterConfig(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s,
                               has_c=has_c, vec_store=vec)
-    # a few variants (C operand, S=8 x 256) keep one tile index in local memory across the mainloop
-    # (the kernel is compiled for 168 registers/thread): allowed, but never inside the mainloop
+    # a variant may keep one tile index in local memory across the mainloop (the kernel is compiled
+    # for 168 registers/thread): allowed, but never inside the mainloop
     rep, k = _splitk_compile_report(cfg, tn)
     assert k.spills <= 6
     assert ("STG.E.128" in rep.sass) == vec
@@ -396,7 +361,7 @@ def test_splitk_b_evict_first_compiles(kind):
     Cfg, tn, s = (SplitKClusterConfig, 64, 2) if kind == "cluster" else (SplitKFixupConfig, 256, 4)
     policies = []
     for hint in (False, True):
-        cfg = Cfg(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, b_evict_first=hint)
+        cfg = Cfg(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, b_evict_first=hint)
         rep, k = _splitk_compile_report(cfg, tn)
         if rep.ptx is None:
             pytest.skip("no PTX in the report")
@@ -412,13 +377,13 @@ def test_splitk_tiles_fit():
     from cute_kernels.gemm.splitk_kernel import TILE_NS, red_bytes, stage_bytes
 
     for tn in TILE_NS:
-        t = G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16")
+        t = H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16")
         assert t.ab_stages >= 4 and t.ab_stages * stage_bytes(tn) >= red_bytes(tn)
         assert 1024 + t.ab_stages * stage_bytes(tn) <= 227 * 1024
 
 
-SPLITK_GPU_VARIANTS = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (192, 1), (64, 1), (192, 2),
-                       (64, 2, 2), (64, 2, 4), (64, 1, 4), (128, 4, 2), (256, 2, 2)]  # (tn, S[, A multicast])
+SPLITK_GPU_VARIANTS = [(64, 2), (128, 2), (192, 1), (64, 1), (192, 2), (32, 1, 2), (64, 1, 2),
+                       (64, 2, 2)]  # (tn, S[, A multicast])
 
 
 @pytest.mark.gpu
@@ -438,12 +403,11 @@ def test_splitk_cluster_variant_numerics(variant, mnk):
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     ref = _ref(a, b)
     for vec in (True, False):
-        cfg = SplitKClusterConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", mc), splits=s,
+        cfg = SplitKClusterConfig(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", mc), splits=s,
                                   vec_store=vec, b_evict_first=mc > 1)
-        fn = G.compiled_splitk_cluster(cfg, "bfloat16", "bfloat16", "bfloat16")
+        fn = launch.compiled(cfg, "bfloat16", "bfloat16", "bfloat16")
         big = torch.full((m, n + (0 if vec else 3)), float("nan"), device="cuda", dtype=torch.bfloat16)
         out = big[:, :n]
-        assert G.splitk_vec_store_ok(out) == vec
         fn(a, b, out, out, 1.0, 0.0)
         assert rel_err(out, ref) < 2e-2, (vec, rel_err(out, ref))
         if not vec:
@@ -454,23 +418,8 @@ def test_splitk_cluster_variant_numerics(variant, mnk):
             assert torch.equal(out, again[:, :n]), "split-K reduction must be deterministic"
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("tile_n", [64, 256])
-def test_gemm_split_k_forced_tile_n(tile_n, monkeypatch):
-    """gemm() with FORCE_SPLITK_TILE_N: alpha/beta/C on the forced cluster variant."""
-    monkeypatch.setattr(G, "FORCE_SPLITK_TILE_N", tile_n)
-    monkeypatch.setattr(G, "_plans", {})
-    m, n, k = 200, 1024, 8200
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = torch.randn(m, n, device="cuda", dtype=torch.float32)
-    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
-    assert G.split_k_factor(m, n, k, 1, tiles) > 1
-    out = cute_kernels.gemm(a, b, alpha=0.75, beta=0.5, c=c)
-    assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2
-
-
-# ---- fixup split-K (S CTAs per tile, no cluster; the last CTA sums the fp32 partials) -------------
+# ---- last-CTA fixup: the fixup kernel (S CTAs per tile, no cluster: the skinny plan beyond two slices)
+# and split-K in the persistent schedule; the last CTA of a tile sums the fp32 partials ---------------
 FIXUP_COMPILE_CASES = [(256, 4, False), (128, 2, True), (256, 8, True), (128, 8, False), (256, 3, False),
                        (128, 4, False), (256, 2, True)]
 
@@ -481,7 +430,7 @@ def test_splitk_fixup_compiles(tn, s, has_c):
     the gpu-scope fence + acq_rel atomic of the counter protocol."""
     from cute_kernels.gemm.splitk_kernel import SplitKFixupConfig
 
-    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, has_c=has_c)
+    cfg = SplitKFixupConfig(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16"), splits=s, has_c=has_c)
     rep, k = _splitk_compile_report(cfg, tn)
     assert k.spills == 0 and k.stack_frame == 0
     assert "STG.E.128" in rep.sass and "LDG.E.128" in rep.sass
@@ -498,9 +447,9 @@ def test_splitk_persistent_compiles(tn, s, has_c, cl):
     from cute_kernels.tools import inspect as ins
     from cute_kernels.gemm.kernel import GemmConfig
 
-    cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16"), has_c=has_c, splits=s,
+    cfg = GemmConfig(tiles=H.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16"), has_c=has_c, splits=s,
                      max_active_clusters=132 // cl[0])
-    rep = ins.inspect_builder(lambda: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16"))
+    rep = ins.inspect_builder(lambda: launch.fake_args(cfg, "bfloat16", "bfloat16", "bfloat16"))
     (k,) = rep.kernels
     assert k.spills == 0 and k.stack_frame == 0, rep.summary()
     if rep.sass is not None:
@@ -510,71 +459,25 @@ def test_splitk_persistent_compiles(tn, s, has_c, cl):
         assert rep.ptx.count("fence.acq_rel.gpu") >= 2 and "atom.global.acq_rel.add" in rep.ptx
 
 
-def test_splitk_persistent_plan(monkeypatch):
-    """CUTE_KERNELS_SPLITK=persistent: 1024x1024x32768 -> 128x256 tiles, 2x1 clusters, S=4 (128 units),
+def test_splitk_persistent_plan():
+    """The persistent split-K plan: 1024x1024x32768 -> 128x256 tiles, 2x1 clusters, S=4 (128 units),
     a workspace of 32 tiles x 4 partials and 32 counters."""
-    monkeypatch.setattr(G, "SPLITK_MODE", "persistent")
-    seen = spy_compiled_gemm(monkeypatch)
     a = torch.empty(1024, 32768, dtype=torch.bfloat16)
     b = torch.empty(32768, 1024, dtype=torch.bfloat16)
-    p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
-    assert isinstance(p.fn, G.SplitKFixupLauncher)
+    with jit.dry_run():
+        p = P.make_plan(a, b, choice=P.PlanChoice(splitk_mode="persistent"), allow_cpu=True)
+    assert isinstance(p.fn, launch.WorkspaceLauncher)
     assert (p.fn.ws_numel, p.fn.n_counters) == (32 * 4 * 128 * 256, 32)
-    cfg = seen[-1]
+    (_, cfg), = p.kernels
     assert cfg.splits == 4 and cfg.tiles.tile_mnk[:2] == (128, 256) and cfg.tiles.cluster_mn == (2, 1)
 
 
-def test_stream_k_chunks():
-    """Chunks per tile (= workspace slots) of the stream-K kernel: full chunks of the per-cluster budget
-    ceil(tiles x k_tiles / clusters) plus a tail; the work each cluster gets stays within one budget
-    where the tails fit the clusters left over (a model of GemmSm90.stream_k_units)."""
-    assert G.stream_k_chunks(16, 512, 66) == 5  # budget 125: 4 x 125 + a tail of 12
-    assert G.stream_k_chunks(12, 256, 66) == 6  # 768x1024x16384: budget 47, 5 x 47 + 21
-    assert G.stream_k_chunks(1, 140, 132) == 70  # budget 2: 70 chunks on 70 clusters, 62 idle
-    assert G.stream_k_chunks(200, 64, 132) == 1  # budget 97 > 64: whole tiles, no workspace
-
-    def work(tiles, kt, g):  # k-tiles per cluster, as the kernel assigns them
-        budget = -(-tiles * kt // g)
-        nf, tail = kt // budget, kt % budget
-        full = tiles * nf
-        per = -(-tiles // max(g - full, 1))
-        out = [budget if c < full else 0 for c in range(g)]
-        for c in range(full, g):
-            first = full + (c - full) * per
-            out[c] = max(min(per, full + tiles - first), 0) * tail
-        assert sum(out) == tiles * kt, (tiles, kt, g)
-        return out
-
-    assert max(work(16, 512, 66)) == 125 and work(16, 512, 66)[64:] == [96, 96]
-    assert max(work(8, 1024, 66)) == 125  # 512x512x65536
-    assert max(work(12, 256, 66)) == 47  # 768x1024x16384: 42 on each of the 6 tail clusters
-
-
-def test_stream_k_plan(monkeypatch):
-    """CUTE_KERNELS_STREAM_K=1 with the persistent split-K: the config says stream_k, the workspace
-    holds 5 partial tiles per output tile (1024x1024x32768), and the kernel builds without local memory."""
-    from cute_kernels.tools import inspect as ins
-
-    monkeypatch.setattr(G, "SPLITK_MODE", "persistent")
-    monkeypatch.setattr(G, "STREAM_K", True)
-    seen = spy_compiled_gemm(monkeypatch)
-    a = torch.empty(1024, 32768, dtype=torch.bfloat16)
-    b = torch.empty(32768, 1024, dtype=torch.bfloat16)
-    p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
-    cfg = seen[-1]
-    assert cfg.stream_k and cfg.max_active_clusters == 66 and cfg.tiles.cluster_mn == (2, 1)
-    assert (p.fn.ws_numel, p.fn.n_counters) == (32 * 5 * 128 * 256, 32)  # 5 chunks per tile
-    rep = ins.inspect_builder(lambda: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16"))
-    (k,) = rep.kernels
-    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
-
-
-def test_splitk_fixup_choice():
-    assert G.splitk_fixup_choice(1024, 1024, 32768) == (256, 4)  # 32 tiles x 4 = 128 CTAs
-    tn, s = G.splitk_fixup_choice(128, 4096, 4096)
+def test_persistent_splitk_choice():
+    assert H.persistent_splitk_choice(1024, 1024, 32768) == (256, 4)  # 32 tiles x 4 = 128 CTAs
+    tn, s = H.persistent_splitk_choice(128, 4096, 4096)
     assert 2 <= s <= 8 and -(-4096 // tn) * s <= 132
-    tiles = G.default_tiles(1024, 1024, 32768, 1, "bfloat16", "k", "mn", "bfloat16", "n")
-    assert G.split_k_factor(1024, 1024, 32768, 1, tiles, "fixup") == 4
+    tiles = H.default_tiles(1024, 1024, 32768, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert H.split_k_factor(1024, 1024, 32768, 1, tiles, "persistent") == 4
 
 
 def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16", kind="fixup", m=1, mc=1):
@@ -586,12 +489,12 @@ def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16", kind="
 
     if kind == "persistent":
         cl = (2, 1) if -(-m // 128) % 2 == 0 else (1, 1)
-        cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", d_dtype), has_c=has_c,
+        cfg = GemmConfig(tiles=H.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", d_dtype), has_c=has_c,
                          max_active_clusters=132 // cl[0], splits=s)
-        return G.compiled_gemm(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
-    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", d_dtype, mc), splits=s, has_c=has_c,
+        return launch.compiled(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
+    cfg = SplitKFixupConfig(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", d_dtype, mc), splits=s, has_c=has_c,
                             b_evict_first=mc > 1)
-    return G.compiled_splitk_fixup(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
+    return launch.compiled(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
 
 
 def _fixup_ws(m, n, tn, s):
@@ -604,16 +507,16 @@ def _fixup_ws(m, n, tn, s):
 
 FIXUP_GPU_VARIANTS = [(128, 2), (128, 4), (256, 4), (256, 8), (128, 8), (256, 3)]
 #: (tn, S, A multicast) of the fixup kernel with clusters along N; N = 264 / 136 / 1000 leave padding CTAs
-FIXUP_MC_VARIANTS = [(64, 2, 2), (64, 2, 4), (128, 4, 2), (64, 3, 2), (256, 2, 2)]
+FIXUP_MC_VARIANTS = [(32, 2, 2), (64, 2, 2), (128, 4, 2), (64, 3, 2), (256, 2, 2)]
 
 
-@pytest.mark.parametrize("tn,s,mc", [(64, 2, 2), (128, 4, 2), (64, 2, 4)], ids=str)
+@pytest.mark.parametrize("tn,s,mc", [(32, 2, 2), (64, 2, 2), (128, 4, 2)], ids=str)
 def test_splitk_fixup_a_multicast_compiles(tn, s, mc):
     """The fixup kernel with A multicast along N: multicast TMA for A only, no local memory, the
     counter protocol intact."""
     from cute_kernels.gemm.splitk_kernel import SplitKFixupConfig
 
-    cfg = SplitKFixupConfig(tiles=G.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", mc), splits=s,
+    cfg = SplitKFixupConfig(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16", mc), splits=s,
                             b_evict_first=True)
     rep, k = _splitk_compile_report(cfg, tn)
     assert k.spills == 0 and k.stack_frame == 0
@@ -691,59 +594,16 @@ def _check_alpha_beta_c(m, n, k, c_kind):
     return a, b, c, outs
 
 
-def _set_splitk_mode(monkeypatch, mode):
-    """CUTE_KERNELS_SPLITK=mode; "streamk": the persistent mode with CUTE_KERNELS_STREAM_K=1."""
-    monkeypatch.setattr(G, "STREAM_K", mode == "streamk")
-    monkeypatch.setattr(G, "SPLITK_MODE", "persistent" if mode == "streamk" else mode)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("tn", [128, 256])
-@pytest.mark.parametrize("mnk", [(1024, 1024, 32768), (256, 512, 8192), (384, 712, 9000), (1, 256, 8960),
-                                 (1000, 520, 20000), (130, 136, 8256), (768, 1024, 16384)],
-                         ids=lambda s: "x".join(map(str, s)))
-def test_stream_k_numerics(tn, mnk):
-    """The persistent kernel as stream-K: float64 reference, NaN-poisoned out, chunks plus tails shared
-    out among the spare clusters (up to 70 chunks per tile: (1, 256, 8960) has 140 k-tiles for 132
-    clusters), ragged M / N / K, 2x1 and 1x1 clusters, bitwise identical over 10 repeats, counters
-    back at 0."""
-    from cute_kernels.gemm.kernel import GemmConfig
-
-    m, n, k = mnk
-    cl = (2, 1) if -(-m // 128) % 2 == 0 else (1, 1)
-    clusters = 132 // cl[0]
-    n_tiles, k_tiles = -(-m // 128) * -(-n // tn), -(-k // 64)
-    cfg = GemmConfig(tiles=G.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16"),
-                     max_active_clusters=clusters, splits=2, stream_k=True)
-    fn = G.compiled_gemm(cfg, "bfloat16", "bfloat16", "bfloat16")
-    slots = G.stream_k_chunks(n_tiles // cl[0], k_tiles, clusters)
-    ws = torch.full((n_tiles * slots * 128 * tn,), float("nan"), device="cuda", dtype=torch.float32)
-    cnt = torch.zeros(n_tiles, device="cuda", dtype=torch.int32)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    fn(a, b, out, out, ws, cnt, 1.0, 0.0)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-    assert int(cnt.abs().sum()) == 0
-    for _ in range(10):
-        again = torch.full_like(out, float("nan"))
-        fn(a, b, again, again, ws, cnt, 1.0, 0.0)
-        assert torch.equal(out, again), "stream-K must be bitwise deterministic"
-    assert int(cnt.abs().sum()) == 0
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["fixup", "persistent", "streamk"])
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
-def test_splitk_fixup_alpha_beta_c(c_kind, mode, monkeypatch):
-    """gemm() with CUTE_KERNELS_SPLITK=fixup / persistent (/ stream-K): alpha / beta * C (any C
-    strides), fp32 and bf16 out."""
-    _set_splitk_mode(monkeypatch, mode)
-    monkeypatch.setattr(G, "_plans", {})
-    m, n, k = 200, 1000, 8200
-    tiles = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
-    assert G.split_k_factor(m, n, k, 1, tiles) > 1
-    _check_alpha_beta_c(m, n, k, c_kind)
+def test_splitk_persistent_alpha_beta_c(c_kind):
+    """gemm() on a shape the persistent split-K takes by default: alpha / beta * C (any C strides),
+    fp32 and bf16 out."""
+    m, n, k = 256, 512, 32768
+    assert H.auto_splitk_mode(m, n, k) == "persistent"
+    a, b, c, outs = _check_alpha_beta_c(m, n, k, c_kind)
+    for out in outs:
+        assert P.plan(a, b, out, c, 0.5).kind == "splitk-persistent"
 
 
 @pytest.mark.gpu
@@ -755,23 +615,20 @@ def test_gemm_skinny_swapped_fp16(mnk):
     b = torch.randn(k, n, device="cuda", dtype=torch.float16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
     cute_kernels.gemm(a, b, out=out)
-    p = G._plans[G._signature(a, b, out, None, 0.0, None)]
-    assert p.swapped and isinstance(p.fn, G.SwappedLauncher)
+    p = P.plan(a, b, out)
+    assert p.swapped and isinstance(p.fn, launch.SwappedLauncher)
     # K slices meet in an L2 workspace (fixup kernel) beyond two, in a cluster's shared memory up to two
-    assert isinstance(p.fn.fn, G.SplitKFixupLauncher) == G.skinny_swap_choice(m, n, k).fixup
+    assert isinstance(p.fn.fn, launch.WorkspaceLauncher) == H.skinny_swap_choice(m, n, k).fixup
     assert rel_err(out, _ref(a, b)) < _tol(torch.float16)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["fixup", "persistent", "streamk"])
-@pytest.mark.parametrize("tile_n", [128, 256])
-def test_splitk_fixup_back_to_back_and_graph(tile_n, mode, monkeypatch):
-    """Two calls back to back (no sync) reuse one cached workspace; a CUDA graph replays correctly;
-    the counters stay at 0; the large skinny shape matches and repeats bitwise."""
-    _set_splitk_mode(monkeypatch, mode)
-    monkeypatch.setattr(G, "FORCE_SPLITK_TILE_N", tile_n)
-    monkeypatch.setattr(G, "_plans", {})
-    m, n, k = 1024, 1024, 32768
+@pytest.mark.parametrize("mnk", [(1024, 1024, 32768), (1, 4096, 4096)], ids=["persistent", "skinny-fixup"])
+def test_splitk_fixup_back_to_back_and_graph(mnk):
+    """The plans with a last-CTA fixup (persistent split-K, the skinny fixup): two calls back to back
+    (no sync) reuse one cached workspace; a CUDA graph replays correctly; the counters stay at 0; the
+    results repeat bitwise."""
+    m, n, k = mnk
     a1, a2 = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     b1, b2 = (torch.randn(k, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o1 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -780,9 +637,10 @@ def test_splitk_fixup_back_to_back_and_graph(tile_n, mode, monkeypatch):
     cute_kernels.gemm(a2, b2, out=o2)
     torch.cuda.synchronize()
     assert rel_err(o1, _ref(a1, b1)) < 2e-2 and rel_err(o2, _ref(a2, b2)) < 2e-2
-    (p,) = G._plans.values()
-    assert isinstance(p.fn, G.SplitKFixupLauncher) and len(p.fn.cache) == 1
-    (ws, cnt), = p.fn.cache.values()
+    launcher = P.plan(a1, b1, o1).fn
+    launcher = launcher.fn if isinstance(launcher, launch.SwappedLauncher) else launcher
+    assert isinstance(launcher, launch.WorkspaceLauncher) and len(launcher.cache) == 1
+    (ws, cnt), = launcher.cache.values()
     assert int(cnt.abs().sum()) == 0
     for _ in range(3):
         assert torch.equal(cute_kernels.gemm(a1, b1), o1)
@@ -802,7 +660,7 @@ def test_gemm_large_a_swizzled_raster():
     """A >= 64 MB takes the (1, 1) cluster + raster swizzle 4 (default_raster): many tiles per CTA,
     ragged N, against a float64 reference with a NaN-poisoned output."""
     m, n, k = 8192, 1000, 4104
-    assert G.default_raster(m, n, k, "bfloat16") == (4, True)
+    assert H.default_raster(m, n, k, "bfloat16") == (4, True)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -814,15 +672,15 @@ def test_gemm_large_a_swizzled_raster():
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["plain", "c_fp32", "col_out", "swizzle6", "odd_n"])
 def test_gemm_stream_tiles(variant):
-    """The A-streaming default (256 x 128 tiles, 1x2 cluster, swizzle 8: _stream_tiles) on a ragged
+    """The A-streaming default (256 x 128 tiles, 1x2 cluster, swizzle 8: takes_stream_tiles) on a ragged
     shape (M, N, K not multiples of the tile), NaN-poisoned outputs, float64 reference; with
     alpha/beta/C into an fp32 output, and into a column-major output.  ``swizzle6``: N = 3000 gives
     12 cluster columns, run with strips of 6 (fit_swizzle) instead of padding to 16.  ``odd_n``:
     N = 4400 gives 35 N tiles, so the last 1x2 cluster's second CTA has only out-of-bounds tiles."""
     m, n, k = 8200, {"swizzle6": 3000, "odd_n": 4400}.get(variant, 2000), 4104
     if variant == "swizzle6":
-        assert G.fit_swizzle(*G.default_raster(m, n, k, "bfloat16"), m, n, (256, 128), (1, 2)) == 6
-    t = G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+        assert H.fit_swizzle(*H.default_raster(m, n, k, "bfloat16"), m, n, (256, 128), (1, 2)) == 6
+    t = H.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2))
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -855,9 +713,9 @@ def test_gemm_band_raster(variant):
     alpha/beta/C into fp32, and with a K-major B."""
     m, n, k = 3000, 8200, 520
     l = 2 if variant == "batched_c_fp32" else 1
-    t = G.default_tiles(m, n, k, l, "bfloat16", "k", "mn", "bfloat16", "n")
-    assert t.cluster_mn == (2, 1) and G.default_raster(m, n, k, "bfloat16", l, t) == (8, False)
-    assert G.fit_swizzle(8, False, m, n, t.tile_mnk[:2], t.cluster_mn) == 6
+    t = H.default_tiles(m, n, k, l, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert t.cluster_mn == (2, 1) and H.default_raster(m, n, k, "bfloat16", l, t) == (8, False)
+    assert H.fit_swizzle(8, False, m, n, t.tile_mnk[:2], t.cluster_mn) == 6
     a = torch.randn(l, m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(l, k, n, device="cuda", dtype=torch.bfloat16)
     if variant == "b_kmajor":
@@ -869,150 +727,147 @@ def test_gemm_band_raster(variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["cluster", "fixup", "persistent"])
-@pytest.mark.parametrize("mnk", [(128, 4096, 4096), (1024, 1024, 32768), (97, 1000, 2056)], ids=str)
-def test_splitk_b_evict_first_bitwise(monkeypatch, mode, mnk):
+@pytest.mark.parametrize("mode", ["cluster", "persistent", "swap"])
+@pytest.mark.parametrize("mnk", [(128, 4096, 4096), (1024, 1024, 32768), (16, 1000, 2056)], ids=str)
+def test_splitk_b_evict_first_bitwise(mode, mnk):
     """The L2 hint changes no arithmetic: the same bits as without it (NaN-poisoned outputs), and
     both match the float64 reference."""
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setattr(G, "SPLITK_MODE", mode)
     outs = []
     for hint in (False, True):
-        monkeypatch.setattr(G, "SPLITK_B_EVICT_FIRST", hint)
-        monkeypatch.setattr(G, "_plans", {})
+        choice = P.PlanChoice(splitk_mode=mode, b_evict_first=hint)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        cute_kernels.gemm(a, b, out=out)
+        P.run(a, b, out, choice=choice)
         torch.cuda.synchronize()
         outs.append(out)
-    assert G.split_k_factor(m, n, k, 1, G.default_tiles(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16", "n")) > 1
     assert torch.equal(outs[0], outs[1])
     assert rel_err(outs[1], _ref(a, b)) < 2e-2
 
 
 def test_default_raster_rule():
-    # A >= 64 MB, N tiles pairing up: 256 x 128 tiles, 1x2 cluster, swizzle 8 (_stream_tiles)
-    assert G.default_raster(8192, 8192, 8192, "bfloat16") == (8, True)
+    # A >= 64 MB, N tiles pairing up: 256 x 128 tiles, 1x2 cluster, swizzle 8 (takes_stream_tiles)
+    assert H.default_raster(8192, 8192, 8192, "bfloat16") == (8, True)
     for mnk in ((8192, 8192, 8192), (16384, 4096, 4096), (8200, 2000, 4104)):
-        t = G.default_tiles(*mnk[:3], 1, "bfloat16", "k", "mn", "bfloat16", "n")
+        t = H.default_tiles(*mnk[:3], 1, "bfloat16", "k", "mn", "bfloat16", "n")
         assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2)), mnk
-        assert G.default_raster(*mnk, "bfloat16", 1, t) == (8, True)
+        assert H.default_raster(*mnk, "bfloat16", 1, t) == (8, True)
     # odd N-tile counts from 15 up: the last cluster column pads one out-of-bounds CTA
     for mnk in ((8192, 8064, 8192), (16384, 4400, 4096)):
-        t = G.default_tiles(*mnk, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+        t = H.default_tiles(*mnk, 1, "bfloat16", "k", "mn", "bfloat16", "n")
         assert (t.tile_mnk[:2], t.cluster_mn) == ((256, 128), (1, 2)), mnk
     # ... not when batched, narrow (N < 1024), with an odd N-tile count under 15 (N = 1600: 13), or on
     # the cp.async path
     # (2048x1024x16384: 64 such tiles would leave half the SMs idle; the width heuristic's 128 tiles stay)
     for mnk, l in (((8192, 8192, 8192), 2), ((8192, 1000, 4104), 1), ((8192, 1600, 8192), 1), ((2048, 1024, 16384), 1)):
-        t = G.default_tiles(*mnk, l, "bfloat16", "k", "mn", "bfloat16", "n")
+        t = H.default_tiles(*mnk, l, "bfloat16", "k", "mn", "bfloat16", "n")
         assert t.tile_mnk[0] == 128 and t.cluster_mn == (1, 1), (mnk, l)
-        assert G.default_raster(*mnk, "bfloat16", l, t) == (4, True)
-        assert G.default_raster(*mnk, "bfloat16", l) == (4, True)
+        assert H.default_raster(*mnk, "bfloat16", l, t) == (4, True)
+        assert H.default_raster(*mnk, "bfloat16", l) == (4, True)
     # the swizzle actually run pads the fewest scheduler units (padding units run full mainloops)
-    assert G.fit_swizzle(8, True, 8192, 8192, (256, 128), (1, 2)) == 8  # 32 cluster columns
-    assert G.fit_swizzle(8, True, 8192, 3000, (256, 128), (1, 2)) == 6  # 12 columns: 8 would pad 4
-    assert G.fit_swizzle(4, True, 16384, 4400, (128, 256), (1, 1)) == 3  # 18 columns: 4 would pad 2
-    assert G.fit_swizzle(8, False, 3000, 8192, (128, 256), (2, 1)) == 6  # along N: 12 cluster rows
-    assert G.fit_swizzle(1, True, 8192, 3000, (256, 128), (1, 2)) == 1
+    assert H.fit_swizzle(8, True, 8192, 8192, (256, 128), (1, 2)) == 8  # 32 cluster columns
+    assert H.fit_swizzle(8, True, 8192, 3000, (256, 128), (1, 2)) == 6  # 12 columns: 8 would pad 4
+    assert H.fit_swizzle(4, True, 16384, 4400, (128, 256), (1, 1)) == 3  # 18 columns: 4 would pad 2
+    assert H.fit_swizzle(8, False, 3000, 8192, (128, 256), (2, 1)) == 6  # along N: 12 cluster rows
+    assert H.fit_swizzle(1, True, 8192, 3000, (256, 128), (1, 2)) == 1
     # never wider than the grid: 1 cluster row (LM-head-like 256 x 32000), 1 N tile (65536 x 128)
-    assert G.fit_swizzle(8, False, 256, 32000, (128, 256), (2, 1)) == 1
-    assert G.fit_swizzle(4, True, 65536, 128, (128, 128), (1, 1)) == 1
-    assert G.fit_swizzle(8, False, 384, 32000, (128, 256), (2, 1)) == 2  # 3 M tiles -> 2 cluster rows
-    t = G.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n", stream_tiles=False)
-    assert t.tile_mnk[0] == 128 and G.default_raster(8192, 8192, 8192, "bfloat16", 1, t) == (4, True)
+    assert H.fit_swizzle(8, False, 256, 32000, (128, 256), (2, 1)) == 1
+    assert H.fit_swizzle(4, True, 65536, 128, (128, 128), (1, 1)) == 1
+    assert H.fit_swizzle(8, False, 384, 32000, (128, 256), (2, 1)) == 2  # 3 M tiles -> 2 cluster rows
+    t = H.default_tiles(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16", "n", stream_tiles=False)
+    assert t.tile_mnk[0] == 128 and H.default_raster(8192, 8192, 8192, "bfloat16", 1, t) == (4, True)
     # A in L2, 2x1 cluster, more than one wave: swizzle 8 along N; one wave or a 1x1 cluster: swizzle 1
-    assert G.default_raster(4096, 14336, 4096, "bfloat16") == (8, False)
-    assert G.default_raster(4096, 4096, 4096, "bfloat16") == (8, False)
-    assert G.default_raster(4097, 4096, 4096, "bfloat16") == (1, True)  # 33 M tiles: 1x1 cluster
-    assert G.default_raster(1000, 3000, 520, "bfloat16") == (1, True)  # 96 tiles: one wave
-    t = G.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+    assert H.default_raster(4096, 14336, 4096, "bfloat16") == (8, False)
+    assert H.default_raster(4096, 4096, 4096, "bfloat16") == (8, False)
+    assert H.default_raster(4097, 4096, 4096, "bfloat16") == (1, True)  # 33 M tiles: 1x1 cluster
+    assert H.default_raster(1000, 3000, 520, "bfloat16") == (1, True)  # 96 tiles: one wave
+    t = H.default_tiles(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
     assert t.cluster_mn == (2, 1)
-    # 2x1 whenever the M tiles pair up, small problems included (session 3 run 5/6: 1000x3000x520)
-    assert G.default_tiles(1000, 3000, 520, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (2, 1)
-    assert G.default_tiles(4097, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (1, 1)
-    assert G.default_tiles(200, 136, 72, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (2, 1)
+    # 2x1 whenever the M tiles pair up, small problems included
+    assert H.default_tiles(1000, 3000, 520, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (2, 1)
+    assert H.default_tiles(4097, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (1, 1)
+    assert H.default_tiles(200, 136, 72, 1, "bfloat16", "k", "mn", "bfloat16", "n").cluster_mn == (2, 1)
 
 
 @pytest.mark.gpu
 def test_tune_gemm_persists_and_is_used(monkeypatch, tmp_path):
     """gemm(tune=True) times the candidates once, writes the winner to the tuning table, and later
-    plain calls compile that winner and compute correctly."""
-    from cute_kernels.gemm import tune
-
-    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
-    monkeypatch.setattr(tune, "_table", None)
-    monkeypatch.setattr(G, "_plans", {})
+    plain calls run that winner and compute correctly."""
     monkeypatch.setenv("CUTE_KERNELS_TUNE_JOBS", "0")  # compile in the loop: no worker processes in tests
-    seen = spy_compiled_gemm(monkeypatch)
     m, n, k = 1024, 1536, 520
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = cute_kernels.gemm(a, b, tune=True)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-    table = tune._load()
-    (entry,) = table.values()
-    assert (tmp_path / "gemm_tuned.json").exists() and entry["ms"] > 0
-    seen.clear()
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cute_kernels.gemm(a, b, out=out)
-    assert seen and seen[-1].tiles.tile_mnk[:2] == (entry.get("tile_m", 128), entry["tile_n"])
-    ran = seen[-1]  # the stored raster, with the strip width fitted to the grid (fit_swizzle)
-    sw = G.fit_swizzle(entry["swizzle"], entry["along_m"], m, n, ran.tiles.tile_mnk[:2], ran.tiles.cluster_mn)
-    assert (ran.raster_swizzle, ran.raster_along_m) == (sw, entry["along_m"])
-    assert rel_err(out, _ref(a, b)) < 2e-2
+    with tuned.table_at(tmp_path / "gemm_tuned.json"):
+        P.clear_plans()
+        out = cute_kernels.gemm(a, b, tune=True)
+        assert rel_err(out, _ref(a, b)) < 2e-2
+        (entry,) = tuned.load().values()
+        assert (tmp_path / "gemm_tuned.json").exists() and entry["ms"] > 0
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cute_kernels.gemm(a, b, out=out)
+        (_, ran), = P.plan(a, b, out).kernels
+        assert ran.tiles.tile_mnk[:2] == (entry.get("tile_m", 128), entry["tile_n"])
+        # the stored raster, with the strip width fitted to the grid (fit_swizzle)
+        sw = H.fit_swizzle(entry["swizzle"], entry["along_m"], m, n, ran.tiles.tile_mnk[:2], ran.tiles.cluster_mn)
+        assert (ran.raster_swizzle, ran.raster_along_m) == (sw, entry["along_m"])
+        assert rel_err(out, _ref(a, b)) < 2e-2
+    P.clear_plans()
 
 
-def test_tuned_splitk_mode_is_used(monkeypatch, tmp_path):
-    """A tuned split-K entry ({"splitk": mode}) selects that kernel for the shape (CPU plan):
-    fixup -> the fixup kernel, persistent -> GemmConfig.splits, none -> no split."""
-    from cute_kernels.gemm import tune
+def _tuned_table(path, entries: dict):
+    import json
 
-    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
-    key = tune._key(1024, 1024, 32768, 1, "bfloat16", "k", "mn", "bfloat16")
+    path.write_text(json.dumps(entries))
+    return tuned.table_at(path)
+
+
+def test_tuned_splitk_mode_is_used(tmp_path):
+    """A tuned split-K entry ({"splitk": mode}) selects that kernel for the shape (CPU plan): persistent
+    -> GemmConfig.splits, none -> no split, cluster -> the DSMEM kernel; an entry of a removed variant
+    (the fixup / workspace modes, ping-pong tiles) falls back to the heuristic."""
+    key = tuned.key(1024, 1024, 32768, 1, "bfloat16", "k", "mn", "bfloat16")
     a = torch.empty(1024, 32768, dtype=torch.bfloat16)
     b = torch.empty(32768, 1024, dtype=torch.bfloat16)
-    for mode in G.SPLITK_MODES:
-        monkeypatch.setattr(tune, "_table", {key: dict(splitk=mode, ms=0.1)})
-        seen = spy_compiled_gemm(monkeypatch)
-        p = G._make_plan(a, b, None, None, 0.0, None, allow_cpu=True)
-        if mode in ("fixup", "persistent"):
-            assert isinstance(p.fn, G.SplitKFixupLauncher), mode
-        if mode == "persistent":
-            assert seen[-1].splits == 4
-        if mode == "none":
-            assert seen[-1].splits == 1 and p.splits == 1
-        if mode == "cluster":
-            assert not seen  # its own compiled kernel (compiled_splitk_cluster)
+    kinds = {"persistent": "splitk-persistent", "none": "persistent", "cluster": "splitk-cluster",
+             "fixup": "splitk-persistent", "workspace": "splitk-persistent"}
+    for mode, kind in kinds.items():
+        with _tuned_table(tmp_path / "t.json", {key: dict(splitk=mode, ms=0.1)}), jit.dry_run():
+            p = P.make_plan(a, b, allow_cpu=True)
+        assert p.kind == kind, mode
+        (_, cfg), = p.kernels
+        assert cfg.splits == {"persistent": 4, "none": 1, "cluster": 2}.get(mode, 4), mode
+    entry = dict(tile_m=128, tile_n=192, pingpong=True, cluster=[2, 1], swizzle=1, along_m=True, ms=0.1)
+    key = tuned.key(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
+    with _tuned_table(tmp_path / "t.json", {key: entry}):
+        assert explain(4096, 4096, 4096)[0]["tile_mnk"] == (128, 256, 64)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,modes", [(128, G.SPLITK_MODES), (16, (*G.SPLITK_MODES, "swap"))], ids=["splitk", "skinny"])
+@pytest.mark.parametrize("m,modes", [(128, ("cluster", "persistent", "none")),
+                                     (16, ("cluster", "persistent", "none", "swap"))], ids=["splitk", "skinny"])
 def test_tune_gemm_splitk_shape(m, modes, monkeypatch, tmp_path):
     """gemm(tune=True) on a split-K shape times the split-K kernels and the unsplit one (with M <= 64
     also the transposed plan, entry "swap"), stores the winning mode, and later calls use it and
     compute correctly."""
-    from cute_kernels.gemm import tune
-
-    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
-    monkeypatch.setattr(tune, "_table", None)
-    monkeypatch.setattr(G, "_plans", {})
+    monkeypatch.setenv("CUTE_KERNELS_TUNE_JOBS", "0")
     n, k = 4096, 4096
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    out = cute_kernels.gemm(a, b, tune=True)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-    (entry,) = tune._load().values()
-    assert entry["splitk"] in modes and entry["ms"] > 0
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cute_kernels.gemm(a, b, out=out)
-    assert rel_err(out, _ref(a, b)) < 2e-2
-    assert G._plans[G._signature(a, b, out, None, 0.0, None)].swapped == (entry["splitk"] == "swap")
+    with tuned.table_at(tmp_path / "gemm_tuned.json"):
+        P.clear_plans()
+        out = cute_kernels.gemm(a, b, tune=True)
+        assert rel_err(out, _ref(a, b)) < 2e-2
+        (entry,) = tuned.load().values()
+        assert entry["splitk"] in modes and entry["ms"] > 0
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cute_kernels.gemm(a, b, out=out)
+        assert rel_err(out, _ref(a, b)) < 2e-2
+        assert P.plan(a, b, out).swapped == (entry["splitk"] == "swap")
+    P.clear_plans()
 
 
-# ---------------------------------------------------------------- session 7: PDL, lean tiles, deferred epilogue
-_DEFER = (("epi_defer", True),)
+# ---------------------------------------------------------------- PDL, lean tiles, deferred epilogue
 
 
 @pytest.mark.gpu
@@ -1030,11 +885,11 @@ def test_gemm_epi_defer(mnk, alpha):
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    few = (("max_active_clusters", 2),) if m * n < 4096 * 4096 else ()  # several tiles per CTA
+    few = 2 if m * n < 4096 * 4096 else None  # several tiles per CTA
     outs = []
-    for options in ((("epi_defer", False),) + few, _DEFER + few):
+    for defer in (False, True):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        G._gemm_impl(a, b, out, None, alpha, 0.0, None, options=options)
+        P.run(a, b, out, None, alpha, choice=P.PlanChoice(epi_defer=defer, max_active_clusters=few))
         outs.append(out)
     torch.cuda.synchronize()
     ref = alpha * (a.double() @ b.double())
@@ -1048,48 +903,43 @@ def test_epi_defer_default_rule():
     """CPU: the planner turns the deferred epilogue on for eligible plans with more tiles than SMs
     (a next mainloop to hide the stores under) and nowhere else."""
     def cfg_of(m, n, k, **kw):
-        return G.explain(m, n, k, **kw)[0]["config"]
+        return explain(m, n, k, **kw)[0]["config"]
 
     assert cfg_of(4096, 4096, 4096).epi_defer  # 512 tiles of 128 x 256
-    assert G.explain(4096, 4096, 4096)[0]["epilogue"].startswith("deferred")
-    assert G.explain(1000, 3000, 520)[0]["epilogue"] == "per tile"
+    assert explain(4096, 4096, 4096)[0]["epilogue"].startswith("deferred")
+    assert explain(1000, 3000, 520)[0]["epilogue"] == "per tile"
     assert cfg_of(8192, 8192, 8192).epi_defer  # 256 x 128 stream tiles
     assert not cfg_of(1000, 3000, 520).epi_defer  # 128 tiles: one wave
     assert not cfg_of(4096, 4096, 4096, out_dtype=torch.float32).epi_defer  # fp32 D
     assert not cfg_of(4096, 4096, 4096, with_c=True).epi_defer  # beta * C
 
 
-def test_plan_options_override_defaults():
-    """CPU: kernel options given to the planner (benchmarks' ``default:<flags>``, tests) replace the
-    planner's own choice of the same field, epi_defer included, and reach the compiled config."""
-    seen = []
-    real = G.compiled_gemm
+def test_plan_choice_overrides_defaults():
+    """CPU: a PlanChoice replaces the planner's own choice of the same field and reaches the config."""
     a = torch.empty(4096, 4096, dtype=torch.bfloat16)
-    try:
-        G.compiled_gemm = lambda cfg, *args: seen.append(cfg)
-        for options in ((), (("epi_defer", False),), (("epi_defer", True), ("pdl", False)), (("lean_tile", False),)):
-            G._make_plan(a, a, None, None, 0.0, None, allow_cpu=True, options=options)
-    finally:
-        G.compiled_gemm = real
-    assert [(c.epi_defer, c.pdl, c.lean_tile) for c in seen] == [
-        (True, True, True), (False, True, True), (True, False, True), (False, True, False)]  # fat: no defer
+    seen = []
+    for choice in (P.PlanChoice(), P.PlanChoice(epi_defer=False), P.PlanChoice(max_active_clusters=1),
+                   P.PlanChoice(raster=(1, True))):
+        (cfg,) = planned_configs(a, a, choice=choice)
+        seen.append((cfg.epi_defer, cfg.max_active_clusters, cfg.raster_swizzle))
+    assert seen == [(True, 66, 8), (False, 66, 8), (True, 1, 8), (True, 66, 1)]
+    with pytest.raises(ValueError, match="splitk_mode"):
+        P.PlanChoice(splitk_mode="fixup")
 
 
 def test_epi_defer_eligibility():
     """CPU: the deferred epilogue is refused (clear ValueError) where its converted copy of a tile
-    cannot exist: fp32 D, beta * C, ping-pong, split-K, > 128 accumulators per thread."""
+    cannot exist: fp32 D, beta * C, split-K, > 128 accumulators per thread."""
     from cute_kernels.gemm.kernel import GemmSm90, epi_defer_ok
 
-    base = GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), epi_defer=True)
+    base = GemmConfig(tiles=H.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"), epi_defer=True)
     assert epi_defer_ok(base)
     GemmSm90(base)
     bad = [
-        GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "float32"), epi_defer=True),
+        GemmConfig(tiles=H.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "float32"), epi_defer=True),
         GemmConfig(tiles=base.tiles, has_c=True, epi_defer=True),
         GemmConfig(tiles=base.tiles, splits=2, epi_defer=True),
-        GemmConfig(tiles=G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True),
-                   epi_defer=True),
-        GemmConfig(tiles=G.make_gemm_tiles(192, (1, 2), "bfloat16", "k", "mn", "bfloat16", tile_m=256), epi_defer=True),
+        GemmConfig(tiles=H.make_gemm_tiles(192, (1, 2), "bfloat16", "k", "mn", "bfloat16", tile_m=256), epi_defer=True),
     ]
     for cfg in bad:
         assert not epi_defer_ok(cfg)
@@ -1098,25 +948,26 @@ def test_epi_defer_eligibility():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("options", [(), _DEFER, (("pdl", False),)], ids=["default", "defer", "nopdl"])
-def test_gemm_pdl_chain(options):
+@pytest.mark.parametrize("defer", [None, True, False], ids=["default", "defer", "nodefer"])
+def test_gemm_pdl_chain(defer):
     """Programmatic dependent launch, enqueued back to back with no host sync: a chain of GEMMs each
     reading the previous one's NaN-poisoned-then-written output (read after write), then a GEMM
     overwriting the input the GEMM before it reads (write after read).  A kernel that touched
     global memory before its predecessor finished would read NaN / stale data or clobber an input."""
     m = n = k = 2048
+    choice = P.PlanChoice(epi_defer=defer)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 8
     ws = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / 45 for _ in range(4)]
     outs, h = [], x
     for w in ws:
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        G._gemm_impl(h, w, out, None, 1.0, 0.0, None, options=options)
+        P.run(h, w, out, choice=choice)
         outs.append(out)
         h = out
     last = outs[-1].clone()
     r = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    G._gemm_impl(outs[-1], ws[2], r, None, 1.0, 0.0, None, options=options)  # reads outs[-1] ...
-    G._gemm_impl(x, ws[1], outs[-1], None, 1.0, 0.0, None, options=options)  # ... which this overwrites
+    P.run(outs[-1], ws[2], r, choice=choice)  # reads outs[-1] ...
+    P.run(x, ws[1], outs[-1], choice=choice)  # ... which this overwrites
     torch.cuda.synchronize()
     checks = [(x, ws[0], outs[0])] + [(outs[i - 1], ws[i], outs[i]) for i in range(1, 3)]
     checks += [(outs[2], ws[3], last), (last, ws[2], r), (x, ws[1], outs[-1])]
@@ -1129,39 +980,35 @@ def test_gemm_pdl_chain(options):
 # ---- skinny problems (M <= 64) run transposed: out^T = b^T a^T ------------------------------------
 def test_skinny_swap_plan():
     """The planner swaps unbatched M <= 64 problems (narrowest 16 / 32 / 64 N tile holding M, K split to
-    fill the SMs), not M = 65, batched ones or with CUTE_KERNELS_SKINNY_SWAP=0; explain says so."""
-    assert G.skinny_swap_choice(1, 4096, 4096) == (16, 4, 1)
-    assert G.skinny_swap_choice(17, 4096, 4096) == (32, 4, 1)
-    assert G.skinny_swap_choice(16, 4096, 520) == (16, 1, 1)  # 9 k-tiles: no split
+    fill the SMs), not M = 65 or batched ones; explain says so."""
+    assert H.skinny_swap_choice(1, 4096, 4096) == (16, 4, 1)
+    assert H.skinny_swap_choice(17, 4096, 4096) == (32, 4, 1)
+    assert H.skinny_swap_choice(16, 4096, 520) == (16, 1, 1)  # 9 k-tiles: no split
     # 32 < M <= 64: two 32-wide CTAs share each weight tile (1 x 2 cluster, multicast) where the pairs
     # fit in one wave, with slices of >= 64 k-tiles through the workspace
-    assert G.skinny_swap_choice(64, 4096, 4096) == (32, 1, 2)
-    assert G.skinny_swap_choice(33, 4096, 4096) == (32, 1, 2)
-    assert G.skinny_swap_choice(64, 4096, 11008) == (32, 2, 2) and G.skinny_swap_choice(64, 4096, 11008).fixup
-    assert G.skinny_swap_choice(64, 14336, 4096) == (64, 1, 1)  # 224 CTAs in pairs: one 64-wide CTA per tile
-    assert not G.skinny_swap_choice(64, 4096, 4096).fixup and G.skinny_swap_choice(1, 4096, 4096).fixup
+    assert H.skinny_swap_choice(64, 4096, 4096) == (32, 1, 2)
+    assert H.skinny_swap_choice(33, 4096, 4096) == (32, 1, 2)
+    assert H.skinny_swap_choice(64, 4096, 11008) == (32, 2, 2) and H.skinny_swap_choice(64, 4096, 11008).fixup
+    assert H.skinny_swap_choice(64, 14336, 4096) == (64, 1, 1)  # 224 CTAs in pairs: one 64-wide CTA per tile
+    assert not H.skinny_swap_choice(64, 4096, 4096).fixup and H.skinny_swap_choice(1, 4096, 4096).fixup
     # the pairs only where they were GPU-tested: no C, 16-bit out (the planner's mcast=False otherwise)
-    assert G.skinny_swap_choice(64, 4096, 4096, mcast=False) == (64, 2, 1)
-    assert G.explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 2)
-    assert G.explain(64, 4096, 4096, with_c=True)[0]["cluster_mn"] == (1, 1)
-    assert G.explain(64, 4096, 4096, out_dtype=torch.float32)[0]["cluster_mn"] == (1, 1)
-    assert G.skinny_swap_choice(65, 4096, 4096) is None
-    rows = G.explain(16, 4096, 4096)
+    assert H.skinny_swap_choice(64, 4096, 4096, mcast=False) == (64, 2, 1)
+    assert explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 2)
+    assert explain(64, 4096, 4096, with_c=True)[0]["cluster_mn"] == (1, 1)
+    assert explain(64, 4096, 4096, out_dtype=torch.float32)[0]["cluster_mn"] == (1, 1)
+    assert H.skinny_swap_choice(65, 4096, 4096) is None
+    rows = explain(16, 4096, 4096)
     assert rows[0]["operands"].startswith("swapped") and rows[0]["tile_mnk"] == (128, 16, 64)
-    assert "operands" not in G.explain(16, 4096, 4096, batch=2)[0]
-    assert "operands" not in G.explain(65, 4096, 4096)[0]
+    assert "operands" not in explain(16, 4096, 4096, batch=2)[0]
+    assert "operands" not in explain(65, 4096, 4096)[0]
 
 
-def test_skinny_swap_off(monkeypatch):
-    monkeypatch.setattr(G, "SKINNY_MCAST", False)  # the 64-wide plan without the multicast pairs
-    assert G.skinny_swap_choice(64, 4096, 4096) == (64, 2, 1)  # 64-wide, short slices: DSMEM pairs
-    assert G.skinny_swap_choice(64, 4096, 11008) == (64, 4, 1)  # long slices: the fixup pays off
-    assert G.explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 1)
-    monkeypatch.setattr(G, "SKINNY_MCAST", True)
-    assert G.explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 2)
-    monkeypatch.setattr(G, "SKINNY_SWAP", False)
-    assert G.skinny_swap_choice(1, 4096, 4096) is None
-    assert "operands" not in G.explain(1, 4096, 4096)[0]
+def test_skinny_swap_without_pairs():
+    """Without the multicast pairs (C or an fp32 output) 32 < M <= 64 takes the 64-wide tile."""
+    assert H.skinny_swap_choice(64, 4096, 4096, mcast=False) == (64, 2, 1)  # 64-wide, short slices: DSMEM pairs
+    assert H.skinny_swap_choice(64, 4096, 11008, mcast=False) == (64, 4, 1)  # long slices: the fixup pays off
+    assert explain(64, 4096, 4096, with_c=True)[0]["cluster_mn"] == (1, 1)
+    assert explain(64, 4096, 4096)[0]["cluster_mn"] == (1, 2)
 
 
 @pytest.mark.parametrize("tn,s,kind,am,mc", [(16, 4, "fixup", "mn", 1), (16, 1, "cluster", "mn", 1),
@@ -1173,7 +1020,7 @@ def test_skinny_swap_compiles(tn, s, kind, am, mc):
     tile): sm_90a builds without local memory."""
     from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
 
-    tiles = G.splitk_tiles(tn, "bfloat16", am, "k" if am == "mn" else "mn", "bfloat16", mc)
+    tiles = H.splitk_tiles(tn, "bfloat16", am, "k" if am == "mn" else "mn", "bfloat16", mc)
     Cfg = SplitKFixupConfig if kind == "fixup" else SplitKClusterConfig
     rep, k = _splitk_compile_report(Cfg(tiles=tiles, splits=s, a_evict_first=True), tn)
     assert k.spills == 0
@@ -1197,7 +1044,7 @@ def test_gemm_skinny_swapped(mnk, majors):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     cute_kernels.gemm(a, b, out=out)
     tma_ok = majors[0] == "r" or m % 8 == 0 or m == 1
-    assert G._plans[G._signature(a, b, out, None, 0.0, None)].swapped == tma_ok
+    assert P.plan(a, b, out).swapped == tma_ok
     assert rel_err(out, _ref(a, b)) < 2e-2
     for _ in range(3):
         again = torch.full_like(out, float("nan"))
@@ -1215,33 +1062,36 @@ def test_gemm_skinny_swapped_alpha_beta(c_kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mnk", [(48, 3000, 4096), (64, 4096, 11008)], ids=str)
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
-def test_gemm_skinny_pairs_alpha_beta(c_kind, mnk, monkeypatch):
+def test_gemm_skinny_pairs_alpha_beta(c_kind, mnk):
     """alpha / beta * C and an fp32 output through the multicast pairs (32 < M <= 64; one slice in
     the DSMEM kernel, two through the fixup workspace).  The planner routes these to the pairs only
-    under SKINNY_PAIRS_ANY_EPILOGUE until this test has passed on the GPU (then drop the guard)."""
-    monkeypatch.setattr(G, "SKINNY_PAIRS_ANY_EPILOGUE", True)
-    monkeypatch.setattr(G, "_plans", {})
+    with ``PlanChoice(skinny_pairs_any_epilogue=True)`` until this test has passed on the GPU (then
+    drop the guard)."""
     m, n, k = mnk
-    a, b, c, outs = _check_alpha_beta_c(m, n, k, c_kind)
-    for out in outs:
-        assert G._plans[G._signature(a, b, out, c, 0.5, None)].swapped
-    assert G.explain(m, n, k, with_c=True)[0]["cluster_mn"] == (1, 2)
+    choice = P.PlanChoice(skinny_pairs_any_epilogue=True)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = make_c(c_kind, m, n)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+        P.run(a, b, out, c, 0.75, 0.5, choice=choice)
+        assert rel_err(out, _ref(a, b, 0.75, 0.5, c)) < 2e-2, (c_kind, out_dtype)
+        p = P.plan(a, b, out, c, 0.5, choice=choice)
+        assert p.swapped and p.kernels[-1][1].tiles.cluster_mn == (1, 2)
 
 
-def test_skinny_swap_tuned_entry(monkeypatch):
+def test_skinny_swap_tuned_entry(tmp_path):
     """A tuned entry "swap" keeps the transposed plan; a tuned split-K mode replaces it (the tuner
-    times the transposed plan as a candidate, so it only loses when something else was faster)."""
-    from cute_kernels.gemm import tune
-
-    key = tune._key(16, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
-    monkeypatch.setattr(tune, "_table", {key: {"splitk": "swap", "ms": 0.017}})
-    monkeypatch.setattr(G, "_plans", {})
-    assert G.explain(16, 4096, 4096)[0]["operands"].startswith("swapped")
-    monkeypatch.setattr(tune, "_table", {key: {"splitk": "cluster", "ms": 0.025}})
-    assert "operands" not in G.explain(16, 4096, 4096)[0]
-    monkeypatch.setattr(G, "SKINNY_SWAP", False)
-    monkeypatch.setattr(tune, "_table", {key: {"splitk": "swap", "ms": 0.017}})
-    rows = G.explain(16, 4096, 4096)
+    times the transposed plan as a candidate, so it only loses when something else was faster); a
+    "swap" entry for a shape the transposed plan does not take runs the cluster split-K."""
+    key = tuned.key(16, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
+    with _tuned_table(tmp_path / "t.json", {key: {"splitk": "swap", "ms": 0.017}}):
+        assert explain(16, 4096, 4096)[0]["operands"].startswith("swapped")
+    with _tuned_table(tmp_path / "t.json", {key: {"splitk": "cluster", "ms": 0.025}}):
+        assert "operands" not in explain(16, 4096, 4096)[0]
+    key = tuned.key(65, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
+    with _tuned_table(tmp_path / "t.json", {key: {"splitk": "swap", "ms": 0.017}}):
+        rows = explain(65, 4096, 4096)
     assert "operands" not in rows[0] and rows[0]["kernel"] == "gemm_sm90_splitk_cluster"
 
 
@@ -1255,7 +1105,7 @@ def test_gemm_skinny_swapped_graph_and_compile(mnk):
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     g = capture_graph(lambda: cute_kernels.gemm(a, b, out=out))
-    assert G._plans[G._signature(a, b, out, None, 0.0, None)].swapped
+    assert P.plan(a, b, out).swapped
     for _ in range(2):
         a.copy_(torch.randn_like(a))
         out.fill_(float("nan"))

@@ -11,11 +11,14 @@ import itertools
 import pytest
 import torch
 
-from conftest import make_c, rel_err, spy_compiled_gemm
+from conftest import make_c, rel_err
 from conftest import gemm_ref as _ref
 
 import cute_kernels
-from cute_kernels.gemm import host as G
+from cute_kernels.common import jit
+from cute_kernels.gemm import launch
+from cute_kernels.gemm import plan as P
+from cute_kernels.gemm.validate import major_of, tma_ok
 from cute_kernels.common.arch import current_arch
 from cute_kernels.common.ring import stage_count
 from cute_kernels.gemm.cpasync_kernel import GemmSm90CpAsync, choose_vec_bytes, cpasync_tiles
@@ -54,25 +57,11 @@ def test_config_checks():
         GemmSm90CpAsync(GemmConfig(tiles=cpasync_tiles(tiles), mainloop="cpasync", vec_a=32))
 
 
-cpasync_gpu = pytest.mark.skipif(not G.CPASYNC_ENABLED,
-                                 reason="cp.async mainloop disabled (CUTE_KERNELS_CPASYNC=0)")
-
-
-@pytest.fixture
-def cpu_plan(monkeypatch):
-    """``_make_plan`` on CPU tensors: device checks skipped, the compile replaced by a recorder."""
-    seen = []
-    monkeypatch.setattr(G, "CPASYNC_ENABLED", True)
-    monkeypatch.setattr(G, "_check", lambda a, b, out, c, od, *_: (*a.shape[:-1], b.shape[-1]))
-    monkeypatch.setattr(G, "compiled_gemm", lambda cfg, *rest: seen.append(cfg))
-    monkeypatch.setattr(G, "compiled_splitk_cluster", lambda cfg, *rest: seen.append(cfg))
-
-    def plan(a, b, out=None):
-        seen.clear()
-        p = G._make_plan(a, b, out, None, 0.0, None)
-        return p, seen[-1]
-
-    return plan
+def cpu_plan(a, b, out=None):
+    """The plan for CPU operands (nothing compiled) and the config of its last kernel."""
+    with jit.dry_run():
+        p = P.make_plan(a, b, out, allow_cpu=True)
+    return p, p.kernels[-1][1]
 
 
 def _cpu_operand(rows, cols, major, ld=None, offset=0, batch=None):
@@ -84,15 +73,15 @@ def _cpu_operand(rows, cols, major, ld=None, offset=0, batch=None):
     return t if batch else t[0]
 
 
-def test_plan_k4100(cpu_plan):
+def test_plan_k4100():
     """Row-major A with K = 4100 takes the cp.async mainloop: 8-byte A vectors, 16-byte B vectors,
     (1, 1) cluster, no split-K even where the TMA path would split (M = 128)."""
     for m in (4096, 128):
         p, cfg = cpu_plan(_cpu_operand(m, 4100, "row"), _cpu_operand(4100, 4096, "row"))
         assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", 8, 16)
-        assert cfg.tiles.cluster_mn == (1, 1) and p.splits == 1 and cfg.max_active_clusters > 1
+        assert cfg.tiles.cluster_mn == (1, 1) and p.kind == "persistent" and cfg.max_active_clusters > 1
     p, cfg = cpu_plan(_cpu_operand(128, 4096, "row"), _cpu_operand(4096, 4096, "row"))
-    assert type(cfg).__name__ == "SplitKClusterConfig" or cfg.mainloop == "tma" and p.splits > 1  # aligned: TMA split-K
+    assert p.kind.startswith("splitk")  # aligned: TMA split-K
 
 
 @pytest.mark.parametrize(
@@ -105,12 +94,12 @@ def test_plan_k4100(cpu_plan):
         ((1000, 522, "row"), (522, 3000, "row"), (4, 16)),
     ],
 )
-def test_plan_vec_widths(cpu_plan, a_args, b_args, want):
+def test_plan_vec_widths(a_args, b_args, want):
     _, cfg = cpu_plan(_cpu_operand(*a_args), _cpu_operand(*b_args))
     assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", *want)
 
 
-def test_plan_batched(cpu_plan):
+def test_plan_batched():
     a = _cpu_operand(201, 130, "row", batch=3)
     b = _cpu_operand(130, 264, "col", ld=132, batch=3)
     _, cfg = cpu_plan(a, b)
@@ -157,7 +146,7 @@ def test_compiles_for_sm90a(case):
                         ab_stages=stages, epi_tile_mn=(128, 32), c_dtype=case["out"])
     cfg = GemmConfig(tiles=tiles, a_rank=case["rank"], has_c=case["has_c"], tma_store=case["tma_store"],
                      mainloop="cpasync", vec_a=case["va"], vec_b=case["vb"])
-    rep = ins.inspect_builder(lambda: G._fake_args(cfg, ab, case["out"], "float32"))
+    rep = ins.inspect_builder(lambda: launch.fake_args(cfg, ab, case["out"], "float32"))
     (k,) = rep.kernels
     s = rep.summary()
     assert k.instructions["HGMMA"] > 0, s
@@ -190,32 +179,22 @@ def _operand(shape, major, dtype, batch=None, ld=None, offset=0):
     return t if batch else t[0]
 
 
-@pytest.fixture
-def seen_cfgs(monkeypatch):
-    """Configs compiled or looked up during the test (plans rebuilt: cache cleared)."""
-    seen = spy_compiled_gemm(monkeypatch)
-    G._plans.clear()
-    yield seen
-    G._plans.clear()
-
-
-def _gemm(seen, a, b, out, **kw):
+def _gemm(a, b, out, **kw):
+    """gemm into a NaN-filled ``out``; returns the config of the kernel its plan ran."""
     out.fill_(float("nan"))
-    seen.clear()
     cute_kernels.gemm(a, b, out=out, **kw)
     torch.cuda.synchronize()
-    return seen[-1] if seen else None
+    return P.plan(a, b, out, kw.get("c"), kw.get("beta", 0.0)).kernels[-1][1]
 
 
 @pytest.mark.gpu
-@cpasync_gpu
-def test_cpasync_k4100(seen_cfgs):
+def test_cpasync_k4100():
     """The issue's example: row-major A with K = 4100 (8-byte vectors), row-major B (16-byte)."""
     m, n, k = 4096, 4096, 4100
     a = _operand((m, k), "row", torch.bfloat16)
     b = _operand((k, n), "row", torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    cfg = _gemm(seen_cfgs, a, b, out)
+    cfg = _gemm(a, b, out)
     assert (cfg.mainloop, cfg.vec_a, cfg.vec_b, cfg.tiles.cluster_mn) == ("cpasync", 8, 16, (1, 1))
     assert rel_err(out, _ref(a, b)) < 2e-2
 
@@ -224,16 +203,15 @@ MAJORS = list(itertools.product(["row", "col"], repeat=2))
 
 
 @pytest.mark.gpu
-@cpasync_gpu
 @pytest.mark.parametrize("mnk", [(127, 1001, 333), (1, 7, 13), (1000, 3000, 522)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("majors", MAJORS, ids=lambda m: "".join(x[0] for x in m))
-def test_cpasync_shapes_majors(seen_cfgs, mnk, majors):
+def test_cpasync_shapes_majors(mnk, majors):
     m, n, k = mnk
     a = _operand((m, k), majors[0], torch.bfloat16)
     b = _operand((k, n), majors[1], torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    cfg = _gemm(seen_cfgs, a, b, out)
-    tma = G._tma_ok(a, G._major(a, "a", "M", "K")) and G._tma_ok(b, G._major(b, "b", "K", "N"))
+    cfg = _gemm(a, b, out)
+    tma = tma_ok(a, major_of(a, "a", "M", "K")) and tma_ok(b, major_of(b, "b", "K", "N"))
     assert (cfg.mainloop == "tma") == tma
     assert rel_err(out, _ref(a, b)) < 2e-2
 
@@ -243,10 +221,9 @@ VEC_PAIRS = [(16, 8), (8, 4), (4, 2), (2, 16)]
 
 
 @pytest.mark.gpu
-@cpasync_gpu
 @pytest.mark.parametrize("vecs", VEC_PAIRS, ids=lambda v: f"a{v[0]}-b{v[1]}")
 @pytest.mark.parametrize("majors", MAJORS, ids=lambda m: "".join(x[0] for x in m))
-def test_cpasync_vec_widths(seen_cfgs, vecs, majors):
+def test_cpasync_vec_widths(vecs, majors):
     """Leading dimensions padded to give exactly the wanted vector width; the padding is NaN."""
     m, n, k = 264, 392, 200  # multiples of 8: the leading dimension alone sets the width
 
@@ -257,100 +234,94 @@ def test_cpasync_vec_widths(seen_cfgs, vecs, majors):
     a = _operand((m, k), majors[0], torch.bfloat16, ld=ld(majors[0], m, k, vecs[0]))
     b = _operand((k, n), majors[1], torch.bfloat16, ld=ld(majors[1], k, n, vecs[1]))
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    cfg = _gemm(seen_cfgs, a, b, out)
+    cfg = _gemm(a, b, out)
     assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", *vecs)
     assert rel_err(out, _ref(a, b)) < 2e-2
 
 
 @pytest.mark.gpu
-@cpasync_gpu
 @pytest.mark.parametrize("offset,want", [(4, 8), (2, 4), (1, 2)])
-def test_cpasync_pointer_alignment(seen_cfgs, offset, want):
+def test_cpasync_pointer_alignment(offset, want):
     """Base pointers only 8/4/2-byte aligned (tight strides): the pointer limits the width."""
     m, n, k = 300, 520, 1000
     a = _operand((m, k), "row", torch.bfloat16, offset=offset)
     b = _operand((k, n), "col", torch.bfloat16, offset=offset)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    cfg = _gemm(seen_cfgs, a, b, out)
+    cfg = _gemm(a, b, out)
     assert (cfg.mainloop, cfg.vec_a, cfg.vec_b) == ("cpasync", want, want)
     assert rel_err(out, _ref(a, b)) < 2e-2
 
 
 @pytest.mark.gpu
-@cpasync_gpu
 @pytest.mark.parametrize("majors", MAJORS, ids=lambda m: "".join(x[0] for x in m))
-def test_cpasync_batched_fp32_out(seen_cfgs, majors):
+def test_cpasync_batched_fp32_out(majors):
     L, m, n, k = 3, 201, 264, 130
     a = _operand((m, k), majors[0], torch.bfloat16, batch=L, ld=(k + 1 if majors[0] == "row" else m + 3))
     b = _operand((k, n), majors[1], torch.bfloat16, batch=L, ld=(n + 2 if majors[1] == "row" else k + 2))
     out = torch.empty(L, m, n, device="cuda", dtype=torch.float32)
-    cfg = _gemm(seen_cfgs, a, b, out)
+    cfg = _gemm(a, b, out)
     assert cfg.mainloop == "cpasync" and cfg.a_rank == 3
     assert rel_err(out, _ref(a, b)) < 1e-3
 
 
 @pytest.mark.gpu
-@cpasync_gpu
 @pytest.mark.parametrize("c_kind", ["row", "transposed", "fp32"])
-def test_cpasync_alpha_beta(seen_cfgs, c_kind):
+def test_cpasync_alpha_beta(c_kind):
     m, n, k = 333, 520, 4100
     a = _operand((m, k), "row", torch.bfloat16)
     b = _operand((k, n), "row", torch.bfloat16)
     c = make_c(c_kind, m, n)
     out = torch.empty(m, n, device="cuda", dtype=torch.float32)
-    cfg = _gemm(seen_cfgs, a, b, out, alpha=0.5, beta=-1.25, c=c)
+    cfg = _gemm(a, b, out, alpha=0.5, beta=-1.25, c=c)
     assert cfg.mainloop == "cpasync" and cfg.has_c
     assert rel_err(out, _ref(a, b, 0.5, -1.25, c)) < 1e-3
 
 
 @pytest.mark.gpu
-@cpasync_gpu
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_cpasync_dtypes(seen_cfgs, in_dtype, out_dtype):
+def test_cpasync_dtypes(in_dtype, out_dtype):
     m, n, k = 509, 384, 390
     a = _operand((m, k), "row", in_dtype)
     b = _operand((k, n), "col", in_dtype)
     out = torch.empty(m, n, device="cuda", dtype=out_dtype)
-    cfg = _gemm(seen_cfgs, a, b, out)
+    cfg = _gemm(a, b, out)
     assert cfg.mainloop == "cpasync"
     tol = 1e-3 if out_dtype == torch.float32 else (2e-2 if out_dtype == torch.bfloat16 else 5e-3)
     assert rel_err(out, _ref(a, b)) < tol
 
 
 @pytest.mark.gpu
-@cpasync_gpu
-def test_cpasync_unaligned_and_col_major_out(seen_cfgs):
+def test_cpasync_unaligned_and_col_major_out():
     """Direct-store epilogue (out rows 502 B apart) and a column-major out, on the cp.async path."""
     m, n, k = 100, 250, 222
     a = _operand((m, k), "row", torch.bfloat16)
     b = _operand((k, n), "row", torch.bfloat16)
     big = torch.full((m, 251), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, :n]
-    cfg = _gemm(seen_cfgs, a, b, out)
+    cfg = _gemm(a, b, out)
     assert cfg.mainloop == "cpasync" and not cfg.tma_store
     assert rel_err(out, _ref(a, b)) < 2e-2
     assert torch.isnan(big[:, n]).all(), "wrote past the view"
     out_t = torch.empty(n, m, device="cuda", dtype=torch.bfloat16).t()
-    cfg = _gemm(seen_cfgs, a, b, out_t)
+    cfg = _gemm(a, b, out_t)
     assert cfg.mainloop == "cpasync" and cfg.tiles.c_major == "m"
     assert rel_err(out_t, _ref(a, b)) < 2e-2
 
 
 @pytest.mark.gpu
-@cpasync_gpu
-def test_cpasync_repeat_no_recompile(seen_cfgs):
+def test_cpasync_repeat_no_recompile():
     """Same signature again: no compile; other sizes with the same alignment facts: no compile."""
     from cute_kernels.common import jit
 
     a = _operand((512, 4100), "row", torch.bfloat16)
     b = _operand((4100, 384), "row", torch.bfloat16)
     out = torch.empty(512, 384, device="cuda", dtype=torch.bfloat16)
-    _gemm(seen_cfgs, a, b, out)
+    _gemm(a, b, out)
     before = jit.stats["compiles"]
     for m in (512, 640, 1000):
         a2 = _operand((m, 4100), "row", torch.bfloat16)
         o2 = torch.empty(m, 384, device="cuda", dtype=torch.bfloat16)
-        _gemm(seen_cfgs, a2, b, o2)
+        _gemm(a2, b, o2)
         assert rel_err(o2, _ref(a2, b)) < 2e-2
     assert jit.stats["compiles"] == before

@@ -10,6 +10,7 @@ split-K off, and a check that the compiled config really has 256-row tiles.
 """
 
 import itertools
+import json
 import re
 
 import pytest
@@ -20,8 +21,10 @@ from conftest import (VARIANT_SHAPES, check_alpha_beta, check_gemm_compile, chec
 from conftest import gemm_ref as _ref
 
 import cute_kernels  # noqa: F401  (sets the arch before cutlass is imported)
-from cute_kernels.gemm import host as G
-from cute_kernels.gemm import tune
+from cute_kernels.common.arch import current_arch
+from cute_kernels.gemm import heuristics as H
+from cute_kernels.gemm import launch, tune, tuned
+from cute_kernels.gemm import plan as P
 from cute_kernels.gemm.kernel import GemmConfig, GemmSm90
 from layouts import tiles as T
 from layouts.explore import epilogue_register_map
@@ -30,7 +33,7 @@ WIDTHS = (128, 160, 192, 208)
 
 
 def tiles256(tile_n, cluster=(1, 1), a_major="k", b_major="mn", d="bfloat16", c_major="n", ab="bfloat16"):
-    return G.make_gemm_tiles(tile_n, cluster, ab, a_major, b_major, d, c_major, tile_m=256)
+    return H.make_gemm_tiles(tile_n, cluster, ab, a_major, b_major, d, c_major, tile_m=256)
 
 
 # ------------------------------------------------------------------------------------------- CPU
@@ -54,15 +57,11 @@ def test_tiles256_description(tile_n):
 
 def test_tiles256_rejects():
     with pytest.raises(ValueError, match="tile_m"):
-        G.make_gemm_tiles(128, (1, 1), "bfloat16", "k", "k", "bfloat16", pingpong=True, tile_m=256)
-    with pytest.raises(ValueError, match="tile_m"):
-        G.make_gemm_tiles(128, (1, 1), "bfloat16", "k", "k", "bfloat16", tile_m=192)
+        H.make_gemm_tiles(128, (1, 1), "bfloat16", "k", "k", "bfloat16", tile_m=192)
     with pytest.raises(ValueError, match="accumulator registers"):  # 256 regs of accumulators per thread
         T.GemmTiles(tile_mnk=(256, 256, 64), mma=T.MmaTile(atom_n=256), ab_stages=2)
     # the existing tiles keep their register split
-    assert GemmSm90(GemmConfig(tiles=G.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"))).CONSUMER_REGS == 232
-    pp192 = G.make_gemm_tiles(192, (2, 1), "bfloat16", "k", "mn", "bfloat16", pingpong=True)
-    assert (GemmSm90(GemmConfig(tiles=pp192)).PRODUCER_REGS, pp192.m_blocks_per_warpgroup) == (24, 2)
+    assert GemmSm90(GemmConfig(tiles=H.make_gemm_tiles(256, (2, 1), "bfloat16", "k", "mn", "bfloat16"))).CONSUMER_REGS == 232
 
 
 COMPILE_CASES = [
@@ -148,40 +147,41 @@ def test_tiles256_epilogue_register_map(case):
 
 
 def test_tuner_candidates():
-    """<= 12 first-round candidates (+ 2 rasters) per shape, all with the shape's default raster; the
-    256-row, ping-pong and 2x1/1x2 tiles are among them for the large shapes, every cluster tiles its
-    grid, and the heuristic's pick is first."""
+    """<= 9 first-round candidates (+ 2 rasters) per shape, all with the shape's default raster; the
+    256-row and 2x1/1x2 tiles are among them for the large shapes, every cluster tiles its grid, and
+    the heuristic's pick is first."""
     for m, n in ((4096, 4096), (8192, 8192), (16384, 4096), (4096, 14336), (128, 4096), (1000, 3000), (4097, 4096)):
         cands = tune.candidates(m, n, "bfloat16", "k", "mn", "bfloat16", 4096, 1)
-        assert 1 <= len(cands) <= 12 and len(set(cands)) == len(cands)
-        d = G.default_tiles(m, n, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n", pingpong=False)
-        assert cands[0][:4] == (*d.tile_mnk[:2], False, d.cluster_mn)
-        for tile_m, tile_n, pp, cluster, swizzle, along_m in cands[1:]:
-            assert (swizzle, along_m) == G.default_raster(m, n, 4096, "bfloat16")
+        assert 1 <= len(cands) <= 9 and len(set(cands)) == len(cands)
+        d = H.default_tiles(m, n, 4096, 1, "bfloat16", "k", "mn", "bfloat16", "n")
+        assert cands[0][:3] == (*d.tile_mnk[:2], d.cluster_mn)
+        for c in cands[1:]:
+            tile_m, tile_n, cluster, swizzle, along_m = c
+            assert (swizzle, along_m) == H.default_raster(m, n, 4096, "bfloat16")
             assert cluster == (1, 1) or (cluster[0] == 2 and -(-m // tile_m) % 2 == 0) or \
                 (cluster[1] == 2 and -(-n // tile_n) % 2 == 0)
-            tune._tiles(tile_n, cluster, "bfloat16", "k", "mn", "bfloat16", tile_m, pp)  # builds
+            tune.candidate_choice(c, "bfloat16", "k", "mn", "bfloat16")  # builds the tiles
     cands = tune.candidates(8192, 8192, "bfloat16", "k", "mn", "bfloat16", 8192, 1)
-    have = {(c[0], c[1], c[2], c[3]) for c in cands}
+    have = {(c[0], c[1], c[2]) for c in cands}
     for tn in (128, 192):
-        assert (256, tn, False, (2, 1)) in have
-    assert (256, 128, False, (1, 2)) in have and (128, 192, True, (2, 1)) in have and (128, 128, True, (1, 2)) in have
+        assert (256, tn, (2, 1)) in have
+    assert (256, 128, (1, 2)) in have and (128, 192, (2, 1)) in have
 
 
-def test_tuned_entry_roundtrip(monkeypatch, tmp_path):
-    """A tuned 256-row / ping-pong entry comes back as those tiles; old entries (no tile_m/pingpong) as
-    128-row cooperative tiles."""
-    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
-    key = tune._key(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16")
-    key_old = tune._key(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
-    monkeypatch.setattr(tune, "_table", {
+def test_tuned_entry_roundtrip(tmp_path):
+    """A tuned 256-row entry comes back as those tiles; old entries (no tile_m) as 128-row tiles."""
+    key = tuned.key(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16")
+    key_old = tuned.key(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
+    path = tmp_path / "gemm_tuned.json"
+    path.write_text(json.dumps({
         key: dict(tile_m=256, tile_n=208, pingpong=False, cluster=[1, 2], swizzle=4, along_m=True),
-        key_old: dict(tile_n=192, cluster=[2, 1], swizzle=1, along_m=True)})
-    t, raster, mode = tune.lookup(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16")
-    assert mode is None
-    assert t.tile_mnk == (256, 208, 64) and t.cluster_mn == (1, 2) and raster == (4, True)
-    t, _, _ = tune.lookup(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
-    assert t.tile_mnk == (128, 192, 64) and not t.pingpong
+        key_old: dict(tile_n=192, cluster=[2, 1], swizzle=1, along_m=True)}))
+    with tuned.table_at(path):
+        t, raster, mode = tuned.lookup(8192, 8192, 8192, 1, "bfloat16", "k", "mn", "bfloat16")
+        assert mode is None
+        assert t.tile_mnk == (256, 208, 64) and t.cluster_mn == (1, 2) and raster == (4, True)
+        t, _, _ = tuned.lookup(4096, 4096, 4096, 1, "bfloat16", "k", "mn", "bfloat16")
+        assert t.tile_mnk == (128, 192, 64)
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -190,14 +190,14 @@ def _cluster_ok(m, n, tile_n, cluster):
 
 
 @pytest.fixture
-def gemm256(monkeypatch):
+def gemm256():
     """gemm through the real host path with explicit 256-row tiles, split-K off, and a check that the
     compiled config has them (TMA mainloop)."""
     def expect(cfg, tile_n):
         want = 160 if tile_n == 192 and cfg.has_c else tile_n  # the host narrows 256x192 with C (spill)
         assert cfg.tiles.tile_mnk[:2] == (256, want), cfg
 
-    return forced_tiles_gemm(monkeypatch, dict(tile_m=256), expect)
+    return forced_tiles_gemm(dict(tile_m=256), expect)
 
 
 @pytest.mark.gpu
@@ -271,49 +271,46 @@ def test_tiles256_column_major_out_kernel(tile_n, cluster):
     out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.float16).t()
     t = tiles256(tile_n, cluster, "k", "mn", "float16", "m", "float16")
     cfg = GemmConfig(tiles=t, a_rank=2, has_c=False, tma_store=True,
-                     max_active_clusters=G.current_arch().sm_count // (cluster[0] * cluster[1]))
-    fn = G.compiled_gemm(cfg, "float16", "float16", "float16")
+                     max_active_clusters=current_arch().sm_count // (cluster[0] * cluster[1]))
+    fn = launch.compiled(cfg, "float16", "float16", "float16")
     fn(a, b, out, out, 1.0, 0.0)
     torch.cuda.synchronize()
     assert rel_err(out, _ref(a, b)) < 5e-3
 
 
 @pytest.mark.gpu
-def test_tuned_256_entry_is_used(monkeypatch, tmp_path):
+def test_tuned_256_entry_is_used(tmp_path):
     """A tuned 256-row entry on disk is what a plain gemm() call compiles and runs."""
-    seen = []
-    orig = G.compiled_gemm
-    monkeypatch.setattr(G, "compiled_gemm", lambda cfg, *a: seen.append(cfg) or orig(cfg, *a))
-    monkeypatch.setattr(G, "_plans", {})
-    monkeypatch.setattr(tune, "_path", lambda: tmp_path / "gemm_tuned.json")
     m, n, k = 4096, 4096, 1024
-    monkeypatch.setattr(tune, "_table", {tune._key(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16"):
-                                         dict(tile_m=256, tile_n=160, cluster=[2, 1], swizzle=1, along_m=True)})
+    path = tmp_path / "gemm_tuned.json"
+    path.write_text(json.dumps({tuned.key(m, n, k, 1, "bfloat16", "k", "mn", "bfloat16"):
+                                dict(tile_m=256, tile_n=160, cluster=[2, 1], swizzle=1, along_m=True)}))
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cute_kernels.gemm(a, b, out=out)
-    assert seen and seen[-1].tiles.tile_mnk == (256, 160, 64)
+    with tuned.table_at(path):
+        P.clear_plans()
+        cute_kernels.gemm(a, b, out=out)
+        assert P.plan(a, b, out).kernels[-1][1].tiles.tile_mnk == (256, 160, 64)
+    P.clear_plans()
     assert rel_err(out, _ref(a, b)) < 2e-2
 
 
-def test_swapped_operands_plan_256x128(monkeypatch):
+def test_swapped_operands_plan_256x128():
     """quack's 8192^3 winner computes out^T = b^T a^T (swap_ab) on 256x128 tiles in 1x2 clusters;
-    profiles/bench_power.py ``:swap`` runs that through our host: b^T is M-major A, a^T K-major B,
-    and out^T a column-major D.  The plan keeps the 256-row tile and cluster, writes D M-major, and
-    the kernel compiles for sm_90a without local memory."""
-    from conftest import spy_compiled_gemm
+    forced through the planner: b^T is M-major A, a^T K-major B, and out^T a column-major D.  The plan
+    keeps the 256-row tile and cluster, writes D M-major, and the kernel compiles for sm_90a without
+    local memory."""
+    from conftest import planned_configs
 
     from cute_kernels.tools import inspect as ins
 
-    seen = spy_compiled_gemm(monkeypatch)
     a = torch.empty(8192, 8192, dtype=torch.bfloat16)
     b = torch.empty(8192, 8192, dtype=torch.bfloat16)
     out = torch.empty(8192, 8192, dtype=torch.bfloat16)
-    tiles = tune._tiles(128, (1, 2), "bfloat16", "mn", "k", "bfloat16", 256, False)
-    G._make_plan(b.mT, a.mT, out.mT, None, 0.0, None, tiles, (8, True), allow_cpu=True)
-    cfg = seen[-1]
+    tiles = H.make_gemm_tiles(128, (1, 2), "bfloat16", "mn", "k", "bfloat16", tile_m=256)
+    (cfg,) = planned_configs(b.mT, a.mT, out.mT, choice=P.PlanChoice(tiles=tiles, raster=(8, True)))
     assert cfg.tiles.tile_mnk[:2] == (256, 128) and cfg.tiles.cluster_mn == (1, 2)
     assert cfg.tiles.c_major == "m" and (cfg.raster_swizzle, cfg.raster_along_m) == (8, True)
-    (k,) = ins.inspect_builder(lambda: G._fake_args(cfg, "bfloat16", "bfloat16", "bfloat16")).kernels
+    (k,) = ins.inspect_builder(lambda: launch.fake_args(cfg, "bfloat16", "bfloat16", "bfloat16")).kernels
     assert k.spills == 0 and k.instructions["HGMMA"] > 0

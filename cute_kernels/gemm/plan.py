@@ -1,0 +1,302 @@
+"""What ``gemm`` runs for one operand signature: the :class:`Plan`, how it is made (one function per
+plan kind) and the per-signature cache the hot path looks plans up in.
+
+Plan kinds, in the order the planner tries them:
+  * ``empty``: M, N or K is 0 (no kernel; ``out = beta * C`` or zeros);
+  * ``swapped``: M <= 64, unbatched: the transposed problem out^T = b^T a^T on the split-K kernels'
+    narrow tiles (:func:`.heuristics.skinny_swap_choice`);
+  * ``splitk-cluster``: K slices in pairs of CTAs reduced through DSMEM (short slices);
+  * ``splitk-persistent``: K slices inside the persistent kernel's schedule, last-CTA fixup (long slices);
+  * ``persistent``: the persistent warp-specialized kernel, TMA or (operands TMA cannot describe)
+    cp.async mainloop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from layouts import tiles as T
+
+from ..common.arch import current_arch
+from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
+from . import heuristics as H
+from . import launch, tuned
+from .cpasync_kernel import choose_vec_bytes, cpasync_tiles
+from .kernel import GemmConfig, epi_defer_ok
+from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
+from .validate import canonical_strides, check_operands, major_of, tma_ok
+
+#: split-K modes a :class:`PlanChoice` may force: the two split-K kernels, "none" (the unsplit
+#: persistent kernel) and "swap" (the transposed skinny plan); None: the planner's own choice
+SPLITK_MODES = ("cluster", "persistent", "none", "swap")
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """Choices a caller forces instead of the planner's (the tuner's candidates, tests, benchmarks).
+    Every field left at None is the planner's own choice; ``PlanChoice()`` is what ``gemm`` runs."""
+
+    tiles: T.GemmTiles | None = None  # CTA tile / cluster of the persistent kernel
+    raster: tuple[int, bool] | None = None  # (swizzle, along M) of the persistent schedule
+    splitk_mode: str | None = None  # one of SPLITK_MODES
+    splits: int | None = None  # K slices (1: no split)
+    epi_defer: bool | None = None  # the deferred epilogue (where it can run)
+    max_active_clusters: int | None = None  # persistent grid size (1: several tiles per CTA)
+    b_evict_first: bool | None = None  # L2 evict-first hint on the streamed operand of split-K plans
+    skinny_pairs_any_epilogue: bool = False  # the skinny multicast pairs with C / fp32 out (GPU-test switch)
+
+    def __post_init__(self):
+        if self.splitk_mode is not None and self.splitk_mode not in SPLITK_MODES:
+            raise ValueError(f"PlanChoice.splitk_mode must be one of {SPLITK_MODES} or None, got {self.splitk_mode!r}")
+
+
+DEFAULT_CHOICE = PlanChoice()
+
+
+@dataclass
+class Plan:
+    """Everything decided for one (shapes, strides, dtypes, alignment) signature: reused per call."""
+
+    shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    has_c: bool
+    kind: str = "empty"
+    fn: object = None  # fn(a, b, d, c, alpha, beta)
+    a_fix: str | None = None  # canonical-stride view to take of a / b / d before the call (major)
+    b_fix: str | None = None
+    d_fix: str | None = None
+    #: (compile-cache family, config) of every kernel the plan runs
+    kernels: list = field(default_factory=list)
+
+    @property
+    def swapped(self) -> bool:
+        return self.kind == "swapped"
+
+    @property
+    def empty(self) -> bool:
+        return self.kind == "empty"
+
+    def compile(self, cfg, ab: str, d_name: str, c_name: str):
+        self.kernels.append((launch.FAMILY[type(cfg)], cfg))
+        return launch.compiled(cfg, ab, d_name, c_name)
+
+
+@dataclass
+class _Problem:
+    """The planner's view of one call: sizes, dtype names, majors and the output probe."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    probe: torch.Tensor  # the output as the kernels will see it (its strides pick the epilogue)
+    m: int
+    n: int
+    k: int
+    l: int
+    ab: str
+    d_name: str
+    c_name: str
+    a_major: str  # "row" / "col" of the torch-ordered a (M, K) and b (K, N)
+    b_major: str
+
+    @property
+    def am(self) -> str:  # the MMA's A major: K-major for row-major a
+        return "k" if self.a_major == "row" else "mn"
+
+    @property
+    def bm(self) -> str:
+        return "mn" if self.b_major == "row" else "k"
+
+
+# ---------------------------------------------------------------------------- planning
+def make_plan(a, b, out=None, c=None, beta: float = 0.0, out_dtype=None, choice: PlanChoice = DEFAULT_CHOICE,
+              allow_cpu: bool = False) -> Plan:
+    """Decide (and compile) what ``gemm(a, b, out=out, c=c, beta=beta, out_dtype=out_dtype)`` runs,
+    with ``choice`` forcing some decisions.  Not cached (see :func:`plan`); ``allow_cpu``: operands
+    may live on the CPU or the meta device (planning only, as ``explain`` / ``warmup_gemm`` do)."""
+    shape = check_operands(a, b, out, c, out_dtype, allow_cpu)
+    if beta != 0.0 and c is None:
+        raise ValueError("gemm: beta != 0 needs c")
+    p = Plan(shape=shape, out_dtype=out.dtype if out is not None else (out_dtype or a.dtype),
+             has_c=c is not None and beta != 0.0)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if k == 0 or m == 0 or n == 0:
+        return p
+    a_major, b_major = major_of(a, "a", "M", "K"), major_of(b, "b", "K", "N")
+    # canonical-stride fixes are views; remember whether this signature needs them
+    p.a_fix = a_major if canonical_strides(a, a_major) is not a else None
+    p.b_fix = b_major if canonical_strides(b, b_major) is not b else None
+    probe = out if out is not None else torch.empty(shape, dtype=p.out_dtype, device=a.device)
+    d_name = TORCH_TO_NAME[p.out_dtype]
+    pr = _Problem(a, b, probe, m, n, k, a.shape[0] if a.dim() == 3 else 1, TORCH_TO_NAME[a.dtype], d_name,
+                  TORCH_TO_NAME[c.dtype] if p.has_c else d_name, a_major, b_major)
+    if not (tma_ok(a, a_major) and tma_ok(b, b_major)):
+        return _plan_persistent(p, pr, choice, cpasync=True)
+
+    tiles, raster, mode, heuristic = choice.tiles, choice.raster, choice.splitk_mode, choice.tiles is None
+    if tiles is None:
+        t = tuned.lookup(m, n, k, pr.l, pr.ab, pr.am, pr.bm, d_name)
+        if t is not None:
+            tiles, raster = t.tiles, t.raster
+            mode = mode or t.splitk_mode
+            heuristic = False
+        if tiles is None:
+            tiles = H.default_tiles(m, n, k, pr.l, pr.ab, pr.am, pr.bm, d_name, "n")
+    if mode is None or mode == "persistent":  # the persistent split-K needs an unbatched, row-major output
+        row_ok = major_of(probe, "out", "M", "N") == "row" and canonical_strides(probe, "row") is probe
+        unbatched_row = row_ok and a.dim() == 2
+        mode = H.auto_splitk_mode(m, n, k, pr.l, unbatched_row) if mode is None else (
+            mode if unbatched_row else "cluster")
+        skinny_ok = heuristic and choice.splitk_mode is None
+    else:
+        skinny_ok = mode == "swap"
+    if skinny_ok and a.dim() == 2:
+        pairs_ok = choice.skinny_pairs_any_epilogue or (not p.has_c and p.out_dtype in HALF_TORCH)
+        sw = H.skinny_swap_choice(m, n, k, pairs_ok)
+        if sw is not None:
+            return _plan_swapped(p, pr, sw, choice)
+    if mode == "swap":  # a tuned "swap" that no longer applies
+        mode = "cluster"
+    splits = choice.splits if choice.splits is not None else H.split_k_factor(m, n, k, pr.l, tiles, mode)
+    if splits > 1 and mode == "cluster":
+        return _plan_splitk_cluster(p, pr, splits, choice)
+    if splits > 1 and mode == "persistent":
+        return _plan_splitk_persistent(p, pr, splits, choice)
+    if splits > 1:
+        raise ValueError(f"gemm plan: {splits} K slices need split-K mode 'cluster' or 'persistent', not {mode!r}")
+    return _plan_persistent(p, pr, choice, tiles=tiles, raster=raster)
+
+
+def _b_evict_first(choice: PlanChoice) -> bool:
+    return H.SPLITK_B_EVICT_FIRST if choice.b_evict_first is None else choice.b_evict_first
+
+
+def _plan_swapped(p: Plan, pr: _Problem, sw: H.SkinnySwap, choice: PlanChoice) -> Plan:
+    """out^T = b^T a^T: the problem's M is the kernel's narrow N tile, the weight b^T streams as its
+    A (with the evict-first hint); D is written through the transposed view with element stores.  One
+    or two slices meet in the DSMEM cluster kernel, unless the weight is also multicast."""
+    tn, s, mc = sw
+    # majors of b^T and a^T
+    tiles = H.splitk_tiles(tn, pr.ab, "mn" if pr.b_major == "row" else "k", "k" if pr.a_major == "row" else "mn",
+                           pr.d_name, mc)
+    if sw.fixup:
+        cfg = SplitKFixupConfig(tiles=tiles, splits=s, has_c=p.has_c, a_evict_first=_b_evict_first(choice))
+        fn = launch.WorkspaceLauncher(p.compile(cfg, pr.ab, pr.d_name, pr.c_name),
+                                      *fixup_workspace_numel(pr.n, pr.m, tn, s))
+    else:
+        cfg = SplitKClusterConfig(tiles=tiles, splits=s, has_c=p.has_c, a_evict_first=_b_evict_first(choice))
+        fn = p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
+    p.kind, p.fn = "swapped", launch.SwappedLauncher(fn)
+    return p
+
+
+def _plan_splitk_cluster(p: Plan, pr: _Problem, splits: int, choice: PlanChoice) -> Plan:
+    """K slices on the CTAs of a cluster, reduced through DSMEM; D written directly with any strides."""
+    out = pr.probe
+    vec_store = out.dim() == 2 and out.stride(1) == 1 and out.stride(0) % 8 == 0 and out.data_ptr() % 16 == 0
+    cfg = SplitKClusterConfig(tiles=H.splitk_tiles(H.splitk_tile_n(pr.m, pr.n), pr.ab, pr.am, pr.bm, pr.d_name),
+                              splits=splits, a_rank=2, has_c=p.has_c, vec_store=vec_store,
+                              b_evict_first=_b_evict_first(choice))
+    p.kind, p.fn = "splitk-cluster", p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
+    return p
+
+
+def _plan_splitk_persistent(p: Plan, pr: _Problem, splits: int, choice: PlanChoice) -> Plan:
+    """K slices as work units of the persistent kernel (a unbatched, out row-major: checked by the
+    caller); the last unit of a tile sums the partials from a cached workspace."""
+    tn = H.persistent_splitk_choice(pr.m, pr.n, pr.k)[0]
+    cl = (2, 1) if math.ceil(pr.m / 128) % 2 == 0 else (1, 1)
+    n_tiles = math.ceil(pr.m / 128) * math.ceil(pr.n / tn)
+    cfg = GemmConfig(tiles=H.make_gemm_tiles(tn, cl, pr.ab, pr.am, pr.bm, pr.d_name), a_rank=2, has_c=p.has_c,
+                     tma_store=tma_ok(pr.probe, "row"),
+                     max_active_clusters=choice.max_active_clusters or current_arch().sm_count // cl[0],
+                     splits=splits)
+    fn = p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
+    p.kind, p.fn = "splitk-persistent", launch.WorkspaceLauncher(fn, n_tiles * splits * 128 * tn, n_tiles)
+    return p
+
+
+def _plan_persistent(p: Plan, pr: _Problem, choice: PlanChoice, tiles: T.GemmTiles | None = None,
+                     raster: tuple[int, bool] | None = None, cpasync: bool = False) -> Plan:
+    """The persistent kernel over D's tiles.  ``cpasync``: TMA cannot describe A or B, so the predicated
+    cp.async mainloop reads them where they are (no copy): vector width per operand from the strides,
+    the contiguous extent and the pointers' low bits (OR-ed over a, b and out as in the plan signature,
+    so every call that reuses this plan is at least as aligned); (1, 1) cluster, no split-K."""
+    a, b, probe = pr.a, pr.b, pr.probe
+    extra = {}
+    if cpasync:
+        ptr_bits = (a.data_ptr() | b.data_ptr() | probe.data_ptr()) & 15
+        es = a.element_size()
+        extra = dict(mainloop="cpasync",
+                     vec_a=choose_vec_bytes(ptr_bits, a.shape, a.stride(), es, a.dim() - (1 if pr.a_major == "row" else 2)),
+                     vec_b=choose_vec_bytes(ptr_bits, b.shape, b.stride(), es, b.dim() - (1 if pr.b_major == "row" else 2)))
+        tiles = cpasync_tiles(choice.tiles or H.default_tiles(pr.m, pr.n, pr.k, pr.l, pr.ab, pr.am, pr.bm, pr.d_name,
+                                                              "n", stream_tiles=False))
+        raster = choice.raster
+    raster = raster or H.default_raster(pr.m, pr.n, pr.k, pr.ab, pr.l, tiles)
+    d_major = major_of(probe, "out", "M", "N")
+    p.d_fix = d_major if canonical_strides(probe, d_major) is not probe else None
+    t = tiles
+    if t.tile_mnk[0] == 256 and p.has_c and t.tile_mnk[1] == 192:  # 24 B spill with C at 232 regs
+        t = H.make_gemm_tiles(160, t.cluster_mn, pr.ab, pr.am, pr.bm, t.c_dtype, t.c_major, tile_m=256)
+    if d_major == "col":
+        t = H.make_gemm_tiles(t.tile_mnk[1], t.cluster_mn, pr.ab, pr.am, pr.bm, pr.d_name, "m", tile_m=t.tile_mnk[0])
+    clusters = current_arch().sm_count // (t.cluster_mn[0] * t.cluster_mn[1])
+    cfg = GemmConfig(tiles=t, a_rank=a.dim(), has_c=p.has_c, tma_store=tma_ok(probe, d_major),
+                     raster_swizzle=H.fit_swizzle(raster[0], raster[1], pr.m, pr.n, t.tile_mnk[:2], t.cluster_mn),
+                     raster_along_m=raster[1], max_active_clusters=choice.max_active_clusters or clusters, **extra)
+    defer = choice.epi_defer
+    if defer is None:
+        defer = H.epi_defer_default(epi_defer_ok(cfg), pr.m, pr.n, pr.l, t.tile_mnk[:2])
+    cfg = dataclasses.replace(cfg, epi_defer=defer)
+    p.kind, p.fn = "persistent", p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
+    return p
+
+
+# ---------------------------------------------------------------------------- the plan cache
+_plans: dict[tuple, Plan] = {}
+
+
+def _signature(a, b, out, c, beta, out_dtype):
+    ptr_bits = (a.data_ptr() | b.data_ptr() | (out.data_ptr() if out is not None else 0)) & 15
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype, ptr_bits,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            None if c is None else (c.shape, c.stride(), c.dtype, c.device), beta != 0.0)
+
+
+def plan(a, b, out=None, c=None, beta: float = 0.0, out_dtype=None, choice: PlanChoice = DEFAULT_CHOICE) -> Plan:
+    """The plan ``gemm`` runs for these operands (made and compiled once per signature and choice)."""
+    sig = _signature(a, b, out, c, beta, out_dtype)
+    key = sig if choice is DEFAULT_CHOICE else (sig, choice)
+    p = _plans.get(key)
+    if p is None:
+        p = _plans[key] = make_plan(a, b, out, c, beta, out_dtype, choice)
+    return p
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (the tuner calls this after storing a result)."""
+    _plans.clear()
+
+
+def run(a, b, out=None, c=None, alpha: float = 1.0, beta: float = 0.0, out_dtype=None,
+        choice: PlanChoice = DEFAULT_CHOICE) -> torch.Tensor:
+    """``out = alpha * a @ b + beta * c`` through :func:`plan` (``gemm`` without the custom op;
+    ``choice`` forces decisions, as the tuner and the tests do)."""
+    p = plan(a, b, out, c, beta, out_dtype, choice)
+    if out is None:
+        out = torch.empty(p.shape, dtype=p.out_dtype, device=a.device)
+    if p.empty:
+        if out.numel():
+            out.copy_(beta * c if p.has_c else torch.zeros_like(out))
+        return out
+    if p.a_fix:
+        a = canonical_strides(a, p.a_fix)
+    if p.b_fix:
+        b = canonical_strides(b, p.b_fix)
+    d = canonical_strides(out, p.d_fix) if p.d_fix else out
+    p.fn(a, b, d, c if p.has_c else d, float(alpha), float(beta))
+    return out

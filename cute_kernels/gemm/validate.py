@@ -1,0 +1,82 @@
+"""Argument checks and layout facts of ``gemm``'s operands (pure Python, no device sync)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
+
+_OUT_DTYPES = tuple(TORCH_TO_NAME)
+
+
+def tma_ok(t: torch.Tensor, major: str) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte multiples for every non-unit stride."""
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    unit = t.dim() - 1 if major == "row" else t.dim() - 2
+    return all((s * es) % 16 == 0 for i, s in enumerate(t.stride()) if i != unit and t.shape[i] > 1)
+
+
+def major_of(t: torch.Tensor, name: str, rows: str, cols: str) -> str:
+    """'row' (last dim contiguous) or 'col'; size-1 dims fit either, so prefer the TMA-compatible one."""
+    cands = [m for m, d in (("row", -1), ("col", -2)) if t.stride(d) == 1 or t.shape[d] == 1]
+    if not cands:
+        raise ValueError(
+            f"gemm: {name} of shape {tuple(t.shape)} has strides {tuple(t.stride())}; one of its last two "
+            f"dimensions ({rows} or {cols}) must be contiguous (row- or column-major)"
+        )
+    return next((m for m in cands if tma_ok(t, m)), cands[0])
+
+
+def canonical_strides(t: torch.Tensor, major: str) -> torch.Tensor:
+    """Size-1 dims may carry any stride in torch; give them the ones the compiled layout assumes
+    (unit stride 1, others 16-byte multiples).  A view, never a copy; only for degenerate shapes."""
+    unit = t.dim() - 1 if major == "row" else t.dim() - 2
+    want = list(t.stride())
+    changed = False
+    for i, n in enumerate(t.shape):
+        if n == 1:
+            w = 1 if i == unit else 0
+            changed |= want[i] != w
+            want[i] = w
+    return t.as_strided(t.shape, want) if changed else t
+
+
+def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
+    """Raise TypeError / ValueError for anything ``gemm`` cannot take; returns the output shape."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in HALF_TORCH:
+            raise TypeError(f"gemm: {name} must be float16 or bfloat16, got {t.dtype}")
+        if t.dim() not in (2, 3):
+            raise ValueError(f"gemm: {name} must be 2-D (M, K)/(K, N) or 3-D batched, got {t.dim()}-D")
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.dim() != b.dim():
+        raise ValueError(f"gemm: a is {a.dim()}-D but b is {b.dim()}-D; both 2-D or both 3-D")
+    if a.device != b.device or (a.device.type != "cuda" and not allow_cpu):
+        raise ValueError(f"gemm: a and b must be on the same CUDA device, got {a.device} and {b.device}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"gemm: a is (.., M, K={a.shape[-1]}) but b is (.., K={b.shape[-2]}, N)")
+    if a.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"gemm: batch sizes differ: a {a.shape[0]}, b {b.shape[0]}")
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"gemm: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    shape = (*a.shape[:-1], b.shape[-1])
+    if out is not None:
+        if tuple(out.shape) != shape:
+            raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected {shape}")
+        if out.dtype not in _OUT_DTYPES or (out_dtype is not None and out.dtype != out_dtype):
+            raise TypeError(f"gemm: out dtype {out.dtype} does not match out_dtype {out_dtype}")
+        if out.device != a.device:
+            raise ValueError(f"gemm: out is on {out.device}, a on {a.device}")
+    if c is not None:
+        if not isinstance(c, torch.Tensor) or c.device != a.device:
+            raise ValueError("gemm: c must be a tensor on a's device")
+        if tuple(c.shape) != shape:
+            raise ValueError(f"gemm: c has shape {tuple(c.shape)}, expected {shape}")
+        if c.dtype not in _OUT_DTYPES:
+            raise TypeError(f"gemm: c must be float16, bfloat16 or float32, got {c.dtype}")
+    return shape
