@@ -144,6 +144,8 @@ def main() -> None:
     ap.add_argument("--what", default="gemm,gemm_decode,decode")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="ab-commits")
+    ap.add_argument("--head", default=None, help="commit of the after tree, for the file name (default: git HEAD; "
+                    "the device's copy of the tree may carry a stale .git)")
     args = ap.parse_args()
     if args.worker:
         return _worker(args.worker)
@@ -189,8 +191,8 @@ def main() -> None:
 
     import torch
 
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    sha = args.head or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                      cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
     date = datetime.date.today().isoformat()
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     peer = {"gemm": "cuBLAS", "gemm_decode": "cuBLAS", "decode": "cuDNN"}

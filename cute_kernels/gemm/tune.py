@@ -82,29 +82,25 @@ def _precompile(job):
         make_plan(a, b, None, None, 0.0, out_dtype, candidate_choice(c, *names), allow_cpu=True)
         return None
     except Exception as e:  # reported; the timing loop compiles (and skips) it again
-        return f"{type(e).__name__}: {e}"
+        return f"{_describe(c)}: {type(e).__name__}: {e}"
 
 
 def _precompile_all(a, b, out_dtype, names, cands):
-    """Compile the candidates in parallel processes (``cute.compile`` is not thread-safe; quack uses a
-    process pool too) so the timing loop only loads them from the disk cache.  Jobs: env
-    CUTE_KERNELS_TUNE_JOBS (default min(8, cores - 1)); 0 or 1, or no disk cache: compile in the loop."""
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
+    """Compile the candidates in parallel processes (:func:`jit.precompile_in_processes`) so the timing
+    loop only loads them from the disk cache.  Jobs: env CUTE_KERNELS_TUNE_JOBS (default
+    min(8, cores - 1)); 0 or 1: nothing here, the timing loop compiles them."""
     jobs = int(os.environ.get("CUTE_KERNELS_TUNE_JOBS", min(8, (os.cpu_count() or 1) - 1)))
-    if jobs <= 1 or len(cands) < 2 or not jit.disk_cache_enabled():
+    if jobs <= 1 or len(cands) < 2:
         return
     spec = ((tuple(a.shape), tuple(a.stride())), (tuple(b.shape), tuple(b.stride())), a.dtype, out_dtype, names)
     t0 = time.time()
     try:
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(cands)), mp_context=mp.get_context("spawn")) as ex:
-            for c, err in zip(cands, ex.map(_precompile, [(*spec, c) for c in cands])):
-                if err:
-                    jit.log.warning("tune: precompile of %s failed: %s", _describe(c), err)
+        errors = jit.precompile_in_processes(_precompile, [(*spec, c) for c in cands], min(jobs, len(cands)))
     except Exception as e:  # noqa: BLE001 - the timing loop compiles serially instead
         jit.log.warning("tune: parallel precompile failed (%s); compiling serially", e)
         return
+    for err in errors:
+        jit.log.warning("tune: precompile of %s", err)
     jit.log.info("tune: precompiled %d candidates in %.1f s with %d processes", len(cands), time.time() - t0, jobs)
 
 

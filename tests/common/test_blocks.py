@@ -152,3 +152,13 @@ def test_blocks_compile_for_sm90a(rmem):
     assert k.instructions["UTMALDG"] >= 2  # Q once + K tiles
     assert k.instructions["HGMMA"] >= (TILE // 16) * (2 if rmem else 1)
     assert "BAR.ARV" in rep.sass and "BAR.SYNC" in rep.sass
+
+
+def test_precompile_in_processes_collects_errors_serially():
+    """The one compile pool returns only the workers' error strings, in job order (one process: in
+    this process, no spawn)."""
+    from cute_kernels.common import jit
+
+    assert jit.precompile_in_processes(str, [], processes=1) == []
+    assert jit.precompile_in_processes(lambda j: None if j % 2 else f"job {j} failed", [0, 1, 2], processes=1) == [
+        "job 0 failed", "job 2 failed"]
