@@ -20,6 +20,11 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 
 from .tiles import dtype as _dtype  # noqa: E402
 
+import cutlass  # noqa: E402
+import cutlass.utils.hopper_helpers as sm90_helpers  # noqa: E402
+from cutlass.cute.nvgpu import OperandMajorMode  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
+
 MMA_M = 16  # rows of one warp's mma.sync m16n8k16
 DECODE_THREADS = 128
 #: K + V ring budget of one CTA: two CTAs share an SM's 228 KB.
@@ -143,3 +148,127 @@ def make_decode_kv_tma_layout(t: DecodeTile):
     byte address == S<3,3,3> on 16-bit elements, slots 1024-byte aligned), (n_tile, head_dim, stages)."""
     atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, _dtype(t.dtype))
     return cute.tile_to_shape(atom, (t.n_tile, t.head_dim, t.stages), (0, 1, 2))
+
+
+# ================================================================================================
+# The dense forward (FlashAttention-2 structure on Hopper wgmma)
+# ================================================================================================
+#: dynamic shared memory one CTA may take on H100 / H200 (227 KB)
+FWD_SMEM_CAPACITY = 227 * 1024
+#: barriers (Q + 2 x stages x {full, empty}) and the 1024-byte alignment of the first buffer
+FWD_SMEM_SLACK = 1024
+FWD_WGMMA_M = 64  # rows of one warpgroup's wgmma
+#: fp32 / packed registers per consumer thread the tile may hold (S, O, P); with setmaxnreg 240 the
+#: rest of the softmax, masking and addressing needs ~40
+FWD_MAX_TILE_REGS = 200
+
+
+@dataclass(frozen=True)
+class FwdTile:
+    """The attention forward CTA's tile (hashable: part of the compile-cache key).
+
+    ``tile_m`` query rows per CTA, split into 64-row slices, one per consumer warpgroup (each computes
+    whole rows of S = Q K^T, so softmax statistics never cross warpgroups); ``tile_n`` keys per K / V
+    tile; ``stages`` slots in each of the two TMA rings (K tiles, V tiles), filled by a producer warp
+    and read by every consumer warpgroup.  Q (``tile_m`` x ``head_dim``) is loaded once, and its
+    buffer is reused by the epilogue for O (same layout, so a warpgroup only overwrites its own rows).
+    """
+
+    dtype: str  # "float16" | "bfloat16"
+    head_dim: int  # 64 | 128
+    tile_m: int = 128
+    tile_n: int = 128
+    stages: int = 2
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"FwdTile: head_dim {self.head_dim} must be 64 or 128")
+        if self.tile_m % FWD_WGMMA_M or not 1 <= self.tile_m // FWD_WGMMA_M <= 2:
+            raise ValueError(f"FwdTile: tile_m {self.tile_m} must be 64 or 128 (one 64-row slice per consumer warpgroup)")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"FwdTile: tile_n {self.tile_n} must be a multiple of 16 in 16..256 (wgmma N and P's K)")
+        if self.stages < 2:
+            raise ValueError("FwdTile: at least 2 stages per ring")
+        if self.smem_bytes() > FWD_SMEM_CAPACITY:
+            raise ValueError(f"FwdTile: {self.smem_bytes()} B of shared memory > {FWD_SMEM_CAPACITY} B; fewer stages")
+        if self.tile_regs_per_thread > FWD_MAX_TILE_REGS:
+            raise ValueError(f"FwdTile: S, P and O need {self.tile_regs_per_thread} registers per consumer thread "
+                             f"(max {FWD_MAX_TILE_REGS}); use a smaller tile_n")
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.tile_m // FWD_WGMMA_M
+
+    @property
+    def elem_bytes(self) -> int:
+        return _dtype(self.dtype).width // 8
+
+    @property
+    def q_bytes(self) -> int:
+        """The Q tile (TMA transaction count of the Q barrier); O reuses the buffer."""
+        return self.tile_m * self.head_dim * self.elem_bytes
+
+    @property
+    def kv_tile_bytes(self) -> int:
+        """One K or V tile: the TMA transaction count of one slot of either ring."""
+        return self.tile_n * self.head_dim * self.elem_bytes
+
+    @property
+    def tile_regs_per_thread(self) -> int:
+        """Registers a consumer thread holds for S (fp32), P (16-bit pairs) and O (fp32)."""
+        s = FWD_WGMMA_M * self.tile_n // 128  # a warpgroup's 64 x tile_n scores over its 128 threads
+        return s + s // 2 + FWD_WGMMA_M * self.head_dim // 128
+
+    def smem_bytes(self) -> int:
+        """Q (= O), the K and V rings, barriers and alignment slack."""
+        return self.q_bytes + 2 * self.stages * self.kv_tile_bytes + FWD_SMEM_SLACK
+
+
+def fwd_tile(dtype: str, head_dim: int, causal: bool) -> FwdTile:
+    """The forward tile: 128 query rows (two consumer warpgroups) x 128 keys; stages: D = 128 -> 2 per
+    ring (32 KB tiles: Q + 4 tiles = 160 KB), D = 64 -> 4 per ring (16 KB tiles: 144 KB).  Causal
+    does not change it (the diagonal tiles are masked at 128 x 128 granularity)."""
+    del causal  # same tile; kept in the signature for part 2's per-mask choices
+    stages = 2 if head_dim == 128 else 4
+    return FwdTile(dtype=dtype, head_dim=head_dim, tile_m=128, tile_n=128, stages=stages)
+
+
+# ---- builders (call inside a DSL context) -------------------------------------------------------
+
+
+def _fwd_atom(t: FwdTile):
+    """The K-major swizzle atom for rows of ``head_dim`` 16-bit elements (128-byte swizzle for D = 64/128)."""
+    kind = sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, _dtype(t.dtype), t.head_dim)
+    return warpgroup.make_smem_layout_atom(kind, _dtype(t.dtype))
+
+
+def make_fwd_smem_layout_q(t: FwdTile):
+    """(tile_m, head_dim) Q tile, K-major swizzled (the wgmma A operand of S = Q K^T).  The epilogue
+    stages O in the same buffer with the same layout."""
+    return cute.tile_to_shape(_fwd_atom(t), (t.tile_m, t.head_dim), (0, 1))
+
+
+def make_fwd_smem_layout_kv(t: FwdTile):
+    """(tile_n, head_dim, stages) ring of K or V tiles, rows of head_dim contiguous elements (as in
+    global memory).  K is S = Q K^T's K-major B operand as is; V is O += P V's B operand through the
+    transposed view (head_dim, tile_n): head_dim contiguous = MN-major."""
+    return cute.tile_to_shape(_fwd_atom(t), (t.tile_n, t.head_dim, t.stages), (0, 1, 2))
+
+
+def make_fwd_tiled_mma_qk(t: FwdTile):
+    """S = Q K^T: one 64 x tile_n wgmma per consumer warpgroup, A (Q) and B (K) from shared memory."""
+    dt = _dtype(t.dtype)
+    return sm90_helpers.make_trivial_tiled_mma(
+        dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32,
+        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.tile_n),
+    )
+
+
+def make_fwd_tiled_mma_pv(t: FwdTile):
+    """O += P V: one 64 x head_dim wgmma per consumer warpgroup, A (P, 16-bit) from registers, B (V)
+    from shared memory, MN-major."""
+    dt = _dtype(t.dtype)
+    return sm90_helpers.make_trivial_tiled_mma(
+        dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
+        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=warpgroup.OperandSource.RMEM,
+    )

@@ -73,6 +73,11 @@ def representative_builders() -> list[tuple[str, Callable]]:
             cfg = DA.make_config(torch.bfloat16, 128, 4, paged, 16 if paged else 0, True, True, kv_bytes=kv_bytes)
             out.append((f"decode_attn bf16 d128 GQA4 {label} split", DA.decode_builder(cfg)))
         out.append(("merge_states fp32 -> bf16 d128", MG.merge_builder(MG.MergeConfig("float32", "bfloat16", 128))))
+        from ..attention import forward_kernel as FK
+
+        for label, D, causal in (("bf16 d128 causal", 128, True), ("bf16 d128", 128, False), ("bf16 d64", 64, False)):
+            out.append((f"flash_attn forward {label} (TMA K/V rings, 2 consumer warpgroups, P from registers)",
+                        FK.forward_builder(FK.fwd_config("bfloat16", D, causal))))
     except ImportError as e:  # pragma: no cover - attention modules missing
         out.append((f"attention kernels unavailable: {e}", None))
     return out

@@ -1,0 +1,287 @@
+"""``flash_attn``: the FlashAttention forward (prefill attention) on Hopper, host side.
+
+``O = softmax(Q K^T * scale) V`` for q (B, Sq, Hq, D) against k/v (B, Sk, Hkv, D), never materializing
+the scores; the kernel (:mod:`.forward_kernel`) also writes the natural-log LSE of every row, which
+:func:`cute_kernels.merge_states` combines exactly across key splits.
+
+This module is everything the host does around the kernel:
+
+* validation of what the host can see, before any launch, in a fixed order (types, ranks, shapes,
+  dtypes, strides, pointer alignment, devices) so that every error names its argument and shape
+  errors are reported even for tensors on the wrong device;
+* empty problems without a launch: B == 0 or Sq == 0 or Hq == 0 give empty results, Sk == 0 gives
+  O = 0 and LSE = -inf (two fills on the current stream);
+* the plan: the compile configuration depends on (dtype, head dim, causal) only, never on lengths,
+  batch or heads (the kernel takes them as symbolic sizes), so a new length never recompiles;
+  configurations come from :func:`~.forward_kernel.fwd_config` and compile through
+  :func:`cute_kernels.common.jit.get_compiled` (memory + disk cache);
+* ``torch.library`` custom ops with fake implementations (``cute_kernels::flash_attn`` returns
+  (O, LSE); ``cute_kernels::flash_attn_`` writes into given buffers): eager calls skip the
+  dispatcher, ``torch.compile`` traces the ops.  Nothing synchronizes with the device, so calls are
+  CUDA-graph capturable (the stream is torch's current one).
+
+The kernel module is imported at the first compile, not at ``import cute_kernels``: validation,
+planning under :class:`~cute_kernels.common.jit.dry_run` and tracing need none of it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..common import jit
+from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
+from ..common.softmax import LOG2_E
+from . import forward_kernel
+
+__all__ = ["flash_attn", "validate", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
+
+#: Head dims this part runs (96 and 256 come with the second part of the kernel).
+HEAD_DIMS = (64, 128)
+_ALIGN_ELEMS = 8  # 16 bytes of a 16-bit element type: TMA boxes and 16-byte vector accesses
+
+
+# ------------------------------------------------------------------------------------------------
+# validation
+# ------------------------------------------------------------------------------------------------
+def _err(cls, msg):
+    raise cls(f"flash_attn: {msg}")
+
+
+def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> float:
+    """Every check the host can make without the device's data; raises ``TypeError`` / ``ValueError``
+    naming the argument, and returns the softmax scale (default 1/sqrt(D)).  ``check_ptrs=False``
+    skips the data-pointer alignment (fake tensors)."""
+    named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in named:
+        if t.dim() != 4:
+            what = "(batch, seqlen_q, heads_q, head_dim)" if name in ("q", "out") else "(batch, seqlen_k, heads_kv, head_dim)"
+            _err(ValueError, f"{name} must be 4-d {what}, got shape {tuple(t.shape)}")
+    B, _, Hq, D = q.shape
+    if D not in HEAD_DIMS:
+        _err(ValueError, f"q head_dim must be 64 or 128, got {D} (96 and 256 are not supported yet)")
+    if k.shape[0] != B:
+        _err(ValueError, f"k batch ({k.shape[0]}) must equal q batch ({B})")
+    if k.shape[3] != D:
+        _err(ValueError, f"k head_dim ({k.shape[3]}) must equal q head_dim ({D})")
+    if v.shape != k.shape:
+        _err(ValueError, f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} (head_dim of V = head_dim of Q)")
+    Hkv = k.shape[2]
+    if Hkv < 1 or Hq % Hkv != 0:
+        _err(ValueError, f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) (GQA/MQA)")
+    if out is not None and out.shape != q.shape:
+        _err(ValueError, f"out shape {tuple(out.shape)} must equal q shape {tuple(q.shape)}")
+    if q.dtype not in HALF_TORCH:
+        _err(TypeError, f"q must be float16 or bfloat16, got {q.dtype}")
+    for name, t in named[1:]:
+        if t.dtype != q.dtype:
+            _err(TypeError, f"{name} dtype {t.dtype} must equal q dtype {q.dtype}")
+    for name, t in named:
+        if t.stride(-1) != 1:
+            _err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got strides {t.stride()}")
+        if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]):
+            _err(ValueError, f"{name} strides must be multiples of {_ALIGN_ELEMS} elements (16 bytes), "
+                             f"got strides {t.stride()}")
+    if check_ptrs:
+        _check_ptrs(*(t for _, t in named))
+    scale = _scale(softmax_scale, D)
+    _check_devices(named)
+    return scale
+
+
+def _check_devices(named) -> None:
+    """Last: every other error is reported whatever the device."""
+    dev = named[0][1].device
+    for name, t in named:
+        if t.device.type != "cuda":
+            _err(ValueError, f"{name} is on {t.device}; flash_attn runs on CUDA tensors")
+        if t.device != dev:
+            _err(ValueError, f"{name} is on {t.device}, q on {dev}: all tensors must be on one device")
+
+
+def _scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, torch.Tensor):  # float() of a CUDA tensor would synchronize
+        _err(TypeError, "softmax_scale must be a Python number or None, not a tensor")
+    try:
+        s = float(softmax_scale)
+    except (TypeError, ValueError):
+        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(s) and s > 0):
+        _err(ValueError, f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    return s
+
+
+def _check_ptrs(*ts) -> None:
+    for name, t in zip(("q", "k", "v", "out"), ts):
+        if t.data_ptr() % 16:
+            _err(ValueError, f"{name} data pointer must be 16-byte aligned (offset {t.data_ptr() % 16})")
+
+
+# ------------------------------------------------------------------------------------------------
+# plan and compiled kernels
+# ------------------------------------------------------------------------------------------------
+_PLANS: dict = {}
+
+
+def plan(dtype: torch.dtype, head_dim: int, causal: bool):
+    """The kernel configuration (``FlashFwdConfig``) for these static facts; memoized.  Lengths, batch
+    and heads are not part of it: they are symbolic sizes of the compiled kernel."""
+    key = (dtype, head_dim, causal)
+    cfg = _PLANS.get(key)
+    if cfg is None:
+        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal)
+    return cfg
+
+
+def get_forward_kernel(cfg):
+    """The compiled TVM-FFI function for ``cfg`` (memory / disk cache, or compiled now; None under
+    :class:`jit.dry_run`)."""
+    return jit.get_compiled("flash_attn_fwd", cfg, forward_kernel.forward_builder(cfg))
+
+
+def warmup_flash_attn(spec) -> None:
+    """Compile (or load) the kernel a call would run, without a GPU: ``spec`` is a ``FlashFwdConfig``
+    or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 128, causal=bool)``."""
+    if isinstance(spec, dict):
+        extra = set(spec) - {"dtype", "head_dim", "causal"}
+        if extra:
+            raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} (dtype, head_dim, causal)")
+        dtype = spec.get("dtype", torch.bfloat16)
+        if isinstance(dtype, str):
+            dtype = next((t for t, n in TORCH_TO_NAME.items() if n == dtype), dtype)
+        if dtype not in HALF_TORCH:
+            raise ValueError(f"warmup flash_attn: dtype must be float16 or bfloat16, got {dtype}")
+        head_dim = int(spec.get("head_dim", 128))
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"warmup flash_attn: head_dim must be 64 or 128, got {head_dim}")
+        spec = plan(dtype, head_dim, bool(spec.get("causal", False)))
+    get_forward_kernel(spec)
+
+
+jit.register_warmup("flash_attn", warmup_flash_attn)
+
+
+def _precompile_one(cfg) -> str:
+    try:
+        get_forward_kernel(cfg)
+        return ""
+    except Exception as e:  # reported, and raised again where the config is used
+        return f"{cfg}: {type(e).__name__}: {e}"
+
+
+def precompile(configs, processes: Optional[int] = None) -> list[str]:
+    """Compile forward configs into the disk cache in parallel processes (later calls load them in
+    ~1 ms); returns error strings."""
+    return jit.precompile_in_processes(_precompile_one, list(dict.fromkeys(configs)), processes)
+
+
+def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
+    """Write out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 for validated CUDA tensors."""
+    B, Sq, Hq, D = q.shape
+    if B == 0 or Sq == 0 or Hq == 0:
+        return
+    if k.shape[1] == 0:  # no key at all: every row is empty
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    fn = get_forward_kernel(plan(q.dtype, D, causal))
+    if fn is None:  # jit.dry_run: planned, nothing compiled or launched
+        return
+    fn(q, k, v, out, lse, scale * LOG2_E)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library ops
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op("cute_kernels::flash_attn_", mutates_args=("out", "lse"), device_types=None)
+def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       causal: bool, softmax_scale: float) -> None:
+    _check_ptrs(q, k, v, out)  # traced calls validated everything else on fake tensors
+    _launch(q, k, v, out, lse, causal, softmax_scale)
+
+
+@_flash_attn_out_op.register_fake
+def _(q, k, v, out, lse, causal, softmax_scale):
+    return None
+
+
+def _new_lse(q):
+    B, Sq, Hq, _ = q.shape
+    return q.new_empty((B, Hq, Sq), dtype=torch.float32)
+
+
+def _new_outputs(q):
+    """A contiguous (B, Sq, Hq, D) output (whatever q's strides) and the (B, Hq, Sq) float32 LSE."""
+    return q.new_empty(q.shape), _new_lse(q)
+
+
+@torch.library.custom_op("cute_kernels::flash_attn", mutates_args=())
+def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _new_outputs(q)
+    _check_ptrs(q, k, v)
+    _launch(q, k, v, out, lse, causal, softmax_scale)
+    return out, lse
+
+
+@_flash_attn_op.register_fake
+def _(q, k, v, causal, softmax_scale):
+    return _new_outputs(q)
+
+
+# ------------------------------------------------------------------------------------------------
+# the public function
+# ------------------------------------------------------------------------------------------------
+def flash_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    out: Optional[torch.Tensor] = None,
+):
+    """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
+
+    Args:
+        q: (B, Sq, Hq, D) float16/bfloat16 CUDA tensor, D in {64, 128}.
+        k, v: (B, Sk, Hkv, D), q's dtype and device; Hq a multiple of Hkv (GQA/MQA: query head h
+            reads k/v head h // (Hq / Hkv)).
+            Any strides with stride(-1) == 1 and every other stride a multiple of 8 elements
+            (16 bytes), data pointers 16-byte aligned: (B, H, S, D) tensors viewed as (B, S, H, D)
+            with ``.transpose(1, 2)`` run as they are, without a copy.
+        causal: bottom-right aligned mask when Sq != Sk (FlashAttention >= 2.1): query i sees keys
+            j <= i + Sk - Sq.  Rows that see no key give O = 0 and LSE = -inf.
+        softmax_scale: default 1 / sqrt(D).
+        return_lse: also return the (B, Hq, Sq) float32 natural-log LSE of each row
+            (``merge_states(o_parts, lse_parts.transpose(-1, -2))`` merges key splits).
+        out: optional (B, Sq, Hq, D) output buffer of q's dtype and device, same stride rules as q.
+
+    Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
+    argument before any launch; nothing synchronizes with the device; results are bitwise repeatable.
+    """
+    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+    scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
+    causal = bool(causal)
+    if tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
+        if out is None:
+            out, lse = _flash_attn_op(q, k, v, causal, scale)
+        else:
+            lse = _new_lse(q)
+            _flash_attn_out_op(q, k, v, out, lse, causal, scale)
+        return (out, lse) if return_lse else out
+    if out is None:
+        out, lse = _new_outputs(q)
+    else:
+        lse = _new_lse(q)
+    _launch(q, k, v, out, lse, causal, scale)  # eager: no dispatcher
+    return (out, lse) if return_lse else out

@@ -1,0 +1,401 @@
+"""The dense attention forward kernel on Hopper (FlashAttention-2 work partitioning on wgmma):
+O = softmax(Q K^T * scale) V and the natural-log LSE, never materializing S or P.
+
+One CTA per (query tile of ``tile_m`` = 128 rows, query head, batch); 3 warpgroups:
+
+* warpgroup 0, the producer (24 registers after ``setmaxnreg``): warp 0 loads the Q tile once by TMA
+  (its own mbarrier, :class:`~cute_kernels.common.ring.TxRing`), then streams K and V tiles of the
+  query head's KV head (GQA: ``h // (Hq // Hkv)``) into two ``stages``-deep TMA rings
+  (:func:`~cute_kernels.common.ring.make_tma_pipeline`, :func:`~cute_kernels.common.tma.tma_produce_tiles`),
+  K(n) then V(n), from the last visited KV tile down to tile 0.
+* warpgroups 1 and 2, the consumers (240 registers): warpgroup w owns query rows 64w .. 64w+63 of the
+  tile and computes whole rows of S, so the softmax statistics never leave a warpgroup.  Per KV tile:
+  S = Q K^T (wgmma, both operands from shared memory; the K slot is released as soon as it retires),
+  mask (only the tail / diagonal tiles), online softmax in registers (:class:`OnlineSoftmax`: exp2
+  with the scale folded into one FMA, O rescaled when the row max grows, normalization deferred),
+  P converted to 16 bits in registers and used as the register A operand of O += P V (V from shared
+  memory through a transposed, MN-major view).
+
+Why two rings (K and V in slots of their own) rather than one slot holding both: S = Q K^T of a tile
+starts as soon as its K has landed, not its V, and K's slot is handed back right after the QK wgmma
+retires, so the producer refills it while the softmax and the PV wgmma of the same tile run.
+
+KV tiles are walked from the last one down, so the masked ones (key-length tail, causal diagonal) come
+first and the unmasked loop needs no mask code; fully masked tiles are never visited (loop bounds,
+:func:`~cute_kernels.attention.forward_softmax.kv_tile_range`).  Rows that see no key end with
+m = -inf, l = 0: O = 0 and LSE = -inf.
+
+Epilogue: O / l in the input dtype -> shared memory (stmatrix into the Q buffer: the same layout, and
+each warpgroup only overwrites its own Q rows, which no one reads any more) -> one TMA store of the
+(tile_m, D) tile, which clips rows >= Sq.  LSE: each row's quad leader stores it, rows < Sq only.
+K/V rows >= Sk and Q rows >= Sq are zero-filled by the TMA unit: no out-of-bounds access for any length.
+
+Causal: query tiles are launched longest-first (tile index reversed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from layouts import attention as LA
+
+from ..common import ring, tma, wgmma
+from ..common.barriers import NamedBarrierId
+from ..common.dtypes import to_cutlass
+from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
+from . import forward_softmax as fs
+
+
+_HALF_NAMES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class FlashFwdConfig:
+    """Everything the compiled forward specializes on (the compile-cache key).  B, Sq, Sk, Hq, Hkv and
+    all strides are run-time values."""
+
+    dtype: str  # "bfloat16" | "float16"
+    head_dim: int  # 64 | 128
+    causal: bool
+    tile: LA.FwdTile
+    #: the MMA bound of the benchmark (profiles/bench_attention.py): P = S in 16 bits, no mask and no
+    #: softmax, so only the two GEMMs and the data movement remain; its output is not attention
+    mma_only: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in _HALF_NAMES:
+            raise ValueError(f"FlashFwdConfig: dtype {self.dtype!r} must be one of {_HALF_NAMES}")
+        if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
+            raise ValueError(f"FlashFwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
+
+
+def fwd_config(dtype: str, head_dim: int, causal: bool) -> FlashFwdConfig:
+    """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
+    :func:`layouts.attention.fwd_tile`)."""
+    return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
+                          tile=LA.fwd_tile(dtype, head_dim, bool(causal)))
+
+
+def _bshd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
+    """(B, S, H, D) -> (S, D, H, B): the tile modes first, as the TMA atoms and local_tile take them."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+
+
+class FlashAttnFwdSm90:
+    """The kernel for one :class:`FlashFwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
+
+    PRODUCER_REGS = 24
+    CONSUMER_REGS = 240  # 24 * 128 + 240 * 256 = 64512 <= 65536
+
+    def __init__(self, cfg: FlashFwdConfig):
+        self.cfg = cfg
+        t = cfg.tile
+        self.dtype = to_cutlass(cfg.dtype)
+        self.D = t.head_dim
+        self.tile_m = t.tile_m
+        self.tile_n = t.tile_n
+        self.stages = t.stages
+        self.causal = cfg.causal
+        self.num_wg = t.consumer_warpgroups
+        self.num_mma_threads = 128 * self.num_wg
+        self.threads = 128 + self.num_mma_threads
+
+    # ---------------------------------------------------------------- host entry (traced once)
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 scale_log2: Float32, stream):
+        t = self.cfg.tile
+        if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
+                      or mV.element_type != self.dtype or mO.element_type != self.dtype):
+            raise TypeError(f"FlashAttnFwdSm90: q, k, v, out must all be {self.dtype}")
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        num_heads = mQ.shape[2]
+        qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
+        batch = mQ.shape[0]
+        mQ, mK, mV, mO = [_bshd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
+
+        sQ_layout = LA.make_fwd_smem_layout_q(t)
+        sKV_layout = LA.make_fwd_smem_layout_kv(t)
+        tiled_mma_qk = LA.make_fwd_tiled_mma_qk(t)
+        tiled_mma_pv = LA.make_fwd_tiled_mma_pv(t)
+
+        tma_q, tma_mQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mQ, sQ_layout,
+                                                    (self.tile_m, self.D))
+        tma_k, tma_mK = tma.make_tma_load(mK, sKV_layout, (self.tile_n, self.D))
+        tma_v, tma_mV = tma.make_tma_load(mV, sKV_layout, (self.tile_n, self.D))
+        tma_o, tma_mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout,
+                                                    (self.tile_m, self.D))
+
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            q_bar: cute.struct.MemRange[cutlass.Int64, 1]
+            k_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            v_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+        self.kernel(
+            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, scale_log2,
+            Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
+            tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
+        ).launch(
+            grid=[num_m_blocks, num_heads, batch],
+            block=[self.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ---------------------------------------------------------------- device code
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               tma_v: cute.CopyAtom, mV: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
+               scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout):
+        t = self.cfg.tile
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                cpasync.prefetch_descriptor(atom)
+
+        # ---- shared memory, barriers
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        q_ring = ring.TxRing(storage.q_bar.data_ptr(), 1)
+        if tidx == 0:
+            q_ring.init()
+        single_cta = cute.make_layout((1, 1, 1))
+        pipe_k = ring.make_tma_pipeline(storage.k_bars.data_ptr(), self.stages, t.kv_tile_bytes,
+                                        4 * self.num_wg, single_cta, 1)
+        pipe_v = ring.make_tma_pipeline(storage.v_bars.data_ptr(), self.stages, t.kv_tile_bytes,
+                                        4 * self.num_wg, single_cta, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # also O in the epilogue
+        sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+
+        # ---- this CTA's work: query tile, head, batch; its KV head; its KV tiles
+        bx, head, batch = cute.arch.block_idx()
+        m_block = bx
+        if const_expr(self.causal):  # longest first
+            m_block = cute.arch.grid_dim()[0] - 1 - bx
+        head_kv = head // qhead_per_kvhead
+        n_max, n_mask = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+
+        if wg_idx == 0:
+            # ================= producer: warp 0 issues every TMA load, the other warps exit
+            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            if warp_idx == 0:
+                self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k, pipe_v,
+                             m_block, head, head_kv, batch, n_max)
+        else:
+            # ================= consumers: warpgroup w owns query rows 64(w-1) ..
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, q_ring, pipe_k, pipe_v, tma_o, mO, mLSE,
+                         scale_log2, seqlen_q, seqlen_k, m_block, head, batch, n_max, n_mask, tidx - 128, warp_idx)
+
+    @cute.jit
+    def produce(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+                tma_v: cute.CopyAtom, mV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
+                q_ring: ring.TxRing, pipe_k, pipe_v, m_block, head, head_kv, batch, n_max):
+        """Warp 0: Q once, then K(n), V(n) for n = n_max - 1 down to 0 into the two rings."""
+        t = self.cfg.tile
+        # Q: (tile_m, D) at query tile m_block of (head, batch); rows >= Sq are zero-filled
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.D), (m_block, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        q_ring.arm(0, t.q_bytes)
+        cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=q_ring.barrier(0))
+
+        # K / V: (tile_n, D, n_tiles) of the KV head; rows >= Sk are zero-filled
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.D), (None, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.D), (None, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for i in cutlass.range(n_max, unroll=1):
+            n_block = n_max - 1 - i
+            k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
+            v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block, 1)
+
+    @cute.jit
+    def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
+                sV: cute.Tensor, q_ring: ring.TxRing, pipe_k, pipe_v, tma_o: cute.CopyAtom, mO: cute.Tensor,
+                mLSE: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, m_block, head, batch,
+                n_max, n_mask, mma_tidx, warp_idx):
+        """Consumer warpgroups: the KV loop (masked tiles first, then unmasked), then the epilogue."""
+        wg = cute.arch.make_warp_uniform(mma_tidx // 128)
+        wg_first = wg * 128  # the warpgroup's slice of the tiled MMAs (operand fragments / descriptors)
+        thr_qk = tiled_mma_qk.get_slice(mma_tidx)
+        thr_pv = tiled_mma_pv.get_slice(mma_tidx)
+        wg_qk = tiled_mma_qk.get_slice(wg_first)
+        wg_pv = tiled_mma_pv.get_slice(wg_first)
+
+        # operands: Q (MMA, 1, D/16), K (MMA, 1, D/16, stages), V^T (MMA, 1, tile_n/16, stages)
+        tSrQ = tiled_mma_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        tSrK = tiled_mma_qk.make_fragment_B(wg_qk.partition_B(sK))
+        # V as the (D, tile_n) B operand: the same bytes, D contiguous (MN-major)
+        sVt = cute.composition(sV, cute.make_ordered_layout((self.D, self.tile_n, self.stages), order=(1, 0, 2)))
+        tOrVt = tiled_mma_pv.make_fragment_B(wg_pv.partition_B(sVt))
+
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.D)), Float32)
+        acc_O.fill(0.0)
+        acc_O_mn = fs.acc_mn_view(acc_O)
+        softmax = OnlineSoftmax.create(scale_log2, cute.size(acc_O_mn, mode=[0]))
+
+        # (row, col) of this thread's / thread 0's S elements within the (tile_m, tile_n) tile
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS_mn = fs.acc_mn_view(thr_qk.partition_C(cS))
+        t0ScS_mn = fs.acc_mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
+
+        read_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        read_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        q_ring.wait(0, 0)  # always: the epilogue reuses the Q buffer, so the Q load must have landed
+
+        for i in cutlass.range(n_max - n_mask, unroll=1):  # tail / diagonal tiles, masked
+            read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
+                                          pipe_k, pipe_v, read_k, read_v, tScS_mn, t0ScS_mn, m_block,
+                                          n_max - 1 - i, seqlen_q, seqlen_k, True)
+        for i in cutlass.range(n_mask, unroll=1):  # fully visible tiles
+            read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
+                                          pipe_k, pipe_v, read_k, read_v, tScS_mn, t0ScS_mn, m_block,
+                                          n_mask - 1 - i, seqlen_q, seqlen_k, False)
+
+        self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sQ, tma_o, mO, mLSE, tScS_mn, scale_log2,
+                      seqlen_q, m_block, head, batch, mma_tidx, warp_idx)
+
+    @cute.jit
+    def kv_tile(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
+                tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
+                softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, tScS_mn: cute.Tensor,
+                t0ScS_mn: cute.Tensor, m_block, n_block, seqlen_q, seqlen_k, masked: cutlass.Constexpr[bool]):
+        """One KV tile: S = Q K^T, (mask), online softmax, O += P V.  Returns the advanced ring states."""
+        # ---- S = Q K^T (fresh accumulators: the first k-block overwrites)
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        pipe_k.consumer_wait(read_k)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_qk, acc_S, tSrQ, tSrK, None, read_k.index, accumulate=False)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(read_k)
+        read_k.advance()
+
+        # ---- mask, online softmax (S becomes P in place; O rescaled)
+        acc_S_mn = fs.acc_mn_view(acc_S)
+        if const_expr(masked and not self.cfg.mma_only):
+            fs.apply_mask(acc_S_mn, tScS_mn, t0ScS_mn, m_block, n_block, seqlen_q, seqlen_k,
+                          self.tile_m, self.tile_n, self.causal)
+        if const_expr(not self.cfg.mma_only):
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                softmax.update_row(r, acc_S_mn[r, None], acc_O_mn[r, None])
+
+        # ---- P in 16 bits, as the register A operand; O += P V
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        tOrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+        pipe_v.consumer_wait(read_v)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_pv, acc_O, tOrP, tOrVt, None, read_v.index, accumulate=True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(read_v)
+        read_v.advance()
+        return read_k, read_v
+
+    @cute.jit
+    def epilogue(self, tiled_mma_pv: cute.TiledMma, thr_pv, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
+                 softmax: OnlineSoftmax, sO: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
+                 tScS_mn: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, m_block, head, batch, mma_tidx,
+                 warp_idx):
+        """O / l -> input dtype -> sO (the Q buffer) -> TMA store (rows >= Sq clipped); LSE per row."""
+        # ---- normalize, LSE (rows: the same per-thread rows as S, since both MMAs tile M alike)
+        n_rows = cute.size(acc_O_mn, mode=[0])
+        lse = cute.make_rmem_tensor((n_rows,), Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            l = quad_sum(softmax.row_sum[r])
+            inv = inv_or_zero(l)
+            lse[r] = lse_from_scaled(scaled_max(softmax.row_max[r], scale_log2), l)
+            acc_O_mn[r, None].store(acc_O_mn[r, None].load() * inv)
+
+        # ---- LSE: the quad leader (column 0) of each row, rows < Sq
+        if tScS_mn[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(n_rows):
+                q = m_block * self.tile_m + tScS_mn[r, 0][0]
+                if q < seqlen_q:
+                    mLSE[batch, head, q] = lse[r]
+
+        # ---- O: registers -> smem (stmatrix; this warpgroup's rows of the Q buffer) -> TMA store
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
+        r2s_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
+        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma_pv))
+        thr_r2s = tiled_r2s.get_slice(mma_tidx)
+        tRS_sO = thr_r2s.partition_D(sO)
+        # the accumulators in the copy's value order ((values, copies)), moved into a tensor shaped
+        # like the copy's source (the same linear order: copy j takes values 8j .. 8j+7)
+        tRS_rO_acc = tiled_r2s.retile(rO)
+        tRS_rO = cute.make_tensor(tRS_rO_acc.iterator, cute.composition(
+            tRS_rO_acc.layout, cute.make_layout(cute.shape(thr_r2s.partition_S(sO)))))
+        cute.copy(tiled_r2s, tRS_rO, tRS_sO)
+        cute.arch.fence_proxy("async.shared", space="cta")  # smem writes visible to the TMA unit
+        cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
+        if warp_idx == 4:
+            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.D), (m_block, 0))
+            bSG_sO, bSG_gO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, bSG_sO, bSG_gO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays valid until the store has read it
+
+
+# ---- compile entry ------------------------------------------------------------------------------
+
+
+def forward_builder(cfg: FlashFwdConfig):
+    """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled` /
+    :func:`~cute_kernels.common.jit.compile_now`: symbolic B, Sq, Sk, Hq, Hkv and a fresh symbolic
+    stride for every stride of every tensor (stride(-1) = 1; shared symbols would make the compiled
+    function demand equal strides)."""
+
+    def build():
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+        dt = to_cutlass(cfg.dtype)
+        D = cfg.head_dim
+        B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
+
+        def strides():
+            return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
+
+        mQ = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+        mK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+        mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+        mO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+        mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
+        k = FlashAttnFwdSm90(cfg)
+        return k, (mQ, mK, mV, mO, mLSE, Float32(1.0), make_fake_stream(use_tvm_ffi_env_stream=True))
+
+    return build

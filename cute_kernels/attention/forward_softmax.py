@@ -1,0 +1,116 @@
+"""Index math and register-level steps of the attention forward kernel
+(:mod:`cute_kernels.attention.forward_kernel`): which KV tiles a query tile visits and which of them
+need a mask, the mask itself, and the views that turn a wgmma accumulator into rows (softmax) and into
+the register A operand of the next wgmma (P).
+
+Index conventions (B, S, H, D tensors viewed as (S, D, H, B)):
+
+* query row ``q`` (0-based in the sequence) sees key ``k`` iff ``k < Sk`` and, when causal,
+  ``k <= q + Sk - Sq`` (bottom-right alignment, FlashAttention >= 2.1);
+* query tile ``m`` holds rows ``m * tile_m .. m * tile_m + tile_m - 1`` (rows >= Sq are computed on
+  zero-filled Q and never stored); KV tile ``n`` holds keys ``n * tile_n ..``.
+
+The ``@cute.jit`` functions run inside a kernel trace; :func:`kv_tile_range_py` is the same range in
+plain Python, for tests.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+# ------------------------------------------------------------------------------------------------
+# which KV tiles a query tile visits
+# ------------------------------------------------------------------------------------------------
+
+
+@cute.jit
+def kv_tile_range(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                  tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool]):
+    """``(n_max, n_mask)`` for query tile ``m_block``: the tile visits KV tiles ``0 .. n_max - 1``;
+    tiles ``n_mask .. n_max - 1`` need a mask (the key-length tail, the causal diagonal), tiles
+    ``0 .. n_mask - 1`` none.  ``n_max`` is 0 when no row of the tile sees a key (causal, Sq > Sk).
+
+    The producer and the consumers call this with the same arguments, so they agree on the count."""
+    n_max = (seqlen_k + tile_n - 1) // tile_n
+    n_full = seqlen_k // tile_n  # tiles entirely below Sk
+    if cutlass.const_expr(causal):
+        # the tile's first row sees keys <= first_lim, its last row keys <= first_lim + tile_m - 1
+        first_lim = m_block * tile_m + seqlen_k - seqlen_q
+        n_max = cutlass.min(n_max, (cutlass.max(first_lim + tile_m, 0) + tile_n - 1) // tile_n)
+        # tile n is below the diagonal for every row iff its last key n * tile_n + tile_n - 1 <= first_lim
+        n_full = cutlass.min(n_full, cutlass.max(first_lim + 1, 0) // tile_n)
+    n_mask = cutlass.min(n_full, n_max)
+    return n_max, n_mask
+
+
+def kv_tile_range_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool):
+    """:func:`kv_tile_range` in plain Python (tests check it against brute force)."""
+    n_max = -(-seqlen_k // tile_n)
+    n_full = seqlen_k // tile_n
+    if causal:
+        first_lim = m_block * tile_m + seqlen_k - seqlen_q
+        n_max = min(n_max, -(-max(first_lim + tile_m, 0) // tile_n))
+        n_full = min(n_full, max(first_lim + 1, 0) // tile_n)
+    return n_max, min(n_full, n_max)
+
+
+# ------------------------------------------------------------------------------------------------
+# accumulator views
+# ------------------------------------------------------------------------------------------------
+
+
+def acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """A wgmma accumulator's ((2, 2, N/8), MMA_M, MMA_N) register layout as (rows, columns):
+    ((2, MMA_M), (2, N/8, MMA_N)).  Mode 0 of the atom's value is the column pair, mode 1 the row
+    half (+8), mode 2 the 8-column group; a thread's rows are the (row half, MMA_M) pairs."""
+    s, d = acc_layout.shape, acc_layout.stride
+    return cute.make_layout(
+        ((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
+        stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])),
+    )
+
+
+def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
+    """:func:`acc_mn_layout` applied to an accumulator-shaped tensor (registers or coordinates)."""
+    return cute.make_tensor(t.iterator, acc_mn_layout(t.layout))
+
+
+def acc_to_frg_a_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """The 64 x N accumulator of S = Q K^T, ((2, 2, N/8), MMA_M, MMA_N), as the register A operand of
+    O += P V with K = N: ((2, 2, 2), MMA_M, (N/16, MMA_N)).  For 16-bit A the wgmma's A fragment of
+    one k-block (16 columns) is exactly the accumulator's two 8-column groups, so this is a
+    relabelling of the same registers, no data movement."""
+    l = cute.logical_divide(acc_layout, ((None, None, 2), None, None))
+    return cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1], (l.stride[0][2][1], l.stride[2])),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# the mask
+# ------------------------------------------------------------------------------------------------
+
+
+@cute.jit
+def apply_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m_block: Int32, n_block: Int32,
+               seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
+               causal: cutlass.Constexpr[bool]):
+    """Set the scores of invisible keys to -inf in one KV tile (``s_mn``: the thread's (rows, cols)
+    view of S).
+
+    ``tScS_mn`` / ``t0ScS_mn``: the (row, col) coordinates within the CTA tile of this thread's and of
+    thread 0's elements; thread 0's columns are compile-time constants, so the comparison is against
+    a per-thread limit minus this thread's column offset (one compare-select per score)."""
+    col_off = tScS_mn[0, 0][1]
+    key0 = n_block * tile_n + col_off  # key index of this thread's column 0
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        limit = seqlen_k - key0  # columns c with t0 col >= limit are masked
+        if cutlass.const_expr(causal):
+            q = m_block * tile_m + tScS_mn[r, 0][0]
+            limit = cutlass.min(limit, q + seqlen_k - seqlen_q + 1 - key0)
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            if t0ScS_mn[0, c][1] >= limit:
+                s_mn[r, c] = -Float32.inf

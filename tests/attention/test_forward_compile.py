@@ -1,0 +1,148 @@
+"""Attention forward kernel, CPU side: the tile descriptions, the KV-tile walk and mask rules against
+brute force (the kernel's index math, emulated tile by tile in torch), and every configuration
+(D x causal x dtype) compiling for sm_90a with tensor-core instructions and no local-memory traffic.
+The GPU tests are in ``test_forward.py``."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from cute_kernels.attention import forward_softmax as fs
+from layouts import attention as LA
+
+CONFIGS = list(itertools.product(("bfloat16", "float16"), (64, 128), (False, True)))
+
+
+# ------------------------------------------------------------------------------------------ tiles
+@pytest.mark.parametrize("dtype,head_dim,causal", CONFIGS)
+def test_fwd_tile_fits(dtype, head_dim, causal):
+    t = LA.fwd_tile(dtype, head_dim, causal)
+    assert t.tile_m == 128 and t.consumer_warpgroups == 2
+    assert t.smem_bytes() <= LA.FWD_SMEM_CAPACITY
+    assert t.tile_regs_per_thread <= LA.FWD_MAX_TILE_REGS
+    hash(t)
+
+
+def test_fwd_tile_rejects():
+    with pytest.raises(ValueError):
+        LA.FwdTile("bfloat16", 96)
+    with pytest.raises(ValueError):
+        LA.FwdTile("bfloat16", 128, stages=8)  # does not fit in shared memory
+    with pytest.raises(ValueError):
+        LA.FwdTile("bfloat16", 128, tile_n=100)
+
+
+# ------------------------------------------------------------------------------------------ index math
+def visible(q, k, Sq, Sk, causal):
+    return k < Sk and (not causal or k <= q + Sk - Sq)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_kv_tile_range_brute_force(causal):
+    """Every visible (q, k) of a real row lies in a visited tile; tiles below n_mask hold only visible
+    pairs for every real row; tiles >= n_max hold none."""
+    tm, tn = 16, 8  # small tiles: many tiles per length
+    for Sq, Sk in itertools.product((1, 5, 16, 17, 33, 64), (1, 7, 8, 17, 40, 64)):
+        for m in range(-(-Sq // tm)):
+            n_max, n_mask = fs.kv_tile_range_py(m, Sq, Sk, tm, tn, causal)
+            assert 0 <= n_mask <= n_max
+            rows = range(m * tm, min((m + 1) * tm, Sq))
+            for n in range(-(-max(Sk, 1) // tn) + 1):
+                keys = range(n * tn, (n + 1) * tn)
+                vis = [visible(q, k, Sq, Sk, causal) for q in rows for k in keys]
+                if n >= n_max:
+                    assert not any(vis), (Sq, Sk, m, n)
+                if n < n_mask:
+                    assert all(vis), (Sq, Sk, m, n)
+
+
+def emulate_forward(q, k, v, causal, tm, tn):
+    """The kernel's algorithm on one (batch, head) in float64: per query tile the KV walk of
+    kv_tile_range (masked tiles first, from the last one down), the mask rule of apply_mask, the online
+    softmax (exp2, scaled max 0 for empty rows), deferred normalization, natural-log LSE."""
+    Sq, D = q.shape
+    Sk = k.shape[0]
+    scale_log2 = D ** -0.5 * math.log2(math.e)
+    o = torch.zeros(Sq, D, dtype=torch.float64)
+    lse = torch.zeros(Sq, dtype=torch.float64)
+    for m in range(-(-Sq // tm)):
+        r0 = m * tm
+        rows = torch.arange(r0, r0 + tm)
+        qt = torch.zeros(tm, D, dtype=torch.float64)
+        qt[: min(tm, Sq - r0)] = q[r0 : r0 + tm].double()  # zero-filled rows past Sq
+        n_max, n_mask = fs.kv_tile_range_py(m, Sq, Sk, tm, tn, causal)
+        mx = torch.full((tm,), -math.inf, dtype=torch.float64)
+        l = torch.zeros(tm, dtype=torch.float64)
+        acc = torch.zeros(tm, D, dtype=torch.float64)
+        for n in list(range(n_max - 1, n_mask - 1, -1)) + list(range(n_mask - 1, -1, -1)):
+            kt = torch.zeros(tn, D, dtype=torch.float64)
+            vt = torch.zeros(tn, D, dtype=torch.float64)
+            kt[: max(0, min(tn, Sk - n * tn))] = k[n * tn : (n + 1) * tn].double()
+            vt[: max(0, min(tn, Sk - n * tn))] = v[n * tn : (n + 1) * tn].double()
+            s = qt @ kt.T
+            if n >= n_mask:  # apply_mask
+                cols = n * tn + torch.arange(tn)
+                limit = torch.full((tm,), Sk, dtype=torch.int64)
+                if causal:
+                    limit = torch.minimum(limit, rows + Sk - Sq + 1)
+                s[cols[None, :] >= limit[:, None]] = -math.inf
+            m_new = torch.maximum(mx, s.amax(1))
+            m_s = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new * scale_log2)
+            p = torch.exp2(s * scale_log2 - m_s[:, None])
+            corr = torch.exp2(mx * scale_log2 - m_s)
+            l = l * corr + p.sum(1)
+            acc = acc * corr[:, None] + p @ vt
+            mx = m_new
+        m_s = torch.where(torch.isneginf(mx), torch.zeros_like(mx), mx * scale_log2)
+        inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
+        lse_t = torch.where(l > 0, (m_s + torch.log2(l)) * math.log(2.0), torch.full_like(l, -math.inf))
+        keep = min(tm, Sq - r0)
+        o[r0 : r0 + keep] = (acc * inv[:, None])[:keep]
+        lse[r0 : r0 + keep] = lse_t[:keep]
+    return o, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (17, 1000), (1000, 17), (128, 128), (200, 77), (5, 300), (300, 300)])
+def test_emulated_walk_matches_reference(causal, Sq, Sk):
+    """The kernel's tile walk + masks, emulated at the real tile size (128 x 128), equals attention."""
+    g = torch.Generator().manual_seed(0)
+    D = 16
+    q, k, v = (torch.randn(n, D, generator=g, dtype=torch.float64) for n in (Sq, Sk, Sk))
+    o, lse = emulate_forward(q, k, v, causal, 128, 128)
+    s = (q @ k.T) * D ** -0.5
+    if causal:
+        qi = torch.arange(Sq)[:, None]
+        kj = torch.arange(Sk)[None, :]
+        s = s.masked_fill(kj > qi + Sk - Sq, -math.inf)
+    ref_lse = torch.logsumexp(s, -1)
+    empty = torch.isneginf(ref_lse)
+    p = torch.where(empty[:, None], torch.zeros_like(s), torch.softmax(s, -1).nan_to_num(0.0))
+    ref_o = p @ v
+    assert torch.equal(torch.isneginf(lse), empty)
+    assert torch.allclose(o, ref_o, atol=1e-10)
+    assert torch.allclose(lse[~empty], ref_lse[~empty], atol=1e-10)
+    assert (o[empty] == 0).all()
+
+
+# ------------------------------------------------------------------------------------------ compile
+@pytest.mark.parametrize("dtype,head_dim,causal", CONFIGS)
+def test_forward_compiles_without_spills(dtype, head_dim, causal):
+    from cute_kernels.attention.forward_kernel import FlashFwdConfig, forward_builder, fwd_config
+    from cute_kernels.tools import inspect as ins
+
+    cfg = fwd_config(dtype, head_dim, causal)
+    assert isinstance(cfg, FlashFwdConfig)
+    hash(cfg)
+    rep = ins.inspect_builder(forward_builder(cfg))
+    assert len(rep.kernels) == 1
+    k = rep.kernels[0]
+    assert k.spills == 0, rep.summary()
+    assert k.stack_frame == 0, rep.summary()
+    # per KV-tile loop (masked, unmasked): D/16 QK wgmmas + tile_n/16 PV wgmmas
+    t = cfg.tile
+    assert k.instructions["HGMMA"] == 2 * (head_dim // 16 + t.tile_n // 16), rep.summary()
+    assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
+    assert k.instructions["LDG"] == 0, rep.summary()  # everything is loaded by TMA
