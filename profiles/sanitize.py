@@ -101,4 +101,28 @@ if os.environ.get("SKIP_DECODE") is None:
     torch.cuda.synchronize()
     ref, _ = DA.decode_attn_reference(q, kc, vc, lens)
     check("decode b2 hq8 hkv2 L1000 splits=4", o, ref.double())
+
+
+def fwd(b, sq, sk, hq, hkv, d, causal):
+    """flash_attn on ragged lengths (tails in both Q and K/V tiles, GQA, causal rows with no key)."""
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = torch.full_like(q, float("nan"))
+    cute_kernels.flash_attn(q, k, v, causal=causal, out=out)
+    torch.cuda.synchronize()
+    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
+    kd, vd = kd.repeat_interleave(hq // hkv, 1), vd.repeat_interleave(hq // hkv, 1)
+    s = (qd @ kd.transpose(-1, -2)) / d ** 0.5
+    if causal:  # bottom-right: query i sees keys j <= i + sk - sq
+        i = torch.arange(sq, device="cuda")[:, None]
+        s = s.masked_fill(torch.arange(sk, device="cuda")[None, :] > i + sk - sq, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)  # rows with no key: 0
+    check(f"flash_attn b{b} sq{sq} sk{sk} hq{hq} hkv{hkv} d{d} causal={causal}", out, (p @ vd).transpose(1, 2))
+
+
+if os.environ.get("SKIP_FORWARD") is None:
+    fwd(2, 200, 77, 4, 1, 128, False)   # K/V tail in the only KV tile, Q tail in the second query tile
+    fwd(1, 300, 130, 8, 2, 64, True)    # causal with Sq > Sk: the first 170 rows see no key
+    fwd(1, 17, 1000, 2, 2, 128, True)   # one partial query tile against 8 KV tiles, diagonal masked
 sys.exit(bad)
