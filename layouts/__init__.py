@@ -1,10 +1,7 @@
-"""Tile descriptions of the kernels (:mod:`layouts.tiles`) and a CPU explorer for them.
-
-The explorer evaluates layouts with the DSL's own algebra (:mod:`layouts.explore`: fragments, shared
-memory and banks; :mod:`layouts.raster`: the persistent scheduler's tile order), draws them as
-text/SVG/PNG (:mod:`layouts.render`) and is reachable as ``cute-kernels layouts``
-(:mod:`cute_kernels.tools.layouts_cli`).  ``layouts`` never imports ``cute_kernels``; the compile target
-is set by :mod:`layouts.target`.
+"""Tile descriptions of the kernels (:mod:`layouts.tiles`, :mod:`layouts.attention`) and a CPU explorer
+for them: :mod:`layouts.explore` (fragments, shared memory, banks) and :mod:`layouts.raster` (the
+scheduler's tile order), drawn by :mod:`layouts.render`, reachable as ``cute-kernels layouts``.
+``layouts`` never imports ``cute_kernels``; :mod:`layouts.target` sets the compile target.
 """
 
 from .explore import (

@@ -1,18 +1,14 @@
-"""Evaluate the kernels' layouts on the CPU, as plain Python tables, to look at them without a GPU.
+"""Evaluate the kernels' layouts on the CPU as plain Python tables.
 
-Every number here comes from the DSL's own layout algebra, evaluated inside a host-side ``@cute.jit``
-trace (static layouts fold to Python ints there); nothing re-implements CuTe.  The one piece of
-hardware knowledge added is where a swizzle applies: the GMMA shared-memory atoms
-(``S<3,4,3> o 0 o layout``) are attached to the *pointer*, so the swizzle acts on **byte** addresses,
-while the layout counts elements (CuTe C++ ``swizzle_ptr``: "SwizzleFn operates on the pointer
-address").  Evaluating such a ComposedLayout as a plain function would swizzle element offsets, which
-is only right for 8-bit types; :func:`evaluate` with ``elem_bytes`` and :func:`smem_bank_pattern` do it
-the way the kernel's smem tensor does.
+Every number comes from the DSL's own layout algebra, evaluated inside a host-side ``@cute.jit`` trace
+(static layouts fold to Python ints there).  One piece of hardware knowledge is added: the GMMA smem
+atoms' swizzle (``S<3,4,3> o 0 o layout``) is attached to the *pointer*, so it acts on **byte**
+addresses while the layout counts elements (CuTe C++ ``swizzle_ptr``); :func:`evaluate` with
+``elem_bytes`` and :func:`smem_bank_pattern` apply it that way.
 
-The tables (:class:`LayoutTable`, :class:`OwnershipTable`, :class:`BankTable`, and the scheduler's
-:class:`~layouts.raster.RasterTable` in :mod:`layouts.raster`) are frozen dataclasses of ints; each has
-``grid()`` returning a :class:`Grid` (labels + colour keys), which :mod:`layouts.render` draws as text,
-SVG or PNG.
+The tables (:class:`LayoutTable`, :class:`OwnershipTable`, :class:`BankTable`, and
+:class:`~layouts.raster.RasterTable`) are frozen dataclasses of ints whose ``grid()`` returns a
+:class:`Grid` that :mod:`layouts.render` draws as text, SVG or PNG.
 """
 
 from __future__ import annotations
@@ -44,17 +40,13 @@ _lock = threading.RLock()  # _pending is global: one trace at a time
 
 @cute.jit
 def _trace():
-    # Re-traced on every call (a zero-argument host function is not cached by value), so
-    # whatever _pending[0] collects is fresh each time.
+    # re-traced on every call (a zero-argument host function is not cached by value)
     _pending[0]()
 
 
 def in_dsl(fn: Callable[[], Any]) -> Any:
-    """Run ``fn()`` inside a host-side DSL trace and return its (pure Python) result.
-
-    The layout builders need an MLIR context; a host ``@cute.jit`` function provides one and runs
-    on the CPU.  ``fn`` must return Python values only (DSL objects do not outlive the trace).
-    """
+    """Run ``fn()`` inside a host-side DSL trace (the MLIR context the layout builders need) and return
+    its result, which must be pure Python (DSL objects do not outlive the trace)."""
     box: list[Any] = []
     with _lock:
         _pending[:] = [lambda: box.append(fn())]
@@ -129,13 +121,9 @@ def _tuples(rows: Sequence[Sequence[Any]]) -> tuple[tuple[Any, ...], ...]:
 
 @dataclass(frozen=True)
 class LayoutTable:
-    """A layout evaluated at every coordinate.
-
-    ``offsets[r][c]``: row ``r`` is the coordinate in mode 0, column ``c`` the colexicographic index
-    over all other modes (so a staged ``(M, K, stages)`` layout shows its stages side by side), i.e.
-    ``offsets[r][c] == L(r + rows * c)``, CuTe's 1-D coordinate.  Rank-1 layouts are a column, as
-    CuTe's ``print_layout`` draws them.
-    """
+    """A layout evaluated at every coordinate: ``offsets[r][c] == L(r + rows * c)``, row = mode 0,
+    column = the colexicographic index over the other modes (a staged ``(M, K, stages)`` layout shows
+    its stages side by side); rank-1 layouts are a column, as CuTe's ``print_layout`` draws them."""
 
     text: str
     shape: Any  # nested tuple (or int for rank 1)
@@ -185,11 +173,8 @@ class LayoutTable:
 
 
 def evaluate(layout_factory: Callable[[], Any], *, elem_bytes: int | None = None) -> LayoutTable:
-    """Evaluate the layout returned by ``layout_factory()`` (called inside a DSL trace).
-
-    For a swizzled ComposedLayout pass ``elem_bytes`` to get the physical placement the kernel's
-    swizzled smem pointer produces (swizzle on bytes); without it the DSL's functional value is used.
-    """
+    """Evaluate the layout ``layout_factory()`` returns inside a DSL trace.  ``elem_bytes``: for a
+    swizzled ComposedLayout, the placement the kernel's swizzled smem pointer produces (swizzle on bytes)."""
 
     def work():
         L = layout_factory()
@@ -216,13 +201,9 @@ def evaluate(layout_factory: Callable[[], Any], *, elem_bytes: int | None = None
 
 @dataclass(frozen=True)
 class OwnershipTable:
-    """Which thread (and which of its values) holds each element of an MMA operand tile.
-
-    From the tiled MMA's TV layout ``(thread, value) -> column-major index in the tile``.
-    ``thread[r][c]`` is the lowest owning thread, ``owners[r][c]`` how many threads own the element:
-    1 for the accumulator C; 128 (a whole warpgroup) for A and B of the SS wgmma, whose operands are
-    read from shared memory by the warpgroup as a whole (thread stride 0 in their TV layouts).
-    """
+    """Which thread (and which of its values) holds each element of an MMA operand tile, from the TV
+    layout.  ``thread[r][c]``: the lowest owning thread; ``owners[r][c]``: how many own it (1 for C; 128
+    for A and B of the SS wgmma, read from smem by the whole warpgroup: thread stride 0)."""
 
     operand: str
     tiled: bool
@@ -336,14 +317,11 @@ def mma_fragment_ownership(mma: _tiles.MmaTile, operand: str = "C", *, tiled: bo
 class BankTable:
     """Where one stage of a swizzled smem tile lands in the banks.
 
-    ``offsets[r][c]``: physical element offset of logical element ``(r, c)`` (rows = mode 0, e.g. M;
-    cols = mode 1, e.g. K) relative to the start of stage 0.  ``chunk_groups[i][j]``: bank group
-    (0..7, i.e. banks ``4g..4g+3``) of the ``j``-th 16-byte vector along the contiguous mode in
-    strided line ``i`` -- for K-major A, line ``i`` is row ``m = i`` and vector ``j`` holds
-    ``k = 8j..8j+7`` (bf16).  Conflict-free means: any 8 consecutive lines put the same vector ``j``
-    into 8 different bank groups, so an 8x16-byte access (ldmatrix, TMA write, wgmma read) of a
-    column of vectors touches all 32 banks once.
-    """
+    ``offsets[r][c]``: physical element offset of logical ``(r, c)`` (mode 0, mode 1) from stage 0.
+    ``chunk_groups[i][j]``: bank group (banks ``4g..4g+3``) of the ``j``-th 16-byte vector along the
+    contiguous mode in strided line ``i`` (K-major bf16 A: row ``i``, ``k = 8j..8j+7``).  Conflict-free:
+    any 8 consecutive lines put vector ``j`` in 8 different groups, so an 8 x 16-byte access touches
+    all 32 banks once."""
 
     operand: str
     layout: str
@@ -438,16 +416,11 @@ def smem_bank_pattern(tiles: _tiles.GemmTiles, operand: str = "A", stage: int = 
 
 
 def epilogue_register_map(tiles: _tiles.GemmTiles, thread_step: int = 5) -> dict[str, int]:
-    """Check the epilogue's register bookkeeping without a GPU.
-
-    The GEMM epilogue copies accumulator register ``e * n_rD + v`` into register ``v`` of sub-tile
-    ``e`` (sub-tiles enumerated M-block-major) before the stmatrix copy.  That is right only if both
-    views of a thread's registers name the same element of the CTA tile: the MMA's C partition
-    (``partition_C`` of an identity tensor) and the register->shared copy's *source* partition of one
-    epilogue sub-tile (``partition_S``; ``partition_D`` would give the addresses a thread supplies to
-    stmatrix, not where its values land).  Returns ``{"bad": n, "checked": n}`` over every
-    ``thread_step``-th consumer thread.
-    """
+    """Check the epilogue's register bookkeeping without a GPU: it copies accumulator ``e * n_rD + v``
+    into register ``v`` of sub-tile ``e`` (M-block-major), right only if the MMA's C partition and the
+    register->shared copy's *source* partition (``partition_S``, not the stmatrix addresses of
+    ``partition_D``) name the same element.  ``{"bad": n, "checked": n}`` over every ``thread_step``-th
+    consumer thread."""
     import cutlass
     import cutlass.utils.hopper_helpers as sm90_utils
 

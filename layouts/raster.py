@@ -1,9 +1,6 @@
-"""The GEMM's persistent tile scheduler on the CPU: which output tile each work id is, and which CTA
-of a persistent grid runs it (the raster order that decides L2 reuse).
-
-The order is read off the DSL's own ``PersistentTileSchedulerParams`` layout (what the kernels run,
-through ``cute_kernels.common.scheduler``), evaluated in a host-side trace by :func:`layouts.explore.in_dsl`;
-:class:`RasterTable` draws it through :mod:`layouts.render` like the other tables.
+"""The GEMM's persistent tile scheduler on the CPU: which output tile each work id is and which CTA of
+a persistent grid runs it (the raster order that decides L2 reuse), read off the DSL's own
+``PersistentTileSchedulerParams`` (what the kernels run) in a host-side trace.
 """
 
 from __future__ import annotations
@@ -33,15 +30,12 @@ def scheduler_cluster_order(
     raster_along_m: bool = True,
 ) -> tuple[tuple[int, int], ...]:
     """Cluster coordinate ``(mc, nc)`` of every linear work unit, in the order the GEMM's persistent
-    scheduler hands them out, read off the DSL's own ``PersistentTileSchedulerParams`` layout.
+    scheduler hands them out (the DSL object the kernels run, not a formula: its details matter for L2).
 
-    Why the DSL object and not a formula: it is what the kernels run
-    (``cute_kernels.common.scheduler.persistent_scheduler_params``), and its details matter for L2
-    reuse.  With ``swizzle > 1`` the cluster grid across the raster direction is rounded up to whole
-    strips of ``swizzle`` (so a last, partial strip has padding units, which a CTA still takes and
-    computes on zero-filled tiles); the strip is walked row by row down the raster direction.
-    With ``swizzle == 1`` the scheduler decodes the id with fast divmods instead of the layout:
-    column-major along M, row-major along N.
+    With ``swizzle > 1`` the cluster grid across the raster direction is rounded up to whole strips of
+    ``swizzle`` (a partial last strip has padding units, computed on zero-filled tiles), each walked
+    row by row down the raster direction.  With ``swizzle == 1`` the scheduler decodes the id with
+    divmods: column-major along M, row-major along N.
     """
     Mt, Nt = num_tiles_mn
     cm, cn = cluster_mn
@@ -79,15 +73,11 @@ def tile_coord(
     swizzle: int = 1,
     raster_along_m: bool = True,
 ) -> tuple[int, int]:
-    """Linear work-tile id -> output tile ``(m, n)``, as the GEMM's scheduler assigns it.
-
-    ``cid, rank = divmod(tile_id, cm * cn)``: cluster work unit ``cid`` (its cluster coordinate from
-    :func:`scheduler_cluster_order`) and the CTA's rank in the cluster, column-major as
-    ``block_rank_in_cluster`` is: ``m, n = mc * cm + rank % cm, nc * cn + rank // cm``.  Ids whose
-    ``(m, n)`` fall outside the tile grid (cluster or swizzle-strip padding) produce no output, but the
-    kernel still runs their mainloop on zero-filled tiles (hence the GEMM planner fits the swizzle to the
-    tile grid).  Why it matters: consecutive ids sweep a band of ``swizzle`` cluster columns (rows) down
-    M (across N), so CTAs running at the same time share A rows and B columns in L2.
+    """Linear work-tile id -> output tile ``(m, n)``, as the GEMM's scheduler assigns it: cluster unit
+    ``cid`` (:func:`scheduler_cluster_order`) and the CTA's column-major rank in the cluster, from
+    ``cid, rank = divmod(tile_id, cm * cn)``.  Ids past the tile grid (padding) produce no output but
+    still run their mainloop.  Consecutive ids sweep a band of ``swizzle`` cluster columns (rows), so
+    CTAs running at the same time share A rows and B columns in L2.
     """
     cm, cn = cluster_mn
     order = scheduler_cluster_order(tuple(num_tiles_mn), tuple(cluster_mn), swizzle, raster_along_m)

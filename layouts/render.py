@@ -1,11 +1,7 @@
-"""Draw the explorer's tables as text, SVG or PNG.
-
-Anything with a ``grid()`` method (the tables of :mod:`layouts.explore` and :mod:`layouts.raster`) or a
-:class:`~layouts.explore.Grid` can be rendered.  Text shows every label; the pictures colour cells by their key (thread, bank
-group, CTA, ...).  Pictures stay small (< 300 KB) because a 64x128 accumulator or a 128x64 smem tile
-is 8192 cells: neighbouring cells of the same key are merged into one run, one ``<path>`` per colour,
-and large grids label runs (with the short label) instead of cells, and only where the text fits.
-matplotlib is imported only when a PNG is asked for.
+"""Draw the explorer's tables (anything with ``grid()``, or a :class:`~layouts.explore.Grid`) as text,
+SVG or PNG.  Text shows every label; pictures colour cells by key (thread, bank group, CTA, ...) and
+stay under 300 KB for 8192-cell tiles: equal neighbours merge into runs, one ``<path>`` per colour,
+and large grids label runs, where the text fits.  matplotlib is imported only for PNGs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The compile target the DSL is pointed at, set before ``cutlass`` is first imported.
-
-Why: the CuTe DSL reads ``CUTE_DSL_ARCH`` once, at import, and without a GPU it assumes a Blackwell
-target.  Every kernel here is Hopper-only, so whichever of :mod:`layouts` or :mod:`cute_kernels` is
-imported first sets the variable to ``sm_90a`` (or the device's arch, or ``CUTE_KERNELS_ARCH``) before
-anything imports ``cutlass``.  A CPU-only machine can then build real ``sm_90a`` cubins.
-Pure Python; torch is imported lazily and only to ask for a device.
+"""The compile target the DSL is pointed at, set before ``cutlass`` is first imported: the DSL reads
+``CUTE_DSL_ARCH`` once, and without a GPU assumes Blackwell.  Whichever of :mod:`layouts` or
+:mod:`cute_kernels` is imported first sets it to ``sm_90a`` (or the device's arch, or
+``CUTE_KERNELS_ARCH``), so a CPU-only machine builds real ``sm_90a`` cubins.  Pure Python.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Typed tile descriptions of every kernel, and the functions that turn them into CuTe objects.
-
-This is the single source of truth for tiling: kernels build their tiled MMAs, shared-memory layouts
-and epilogue tiles only through these functions, and the explorer (:mod:`layouts.explore`) draws the
-very same objects.  The algebra is the DSL's own (``cute.tile_to_shape``, ``make_tiled_mma``, ...);
-nothing here re-implements it.
-
-The descriptions are plain frozen dataclasses (hashable: they are part of compile-cache keys).  The
-``make_*`` functions must run inside a DSL context (a ``@cute.jit`` function, host side or kernel).
+"""Typed tile descriptions of the GEMM, and the functions that turn them into CuTe objects: kernels
+build their tiled MMAs and shared-memory layouts only through these, and :mod:`layouts.explore` draws
+the very same objects.  The descriptions are frozen dataclasses (part of compile-cache keys); the
+``make_*`` functions run inside a DSL context (a ``@cute.jit`` function, host side or kernel).
 """
 
 from __future__ import annotations
@@ -33,8 +28,8 @@ DTYPES = {
 WGMMA_M = 64  # one warpgroup's wgmma covers 64 rows
 WGMMA_K_16BIT = 16  # K per wgmma instruction for 16-bit operands
 THREADS_PER_WARPGROUP = 128
-#: Most fp32 accumulators per consumer thread a tile may need (quack's 256 x 208 cooperative and
-#: 128 x 208 ping-pong tiles; with setmaxnreg 240 the rest of the kernel gets ~30 registers).
+#: Most fp32 accumulators per consumer thread a tile may need (256 x 208 tiles; with setmaxnreg 240
+#: the rest of the kernel gets ~30 registers).
 MAX_ACC_REGS_PER_THREAD = 208
 
 
@@ -43,23 +38,16 @@ def dtype(name: str):
 
 
 def _major_enum(major: str, *, operand: str) -> LayoutEnum:
-    """'k' or 'mn' (the operand's contiguous mode) as the DSL's LayoutEnum for A, B or C."""
-    if operand == "a":
-        return LayoutEnum.ROW_MAJOR if major == "k" else LayoutEnum.COL_MAJOR
-    if operand == "b":  # B is viewed (N, K)
-        return LayoutEnum.ROW_MAJOR if major == "k" else LayoutEnum.COL_MAJOR
-    # C (M, N): 'n' contiguous is row-major
-    return LayoutEnum.ROW_MAJOR if major == "n" else LayoutEnum.COL_MAJOR
+    """The operand's contiguous mode as the DSL's LayoutEnum: A (M, K) and B (viewed (N, K)) are
+    row-major when 'k' is contiguous, C (M, N) when 'n' is."""
+    return LayoutEnum.ROW_MAJOR if major == ("n" if operand == "c" else "k") else LayoutEnum.COL_MAJOR
 
 
 @dataclass(frozen=True)
 class MmaTile:
-    """The warpgroup MMA: wgmma atom ``64 x atom_n x 16`` tiled over ``warpgroups_mn`` warpgroups.
-
-    A CTA tile larger than :attr:`tile_mn` repeats the whole tiled MMA over it (CuTe's partition of
-    the CTA tile by the tiled MMA): with 2x1 warpgroups and a 256-row CTA tile, warpgroup ``w`` owns
-    the 64-row M-blocks at rows ``64 w`` and ``128 + 64 w`` and issues two wgmmas per k-block (as
-    quack's 256 x N cooperative tiles do)."""
+    """The warpgroup MMA: wgmma atom ``64 x atom_n x 16`` tiled over ``warpgroups_mn`` warpgroups.  A
+    larger CTA tile repeats the tiled MMA: with 2x1 warpgroups and 256 rows, warpgroup ``w`` owns the
+    64-row M-blocks at rows ``64 w`` and ``128 + 64 w`` (two wgmmas per k-block)."""
 
     ab_dtype: str = "bfloat16"
     acc_dtype: str = "float32"
@@ -93,19 +81,15 @@ class GemmTiles:
     epi_stages: int = 2
     c_dtype: str = "bfloat16"
     c_major: str = "n"
-    # Ping-pong consumers: two warpgroups on different output tiles, each running the whole CTA tile
-    # with ``mma`` (one warpgroup, warpgroups_mn=(1, 1)), taking turns at the tensor cores so one
-    # tile's epilogue overlaps the next tile's mainloop.  Each warpgroup has its own epilogue buffers.
+    # Ping-pong consumers, a removed variant (profiles/NOTES-pingpong.md): always False, kept so that
+    # configurations print and hash as before
     pingpong: bool = False
 
     def __post_init__(self):
         m, n, k = self.tile_mnk
         wm, wn = self.mma.tile_mn
-        if self.pingpong and (self.mma.warpgroups_mn != (1, 1) or n != wn or m not in (64, 128)):
-            raise ValueError(
-                f"ping-pong tiles need a one-warpgroup MMA (warpgroups_mn=(1, 1)) spanning the CTA tile's N "
-                f"and M of 64 or 128 (got tile {self.tile_mnk}, MMA {self.mma.warpgroups_mn} x {self.mma.tile_mn})"
-            )
+        if self.pingpong:
+            raise ValueError("GemmTiles.pingpong: ping-pong consumers are not built (profiles/NOTES-pingpong.md)")
         if m % wm or n % wn:
             raise ValueError(f"CTA tile {self.tile_mnk} is not a multiple of the MMA tile {self.mma.tile_mn}")
         if self.epi_tile_mn[0] != wm or n % self.epi_tile_mn[1]:
@@ -123,33 +107,21 @@ class GemmTiles:
 
     @property
     def m_blocks_per_warpgroup(self) -> int:
-        """64-row wgmma M-blocks each consumer warpgroup computes per k-block (1, or 2 for 256-row
-        cooperative and 128-row ping-pong tiles)."""
+        """64-row wgmma M-blocks each consumer warpgroup computes per k-block (2 for 256-row tiles)."""
         return self.tile_mnk[0] // self.mma.tile_mn[0]
 
     @property
     def acc_regs_per_thread(self) -> int:
         """fp32 accumulators each consumer thread holds for one CTA tile."""
         m, n, _ = self.tile_mnk
-        wgs = 1 if self.pingpong else self.mma.num_warpgroups
-        return m * n // (wgs * THREADS_PER_WARPGROUP)
-
-    @property
-    def num_consumer_warpgroups(self) -> int:
-        """Consumer warpgroups of the CTA: the MMA's, or two ping-pong ones."""
-        return 2 if self.pingpong else self.mma.num_warpgroups
-
-    @property
-    def epi_buffers(self) -> int:
-        """Epilogue sub-tile buffers in shared memory: ``epi_stages`` per storing warpgroup."""
-        return self.epi_stages * (2 if self.pingpong else 1)
+        return m * n // (self.mma.num_warpgroups * THREADS_PER_WARPGROUP)
 
     def smem_bytes(self) -> int:
         """Shared memory for the A/B stages and the epilogue buffers (excluding barriers)."""
         m, n, k = self.tile_mnk
         ab = 2 * (m * k + n * k) * self.ab_stages
         c_bytes = DTYPES[self.c_dtype].width // 8
-        return ab + self.epi_tile_mn[0] * self.epi_tile_mn[1] * c_bytes * self.epi_buffers
+        return ab + self.epi_tile_mn[0] * self.epi_tile_mn[1] * c_bytes * self.epi_stages
 
 
 # ---- builders (call inside a DSL context) -------------------------------------------------------
@@ -186,11 +158,10 @@ def make_smem_layout_b(t: GemmTiles, stages: int | None = None):
 
 
 def make_smem_layout_epi(t: GemmTiles, stages: int | None = None):
-    """Staged layout of the epilogue's output sub-tile in shared memory (source of the TMA store);
-    ``t.epi_buffers`` stages by default (ping-pong: the first ``epi_stages`` belong to consumer 0)."""
+    """Staged layout of the epilogue's output sub-tile in shared memory (source of the TMA store)."""
     return sm90_utils.make_smem_layout_epi(
         dtype(t.c_dtype), _major_enum(t.c_major, operand="c"), t.epi_tile_mn,
-        t.epi_buffers if stages is None else stages,
+        t.epi_stages if stages is None else stages,
     )
 
 

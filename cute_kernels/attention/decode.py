@@ -1,32 +1,26 @@
-"""Split-k decode attention (q_len 1..16 against a long, optionally paged, KV cache) with GQA.
+"""Split-KV decode attention (1..16 new tokens against a long, optionally paged, KV cache) with GQA.
 
-Why split-k: at decode time there is no query parallelism, so the KV sequence of each (batch, KV head)
-is split into ``num_splits`` chunks, one CTA each; every CTA produces a partial attention state
-(fp32 output normalized within its chunk + natural-log LSE) and a merge kernel
-(:mod:`cute_kernels.attention.merge`, launched as a programmatic dependent so its launch overlaps the
-decode tail) combines them exactly, in split order, so the result is bitwise deterministic.  With
-``num_splits == 1`` the attention kernel writes the final output directly.
+Decode has no query parallelism, so each (batch, KV head)'s sequence is split into ``num_splits``
+chunks, one CTA each; each writes a partial state (fp32 output + natural-log LSE) and the merge kernel
+(:mod:`cute_kernels.attention.merge`, a programmatic dependent) combines them in split order (bitwise
+deterministic).  With one split the kernel writes the output directly.
 
 Kernel (:class:`DecodeAttnKernel`), one CTA per (split, KV head x row block, batch):
 
-* rows = the ``G = Hq/Hkv`` query heads of one KV head times the ``Sq`` new tokens (row ``r = t*G + g``),
-  padded to ``m_tile`` (16/32/64) so every K/V byte is read once per CTA for all of them;
-* K/V tiles of ``n_tile`` tokens stream through a ``stages``-deep swizzled shared-memory ring
-  (:mod:`layouts.attention` describes the tile): contiguous caches of at most
-  :data:`~cute_kernels.attention.decode_plan.TMA_EF_MAX_KV_BYTES` of K + V load through TMA with the
-  L2 evict-first hint, larger ones and paged caches with 16-byte ``cp.async`` (paged caches gathered
-  through the block table row by row); rows past the length are clamped or zeroed, and masked;
-* tensor cores (``mma.sync`` m16n8k16, fp32 accumulation): ``S = Q K^T`` and ``O += P V`` with P kept in
-  registers; the warps split the rows (``warps_m``) and the tile's tokens (``warps_n``); each warp runs
-  its own online softmax (:class:`~cute_kernels.common.softmax.OnlineSoftmax`) and the warps' states
-  are merged through shared memory at the end;
-* bottom-right causal mask for ``Sq > 1``: token ``t`` (0-based among the new tokens) sees cache
-  positions ``<= L - Sq + t``.
+* rows = the ``G = Hq/Hkv`` query heads of one KV head times the ``Sq`` new tokens (``r = t*G + g``),
+  padded to ``m_tile``, so every K/V byte is read once per CTA for all of them;
+* K/V tiles stream through a swizzled smem ring (:mod:`layouts.attention`): contiguous caches up to
+  :data:`~cute_kernels.attention.decode_plan.TMA_EF_MAX_KV_BYTES` through TMA with the L2 evict-first
+  hint, larger and paged ones with ``cp.async`` (paged: gathered through the block table);
+* ``mma.sync`` m16n8k16 computes ``S = Q K^T`` and ``O += P V`` with P in registers; warps split the
+  rows (``warps_m``) and tokens (``warps_n``), each with its own
+  :class:`~cute_kernels.common.softmax.OnlineSoftmax`, merged through shared memory at the end;
+* bottom-right causal mask: token ``t`` of the new ones sees cache positions ``<= L - Sq + t``.
 
-Lengths stay on the device: the split count and every compile-time choice come from static sizes
-(:mod:`.decode_plan`).  In the default mode the kernel clamps lengths to the cache capacity and page
-ids to ``[0, num_pages)``, so bad values give wrong numbers but never out-of-bounds accesses;
-``checked=True`` (or ``CUTE_KERNELS_CHECKED=1``) validates them on the host (this synchronizes).
+Lengths stay on the device: every choice comes from static sizes (:mod:`.decode_plan`).  The kernel
+clamps lengths to the capacity and page ids to ``[0, num_pages)``, so bad values give wrong numbers,
+never out-of-bounds accesses; ``checked=True`` (or ``CUTE_KERNELS_CHECKED=1``) validates them on the
+host (this synchronizes).
 """
 
 from __future__ import annotations
@@ -128,17 +122,20 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
         fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, None, scale_log2)
         return
     rows = B * Sq * Hq
-    need = P * rows * (D + 1)
     if workspace is None:
-        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
-    elif workspace.numel() < workspace_numel(P, B, Sq, Hq, D):
-        raise ValueError(
-            f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
-            f"(num_splits={P}); see decode_attn_workspace()"
-        )
+        workspace = decode_attn_workspace(q, P)
+    else:
+        _check_workspace(workspace, P, B, Sq, Hq, D)
     o_part = workspace[: P * rows * D].view(P, B, Sq, Hq, D)
-    lse_part = workspace[P * rows * D : need].view(P, B, Sq, Hq)
+    lse_part = workspace[P * rows * D : P * rows * (D + 1)].view(P, B, Sq, Hq)
     fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, scale_log2)
+
+
+def _check_workspace(workspace, P, B, Sq, Hq, D):
+    need = workspace_numel(P, B, Sq, Hq, D)
+    if workspace.numel() < need:
+        raise ValueError(f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
+                         f"(num_splits={P}); see decode_attn_workspace()")
 
 
 def decode_attn_workspace(q: torch.Tensor, num_splits: int) -> torch.Tensor:
@@ -148,16 +145,11 @@ def decode_attn_workspace(q: torch.Tensor, num_splits: int) -> torch.Tensor:
     return torch.empty(workspace_numel(num_splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)
 
 
-# ------------------------------------------------------------------------------------------------
-# float32 torch reference (CPU path and tests)
-# ------------------------------------------------------------------------------------------------
 def decode_attn_reference(
     q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None
 ):
-    """Float32 torch reference (no tricks, one sequence at a time; reads the lengths on the host).
-
-    Returns (out float32 (B, Sq, Hq, D), lse float32 (B, Hq, Sq), natural log); rows that see no
-    key get out = 0 and lse = -inf."""
+    """Float32 torch reference (the CPU path; one sequence at a time, lengths read on the host): out
+    (B, Sq, Hq, D) and the natural-log lse (B, Hq, Sq); rows that see no key get 0 and -inf."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
@@ -313,12 +305,7 @@ def decode_attn(
             P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal)[1]
         else:
             P = num_splits or 1
-        need = workspace_numel(P, B, Sq, Hq, D)
-        if workspace.numel() < need:
-            raise ValueError(
-                f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
-                f"(num_splits={P}); see decode_attn_workspace()"
-            )
+        _check_workspace(workspace, P, B, Sq, Hq, D)
     if compiling and out is None and workspace is None:
         o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale)
         return (o, lse) if return_lse else o

@@ -24,13 +24,9 @@ from cutlass.cute.nvgpu import cpasync, warp  # noqa: E402
 
 class DecodeAttnKernel:
     """One CTA per (split, KV head x row block, batch); ``split``: write fp32 partial states and launch
-    the merge kernel after (a programmatic dependent), else write the output directly.
-
-    K/V loads (``load``): "cpasync" (every thread, 16-byte cp.async, rows clamped to the length;
-    paged caches gathered through the block table row by row) or "tma" (contiguous caches: warp 0
-    issues one TMA load per K/V tile into the swizzled ring with the L2 evict-first hint, completion
-    on a :class:`TxRing`; rows past the capacity are zero-filled by the TMA unit, rows between the
-    length and the capacity are zeroed in V before use).  Both paths give the same bits.
+    the merge kernel after, else write the output directly.  K/V loads (``load``): "cpasync" (every
+    thread, rows clamped to the length) or "tma" (warp 0, one load per K/V tile, completion on a
+    :class:`TxRing`; V rows between the length and the capacity zeroed before use); same bits.
     """
 
     def __init__(self, tile: DecodeTile, paged: bool, page_size: int, causal: bool, split: bool, load: str):

@@ -28,9 +28,7 @@ class DecodeConfig:
     page_size: int  # 0 when not paged
     causal: bool
     split: bool  # False: num_splits == 1, the kernel writes the output directly
-    # K/V loads: "cpasync" (16-byte cp.async by every thread; paged caches gather through the block
-    # table) or "tma" (contiguous caches: one TMA box per K/V tile, L2 evict-first)
-    load: str = "cpasync"
+    load: str = "cpasync"  # K/V loads: "cpasync" or "tma" (contiguous caches; :func:`load_for`)
 
     def __post_init__(self):
         if self.load not in ("cpasync", "tma") or (self.load == "tma" and self.paged):
@@ -44,12 +42,10 @@ class DecodeConfig:
     num_threads = property(lambda self: self.tile.num_threads)
 
 
-#: Contiguous caches of at most this many K + V bytes (static capacity) load through TMA with the
-#: L2 evict-first hint, larger ones with cp.async.  Why: a call that starts with dirty lines in L2
-#: (the previous kernel's output) has them written back while it streams K/V unless its own lines
-#: are the first victims; the hint saves a roughly fixed few microseconds, while the hinted stream
-#: itself runs a few percent slower, a cost that grows with the bytes.  Break-even lies between 128
-#: and 256 MiB (profiles/NOTES-decode.md).
+#: Contiguous caches of at most this many K + V bytes (static capacity) load through TMA with the L2
+#: evict-first hint, larger ones with cp.async: the hint spares the dirty lines a previous kernel left
+#: in L2 a write-back (a roughly fixed few microseconds) but slows the stream itself by a few percent;
+#: break-even lies between 128 and 256 MiB (profiles/NOTES-decode.md).
 TMA_EF_MAX_KV_BYTES = 192 << 20
 
 
@@ -226,11 +222,9 @@ def plan_uncached(q, k_cache, block_table, num_splits, causal):
     cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False, kv_bytes=nbytes)
     if num_splits is None:
         row_blocks = -(-rows // cfg1.m_tile)
-        # One CTA per SM per wave although two fit: the kernel is bandwidth-bound, so a second
-        # resident CTA shares the SM's bandwidth instead of adding to it, and fewer splits mean less
-        # partial-output traffic to merge.  Caches in pages no larger than a KV tile are the
-        # exception: each tile's gather first waits on block-table reads, and a second resident CTA
-        # per SM hides that latency (where the batch already fills the SMs twice, the count stays 1).
+        # One CTA per SM per wave although two fit: a bandwidth-bound second CTA adds no bandwidth,
+        # and fewer splits mean less to merge.  Except pages no larger than a KV tile: each tile's
+        # gather waits on block-table reads, which a second resident CTA per SM hides.
         small_pages = paged and page_size <= cfg1.n_tile
         num_splits = choose_num_splits(
             B, Hkv, row_blocks, capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count,

@@ -49,12 +49,9 @@ from layouts import attention as LA
 
 from ..common import ring, tma, wgmma
 from ..common.barriers import NamedBarrierId
-from ..common.dtypes import to_cutlass
+from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
 from . import forward_softmax as fs
-
-
-_HALF_NAMES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -71,8 +68,8 @@ class FlashFwdConfig:
     mma_only: bool = False
 
     def __post_init__(self):
-        if self.dtype not in _HALF_NAMES:
-            raise ValueError(f"FlashFwdConfig: dtype {self.dtype!r} must be one of {_HALF_NAMES}")
+        if self.dtype not in HALF_NAMES:
+            raise ValueError(f"FlashFwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
         if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
             raise ValueError(f"FlashFwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
 

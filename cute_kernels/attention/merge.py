@@ -1,12 +1,8 @@
-"""Exact merging of partial attention states (split-k / split-KV attention).
+"""Exact merging of partial attention states (split-KV attention).
 
-An *attention state* of one query row over a subset ``S`` of the keys is the pair
-
-* ``o``   — the softmax-weighted average of the values in ``S``:  ``o = sum_j exp(s_j - lse) v_j``
-  (already normalized within ``S``), and
-* ``lse`` — the **natural-log** log-sum-exp of the (scaled) scores in ``S``: ``lse = log sum_j exp(s_j)``.
-
-Two or more states over disjoint key subsets merge exactly into the state over their union::
+The *attention state* of one query row over a key subset ``S`` is ``o = sum_j exp(s_j - lse) v_j``
+(normalized within ``S``) and ``lse = log sum_j exp(s_j)`` (**natural log**, scaled scores).  States
+over disjoint subsets merge exactly into the state over their union::
 
     m   = max_i lse_i
     w_i = exp(lse_i - m)
@@ -17,13 +13,13 @@ An empty subset has ``lse = -inf``; its ``o`` is ignored (treated as 0 even if i
 if every part is empty the result is ``o = 0, lse = -inf``.  The LSE base is *e* (as in
 FlashAttention), not 2 (FlashInfer): convert base-2 LSEs with ``lse_e = lse_2 * ln(2)``.
 
-On CUDA tensors the merge runs as a CuTe kernel (:class:`MergeStatesKernel`, the same kernel the
-split-k decode uses as its combine step); on CPU tensors as torch ops with the same math.  Both merge
-the parts in index order, so the result is deterministic.
+CUDA tensors run a CuTe kernel (:class:`MergeStatesKernel`, also the split decode's combine step),
+CPU tensors torch ops with the same math, both in part order (deterministic).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,17 +41,16 @@ __all__ = ["merge_states", "merge_state", "MergeStatesKernel", "MergeConfig", "l
 class MergeStatesKernel:
     """Merge ``P`` partial states per row; one warp per row, lanes split the head dimension.
 
-    Tensors (all indexed by a 3-level row coordinate ``(b, s, h)`` so the decode kernel's natural
-    layouts can be used without copies; every stride is a run-time value except the last mode's 1):
+    Tensors, indexed by a row coordinate ``(b, s, h)`` so the decode kernel's layouts need no copies
+    (every stride a run-time value except the last mode's 1):
 
     * ``mOp``  (P, B, S, H, D)  partial outputs (fp32/fp16/bf16)
     * ``mLp``  (P, B, S, H)     partial LSEs, float32, natural log
     * ``mO``   (B, S, H, D)     merged output (dtype_out)
     * ``mL``   (B, S, H)        merged LSE, float32
 
-    Each lane first scans the P LSEs of its row (broadcast loads) for the max, then accumulates
-    ``w_p * o_p`` over p in order with 16-byte vector loads; parts with ``lse = -inf`` are skipped.
-    The loop order is fixed, so results are bitwise reproducible.
+    Each lane scans the P LSEs of its row for the max, then accumulates ``w_p * o_p`` in part order
+    (bitwise reproducible) with 16-byte vector loads, skipping parts with ``lse = -inf``.
     """
 
     def __init__(
@@ -311,30 +306,22 @@ def _check_states(o_parts: torch.Tensor, lse_parts: torch.Tensor):
 
 
 def _merge_states_impl(o_parts: torch.Tensor, lse_parts: torch.Tensor):
-    if o_parts.device.type != "cuda":
-        o, lse = merge_states_torch(o_parts, lse_parts)
-        return o.to(o_parts.dtype), lse
-    P = o_parts.shape[0]
-    D = o_parts.shape[-1]
+    P, D = o_parts.shape[0], o_parts.shape[-1]
     rest = tuple(o_parts.shape[1:-1])
-    n = 1
-    for x in rest:
-        n *= x
-    op = o_parts.reshape(P, 1, 1, n, D)
-    if op.stride(-1) != 1 or not _row_aligned(op):
-        op = op.contiguous()
-        if not _row_aligned(op):  # odd head dim: rows cannot be 16-byte aligned
-            o, lse = merge_states_torch(o_parts, lse_parts)
-            return o.to(o_parts.dtype), lse
-    lp = lse_parts.reshape(P, 1, 1, n)
-    out = torch.empty((1, 1, n, D), dtype=o_parts.dtype, device=o_parts.device)
-    lse_out = torch.empty((1, 1, n), dtype=torch.float32, device=o_parts.device)
-    if n > 0:
-        if not _row_aligned(out):
-            o, lse = merge_states_torch(o_parts, lse_parts)
-            return o.to(o_parts.dtype), lse
-        launch_merge(op, lp, out, lse_out)
-    return out.reshape(*rest, D), lse_out.reshape(rest)
+    n = math.prod(rest)
+    if o_parts.device.type == "cuda":
+        op = o_parts.reshape(P, 1, 1, n, D)
+        if op.stride(-1) != 1 or not _row_aligned(op):
+            op = op.contiguous()
+        out = torch.empty((1, 1, n, D), dtype=o_parts.dtype, device=o_parts.device)
+        lse_out = torch.empty((1, 1, n), dtype=torch.float32, device=o_parts.device)
+        # else the torch path: an odd head dim's rows cannot be 16-byte aligned
+        if _row_aligned(op) and (n == 0 or _row_aligned(out)):
+            if n > 0:
+                launch_merge(op, lse_parts.reshape(P, 1, 1, n), out, lse_out)
+            return out.reshape(*rest, D), lse_out.reshape(rest)
+    o, lse = merge_states_torch(o_parts, lse_parts)
+    return o.to(o_parts.dtype), lse
 
 
 @torch.library.custom_op("cute_kernels::merge_states", mutates_args=())
@@ -351,21 +338,15 @@ def _(o_parts, lse_parts):
 
 
 def merge_states(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge P partial attention states exactly.
+    """Merge P partial attention states exactly (the math: module doc).
 
     Args:
         o_parts: (P, ..., D) partial outputs, each normalized within its part (float32, float16 or
             bfloat16).
-        lse_parts: (P, ...) float32 log-sum-exp of each part's scaled scores, **natural log**
-            (``-inf`` marks an empty part: its output is ignored).
+        lse_parts: (P, ...) float32 **natural-log** LSE of each part (``-inf``: an empty part, ignored).
 
-    Returns:
-        ``(o, lse)``: o (..., D) in o_parts' dtype, lse (...) float32 natural log.
-        ``m = max_i lse_i; w_i = exp(lse_i - m); o = sum w_i o_i / sum w_i; lse = m + log sum w_i``;
-        rows where every part is empty give ``o = 0, lse = -inf``.
-
-    CUDA tensors run a CuTe kernel; CPU tensors run torch ops with the same math.  Parts are summed
-    in index order, so results are deterministic.
+    Returns ``(o, lse)``: o (..., D) in o_parts' dtype, lse (...) float32; rows where every part is
+    empty give ``o = 0, lse = -inf``.
     """
     _check_states(o_parts, lse_parts)
     return _merge_states_op(o_parts, lse_parts)

@@ -1,10 +1,6 @@
-"""Target architecture and the device facts a compile needs.
-
-The DSL's target is set by :mod:`layouts.target` (re-exported here) before ``cutlass`` is imported;
-compiles also pass ``--gpu-arch``, so a CPU-only machine builds real ``sm_90a`` cubins.
-
-Device facts (SM count, shared memory per CTA) come from the live device when there is one and from
-``ARCH_TABLE`` otherwise; they are part of every compile-cache key.
+"""Target architecture (set by :mod:`layouts.target`, re-exported here) and the device facts a compile
+needs (SM count, shared memory per CTA): from the live device when there is one, else ``ARCH_TABLE``;
+they are part of every compile-cache key.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ class ArchInfo:
     name: str  # e.g. "sm_90a"
     sm_count: int  # persistent grids are sized from this
     smem_per_cta: int  # bytes of dynamic shared memory one CTA may use
-    max_cluster_size: int = 8
     l2_bytes: int = 50 * 1024 * 1024
 
     def key(self) -> tuple:

@@ -7,7 +7,6 @@ import cutlass
 import torch
 
 TORCH_TO_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-NAME_TO_TORCH = {name: dt for dt, name in TORCH_TO_NAME.items()}
 NAME_TO_CUTLASS = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 
 # 16-bit operand types the tensor-core kernels take as inputs.

@@ -28,11 +28,9 @@ def publish_partial(acc: cute.Tensor, ws: cute.Tensor, thr, slot, mCnt: cute.Ten
     """Store this thread's fragment of a partial tile into ``ws`` slot ``slot``, then count it on the
     tile's int32 counter ``mCnt[tile_id]``; returns True in every thread of the CTA that counted last.
 
-    Memory order: partial stores -> fence.acq_rel.gpu (every thread) -> barrier of the ``nthr``
-    threads -> one thread's atom.add.acq_rel.gpu -> its result through shared memory (``sFlag``) and a
-    second barrier.  The last CTA then fences again (acquire) before reading the other partials and
-    resets the counter to 0, ready for the next launch or graph replay.  Nobody waits for anybody, so
-    any residency works (no deadlock)."""
+    Memory order: partial stores -> fence.acq_rel.gpu (every thread) -> barrier of the ``nthr`` threads
+    -> one thread's atom.add.acq_rel.gpu -> its result through ``sFlag`` and a second barrier; the last
+    CTA fences again before reading the other partials and resets the counter for the next launch."""
     V = PARTIAL_VEC
     for j in cutlass.range_constexpr(cute.size(acc) // V):
         part = cute.make_rmem_tensor((V,), cutlass.Float32)
@@ -71,13 +69,10 @@ def add_partial(acc: cute.Tensor, ws: cute.Tensor, thr, j: cutlass.Constexpr[int
 @cute.jit
 def publish_and_sum(acc: cute.Tensor, ws: cute.Tensor, thr, own_slot, slot0, count, mCnt: cute.Tensor, tile_id,
                     sFlag: cute.Tensor, barrier_id: int, nthr: int):
-    """:func:`publish_partial` into ``own_slot``; in the CTA that counted last, replace ``acc`` by the
-    sum of slots ``slot0 .. slot0 + count - 1`` in that order (its own read back too: the same code
-    and order whoever is last, so the bits do not depend on completion order).  Returns whether this
-    CTA was last.
-
-    The slots are summed in a dynamic loop: unrolled, the compiler hoists count x (acc size) loads and
-    spills; one slot at a time keeps a chunk's loads next to its adds."""
+    """:func:`publish_partial` into ``own_slot``; in the CTA that counted last (returned), replace
+    ``acc`` by the sum of slots ``slot0 .. slot0 + count - 1`` in order, its own read back too, so the
+    bits do not depend on completion order.  A dynamic slot loop: unrolled, the compiler would hoist
+    count x (acc size) loads and spill."""
     last = publish_partial(acc, ws, thr, own_slot, mCnt, tile_id, sFlag, barrier_id, nthr, count)
     if last:
         acc.fill(0.0)

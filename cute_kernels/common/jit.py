@@ -1,18 +1,12 @@
-"""One place that compiles a kernel for a configuration, and caches it in memory and on disk.
+"""One place that compiles a kernel for a configuration and caches it in memory and on disk
+(``cute.compile`` takes seconds and caches nothing): :func:`get_compiled` loads the object file another
+process exported (~1 ms) or compiles and exports it; later calls are a dict hit.
 
-Why: ``cute.compile`` takes seconds per kernel and does not consult any cache of its own.  Every kernel
-module asks :func:`get_compiled` for its configuration; the first call in a process loads the object
-file another process already exported (~1 ms) or compiles and exports it, later calls are a dict hit.
-
-Key = kernel name + its hyperparameters + dtypes + the shape facts it specializes on (divisibility,
-majors) + target arch facts.  Run-time values (M/N/K, lengths, alpha) are never part of the key: kernels
-take them as ``cute.sym_int`` sizes or scalar arguments.  The disk file name also hashes the DSL and
-TVM-FFI versions and every ``.py`` file of ``cute_kernels/`` and ``layouts/``, so editing any shared
-block invalidates what was built from it.
-
-Concurrency: a per-key ``flock``; the compile runs under the exclusive lock, so N processes racing on a
-cold key compile once; files are written to a temporary name and renamed, so a reader never sees half a
-file.  ``cute.compile`` is not thread-safe: an in-process lock serializes compiles.
+Key = kernel name + configuration (hyperparameters, dtypes, the static shape facts it specializes on)
++ target arch facts; run-time sizes and scalars never enter it.  The file name also hashes the DSL and
+TVM-FFI versions and every ``.py`` file of ``cute_kernels/`` and ``layouts/``.  A per-key ``flock``
+makes racing processes compile once; files are renamed into place; an in-process lock serializes
+compiles (``cute.compile`` is not thread-safe).
 """
 
 from __future__ import annotations
@@ -130,10 +124,8 @@ _dry = threading.local()
 
 
 class dry_run:
-    """Context manager: every :func:`get_compiled` inside records ``(name, config)`` in ``.seen`` and
-    returns None instead of compiling.  Why: a plan (``cute_kernels.gemm.explain``) can then show exactly the
-    configuration a call would compile, by running the real planning code, without a compiler or GPU.
-    Per thread: a real call on another thread still compiles and launches."""
+    """Context manager: every :func:`get_compiled` inside (on this thread) records ``(name, config)`` in
+    ``.seen`` and returns None, so ``explain`` can run the real planning code without compiling."""
 
     def __enter__(self):
         self.prev, self.seen = getattr(_dry, "seen", None), []
@@ -197,10 +189,6 @@ def _short(config: Hashable) -> str:
     return s if len(s) < 160 else s[:157] + "..."
 
 
-def clear_memory_cache() -> None:
-    _memory.clear()
-
-
 # ---- warm-up registry: kernels register how to compile one of their configs ----------------------
 _warmers: dict[str, Callable[[Any], Any]] = {}
 
@@ -210,13 +198,9 @@ def register_warmup(name: str, fn: Callable[[Any], Any]) -> None:
 
 
 def warmup(configs) -> int:
-    """Precompile ``[(kernel_name, spec), ...]``; returns how many were handled.
-
-    ``("gemm", dict(m=4096, n=4096, k=4096, dtype=torch.bfloat16, a_major="row", b_major="row"))``
-    compiles what ``gemm`` would run for that problem (see :func:`cute_kernels.gemm.warmup_gemm`);
-    ``("decode_attn", DecodeConfig)`` / ``("merge_states", MergeConfig)`` take those kernels' configs.
-    Without a GPU this fills the disk cache for a GPU machine with the same arch facts.
-    """
+    """Precompile ``[(kernel_name, spec), ...]`` (also without a GPU, for the disk cache); returns how
+    many were handled.  ``("gemm", dict(m=..., n=..., k=..., dtype=...))`` takes
+    :func:`cute_kernels.gemm.warmup_gemm`'s arguments, ``decode_attn`` / ``merge_states`` their configs."""
     n = 0
     for name, cfg in configs:
         if name not in _warmers:
@@ -227,12 +211,10 @@ def warmup(configs) -> int:
 
 
 def precompile_in_processes(worker: Callable[[Any], str | None], jobs: list, processes: int | None = None) -> list[str]:
-    """Run ``worker(job)`` for each job in spawned processes (``cute.compile`` is not thread-safe) so
-    that later calls load the kernels from the disk cache; returns the non-empty error strings.
-
-    ``worker`` must be a module-level function that compiles through :func:`get_compiled` and returns
-    None / "" or an error string.  One process (or no disk cache, which processes could not share):
-    the jobs run here, serially.  ``processes`` defaults to min(jobs, cores - 1, 16)."""
+    """Run ``worker(job)`` (module-level, compiling through :func:`get_compiled`, returning None / "" or
+    an error string) for each job in spawned processes (``cute.compile`` is not thread-safe), so later
+    calls load the kernels from the disk cache; returns the error strings.  One process, or no disk
+    cache to share: serially, here.  ``processes`` defaults to min(jobs, cores - 1, 16)."""
     import concurrent.futures as cf
     import multiprocessing as mp
 

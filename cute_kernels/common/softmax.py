@@ -18,9 +18,8 @@ Two states over disjoint key sets merge exactly (the decode kernel's cross-warp 
 merge kernel): with raw states, weights ``exp2(m_i * scale_log2 - max_s)``; with normalized states
 ``(o_i, lse_i)``, weights ``exp2((lse_i - max lse) * log2(e))``; then ``o = sum w_i o_i / sum w_i``.
 
-The ``@cute.jit`` functions and :class:`OnlineSoftmax` run inside a DSL trace (kernel code).
-:func:`online_softmax_reference` is the same math in torch, for tests (the merge's torch form is
-:func:`cute_kernels.attention.merge.merge_states_torch`).
+The ``@cute.jit`` functions and :class:`OnlineSoftmax` run inside a DSL trace (kernel code); the
+merge's torch form is :func:`cute_kernels.attention.merge.merge_states_torch`.
 """
 
 from __future__ import annotations
@@ -35,9 +34,6 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
 
-# ------------------------------------------------------------------------------------------------
-# device side (inside a DSL trace)
-# ------------------------------------------------------------------------------------------------
 @cute.jit
 def quad_max(v: Float32) -> Float32:
     """Max over the 4 lanes of a quad (the threads that share an MMA accumulator row)."""
@@ -158,35 +154,3 @@ class OnlineSoftmax:
         self.row_max[r] = m_new
         o_row.store(o_row.load() * corr)
 
-
-# ------------------------------------------------------------------------------------------------
-# the same math in torch (tests, references)
-# ------------------------------------------------------------------------------------------------
-def online_softmax_reference(scores, values, scale: float, chunk: int):
-    """``softmax(scale * scores) @ values`` computed the kernels' way, ``chunk`` keys at a time:
-    exp2 with the scale folded, running max / sum, rescale on max change, deferred normalization.
-
-    scores (..., L) with ``-inf`` for masked keys, values (L, D), float tensors.  Returns (o (..., D),
-    lse (...) natural log); rows with no visible key give o = 0, lse = -inf.
-    """
-    import torch
-
-    scale_log2 = scale * LOG2_E
-    shape = scores.shape[:-1]
-    m = torch.full(shape, float("-inf"), dtype=torch.float64)
-    l = torch.zeros(shape, dtype=torch.float64)
-    o = torch.zeros(*shape, values.shape[-1], dtype=torch.float64)
-    s_all, v_all = scores.double(), values.double()
-    for j in range(0, scores.shape[-1], chunk):
-        s, v = s_all[..., j : j + chunk], v_all[j : j + chunk]
-        m_new = torch.maximum(m, s.amax(-1))
-        m_s = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new * scale_log2)
-        p = torch.exp2(s * scale_log2 - m_s.unsqueeze(-1))
-        corr = torch.exp2(m * scale_log2 - m_s)
-        l = l * corr + p.sum(-1)
-        o = o * corr.unsqueeze(-1) + p @ v
-        m = m_new
-    m_s = torch.where(torch.isneginf(m), torch.zeros_like(m), m * scale_log2)
-    inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
-    lse = torch.where(l > 0, (m_s + torch.log2(l)) * LN_2, torch.full_like(l, float("-inf")))
-    return o * inv.unsqueeze(-1), lse

@@ -1,38 +1,26 @@
 """Hopper GEMM whose A/B mainloop loads with predicated ``cp.async`` instead of TMA.
 
-Why: TMA needs a 16-byte aligned base and 16-byte multiples for every non-unit stride.  A leading
-dimension that breaks that (row-major A with K = 4100: rows 8200 B apart) cannot be described by a
-tensor map; rather than copying the operand into an aligned buffer behind the caller's back, this
-kernel reads it where it is.
+Why: TMA needs a 16-byte aligned base and 16-byte multiples for every non-unit stride; an operand
+that breaks that (row-major A with K = 4100) is read where it is rather than copied behind the
+caller's back.
 
-What changes against :class:`GemmSm90` (``kernel.py``): the producer.  The consumer
-warpgroups run ``GemmSm90.consumer`` unchanged (same tiled wgmma, same swizzled shared-memory stages
-from :mod:`layouts.tiles`, same alpha/beta/C and TMA-store or direct-store epilogue).  The ring's
-read/release states must travel from one persistent tile to the next (see ``wgmma.wgmma_mainloop``).
+Only the producer differs from :class:`GemmSm90`: the consumers run ``GemmSm90.consumer`` unchanged
+(same tiled wgmma, smem stages from :mod:`layouts.tiles`, same epilogue).
 
-Producer: the whole producer warpgroup (128 threads) copies each A/B k-tile global -> shared with
-``cp.async`` vectors of ``cfg.vec_a`` / ``cfg.vec_b`` bytes (16: ``cp.async.cg``, 8 or 4:
-``cp.async.ca``), chosen on the host from the base pointer, the strides and the contiguous extent.
-Every vector lies entirely inside or entirely outside the matrix along its contiguous mode (the host
-guarantees the extent is a multiple of the vector), so one predicate per vector on its first element
-is exact; a predicated-off vector is issued with src-size 0, which zero-fills its shared-memory
-destination without touching global memory.  With 2-byte vectors (odd element alignment) cp.async
-cannot be used: those operands go through registers (predicated ``ld.global``, zero otherwise, then
-``st.shared``).
+Producer: the whole producer warpgroup copies each A/B k-tile global -> shared with ``cp.async``
+vectors of ``cfg.vec_a`` / ``cfg.vec_b`` bytes (16: ``cp.async.cg``, 8 or 4: ``cp.async.ca``), chosen
+on the host so that every vector lies entirely inside or outside the matrix: one predicate per vector
+is exact, and a predicated-off vector (src-size 0) zero-fills its destination.  2-byte vectors (odd
+element alignment) go through registers (predicated ``ld.global``, then ``st.shared``).
 
 Synchronization (:class:`CpAsyncAbPipeline`):
-  * full barrier, 128 arrivals per stage: each producer thread's
-    ``cp.async.mbarrier.arrive.noinc`` fires when all its earlier cp.async copies have landed.  When
-    an operand uses the synchronous 2-byte path the arrival is a plain ``mbarrier.arrive`` (release
-    semantics cover the ``st.shared``), preceded by ``cp.async.wait_group 0`` if the other operand
-    used cp.async.
-  * cp.async and ``st.shared`` write shared memory through the generic proxy, while wgmma reads its
-    operands through the async proxy.  After its wait on the full barrier (which makes the writes
-    visible to the waiting thread), every consumer thread executes ``fence.proxy.async.shared::cta``
-    before it issues wgmma on that stage: the fence sits on the causality path write -> mbarrier ->
-    consumer thread -> wgmma, which is what the PTX memory model asks for a generic -> async
-    hand-over.  (CUTLASS's own cp.async + GMMA mainloops omit it; one fence per k-tile per thread
-    is cheap.)
+  * full barrier, 128 arrivals per stage: ``cp.async.mbarrier.arrive.noinc`` fires when the thread's
+    earlier copies have landed; on the 2-byte path a plain ``mbarrier.arrive`` (preceded by
+    ``cp.async.wait_group 0`` if the other operand used cp.async).
+  * cp.async / ``st.shared`` write through the generic proxy, wgmma reads through the async proxy:
+    after its full-barrier wait every consumer thread executes ``fence.proxy.async.shared::cta``
+    before its wgmma on that stage, on the causality path write -> mbarrier -> thread -> wgmma that
+    the PTX memory model asks for (CUTLASS's cp.async + GMMA mainloops omit it; it is cheap).
   * empty barrier: one arrival per consumer warp, as in the TMA pipeline.
 
 Cluster shape must be (1, 1): nothing is multicast.  Split-K is not used on this path.
@@ -95,12 +83,9 @@ def cpasync_tiles(tiles: T.GemmTiles) -> T.GemmTiles:
 # ---------------------------------------------------------------------------- the A/B pipeline
 @dataclass(frozen=True)
 class CpAsyncAbPipeline(pipeline.PipelineAsync):
-    """Full/empty mbarrier ring between the cp.async producer warpgroup and the wgmma consumers.
-
-    Only ``producer_acquire/commit/tail`` and ``consumer_wait/release`` are used.  ``consumer_wait``
-    includes the generic -> async proxy fence, so a consumer written for TMA-filled stages (which
-    are async-proxy writes and need none) stays correct unchanged.
-    """
+    """Full/empty mbarrier ring between the cp.async producer warpgroup and the wgmma consumers; its
+    ``consumer_wait`` includes the generic -> async proxy fence, so consumers written for TMA-filled
+    stages stay correct unchanged."""
 
     @staticmethod
     def create(barrier_storage: cute.Pointer, num_stages: int, producer_threads: int, consumer_warps: int,
@@ -132,11 +117,8 @@ class CpAsyncAbPipeline(pipeline.PipelineAsync):
 
 # ---------------------------------------------------------------------------- the kernel
 class GemmSm90CpAsync(GemmSm90):
-    """:class:`GemmSm90` with the TMA producer replaced by a 128-thread predicated cp.async producer.
-
-    Register split: the launch gives 168 registers x 384 threads = 64512 per CTA; the producer
-    warpgroup drops to 72 and the two consumer warpgroups rise to 216 (72*128 + 216*256 = 64512).
-    """
+    """:class:`GemmSm90` with a 128-thread predicated cp.async producer instead of TMA.  Registers:
+    168 x 384 threads at launch; the producer drops to 72, the consumers rise to 216 (72*128 + 216*256)."""
 
     PRODUCER_REGS = 72
     CONSUMER_REGS = 216
@@ -165,7 +147,8 @@ class GemmSm90CpAsync(GemmSm90):
         tma_d, tma_mD = tma.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 
         sched_params, grid = self.schedule(mD)  # cluster (1, 1) on this path (checked in __init__)
-        self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
+        self.shared_storage = views.shared_storage(self.ab_dtype, self.c_dtype, t.ab_stages, sA_layout, sB_layout,
+                                                   sD_layout)
         self.kernel(
             mA, mB, tma_d, tma_mD, mD, mC, alpha, beta, tiled_mma, sA_layout, sB_layout, sD_layout, sched_params,
         ).launch(
@@ -239,13 +222,10 @@ class GemmSm90CpAsync(GemmSm90):
     @cute.jit
     def load_stage(self, tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, coords: cute.Tensor,
                    res_rows: cutlass.Int32, res_k: cutlass.Int32, vec_bytes: cutlass.Constexpr):
-        """One operand's k-tile: ``src``/``dst``/``coords`` are this thread's (CPY, CPY_ROWS, CPY_K)
-        partitions; ``coords`` holds in-tile (row, k) coordinates, ``res_*`` what remains of the
-        matrix from the tile's origin.  Out-of-bounds vectors become zeros in shared memory.
-
-        Up to ``UNROLL_COPIES`` vectors per thread are unrolled; beyond that the longer mode is a
-        run-time loop, so that ptxas cannot hoist dozens of 64-bit addresses out of the k loop
-        (which spills in the producer's register budget)."""
+        """One operand's k-tile from this thread's (CPY, CPY_ROWS, CPY_K) partitions (``coords``: in-tile
+        (row, k); ``res_*``: what remains of the matrix from the tile's origin); out-of-bounds vectors
+        become zeros.  Beyond ``UNROLL_COPIES`` vectors the longer mode is a run-time loop, so ptxas
+        cannot hoist dozens of 64-bit addresses out of the k loop (they would spill)."""
         n_r = cute.size(coords, mode=[1])
         n_k = cute.size(coords, mode=[2])
         if cutlass.const_expr(n_r * n_k <= self.UNROLL_COPIES):

@@ -45,8 +45,8 @@ class EpilogueViews(NamedTuple):
 
 
 class GemmEpilogue:
-    """Epilogue steps shared by every consumer scheme of the persistent GEMM.  Needs ``self.cfg``,
-    ``self.tile_mnk``, ``self.n_epi``, ``self.acc_dtype``, ``self.c_dtype`` and ``self.num_mma_threads``."""
+    """Epilogue steps shared by the persistent GEMM's consumers.  Needs ``self.cfg``, ``self.tile_mnk``,
+    ``self.n_epi``, ``self.acc_dtype``, ``self.c_dtype``, ``self.num_mma_threads`` and ``self.epi_store_warp``."""
 
     @cute.jit
     def consumer_views(self, tiled_mma: cute.TiledMma, thr_mma, c_idx, sA: cute.Tensor, sB: cute.Tensor,
@@ -122,10 +122,10 @@ class GemmEpilogue:
 
     @cute.jit
     def store_subtile(self, e: cutlass.Constexpr[int], rD_out: cute.Tensor, tile_mnl, tiles_done, sD: cute.Tensor,
-                      epi, epi_barrier, store_warp, buf_base, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, warp_idx):
+                      epi, epi_barrier, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, warp_idx):
         """Sub-tile ``e`` of tile ``tile_mnl`` (converted registers ``rD_out``) -> smem buffer
-        ``buf_base + (tiles_done * n_epi + e) % epi_stages`` (stmatrix for 16-bit D) -> TMA store
-        issued by ``store_warp``, which then waits until the buffer written next is no longer read."""
+        ``(tiles_done * n_epi + e) % epi_stages`` (stmatrix for 16-bit D) -> TMA store issued by
+        ``self.epi_store_warp``, which then waits until the buffer written next is no longer read."""
         t = self.cfg.tiles
         m_t, n_t, _ = self.tile_mnk
         tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
@@ -137,11 +137,11 @@ class GemmEpilogue:
         epi_shape = gD_epi.shape[1]
         epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
         n_epi = cute.size(gD_epi, mode=[1])
-        buf = buf_base + (tiles_done * n_epi + e) % t.epi_stages
+        buf = (tiles_done * n_epi + e) % t.epi_stages
         cute.copy(tiled_r2s, rD_out, tRS_sD[(None, None, None, buf)])
         cute.arch.fence_proxy("async.shared", space="cta")
         epi_barrier.arrive_and_wait()
-        if warp_idx == store_warp:
+        if warp_idx == self.epi_store_warp:
             cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
             store_pipe.producer_commit()
             store_pipe.producer_acquire()
@@ -149,8 +149,8 @@ class GemmEpilogue:
 
     @cute.jit
     def epilogue(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gD: cute.Tensor, gC: cute.Tensor, cD: cute.Tensor,
-                 sD: cute.Tensor, epi, epi_barrier, store_warp, buf_base, tiles_done, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
-                 mD: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx):
+                 sD: cute.Tensor, epi, epi_barrier, tiles_done, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, mD: cute.Tensor,
+                 alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx):
         """One tile's epilogue by the threads that hold its accumulators: alpha/beta in registers, then
         sub-tile by sub-tile registers -> smem buffer -> TMA store (:meth:`store_subtile`); or predicated
         direct stores when D's strides are not TMA-compatible.  ``tiles_done`` counts this storer's
@@ -162,8 +162,7 @@ class GemmEpilogue:
             tRS_rD_out = epi.tRS_rD_out
             for e in cutlass.range_constexpr(self.n_epi):
                 self.convert_subtile(epi, e, tRS_rD_out)
-                self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, store_warp, buf_base,
-                                   tma_d, mD_tma, warp_idx)
+                self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, tma_d, mD_tma, warp_idx)
         else:
             tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
             tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])

@@ -1,8 +1,6 @@
-"""Pure-Python choices of the GEMM planner: CTA tiles, cluster, raster, split-K and the transposed
-skinny plan.  No tensors, no DSL: every function here maps problem sizes (and dtype names) to a
-decision, so the planner, the tuner and ``explain`` share them.  The measurements behind each
-threshold are in ``profiles/NOTES-gemm.md``.
-"""
+"""Pure-Python choices of the GEMM planner (CTA tiles, cluster, raster, split-K, the transposed skinny
+plan) from problem sizes and dtype names, shared by the planner, the tuner and ``explain``.  The
+measurements behind each threshold are in ``profiles/NOTES-gemm.md``."""
 
 from __future__ import annotations
 
@@ -16,10 +14,9 @@ from ..common.arch import current_arch
 from ..common.ring import stage_count
 from .splitk_kernel import stage_bytes
 
-#: Split-K loads of the operand read once (B; the weight of the swapped skinny plan) carry the L2
-#: evict-first hint, so a streamed weight does not evict the activations around the call.  Costs
-#: a little when the *same* call is replayed back to back with B still in L2;
-#: CUTE_KERNELS_SPLITK_B_EVICT_FIRST=0 turns the hint off for such a workload.
+#: Split-K loads of the operand read once (B; the swapped skinny plan's weight) carry the L2 evict-first
+#: hint, so a streamed weight does not evict the activations around the call.  A call replayed back to
+#: back with B still in L2 loses a little: CUTE_KERNELS_SPLITK_B_EVICT_FIRST=0 turns the hint off.
 SPLITK_B_EVICT_FIRST = os.environ.get("CUTE_KERNELS_SPLITK_B_EVICT_FIRST", "1") not in ("0", "")
 
 #: A (M x K) bytes above which the persistent raster must reuse A through L2 (H100/H200 L2: 50 MB).
@@ -36,12 +33,9 @@ def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str
                     c_dtype: str, c_major: str = "n", tile_m: int = 128) -> T.GemmTiles:
     """A tile_m x tile_n x 64 CTA tile over two consumer warpgroups, as many operand stages as fit.
 
-    The epilogue sub-tile spans both warpgroups' rows; it is 64 columns wide for 16-bit outputs (half
-    the sub-tiles, so half the epilogue barriers, of a 32-wide one) when that still leaves 4 stages,
-    else gcd(32, tile_n) wide (16 for tile_n = 208).
-    ``tile_m = 256``: each warpgroup owns two 64-row M-blocks (rows 64w.. and 128 + 64w..) of a
-    256 x tile_n tile, tile_n accumulators per thread (tile_n in 128..208).
-    """
+    The epilogue sub-tile spans both warpgroups' rows, 64 columns wide for 16-bit outputs (half the
+    epilogue barriers of 32) when that still leaves 4 stages, else gcd(32, tile_n).  ``tile_m = 256``:
+    each warpgroup owns two 64-row M-blocks (rows 64w.. and 128 + 64w..)."""
     if tile_m not in (128, 256):
         raise ValueError(f"make_gemm_tiles: tile_m must be 128 or 256, got {tile_m}")
     smem = current_arch().smem_per_cta
@@ -59,11 +53,10 @@ def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str
 
 def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major: str,
                   c_dtype: str, c_major: str, stream_tiles: bool = True) -> T.GemmTiles:
-    """The tile width whose last wave is fullest, each wave weighted by the tile's area and a small
-    efficiency penalty for narrow wgmma (N=128 re-reads A from smem twice as often per FLOP as
-    N=256).  Tiny problems that cannot fill the SMs take 128-wide tiles (and split-K).  Large A
-    (:func:`stream_tiles`, unless ``stream_tiles=False``): 256 x 128 tiles on an N-pair cluster when
-    their waves are as full as the width choice's (never for split-K-sized grids)."""
+    """The tile width whose last wave is fullest, weighted by a small penalty for narrow wgmma (N=128
+    re-reads A from smem twice as often per FLOP as N=256); 128-wide for split-K-sized problems.  Large
+    A (:func:`takes_stream_tiles`, unless ``stream_tiles=False``): 256 x 128 tiles on an N-pair cluster
+    when their waves are as full as the width choice's."""
     sms = current_arch().sm_count
     best = None
     for tile_n, eff in ((256, 1.0), (192, 0.97), (128, 0.92)):
@@ -94,25 +87,20 @@ def a_streams(m: int, k: int, ab: str) -> bool:
 
 
 def takes_stream_tiles(m: int, n: int, k: int, l: int, ab: str) -> bool:
-    """Does the A-streaming shape take 256 x 128 tiles, 1x2 cluster, raster swizzle 8?
-
-    Why: these shapes run at the board's power cap, so TFLOP/s follows energy per FLOP; the N-pair
-    cluster multicasts the A tile and the swizzle-8 raster cuts HBM and L2 reads
-    (profiles/NOTES-gemm.md).  An odd count of N tiles leaves the last cluster column's second CTA on
-    an out-of-bounds tile; still taken from 15 tiles up (<= 1/16 wasted)."""
+    """Does the A-streaming shape take 256 x 128 tiles, 1x2 cluster, raster swizzle 8?  These shapes run
+    at the power cap, so TFLOP/s follows energy per FLOP: the N-pair multicast and the swizzle-8 raster
+    cut HBM and L2 reads.  An odd N-tile count wastes a CTA per cluster column: taken from 15 up."""
     nt = math.ceil(n / 128)
     return (l == 1 and a_streams(m, k, ab) and m >= 2048 and n >= 1024
             and (nt % 2 == 0 or nt >= 15) and ab != "float32")
 
 
 def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTiles | None = None) -> tuple[int, bool]:
-    """(raster swizzle, along M) of the persistent tile scheduler.
+    """(raster swizzle, along M) of the persistent tile scheduler (the plan fits it, :func:`fit_swizzle`).
 
-    A larger than L2: swizzle 4 along M, so a wave touches ~1/4 of A and its B columns stay
-    L2-resident (8 with the 256 x 128 stream tiles).  A fitting in L2 with a 2x1 cluster and more than
-    one wave: swizzle 8 along N, a band of 16 M tiles across ~8 tile columns, so B is shared by more of
-    the wave (``profiles/l2_model.py``).  Else swizzle 1 along M.  The plan runs the swizzle through
-    :func:`fit_swizzle`.  Measurements: profiles/NOTES-gemm.md."""
+    A larger than L2: swizzle 4 along M, so a wave touches ~1/4 of A and its B columns stay in L2 (8
+    with the stream tiles).  A in L2, 2x1 cluster, more than one wave: swizzle 8 along N, a band of 16 M
+    tiles across ~8 tile columns sharing B (``profiles/l2_model.py``).  Else swizzle 1 along M."""
     if tiles is None:
         tiles = default_tiles(m, n, k, l, ab, "k", "mn", "bfloat16", "n")
     if takes_stream_tiles(m, n, k, l, ab) and (tiles.tile_mnk[:2], tiles.cluster_mn) == ((256, 128), (1, 2)):
@@ -127,12 +115,10 @@ def default_raster(m: int, n: int, k: int, ab: str, l: int = 1, tiles: T.GemmTil
 
 def fit_swizzle(swizzle: int, along_m: bool, m: int, n: int, tile_mn: tuple[int, int],
                 cluster_mn: tuple[int, int]) -> int:
-    """The raster swizzle to run, chosen from swizzle//2..swizzle to pad the fewest units.
-
-    Why: the DSL's persistent scheduler rounds the cluster grid across the raster direction up to whole
-    strips of ``swizzle``, and the kernel runs every padding unit as a full mainloop on zero-filled
-    tiles (8192x3000 with 256x128 tiles on a 1x2 cluster: 12 cluster columns, swizzle 8 pads them to
-    16; 6 or 4 pad none).  Ties go to the wider strip; a strip is never wider than the grid."""
+    """The raster swizzle to run, from swizzle//2..swizzle, padding the fewest units: the DSL's scheduler
+    rounds the cluster grid up to whole strips of ``swizzle`` and each padding unit runs a full mainloop
+    on zero-filled tiles (12 cluster columns: 8 pads to 16, 6 or 4 pad none).  Ties go to the wider
+    strip; a strip is never wider than the grid."""
     across = math.ceil(math.ceil(n / tile_mn[1]) / cluster_mn[1]) if along_m else \
         math.ceil(math.ceil(m / tile_mn[0]) / cluster_mn[0])
     swizzle = min(swizzle, max(1, across))
@@ -150,10 +136,9 @@ def epi_defer_default(epi_defer_possible: bool, m: int, n: int, l: int, tile_mn:
 
 # ---------------------------------------------------------------------------- split-K
 def auto_splitk_mode(m: int, n: int, k: int, l: int = 1, out_row_major: bool = True) -> str:
-    """The split-K kernel for a shape the heuristic splits: "persistent" (S partial 128x256 tiles in
-    the persistent kernel, last-CTA fixup) where each slice streams long (>= 32 k-tiles), else
-    "cluster" (pairs reduced through DSMEM).  The persistent kernel needs an unbatched problem and a
-    row-major output.  Measurements: profiles/NOTES-gemm.md."""
+    """The split-K kernel for a shape the heuristic splits: "persistent" (last-CTA fixup in the persistent
+    kernel; unbatched, row-major output) where each slice streams >= 32 k-tiles, else "cluster" (pairs
+    reduced through DSMEM)."""
     if l != 1 or not out_row_major:
         return "cluster"
     s = persistent_splitk_choice(m, n, k)[1]
@@ -161,12 +146,9 @@ def auto_splitk_mode(m: int, n: int, k: int, l: int = 1, out_row_major: bool = T
 
 
 def split_k_factor(m: int, n: int, k: int, l: int, tiles: T.GemmTiles, mode: str) -> int:
-    """How many K slices make the output tiles fill the SMs (1: no split) for split-K kernel ``mode``
-    ("cluster", "persistent", or "none").
-
-    Only when the tiles cannot fill half the SMs.  The cluster kernel needs 128x128 tiles and splits
-    in pairs (clusters of 4-8 CTAs schedule worse) with >= 8 k-tiles per slice; it takes K tails
-    (TMA zero-fills past K)."""
+    """K slices (1: no split) for split-K ``mode`` ("cluster", "persistent" or "none"), only when the
+    tiles cannot fill half the SMs.  The cluster kernel splits 128x128 problems in pairs (clusters of
+    4-8 CTAs schedule worse) with >= 8 k-tiles per slice."""
     if mode == "none":
         return 1
     sms = current_arch().sm_count
@@ -234,14 +216,11 @@ class SkinnySwap(NamedTuple):
 def skinny_swap_choice(m: int, n: int, k: int, mcast: bool = True) -> SkinnySwap | None:
     """The swapped skinny GEMM's (tile width, K slices, weight multicast), or None when M > 64.
 
-    Why transposed: the kernels' A tile has 128 rows; with M <= 64 most of every A box lies past M and
-    the TMA unit's zero fill costs as if it were read.  Swapped, the weight streams as the 128-row A
-    tile and M becomes a 16 / 32 / 64-wide N tile (the narrowest that holds M).  K is split so that
-    tiles x slices fill the SMs (slices of >= 8 k-tiles, <= 8 of them); one or two slices meet in a
-    cluster's shared memory, more in an L2 workspace (the fixup kernel).  64-wide tiles with short
-    slices take at most two.  32 < M <= 64 takes two 32-wide tiles sharing the weight by multicast
-    where those pairs fit in one wave (``mcast`` False: not for this call -- the planner passes False
-    with C or an fp32 output).  Measurements: profiles/NOTES-gemm.md."""
+    Why transposed: with M <= 64 most of every 128-row A box lies past M, and TMA's zero fill costs
+    as if it were read.  Swapped, the weight streams as A and M becomes the narrowest 16 / 32 / 64-wide
+    N tile that holds it; K is split so tiles x slices fill the SMs (slices of >= 8 k-tiles, <= 8).
+    32 < M <= 64 takes two 32-wide tiles sharing the weight by multicast where the pairs fit in one wave
+    (``mcast`` False: not for this call; the planner passes False with C or an fp32 output)."""
     if m > SKINNY_SWAP_MAX_M:
         return None
     sms = current_arch().sm_count

@@ -1,13 +1,10 @@
-"""``cute_kernels.gemm``: the public entry points of the Hopper GEMM.
+"""The public entry points of the Hopper GEMM: ``gemm`` (and its ``torch.compile`` custom op),
+``explain`` (what a call would run, on any machine) and ``warmup_gemm`` (compile ahead of time).
 
-``gemm`` (and its ``torch.compile`` custom op), ``explain`` (what a call would run, on any machine)
-and ``warmup_gemm`` (compile ahead of time).  The hot path is: signature -> dict lookup of the
-:class:`~cute_kernels.gemm.plan.Plan` -> call its compiled TVM-FFI function with the torch tensors as
-they are.  No ``permute``/``contiguous`` on the way: the compiled function re-views torch's (L, M, K)
-/ (L, K, N) order itself.  Module map: :mod:`.validate` (argument checks), :mod:`.heuristics` (tile,
-raster, split-K and skinny choices), :mod:`.plan` (plans and their cache), :mod:`.launch` (compiled
-kernels and launchers), :mod:`.tune` (autotuner), the kernels in :mod:`.kernel`, :mod:`.epilogue`,
-:mod:`.splitk_kernel` and :mod:`.cpasync_kernel`.
+Hot path: signature -> dict lookup of the :class:`~cute_kernels.gemm.plan.Plan` -> its compiled TVM-FFI
+function, called with the torch tensors as they are (it re-views torch's operand order itself).
+Modules: :mod:`.validate`, :mod:`.heuristics`, :mod:`.plan`, :mod:`.launch`, :mod:`.tune`, and the
+kernels in :mod:`.kernel`, :mod:`.epilogue`, :mod:`.splitk_kernel` and :mod:`.cpasync_kernel`.
 """
 
 from __future__ import annotations
@@ -24,12 +21,9 @@ from .tune import tune_gemm
 
 def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfloat16,
                 a_major: str = "row", b_major: str = "row", out_dtype=None, with_c: bool = False) -> None:
-    """Compile (or load from disk) exactly what ``gemm`` will run for this problem, without running it.
-
-    Works without a GPU (the operands are empty CPU tensors of the right layout), so a build machine
-    can fill ``CUTE_KERNELS_CACHE_DIR`` for a GPU one.  Majors: 'row' or 'col' of the torch-ordered
-    a (M, K) and b (K, N).
-    """
+    """Compile (or load from disk) exactly what ``gemm`` will run for this problem, without running it;
+    also without a GPU, so a build machine can fill ``CUTE_KERNELS_CACHE_DIR`` for a GPU one.  Majors:
+    'row' or 'col' of the torch-ordered a (M, K) and b (K, N)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
     def operand(rows, cols, major):
@@ -52,14 +46,11 @@ jit.register_warmup("gemm", _warm)
 
 def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfloat16, a_major: str = "row",
             b_major: str = "row", out_dtype=None, with_c: bool = False) -> list[dict]:
-    """What ``gemm`` would run for this problem, on any machine: no GPU, nothing compiled.
-
-    Runs the real planning code (:func:`.plan.make_plan`: heuristics, tuned entries on disk, split-K
-    mode, raster fit) on meta tensors under :class:`jit.dry_run`, and returns one dict per kernel the
-    call would launch: its name, its full compile configuration, and for the GEMM kernels the derived
-    facts a person asks first (tile, cluster, stages, raster as run, work units per SM).  Operands are
-    taken 16-byte aligned; ``a_major`` / ``b_major`` = "row" or "col" (strides of a contiguous buffer
-    of that order; a leading dimension that breaks TMA's 16-byte rule shows the cp.async path)."""
+    """What ``gemm`` would run for this problem, on any machine (no GPU, nothing compiled): the real
+    planning code (:func:`.plan.make_plan`) on meta tensors under :class:`jit.dry_run`.  One dict per
+    kernel: its name, compile configuration and derived facts (tile, cluster, stages, raster as run,
+    work units per SM).  Operands are 16-byte aligned contiguous buffers of the given majors ("row" /
+    "col"; a leading dimension that breaks TMA's 16-byte rule shows the cp.async path)."""
 
     def operand(rows, cols, major):
         shape = (rows, cols) if batch is None else (batch, rows, cols)

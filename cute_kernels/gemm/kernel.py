@@ -3,28 +3,22 @@
 D = alpha * A @ B + beta * C, fp16/bf16 operands, fp32 accumulators.
 
 Roles (one CTA = 1 producer warpgroup + ``num_mma_warpgroups`` consumer warpgroups):
-  * producer warp 0 walks the persistent tile schedule and issues TMA loads of A/B k-tiles into a
-    ``ab_stages``-deep mbarrier ring (multicast across the cluster when the cluster is 2x1 / 1x2);
-  * consumer warpgroups wait on the ring, issue wgmma with one group in flight, release stages, then run
-    the epilogue (:mod:`.epilogue`): alpha/beta in registers, registers -> smem (stmatrix) -> TMA store,
-    sub-tile by sub-tile, or predicated direct stores when D's strides are not TMA-compatible.
-Both consumer warpgroups work on one CTA tile (64 rows each of a 128-row tile; two 64-row M-blocks each
-of a 256-row tile: rows 64w.. and 128+64w.. for warpgroup w), then both run its epilogue.
+  * producer warp 0 walks the persistent tile schedule and issues TMA loads of A/B k-tiles into an
+    ``ab_stages``-deep mbarrier ring (multicast across a 2x1 / 1x2 cluster);
+  * the consumer warpgroups share each CTA tile (64 rows each of a 128-row tile, two 64-row M-blocks
+    each of a 256-row one), issue wgmma with one group in flight, release stages, then run the
+    epilogue (:mod:`.epilogue`): registers -> smem (stmatrix) -> TMA store, or direct stores.
 Tails in M/N/K come for free: TMA fills out-of-bounds reads with zeros and clips out-of-bounds writes.
 
-Deferred epilogue (``GemmConfig.epi_defer``; the default where a CTA gets several tiles): the
-epilogue's stores move under the next tile's mainloop.  After a mainloop the consumers only scale and
-convert the accumulators into a register copy of the tile in D's type; the next mainloop stores one
-sub-tile of that copy after each of its first k-tiles' wgmma groups is committed, so the tensor cores
-wait for the conversion but not for the stores, barriers and buffer waits
-(:meth:`GemmSm90.consumer_deferred`).
+Deferred epilogue (``GemmConfig.epi_defer``; the default where a CTA gets several tiles): after a
+mainloop the consumers only scale and convert the accumulators into a register copy in D's type; the
+next mainloop stores one sub-tile of it after each of its first k-tiles' wgmmas is committed, so the
+tensor cores wait for the conversion but not for the stores (:meth:`GemmSm90.consumer_deferred`).
 
-Split-K inside the persistent schedule (``GemmConfig.splits`` = S > 1, :class:`GemmSm90SplitK`): the
-scheduler walks (M tiles, N tiles, L x S) work units; unit (m, n, l*S+s) streams k-tiles
-[s*ceil(K/S), ...) of tile (m, n, l), so the CTAs of a cluster share their k-range and keep the 2x1
-multicast.  Each unit publishes its fp32 partial to a workspace and counts it; the unit that counts
-last sums the S partials in slice order (bitwise deterministic, :mod:`cute_kernels.common.fixup`) and
-runs the normal epilogue.  Nobody waits for anybody.
+Split-K inside the persistent schedule (``GemmConfig.splits`` = S > 1, :class:`GemmSm90SplitK`): work
+unit (m, n, l*S+s) streams k-tiles [s*ceil(K/S), ...) of tile (m, n, l), so a cluster's CTAs share
+their k-range and keep the multicast; the unit that counts last sums the S partials in slice order
+(:mod:`cute_kernels.common.fixup`) and runs the normal epilogue.
 
 The tiling (CTA tile, MMA, smem layouts, epilogue tile) comes only from :mod:`layouts.tiles`.
 """
@@ -60,35 +54,22 @@ class GemmConfig:
     raster_swizzle: int = 1
     raster_along_m: bool = True
     max_active_clusters: int = 132
-    # A/B mainloop: "tma" (GemmSm90) or "cpasync" (cpasync_kernel.GemmSm90CpAsync, for operands
-    # whose strides/base break TMA); vec_a / vec_b: bytes per global->shared vector on that path
-    # (16, 8, 4: cp.async; 2: synchronous loads through registers).
+    # A/B mainloop: "tma" or "cpasync" (GemmSm90CpAsync, for operands TMA cannot describe), with
+    # vec_a / vec_b bytes per global->shared vector (16, 8, 4: cp.async; 2: through registers)
     mainloop: str = "tma"
     vec_a: int = 16
     vec_b: int = 16
     # K slices per output tile inside the persistent schedule (GemmSm90SplitK; 1: no split)
     splits: int = 1
-    # Programmatic dependent launch (TMA mainloop): the CTAs may start while the previous kernel on
-    # the stream drains; every thread waits (griddepcontrol.wait) after the prologue (barrier init,
-    # descriptor prefetch), before any global read or write, so only the launch latency and the
-    # prologue overlap the previous kernel.  The consumers signal their dependents after their last tile.
+    # Programmatic dependent launch (TMA mainloop): the prologue (barrier init, descriptor prefetch)
+    # overlaps the previous kernel on the stream; every thread waits (griddepcontrol.wait) before any
+    # global access, and the consumers signal their dependents after their last tile.
     pdl: bool = True
-    # Less work between tiles while the tensor cores wait: the first wgmma of a tile overwrites the
-    # accumulators (no acc.fill(0)) and alpha == 1 skips the multiply (a uniform run-time branch).
+    # Less work between tiles: the first wgmma of a tile overwrites the accumulators (no acc.fill(0))
+    # and alpha == 1 skips the multiply (a uniform run-time branch).
     lean_tile: bool = True
-    # Deferred epilogue (TMA mainloop, cooperative, no split, no C, TMA-stored 16-bit D, lean tiles,
-    # <= 128 accumulators per thread): a tile's accumulators are converted into D's type in registers
-    # right after its mainloop, and its sub-tiles are written out (stmatrix -> TMA store) one per k-tile during the
-    # next tile's first k-tiles, while that tile's wgmmas run: the tensor cores wait only for the
-    # conversion, not for the stores and their barriers.
+    # Deferred epilogue (see the module doc; conditions in epi_defer_ok)
     epi_defer: bool = False
-    @property
-    def a_major(self):
-        return self.tiles.mma.a_major
-
-    @property
-    def b_major(self):
-        return self.tiles.mma.b_major
 
 
 #: accumulators per consumer thread up to which the deferred epilogue's converted copy of a tile
@@ -119,9 +100,8 @@ class GemmSm90(GemmEpilogue):
 
     PRODUCER_REGS = 40
     CONSUMER_REGS = 232
-    # Accumulator registers per consumer thread above which the split is 24/240 instead of 40/232:
-    # 256 x 208 tiles take 240 (quack's threshold).  256 x 192 stays at 232: with C, 232 spills 24 B
-    # (bf16 D) and 240 spills 136 B (rank-3, fp32 D), ptxas's choice; without C neither spills.
+    # Accumulator registers per consumer thread above which the split is 24/240 instead of 40/232
+    # (256 x 208 tiles; 256 x 192 spills less at 232, profiles/NOTES-gemm.md).
     HEAVY_ACC_REGS = 192
 
     def __init__(self, cfg: GemmConfig):
@@ -129,16 +109,11 @@ class GemmSm90(GemmEpilogue):
         t = cfg.tiles
         self.tile_mnk = t.tile_mnk
         self.cluster_mn = t.cluster_mn
-        if t.pingpong:
-            raise ValueError("GemmSm90: cooperative consumer warpgroups only (GemmTiles.pingpong is not built)")
         self.num_mma_wg = t.mma.num_warpgroups  # consumer warpgroups, all on one tile
         self.threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg  # threads of one tile's epilogue
         heavy = t.acc_regs_per_thread > self.HEAVY_ACC_REGS
-        if heavy:
-            # many accumulator registers per thread (256 x N, N >= 208): as in quack, the producer
-            # gives up more
-            # (24 * 128 + 240 * 256 = 64512 <= 65536)
+        if heavy:  # the producer gives up more: 24 * 128 + 240 * 256 = 64512 <= 65536
             self.PRODUCER_REGS, self.CONSUMER_REGS = 24, 240
         self.epi_store_warp = 4  # first consumer warp issues the TMA stores
         self.mcast_a = t.cluster_mn[1]  # A tile is shared by the CTAs of a cluster row
@@ -177,7 +152,8 @@ class GemmSm90(GemmEpilogue):
         tma_d, tma_mD = tma.make_tma_store(mD, sD_layout, t.epi_tile_mn)
 
         sched_params, grid = self.schedule(mD)
-        self.shared_storage = self.make_shared_storage(sA_layout, sB_layout, sD_layout)
+        self.shared_storage = views.shared_storage(self.ab_dtype, self.c_dtype, t.ab_stages, sA_layout, sB_layout,
+                                                   sD_layout)
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_d, tma_mD, mD, mC, alpha, beta,
             tiled_mma, sA_layout, sB_layout, sD_layout, sched_params, ws, cnt,
@@ -200,24 +176,6 @@ class GemmSm90(GemmEpilogue):
             num_tiles, self.cluster_mn, self.cfg.raster_swizzle, self.cfg.raster_along_m,
             self.cfg.max_active_clusters,
         )
-
-    @cute.jit  # traced like __call__, so the struct's (string) annotations get evaluated
-    def make_shared_storage(self, sA_layout, sB_layout, sD_layout):
-        """Barriers of the A/B ring, the split-K flag, the A/B stages and the epilogue buffers, 1024-byte aligned
-        (the 128-byte swizzle repeats every 1024 bytes)."""
-        stages = self.cfg.tiles.ab_stages
-
-        @cute.struct
-        class SharedStorage:
-            ab_barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            # split-K: the work unit's counter value, broadcast to the consumers (unused without split;
-            # sA is 1024-aligned, so the 16 bytes move nothing)
-            flag: cute.struct.MemRange[cutlass.Int32, 4]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-            sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(sD_layout)], 1024]
-
-        return SharedStorage
 
     # ---------------------------------------------------------------- device code
     @cute.kernel
@@ -330,9 +288,8 @@ class GemmSm90(GemmEpilogue):
                  mD: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
                  tidx, warp_idx, mWs: Optional[cute.Tensor] = None, mCnt: Optional[cute.Tensor] = None,
                  sFlag: Optional[cute.Tensor] = None):
-        """Cooperative consumers: both warpgroups on every tile (64 or 2 x 64 rows each), then its
-        epilogue.  The epilogue sub-tile spans the tiled MMA's 128 rows, so a 256-row tile's sub-tiles
-        run M-block-major (the accumulators' order: ``acc`` is (frag, M-blocks, N-blocks))."""
+        """Both warpgroups on every tile, then its epilogue (a 256-row tile's sub-tiles run M-block-major,
+        the accumulators' order)."""
         cfg = self.cfg
         m_t, n_t, _ = self.tile_mnk
         mma_tidx = tidx - 128
@@ -352,15 +309,12 @@ class GemmSm90(GemmEpilogue):
                 acc.fill(0.0)
             read, release = wgmma.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count,
                                                   zero_init=self.mma_zero_init)
+            last = True  # split-K: only the unit that counts last runs the tile's epilogue
             if cutlass.const_expr(self.splits > 1):
-                if self.reduce_partials(acc, ws, tile, l_idx, mD, mCnt, sFlag, mma_tidx):
-                    self.epilogue(acc, (tile[0], tile[1], l_idx), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
-                                  self.epi_store_warp, 0, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha,
-                                  beta, warp_idx)
-            else:
-                self.epilogue(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
-                              self.epi_store_warp, 0, sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta,
-                              warp_idx)
+                last = self.reduce_partials(acc, ws, tile, l_idx, mD, mCnt, sFlag, mma_tidx)
+            if last:
+                self.epilogue(acc, (tile[0], tile[1], l_idx), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
+                              sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta, warp_idx)
             sched.advance_to_next_work()
             work = sched.get_current_work()
         if cutlass.const_expr(self.use_pdl):
@@ -371,10 +325,9 @@ class GemmSm90(GemmEpilogue):
     @cute.jit
     def cooperative_setup(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
                           mD: cute.Tensor, mC: cute.Tensor, sched_params, mma_tidx):
-        """What both cooperative consumers (:meth:`consumer`, :meth:`consumer_deferred`) start with: the
-        operand / accumulator views (A/B: one slice per warpgroup; C: each thread's own fragment), the
-        epilogue barrier over both warpgroups and the epilogue views, the tile scheduler and the ring's
-        (read, release) states."""
+        """What :meth:`consumer` and :meth:`consumer_deferred` start with: operand / accumulator views
+        (A/B one slice per warpgroup, C per thread), the epilogue barrier and views, the tile scheduler
+        and the ring's (read, release) states."""
         wg_layout = cute.make_layout(self.num_mma_wg, stride=128)
         v = self.consumer_views(tiled_mma, tiled_mma.get_slice(wg_layout(mma_tidx // 128)), mma_tidx, sA, sB, mD, mC)
         epi_barrier = pipeline.NamedBarrier(barrier_id=NamedBarrierId.EPILOGUE, num_threads=self.num_mma_threads)
@@ -389,14 +342,11 @@ class GemmSm90(GemmEpilogue):
     def consumer_deferred(self, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sD: cute.Tensor,
                           ab_pipe, k_tiles, sched_params, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
                           mD: cute.Tensor, alpha: cutlass.Float32, tidx, warp_idx):
-        """Cooperative consumers with the deferred epilogue (``GemmConfig.epi_defer``).
-
-        Per tile: mainloop; then the previous tile's sub-tiles not yet stored (only when the mainloop
-        had fewer k-tiles than sub-tiles); then this tile's accumulators -> ``rPend`` (scaled,
-        converted).  During the next mainloop, sub-tile ``e`` of ``rPend`` is stored right after k-tile
-        ``e``'s wgmmas are committed (:func:`wgmma.wgmma_mainloop`'s ``after_commit``): the stores,
-        barriers and buffer waits overlap the tensor cores.  The last tile is stored after the loop.
-        Sub-tiles keep their running order, so the epilogue buffers rotate as in :meth:`epilogue`."""
+        """Consumers with the deferred epilogue (``GemmConfig.epi_defer``).  Per tile: mainloop, during
+        which sub-tile ``e`` of the previous tile's ``rPend`` is stored after k-tile ``e``'s wgmmas are
+        committed (``after_commit``); then the sub-tiles the mainloop had no k-tile for; then this
+        tile's accumulators -> ``rPend`` (scaled, converted).  The last tile is stored after the loop;
+        sub-tiles keep their running order, so the epilogue buffers rotate as in :meth:`epilogue`."""
         mma_tidx = tidx - 128
         v, epi_barrier, epi, sched, read, release = self.cooperative_setup(tiled_mma, sA, sB, sD, mD, mD,
                                                                            sched_params, mma_tidx)
@@ -417,7 +367,7 @@ class GemmSm90(GemmEpilogue):
                 for e in cutlass.range_constexpr(self.n_epi):
                     if k_tiles <= e:
                         self.store_subtile(e, rPend[e], (pend_m, pend_n, pend_l), pend_count, sD, epi, epi_barrier,
-                                           self.epi_store_warp, 0, tma_d, mD_tma, warp_idx)
+                                           tma_d, mD_tma, warp_idx)
             self.scale_acc(acc, (tile[0], tile[1], tile[2]), thr_mma_c, gC, cD, mD, alpha, cutlass.Float32(0.0))
             for e in cutlass.range_constexpr(self.n_epi):
                 self.convert_subtile(epi, e, rPend[e])
@@ -429,7 +379,7 @@ class GemmSm90(GemmEpilogue):
         if has_pend:
             for e in cutlass.range_constexpr(self.n_epi):
                 self.store_subtile(e, rPend[e], (pend_m, pend_n, pend_l), pend_count, sD, epi, epi_barrier,
-                                   self.epi_store_warp, 0, tma_d, mD_tma, warp_idx)
+                                   tma_d, mD_tma, warp_idx)
         if cutlass.const_expr(self.use_pdl):
             cute.arch.griddepcontrol_launch_dependents()
         store_pipe.producer_tail()
@@ -442,14 +392,12 @@ class GemmSm90(GemmEpilogue):
         if has_pend:
             for e in cutlass.range_constexpr(self.n_epi):
                 if kt == e:
-                    self.store_subtile(e, rPend[e], tile_mnl, tiles_done, sD, epi, epi_barrier, self.epi_store_warp, 0,
-                                       tma_d, mD_tma, warp_idx)
+                    self.store_subtile(e, rPend[e], tile_mnl, tiles_done, sD, epi, epi_barrier, tma_d, mD_tma, warp_idx)
 
 
 class GemmSm90SplitK(GemmSm90):
-    """:class:`GemmSm90` with ``GemmConfig.splits`` > 1: split-K inside the persistent schedule (see the
-    module doc).  The host entry adds the fp32 workspace (``tiles x S`` partial tiles) and the int32
-    counters (one per output tile, zero before the first launch; the kernel leaves them at zero)."""
+    """:class:`GemmSm90` with ``GemmConfig.splits`` > 1 (see the module doc); the host entry adds the fp32
+    workspace (``tiles x S`` partial tiles) and the int32 counters (one per tile, left at zero)."""
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
@@ -459,9 +407,8 @@ class GemmSm90SplitK(GemmSm90):
     @cute.jit
     def reduce_partials(self, acc: cute.Tensor, ws: cute.Tensor, tile, l_idx, mD: cute.Tensor, mCnt: cute.Tensor,
                         sFlag: cute.Tensor, mma_tidx):
-        """Publish this unit's partial (slot tile_id * S + s) and count it; in the unit that counted
-        last, replace ``acc`` by the sum of the S partials in slice order (:func:`fixup.publish_and_sum`).
-        Returns whether this unit is the last (it then runs the epilogue)."""
+        """Publish and count this unit's partial (slot tile_id * S + s); whether it counted last, when
+        ``acc`` holds the sum of the S partials (:func:`fixup.publish_and_sum`)."""
         m_t, n_t, _ = self.tile_mnk
         S = self.splits
         m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t

@@ -16,13 +16,9 @@ from .splitk_kernel import GemmSm90SplitKCluster, GemmSm90SplitKFixup, SplitKClu
 
 
 def fake_args(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
-    """(kernel, fake arguments) for any GEMM kernel config: fake tensors mirroring the real ones'
-    static facts (rank, which stride is 1, 16-byte divisibility).
-
-    A / B: TMA-described (16-byte base and strides), or for the cp.async mainloop aligned to its vector
-    bytes.  D: TMA-stored (16-byte strides), row-major with 16-byte rows (split-K ``vec_store``), or any
-    strides.  C: any strides.  The kernels with a last-CTA fixup also take their fp32 workspace and
-    int32 counters (1-D)."""
+    """(kernel, fake arguments) for any GEMM kernel config: fake tensors with the real ones' static facts
+    (rank, unit stride, divisibility: 16 bytes for TMA, the vector bytes for cp.async, any for C and
+    direct-stored D), plus the fp32 workspace and int32 counters of the last-CTA-fixup kernels."""
     M, N, K, L = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     t = cfg.tiles
     ab, dt, ct = to_cutlass(ab_dtype), to_cutlass(d_dtype), to_cutlass(c_dtype)
@@ -84,10 +80,9 @@ def compiled(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
 
 
 class WorkspaceLauncher:
-    """Calls a kernel with a last-CTA fixup: ``(a, b, d, c, alpha, beta)`` like the other kernels,
-    adding the workspace (fp32 partials + int32 counters), cached per (device, stream): the kernel
-    leaves the counters at 0 and launches on one stream are ordered.  While a CUDA graph is captured a
-    fresh pair is allocated (its counters' zeroing is captured as a memset)."""
+    """Calls a last-CTA-fixup kernel like the others, adding its workspace (fp32 partials + int32
+    counters), cached per (device, stream): the kernel leaves the counters at 0 and launches on one
+    stream are ordered.  During CUDA-graph capture a fresh pair is allocated (zeroing captured)."""
 
     def __init__(self, fn, ws_numel: int, n_counters: int):
         self.fn, self.ws_numel, self.n_counters, self.cache = fn, ws_numel, n_counters, {}

@@ -1,14 +1,8 @@
-"""What ``gemm`` runs for one operand signature: the :class:`Plan`, how it is made (one function per
-plan kind) and the per-signature cache the hot path looks plans up in.
-
-Plan kinds, in the order the planner tries them:
-  * ``empty``: M, N or K is 0 (no kernel; ``out = beta * C`` or zeros);
-  * ``swapped``: M <= 64, unbatched: the transposed problem out^T = b^T a^T on the split-K kernels'
-    narrow tiles (:func:`.heuristics.skinny_swap_choice`);
-  * ``splitk-cluster``: K slices in pairs of CTAs reduced through DSMEM (short slices);
-  * ``splitk-persistent``: K slices inside the persistent kernel's schedule, last-CTA fixup (long slices);
-  * ``persistent``: the persistent warp-specialized kernel, TMA or (operands TMA cannot describe)
-    cp.async mainloop.
+"""What ``gemm`` runs for one operand signature: the :class:`Plan`, one function per plan kind and the
+per-signature cache.  Kinds, in the order the planner tries them: ``empty`` (M, N or K is 0),
+``swapped`` (M <= 64: out^T = b^T a^T, :func:`.heuristics.skinny_swap_choice`), ``splitk-cluster`` (K
+slices reduced through DSMEM), ``splitk-persistent`` (K slices in the persistent schedule, last-CTA
+fixup) and ``persistent`` (TMA, or cp.async for operands TMA cannot describe).
 """
 
 from __future__ import annotations
@@ -221,10 +215,9 @@ def _plan_splitk_persistent(p: Plan, pr: _Problem, splits: int, choice: PlanChoi
 
 def _plan_persistent(p: Plan, pr: _Problem, choice: PlanChoice, tiles: T.GemmTiles | None = None,
                      raster: tuple[int, bool] | None = None, cpasync: bool = False) -> Plan:
-    """The persistent kernel over D's tiles.  ``cpasync``: TMA cannot describe A or B, so the predicated
-    cp.async mainloop reads them where they are (no copy): vector width per operand from the strides,
-    the contiguous extent and the pointers' low bits (OR-ed over a, b and out as in the plan signature,
-    so every call that reuses this plan is at least as aligned); (1, 1) cluster, no split-K."""
+    """The persistent kernel over D's tiles.  ``cpasync``: TMA cannot describe A or B, so the cp.async
+    mainloop reads them in place, with vector widths from the strides, extents and the pointers' low
+    bits (OR-ed over a, b and out as in the plan signature, so a call reusing the plan is as aligned)."""
     a, b, probe = pr.a, pr.b, pr.probe
     extra = {}
     if cpasync:

@@ -1,27 +1,20 @@
-"""Split-K GEMM reduced inside a thread-block cluster through distributed shared memory (DSMEM).
+"""Split-K GEMMs for problems whose output tiles cannot fill the SMs: S CTAs compute K slices of one
+128 x tile_n output tile and meet either in a cluster's distributed shared memory
+(:class:`GemmSm90SplitKCluster`) or through an L2 workspace with a last-CTA fixup
+(:class:`GemmSm90SplitKFixup`).  Roles are those of :class:`cute_kernels.gemm.kernel.GemmSm90` (warp 0
+issues TMA, two consumer warpgroups issue wgmma); one CTA per (slice, output tile), not persistent.
 
-Why: for skinny problems (128 x 4096 x 4096, 1024 x 1024 x 32768) the output tiles cannot fill 132 SMs,
-so K is split.  Writing fp32 partials to HBM and reducing them in a second kernel costs a write + read
-of S x M x N x 4 bytes and a launch; here the S CTAs of one cluster (cluster shape (S, 1, 1)) each
-compute one K slice of the same 128 x tile_n output tile, park their fp32 accumulators in their own
-shared memory (reusing the drained operand stages), and after a cluster barrier CTA r sums rows
-[r * 128/S, (r+1) * 128/S) of all S partial tiles, in rank order 0..S-1 (deterministic), applies
-alpha / beta * C and stores D.  HBM traffic is the operands plus D, as in an unsplit GEMM.
+DSMEM kernel: the S CTAs of a cluster (S, 1, 1) park their fp32 accumulators in their own shared memory
+(over the drained operand stages); after a cluster barrier CTA r sums rows [r * 128/S, (r+1) * 128/S)
+of all S partial tiles in rank order (deterministic), applies alpha / beta * C and stores D, so HBM
+traffic is that of an unsplit GEMM (no partials written, no second launch).  Fields of
+:class:`SplitKClusterConfig`: tile_n 64 / 128 (64 gives twice the CTAs streaming B); splits 1 / 2
+(larger clusters schedule worse; 1 is a plain GEMM with this epilogue); vec_store (D row-major with
+16-byte rows: 8 outputs per thread in one vector store).
 
-Configurations (fields of :class:`SplitKClusterConfig`):
-- tile_n 64 / 128 (``tiles.tile_mnk[1]``; 192 / 256 build too): 128x64 tiles give twice the CTAs of
-  128x128 at the same split (more SMs streaming B).
-- splits 1 / 2: cluster size (pairs; larger clusters schedule worse, profiles/NOTES-gemm.md).
-  splits=1 is a plain (non-persistent) GEMM with this epilogue.
-- vec_store: D row-major with 16-byte aligned rows: 8 consecutive outputs per thread go out as one
-  vector store (16 B for 16-bit D) instead of 8 predicated scalar stores; ragged edges stay scalar.
-- A multicast along N (``tiles.cluster_mn = (1, 2)``, cluster (S, 2, 1)): the two CTAs of one K slice
-  and neighbouring N tiles each load half of the shared A tile into both: the skinny plan's pairs
-  (:func:`cute_kernels.gemm.heuristics.skinny_swap_choice`), where the weight is the 128-row A operand
-  and the problem's M the narrow 16 / 32-wide N tile.
-
-Roles are those of :class:`cute_kernels.gemm.kernel.GemmSm90` (warp 0 of warpgroup 0 issues TMA, two
-consumer warpgroups issue wgmma); the grid is not persistent: one cluster per output tile.
+A multicast along N (``tiles.cluster_mn = (1, 2)``): the two CTAs of one K slice and neighbouring N
+tiles each load half of the shared A tile into both, for the skinny plan's pairs
+(:func:`cute_kernels.gemm.heuristics.skinny_swap_choice`: the weight is the 128-row A operand).
 """
 
 from __future__ import annotations
@@ -83,10 +76,9 @@ class SplitKHost(NamedTuple):
 
 
 class _SplitKBase:
-    """What both split-K kernels share: S CTAs per 128 x tile_n output tile (grid (S, n tiles, m tiles x
-    L)), CTA ``rank`` streams k-tiles [rank * ceil(K/S), ...) of A and B through a CTA-local TMA ring
-    (warp 0 produces, two consumer warpgroups run the wgmma mainloop), leaving each consumer thread
-    with its fp32 accumulator fragment.  Subclasses differ only in how the S partial tiles meet."""
+    """What both split-K kernels share: grid (S, n tiles, m tiles x L); CTA ``rank`` streams k-tiles
+    [rank * ceil(K/S), ...) through a TMA ring into each consumer thread's fp32 accumulator fragment.
+    Subclasses differ only in how the S partial tiles meet."""
 
     PRODUCER_REGS = 40
     CONSUMER_REGS = 232
@@ -117,7 +109,8 @@ class _SplitKBase:
         self.d_dtype = T.dtype(t.c_dtype)
 
     def _host_operands(self, a, b, d, c):
-        """Host side (inside ``__call__``): views, tiled MMA, smem layouts, TMA atoms and the grid."""
+        """Host side (inside ``__call__``): views, tiled MMA, smem layouts, TMA atoms, the grid and
+        ``self.shared_storage``."""
         cfg = self.cfg
         mA, mB, mD, mC, tiled_mma, sA_layout, sB_layout, _ = views.gemm_host_setup(cfg.tiles, a, b, d, c, cfg.a_rank)
         m_t, n_t, k_t = self.tile_mnk
@@ -128,24 +121,29 @@ class _SplitKBase:
         # whole clusters along N: a CTA past the last N tile still loads (and multicasts) its share of
         # A; its B box is all out of bounds (zero-filled) and its stores are predicated off
         grid = (cfg.splits, cute.ceil_div(n_tiles, self.mcast_a) * self.mcast_a, m_tiles * cute.size(mD, mode=[2]))
+        self.shared_storage = views.shared_storage(self.ab_dtype, self.d_dtype, cfg.tiles.ab_stages, sA_layout,
+                                                   sB_layout)
         return SplitKHost(mD, mC, tiled_mma, sA_layout, sB_layout, tma_a, tma_mA, tma_b, tma_mB, m_tiles, n_tiles, grid)
 
     @cute.jit
-    def _ring(self, storage, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+    def _ring(self, warp_idx, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
               sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, rank, n_rank):
-        """Kernel side, every thread: the operand ring and this CTA's K range (slice ``rank``).
+        """Kernel side, every thread: the shared storage, the operand ring and this CTA's K range (slice
+        ``rank``).
 
-        Without A multicast the ring is CTA-local: a CTA barrier publishes the mbarrier inits.  With it
-        (``mcast_a`` = c > 1, cluster (cluster_k, c, 1): cluster_k = S for the DSMEM kernel, 1 for the
-        fixup kernel), CTA ``n_rank`` of the c CTAs that share K slice ``rank`` loads 1/c of each A
-        tile into all c of them, so a consumer releases a stage to the empty barriers of those c CTAs
-        (the pipeline's cluster is (cluster_k, c) with only the "m" = K-slice row multicasting) and the
-        inits are published to the whole cluster.  No CTA leaves while a peer may still signal it: the
-        producer's ``producer_tail`` waits for every stage's release by all c consumers."""
+        Without A multicast the ring is CTA-local.  With it (c = ``mcast_a`` > 1, cluster (cluster_k, c,
+        1)), CTA ``n_rank`` of the c CTAs sharing K slice ``rank`` loads 1/c of each A tile into all c,
+        so a consumer releases a stage to the empty barriers of those c CTAs (only the K-slice row
+        multicasts) and the inits are published to the whole cluster.  No CTA leaves while a peer may
+        still signal it: ``producer_tail`` waits for every stage's release by all c consumers."""
         t = self.cfg.tiles
         S = self.cfg.splits
         c = self.mcast_a
         m_t, n_t, k_t = self.tile_mnk
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
@@ -170,7 +168,7 @@ class _SplitKBase:
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                                       cute.group_modes(gB, 0, 2))
         pipeline_init_wait(cluster_shape_mn=pipe_cluster)
-        return sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count
+        return storage, sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count
 
     @cute.jit
     def _produce(self, ab_pipe, tma_a: cute.CopyAtom, tAgA: cute.Tensor, tAsA: cute.Tensor,
@@ -232,21 +230,11 @@ class GemmSm90SplitKCluster(_SplitKBase):
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
                  alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
-        t = self.cfg.tiles
         h = self._host_operands(a, b, d, c)
-        sA_layout, sB_layout = h.sA_layout, h.sB_layout
-
-        # sA and sB are adjacent (each a multiple of 1024 B): the reduction tile may span both
-        @cute.struct
-        class SharedStorage:
-            ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-
-        self.shared_storage = SharedStorage
-        self.kernel(h.tma_a, h.tma_mA, h.tma_b, h.tma_mB, h.mD, h.mC, alpha, beta, h.tiled_mma, sA_layout, sB_layout,
-                    h.m_tiles).launch(grid=h.grid, block=[self.threads, 1, 1],
-                                      cluster=(self.cfg.splits, self.mcast_a, 1), min_blocks_per_mp=1, stream=stream)
+        self.kernel(h.tma_a, h.tma_mA, h.tma_b, h.tma_mB, h.mD, h.mC, alpha, beta, h.tiled_mma, h.sA_layout,
+                    h.sB_layout, h.m_tiles).launch(
+            grid=h.grid, block=[self.threads, 1, 1], cluster=(self.cfg.splits, self.mcast_a, 1),
+            min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
@@ -266,14 +254,10 @@ class GemmSm90SplitKCluster(_SplitKBase):
         m_idx = ml % m_tiles
         l_idx = ml // m_tiles
 
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
-        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         # without A multicast the cluster barrier before the reduction is the first point where peers
         # touch each other; with it the ring's init already synchronises the cluster
-        sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
-            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, n_rank)
+        storage, sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
+            warp_idx, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, n_rank)
 
         # fp32 reduction tile, row-major with padding, over the operand stages (drained by then)
         red_ptr = cute.recast_ptr(storage.sA.data_ptr(), dtype=cutlass.Float32)
@@ -373,19 +357,11 @@ class SplitKFixupConfig:
 
 
 class GemmSm90SplitKFixup(_SplitKBase):
-    """S CTAs (no cluster) compute K slices of one 128 x tile_n output tile; each stores its fp32
-    partial tile to a global workspace, fences, and bumps the tile's int32 counter; the CTA that sees
-    the counter at S-1 (the last one) sums the S partials in rank order 0..S-1 (all read from the
-    workspace, its own included: the same code and order whoever is last, so bitwise deterministic),
-    applies alpha / beta * C, stores D and resets the counter to 0.  Nobody waits for anybody, so any
-    residency works (no deadlock), and the grid can be as large as tiles x S.
-
-    Workspace layout (fp32): slot (tile * S + rank) holds a partial tile in the accumulator's fragment
-    order, chunk-major: ``ws[slot][chunk][thread][4]``, so a warp's 16-byte stores/loads of one chunk
-    cover 512 contiguous bytes.  Memory order: partial stores -> fence.acq_rel.gpu (every thread) ->
-    barrier of the consumer threads -> one thread's atom.add.acq_rel.gpu -> result through shared
-    memory and a second barrier -> the last CTA: fence.acq_rel.gpu -> loads.
-    """
+    """S CTAs (no cluster) compute K slices of one output tile; each publishes its fp32 partial to a
+    global workspace and bumps the tile's counter (:mod:`cute_kernels.common.fixup`); the CTA that
+    counts last sums the S partials in rank order (its own read back too: bitwise deterministic),
+    applies alpha / beta * C, stores D and resets the counter.  Nobody waits for anybody, so any
+    residency works and the grid can be as large as tiles x S."""
 
     KIND = "fixup"
     TILE_NS = FIXUP_TILE_NS
@@ -395,22 +371,11 @@ class GemmSm90SplitKFixup(_SplitKBase):
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
                  cnt: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
-        t = self.cfg.tiles
         h = self._host_operands(a, b, d, c)
-        sA_layout, sB_layout = h.sA_layout, h.sB_layout
-
-        @cute.struct
-        class SharedStorage:
-            ab_barriers: cute.struct.MemRange[cutlass.Int64, t.ab_stages * 2]
-            flag: cute.struct.MemRange[cutlass.Int32, 4]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-
-        self.shared_storage = SharedStorage
-        self.kernel(h.tma_a, h.tma_mA, h.tma_b, h.tma_mB, h.mD, h.mC, ws, cnt, alpha, beta, h.tiled_mma, sA_layout,
-                    sB_layout, h.m_tiles, h.n_tiles).launch(grid=h.grid, block=[self.threads, 1, 1],
-                                                        cluster=(1, self.mcast_a, 1) if self.mcast_a > 1 else None,
-                                                        min_blocks_per_mp=1, stream=stream)
+        self.kernel(h.tma_a, h.tma_mA, h.tma_b, h.tma_mB, h.mD, h.mC, ws, cnt, alpha, beta, h.tiled_mma, h.sA_layout,
+                    h.sB_layout, h.m_tiles, h.n_tiles).launch(
+            grid=h.grid, block=[self.threads, 1, 1], cluster=(1, self.mcast_a, 1) if self.mcast_a > 1 else None,
+            min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
@@ -431,13 +396,9 @@ class GemmSm90SplitKFixup(_SplitKBase):
         l_idx = ml // m_tiles
         tile_id = ml * n_tiles + n_idx
 
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
-        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        storage, sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
+            warp_idx, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, n_rank)
         sFlag = storage.flag.get_tensor(cute.make_layout((4,)))
-        sA, sB, ab_pipe, tAsA, tAgA, tBsB, tBgB, k_begin, k_count = self._ring(
-            storage, tma_a, mA, tma_b, mB, sA_layout, sB_layout, rank, n_rank)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)

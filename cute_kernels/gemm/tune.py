@@ -1,13 +1,10 @@
-"""GEMM autotuning: time candidate configs for one problem, keep the fastest, persist it on disk.
+"""GEMM autotuning: time candidate configs for one problem, keep the fastest, persist it on disk
+(``<cache dir>/gemm_tuned.json``, :mod:`.tuned`, used by every later call in any process).
 
-Why: the shape heuristic (:func:`.heuristics.default_tiles`) is a guess; the best CTA tile, cluster
-shape and raster order depend on the shape.  Two rounds: every (tile, cluster) of :func:`candidates`
-(128x{256, 192} and 256x{128, 192}, clusters 2x1 / 1x2, compiled in parallel processes first) with
-the shape's default raster, then the other rasters on the fastest: at most 13 timings per shape.  A
-shape the heuristic splits along K instead times the split-K kernels (cluster, persistent) and the
-unsplit one; a problem with M <= 64 also times the transposed plan (entry "swap").  Results live in
-``<cache dir>/gemm_tuned.json`` (:mod:`.tuned`) and are picked up by every later call in any
-process.  ``cute-kernels tune gemm M N K`` runs it from the shell.
+The heuristic (:func:`.heuristics.default_tiles`) is a guess.  Two rounds: every (tile, cluster) of
+:func:`candidates` (compiled in parallel processes first) with the shape's default raster, then the
+other rasters on the fastest: at most 13 timings.  A shape the heuristic splits along K times the
+split-K kernels and the unsplit one instead; M <= 64 also times the transposed plan ("swap").
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ from .heuristics import auto_splitk_mode, default_raster, default_tiles, make_ge
 from .plan import PlanChoice, clear_plans, make_plan, run
 from .validate import major_of
 
-#: Tile families the tuner times, as (tile_m, tile_n): the 128 x {256, 192} of the heuristic and
-#: quack's 256 x {128, 192} (two 64-row M-blocks per warpgroup); each with clusters 2x1 and 1x2
-#: where the tile counts allow (1x1 when neither does; 128 x 256 only 2x1 then 1x2).  The heuristic's
-#: own choice is always a candidate.
+#: Tile families the tuner times, as (tile_m, tile_n), each with clusters 2x1 and 1x2 where the tile
+#: counts allow (1x1 when neither does; 128 x 256 only 2x1 then 1x2), plus the heuristic's choice.
 TILE_FAMILIES = ((128, 256), (128, 192), (256, 128), (256, 192))
 #: Rasters tried, in a second round, on the fastest (tile, cluster) of the first (which uses (1, M)).
 RASTERS = ((1, True), (4, True), (8, False))
@@ -44,10 +39,9 @@ def _clusters(m, n, tile_m, tile_n, both=True):
 
 
 def candidates(m, n, ab, am, bm, d_name, k=4096, l=1):
-    """First-round candidates ``(tile_m, tile_n, cluster, swizzle, along_m)``: the families x clusters
-    + the heuristic's choice (first), all with the shape's own raster (:func:`.heuristics.default_raster`):
-    with A larger than L2 a swizzle-1 raster costs every tile family ~10-15%, which would rank them on
-    the raster instead of the tile."""
+    """First-round candidates ``(tile_m, tile_n, cluster, swizzle, along_m)``: the heuristic's choice,
+    then the families x clusters, all with the shape's own raster (a swizzle-1 raster with A larger
+    than L2 would rank the tiles on the raster instead)."""
     d = default_tiles(m, n, k, l, ab, am, bm, d_name, "n")
     raster = default_raster(m, n, k, ab, l, d)
     out = [(d.tile_mnk[0], d.tile_mnk[1], d.cluster_mn, *raster)]
@@ -104,14 +98,15 @@ def _precompile_all(a, b, out_dtype, names, cands):
     jit.log.info("tune: precompiled %d candidates in %.1f s with %d processes", len(cands), time.time() - t0, jobs)
 
 
-def _bench(fn, reps=20):
-    """Median ms: triton's do_bench (cold L2) when available, else back-to-back launches timed by events."""
+def bench_ms(fn, reps=20, rep_ms=40):
+    """Median ms: triton's do_bench (cold L2; ``rep_ms`` of timing) when available, else ``reps``
+    back-to-back launches timed by events."""
     import torch
 
     try:
         from triton.testing import do_bench
 
-        return do_bench(fn, warmup=10, rep=40, return_mode="median")
+        return do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
     except ImportError:
         pass
     fn()
@@ -148,7 +143,7 @@ def tune_gemm(a, b, out_dtype=None, verbose=True):
         launch is timed); one that does not build or run is skipped, not fatal."""
         try:
             run(a, b, out, choice=choice)
-            ms = _bench(lambda: run(a, b, out, choice=choice))
+            ms = bench_ms(lambda: run(a, b, out, choice=choice))
         except Exception as e:  # noqa: BLE001
             jit.log.warning("tune: %s failed: %s", what, e)
             return

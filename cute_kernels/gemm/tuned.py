@@ -60,12 +60,6 @@ def load() -> dict:
     return _table
 
 
-def reset() -> None:
-    """Forget the in-memory table (the next lookup reads the file again)."""
-    global _table
-    _table = None
-
-
 def lookup(m, n, k, l, ab, am, bm, d_name) -> TunedChoice | None:
     """The tuned choice for this problem, or None when untuned (or tuned for a variant that no longer
     exists: ping-pong tiles, the fixup / workspace split-K modes)."""

@@ -10,12 +10,9 @@ from layouts import tiles as T
 
 
 def as_mkl(t: cute.Tensor, order: tuple[int, ...]) -> cute.Tensor:
-    """View a torch-ordered tensor as the kernel's (rows, cols, batch) without moving data.
-
-    ``order`` lists which torch modes become (rows, cols[, batch]); a rank-2 input gets a batch mode
-    of size 1 and stride 0.  Doing this inside the compiled function keeps ``permute`` calls (each a
-    host-side tensor op) off the hot path.
-    """
+    """View a torch-ordered tensor as the kernel's (rows, cols, batch): ``order`` lists which torch
+    modes become (rows, cols[, batch]); rank 2 gets a batch mode of size 1, stride 0.  Done inside the
+    compiled function, it keeps host-side ``permute`` calls off the hot path."""
     lay = cute.select(t.layout, mode=list(order))
     if cutlass.const_expr(len(order) == 2):
         lay = cute.append(lay, cute.make_layout(1, stride=0))
@@ -35,3 +32,23 @@ def gemm_host_setup(tiles, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cu
     mA, mB, mD, mC = gemm_views(a, b, d, c, rank)
     return (mA, mB, mD, mC, T.make_tiled_mma(tiles.mma), T.make_smem_layout_a(tiles),
             T.make_smem_layout_b(tiles), T.make_smem_layout_epi(tiles))
+
+
+@cute.jit  # traced inside a host entry, so the struct's (string) annotations get evaluated
+def shared_storage(ab_dtype, d_dtype, stages: int, sA_layout, sB_layout, sD_layout=None):
+    """Shared memory of the TMA-fed GEMM kernels, 1024-byte aligned (the 128-byte swizzle repeats every
+    1024 bytes): the A/B ring's barriers, the split-K counter value broadcast to the consumers (unused
+    without split; sA's alignment absorbs its 16 bytes), the A/B stages and the epilogue buffers (none
+    without ``sD_layout``: the split-K kernels, whose DSMEM reduction tile may span the adjacent sA and
+    sB instead)."""
+    d_elems = 0 if sD_layout is None else cute.cosize(sD_layout)
+
+    @cute.struct
+    class SharedStorage:
+        ab_barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
+        flag: cute.struct.MemRange[cutlass.Int32, 4]
+        sA: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], 1024]
+        sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], 1024]
+        sD: cute.struct.Align[cute.struct.MemRange[d_dtype, d_elems], 1024]
+
+    return SharedStorage

@@ -203,30 +203,12 @@ def _demo_pictures(out_dir: str) -> list[str]:
     return made
 
 
-def _bench_ms(fn) -> float:
-    import torch
-
-    try:
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=10, rep=50, return_mode="median")
-    except ImportError:
-        fn()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(20):
-            fn()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e) / 20
-
-
 def _gpu_demo() -> int:
     import torch
 
     from ..attention import decode_attn, decode_attn_reference
     from ..gemm import gemm
+    from ..gemm.tune import bench_ms
 
     print(f"GPU: {torch.cuda.get_device_name(0)}")
     bad = 0
@@ -237,7 +219,7 @@ def _gpu_demo() -> int:
         out = gemm(a, b)
         ref = a.double() @ b.double()
         err = ((out.double() - ref).norm() / ref.norm()).item()
-        ms, ms_ref = _bench_ms(lambda: gemm(a, b)), _bench_ms(lambda: torch.matmul(a, b))
+        ms, ms_ref = bench_ms(lambda: gemm(a, b), rep_ms=50), bench_ms(lambda: torch.matmul(a, b), rep_ms=50)
         ok = err < 2e-2
         bad += not ok
         tf = 2 * m * n * k / 1e9
@@ -251,10 +233,9 @@ def _gpu_demo() -> int:
             vc = torch.randn_like(kc)
             lens = torch.full((b_,), L, device="cuda", dtype=torch.int32)
             o = decode_attn(q, kc, vc, cache_seqlens=lens)
-            ref = decode_attn_reference(q, kc, vc, cache_seqlens=lens)
-            ref = ref[0] if isinstance(ref, tuple) else ref
+            ref = decode_attn_reference(q, kc, vc, cache_seqlens=lens)[0]
             err = ((o.double() - ref.double()).norm() / ref.double().norm()).item()
-            ms = _bench_ms(lambda: decode_attn(q, kc, vc, cache_seqlens=lens))
+            ms = bench_ms(lambda: decode_attn(q, kc, vc, cache_seqlens=lens), rep_ms=50)
             ok = err < 2e-2
             bad += not ok
             print(f"  b{b_} hq{hq} hkv{hkv} L{L}: rel err {err:.1e} {'ok' if ok else 'WRONG'}; "

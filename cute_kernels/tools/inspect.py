@@ -1,15 +1,11 @@
-"""Inspect what a kernel compiles to: PTX, CUBIN, SASS and a resource summary — no GPU needed.
-
-Why: most performance questions (are the tensor-core instructions there, did an array spill to local
-memory, how many registers) are answered by the compiler's output, at no device time.  Registers and
-static shared memory are read from the cubin's ELF section headers (``.text.<kernel>``'s ``sh_info``
-holds the register count in its top byte; ``.nv.shared.<kernel>`` is the static shared memory);
-spills and instruction mixes come from the SASS that ``nvdisasm`` prints.
+"""Inspect what a kernel compiles to (PTX, CUBIN, SASS and a resource summary) with no GPU: most
+performance questions (tensor-core instructions, spills, registers) are answered by the compiler's
+output.  Registers and stack frames come from the cubin's ``.nv.info`` attributes, static shared
+memory from its ``.nv.shared.<kernel>`` sections, spills and instruction mixes from ``nvdisasm``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import struct
@@ -48,7 +44,6 @@ class CompileReport:
     cubin: bytes | None
     sass: str | None
     kernels: list[KernelResources]
-    dynamic_smem: int | None = None
 
     def summary(self) -> str:
         lines = []
@@ -170,13 +165,3 @@ def inspect_builder(builder: jit.Builder) -> CompileReport:
             k.instructions = counts.get(k.name, Counter())
     return CompileReport(ptx=ptx, cubin=cubin, sass=sass, kernels=kernels)
 
-
-def write_artifacts(report: CompileReport, out_dir: str | os.PathLike, stem: str) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if report.ptx:
-        (out / f"{stem}.ptx").write_text(report.ptx)
-    if report.cubin:
-        (out / f"{stem}.cubin").write_bytes(report.cubin)
-    if report.sass:
-        (out / f"{stem}.sass").write_text(report.sass)
