@@ -6,6 +6,7 @@ the very same objects.  The descriptions are frozen dataclasses (part of compile
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .target import set_dsl_arch_env
@@ -31,6 +32,10 @@ THREADS_PER_WARPGROUP = 128
 #: Most fp32 accumulators per consumer thread a tile may need (256 x 208 tiles; with setmaxnreg 240
 #: the rest of the kernel gets ~30 registers).
 MAX_ACC_REGS_PER_THREAD = 208
+#: shared memory kept out of every stage budget: the mbarriers and alignment slack
+MBARRIER_BYTES_RESERVED = 1024
+#: fp32 words of padding per row of the split-K reduction tile: 2-way instead of 8-way bank conflicts
+SPLITK_RED_PAD = 8
 
 
 def dtype(name: str):
@@ -172,3 +177,59 @@ def c_layout_enum(t: GemmTiles) -> LayoutEnum:
 def make_smem_layout_atom(kind: str, dtype_name: str):
     """A single swizzle atom by name, e.g. ``'K_SW128'`` (8 rows x 64 bf16, Swizzle<3,4,3>)."""
     return warpgroup.make_smem_layout_atom(getattr(warpgroup.SmemLayoutAtomKind, kind), dtype(dtype_name))
+
+
+# ---------------------------------------------------------------- shared-memory budgets (pure Python)
+def stage_count(smem_capacity: int, bytes_per_stage: int, fixed_bytes: int, max_stages: int = 8) -> int:
+    """How many operand stages fit next to ``fixed_bytes`` (epilogue buffers etc.)."""
+    n = (smem_capacity - MBARRIER_BYTES_RESERVED - fixed_bytes) // bytes_per_stage
+    if n < 2:
+        raise ValueError(
+            f"only {n} pipeline stage(s) of {bytes_per_stage} B fit in {smem_capacity} B of shared memory; "
+            "use a smaller tile"
+        )
+    return min(n, max_stages)
+
+
+def gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str, b_major: str, c_dtype: str,
+               smem_capacity: int, c_major: str = "n", tile_m: int = 128) -> GemmTiles:
+    """The persistent GEMM's tile_m x tile_n x 64 CTA tile over two consumer warpgroups, as many operand
+    stages as fit in ``smem_capacity`` bytes.
+
+    The epilogue sub-tile spans both warpgroups' rows, 64 columns wide for 16-bit outputs (half the
+    epilogue barriers of 32) when that still leaves 4 stages, else gcd(32, tile_n).  ``tile_m = 256``:
+    each warpgroup owns two 64-row M-blocks (rows 64w.. and 128 + 64w..)."""
+    if tile_m not in (128, 256):
+        raise ValueError(f"gemm_tiles: tile_m must be 128 or 256, got {tile_m}")
+    c_bytes = 4 if c_dtype == "float32" else 2
+    per_stage = (tile_m + tile_n) * 64 * 2
+    epi_m, bufs = 128, 2
+    epi_n = math.gcd(32, tile_n)
+    if c_bytes == 2 and tile_n % 64 == 0 and stage_count(smem_capacity, per_stage, epi_m * 64 * c_bytes * bufs) >= 4:
+        epi_n = 64
+    stages = stage_count(smem_capacity, per_stage, epi_m * epi_n * c_bytes * bufs)
+    mma = MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
+    return GemmTiles(tile_mnk=(tile_m, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
+                     epi_tile_mn=(epi_m, epi_n), epi_stages=2, c_dtype=c_dtype, c_major=c_major)
+
+
+def splitk_stage_bytes(tile_n: int) -> int:
+    """One operand stage of the split-K kernels' 128 x tile_n x 64 tile (16-bit A and B)."""
+    return (128 + tile_n) * 64 * 2
+
+
+def splitk_red_bytes(tile_n: int) -> int:
+    """The cluster split-K kernel's fp32 reduction tile (padded rows), which reuses the operand stages."""
+    return 128 * (tile_n + SPLITK_RED_PAD) * 4
+
+
+def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str, smem_capacity: int,
+                 a_mcast: int = 1) -> GemmTiles:
+    """Tiles of the cluster / fixup split-K kernels: 128 x tile_n x 64, two consumer warpgroups, and as
+    many operand stages as fit (no epilogue buffer: the cluster kernel's fp32 reduction tile reuses
+    the stages).  Narrow tiles (the swapped skinny GEMM) are pure streaming: up to 12 stages.
+    ``a_mcast``: CTAs along N that share each A tile (cluster 1 x a_mcast: the skinny pairs)."""
+    stages = stage_count(smem_capacity, splitk_stage_bytes(tile_n), 0, max_stages=12 if tile_n <= 32 else 10)
+    mma = MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
+    return GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=(1, a_mcast), mma=mma, ab_stages=stages,
+                     epi_tile_mn=(128, min(64, tile_n)), epi_stages=1, c_dtype=d_dtype, c_major="n")

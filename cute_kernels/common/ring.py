@@ -1,6 +1,7 @@
 """mbarrier rings: the full/empty ring between a TMA producer warp and its consumer warps
 (:func:`make_tma_pipeline`), the full-barrier-only ring of a CTA whose threads all consume every stage
-(:class:`TxRing`), and how many stages fit (:func:`stage_count`)."""
+(:class:`TxRing`).  How many stages fit is
+:func:`layouts.tiles.stage_count` (tile budgets live with the tiles)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,6 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-
-MBARRIER_BYTES_RESERVED = 1024  # barriers + alignment slack kept out of the stage budget
-
-
-def stage_count(smem_capacity: int, bytes_per_stage: int, fixed_bytes: int, max_stages: int = 8) -> int:
-    """Pure Python: how many operand stages fit next to ``fixed_bytes`` (epilogue buffers etc.)."""
-    n = (smem_capacity - MBARRIER_BYTES_RESERVED - fixed_bytes) // bytes_per_stage
-    if n < 2:
-        raise ValueError(
-            f"only {n} pipeline stage(s) of {bytes_per_stage} B fit in {smem_capacity} B of shared memory; "
-            "use a smaller tile"
-        )
-    return min(n, max_stages)
-
 
 def make_tma_pipeline(barrier_ptr, num_stages: int, tx_bytes: int, consumer_warps: int,
                       cluster_layout_mnk: cute.Layout, mcast_ctas: int, mcast_mode_mn=(1, 1)):

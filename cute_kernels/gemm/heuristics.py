@@ -11,8 +11,6 @@ from typing import NamedTuple
 from layouts import tiles as T
 
 from ..common.arch import current_arch
-from ..common.ring import stage_count
-from .splitk_kernel import stage_bytes
 
 #: Split-K loads of the operand read once (B; the swapped skinny plan's weight) carry the L2 evict-first
 #: hint, so a streamed weight does not evict the activations around the call.  A call replayed back to
@@ -31,24 +29,8 @@ SKINNY_MCAST_MIN_SLICE_KTILES = 64
 
 def make_gemm_tiles(tile_n: int, cluster: tuple[int, int], ab: str, a_major: str, b_major: str,
                     c_dtype: str, c_major: str = "n", tile_m: int = 128) -> T.GemmTiles:
-    """A tile_m x tile_n x 64 CTA tile over two consumer warpgroups, as many operand stages as fit.
-
-    The epilogue sub-tile spans both warpgroups' rows, 64 columns wide for 16-bit outputs (half the
-    epilogue barriers of 32) when that still leaves 4 stages, else gcd(32, tile_n).  ``tile_m = 256``:
-    each warpgroup owns two 64-row M-blocks (rows 64w.. and 128 + 64w..)."""
-    if tile_m not in (128, 256):
-        raise ValueError(f"make_gemm_tiles: tile_m must be 128 or 256, got {tile_m}")
-    smem = current_arch().smem_per_cta
-    c_bytes = 4 if c_dtype == "float32" else 2
-    per_stage = (tile_m + tile_n) * 64 * 2
-    epi_m, bufs = 128, 2
-    epi_n = math.gcd(32, tile_n)
-    if c_bytes == 2 and tile_n % 64 == 0 and stage_count(smem, per_stage, epi_m * 64 * c_bytes * bufs) >= 4:
-        epi_n = 64
-    stages = stage_count(smem, per_stage, epi_m * epi_n * c_bytes * bufs)
-    mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
-    return T.GemmTiles(tile_mnk=(tile_m, tile_n, 64), cluster_mn=cluster, mma=mma, ab_stages=stages,
-                       epi_tile_mn=(epi_m, epi_n), epi_stages=2, c_dtype=c_dtype, c_major=c_major)
+    """:func:`layouts.tiles.gemm_tiles` in this target's shared memory."""
+    return T.gemm_tiles(tile_n, cluster, ab, a_major, b_major, c_dtype, current_arch().smem_per_cta, c_major, tile_m)
 
 
 def default_tiles(m: int, n: int, k: int, l: int, ab: str, a_major: str, b_major: str,
@@ -188,14 +170,8 @@ def persistent_splitk_choice(m: int, n: int, k: int) -> tuple[int, int]:
 
 
 def splitk_tiles(tile_n: int, ab: str, a_major: str, b_major: str, d_dtype: str, a_mcast: int = 1) -> T.GemmTiles:
-    """Tiles of the cluster / fixup split-K kernels: 128 x tile_n x 64, two consumer warpgroups, and as
-    many operand stages as fit (no epilogue buffer: the cluster kernel's fp32 reduction tile reuses
-    the stages).  Narrow tiles (the swapped skinny GEMM) are pure streaming: up to 12 stages.
-    ``a_mcast``: CTAs along N that share each A tile (cluster 1 x a_mcast: the skinny pairs)."""
-    stages = stage_count(current_arch().smem_per_cta, stage_bytes(tile_n), 0, max_stages=12 if tile_n <= 32 else 10)
-    mma = T.MmaTile(ab_dtype=ab, atom_n=tile_n, warpgroups_mn=(2, 1), a_major=a_major, b_major=b_major)
-    return T.GemmTiles(tile_mnk=(128, tile_n, 64), cluster_mn=(1, a_mcast), mma=mma, ab_stages=stages,
-                       epi_tile_mn=(128, min(64, tile_n)), epi_stages=1, c_dtype=d_dtype, c_major="n")
+    """:func:`layouts.tiles.splitk_tiles` in this target's shared memory."""
+    return T.splitk_tiles(tile_n, ab, a_major, b_major, d_dtype, current_arch().smem_per_cta, a_mcast)
 
 
 # ---------------------------------------------------------------------------- the transposed skinny plan

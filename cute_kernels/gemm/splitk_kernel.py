@@ -37,7 +37,6 @@ from ..common.barriers import NamedBarrierId
 from . import views
 from .epilogue import add_beta_c
 
-RED_PAD = 8  # fp32 words of padding per row of the reduction tile: 2-way instead of 8-way bank conflicts
 VEC = 8  # consecutive output columns one thread reduces and stores
 TILE_NS = (16, 32, 64, 128, 192, 256)  # 16 / 32: the swapped skinny GEMM (N' = the problem's M <= 32)
 SPLITS = (1, 2)
@@ -49,13 +48,6 @@ def _load_dsmem_f32(ptr, *, loc=None, ip=None):
     """ld.shared::cluster.f32 from a pointer produced by ``cute.arch.map_dsmem_ptr``."""
     return cutlass.Float32(llvm.load(cutlass.Float32.mlir_type, ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
 
-
-def stage_bytes(tile_n: int) -> int:
-    return (128 + tile_n) * 64 * 2
-
-
-def red_bytes(tile_n: int) -> int:
-    return 128 * (tile_n + RED_PAD) * 4
 
 
 class SplitKHost(NamedTuple):
@@ -224,7 +216,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
 
     def __init__(self, cfg: SplitKClusterConfig):
         super().__init__(cfg)
-        if cfg.tiles.ab_stages * stage_bytes(self.tile_mnk[1]) < red_bytes(self.tile_mnk[1]):
+        if cfg.tiles.ab_stages * T.splitk_stage_bytes(self.tile_mnk[1]) < T.splitk_red_bytes(self.tile_mnk[1]):
             raise ValueError("the operand stages are too small to hold the fp32 reduction tile")
 
     @cute.jit
@@ -261,7 +253,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
 
         # fp32 reduction tile, row-major with padding, over the operand stages (drained by then)
         red_ptr = cute.recast_ptr(storage.sA.data_ptr(), dtype=cutlass.Float32)
-        red_layout = cute.make_layout((m_t, n_t), stride=(n_t + RED_PAD, 1))
+        red_layout = cute.make_layout((m_t, n_t), stride=(n_t + T.SPLITK_RED_PAD, 1))
         sRed = cute.make_tensor(red_ptr, red_layout)
 
         if wg_idx == 0:
@@ -297,7 +289,7 @@ class GemmSm90SplitKCluster(_SplitKBase):
                     c0 = (ch % per_row) * VEC
                     vals = cute.make_rmem_tensor((VEC,), cutlass.Float32)
                     vals.fill(0.0)
-                    off = r * (n_t + RED_PAD) + c0
+                    off = r * (n_t + T.SPLITK_RED_PAD) + c0
                     for q in cutlass.range_constexpr(S):  # fixed order: bitwise reproducible
                         remote = cute.arch.map_dsmem_ptr(red_ptr, q + n_rank * S) + off
                         for j in cutlass.range_constexpr(VEC):

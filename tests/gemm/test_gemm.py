@@ -374,7 +374,8 @@ def test_splitk_b_evict_first_compiles(kind):
 
 
 def test_splitk_tiles_fit():
-    from cute_kernels.gemm.splitk_kernel import TILE_NS, red_bytes, stage_bytes
+    from cute_kernels.gemm.splitk_kernel import TILE_NS
+    from layouts.tiles import splitk_red_bytes as red_bytes, splitk_stage_bytes as stage_bytes
 
     for tn in TILE_NS:
         t = H.splitk_tiles(tn, "bfloat16", "k", "mn", "bfloat16")

@@ -20,7 +20,7 @@ from cute_kernels.gemm import launch
 from cute_kernels.gemm import plan as P
 from cute_kernels.gemm.validate import major_of, tma_ok
 from cute_kernels.common.arch import current_arch
-from cute_kernels.common.ring import stage_count
+from layouts.tiles import stage_count
 from cute_kernels.gemm.cpasync_kernel import GemmSm90CpAsync, choose_vec_bytes, cpasync_tiles
 from cute_kernels.gemm.kernel import GemmConfig
 from layouts import tiles as T
