@@ -42,7 +42,6 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -51,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "profiles"))
 
-from timing import rotated  # noqa: E402
+from timing import make_bench, precompile_and_report, rotated  # noqa: E402
 
 import cute_kernels  # noqa: E402
 from cute_kernels.attention import forward as FW  # noqa: E402
@@ -76,26 +75,6 @@ MISMATCH_ATOL = 2e-2  # bf16 outputs of randn inputs are O(0.1); kernels agree t
 def flops(B, Hq, S, D, causal) -> float:
     f = 4.0 * B * Hq * S * S * D
     return f / 2 if causal else f
-
-
-# ---------------------------------------------------------------------------------------- timing
-def make_bench(quick: bool):
-    try:
-        import triton.testing as tt
-
-        def bench(fn):
-            return tt.do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 120, return_mode="median") * 1e3
-
-        return bench, "triton.testing.do_bench (median, L2 flushed per call)"
-    except Exception:  # pragma: no cover - depends on the GPU machine
-        from timing import bench_events
-
-        flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-
-        def bench(fn):
-            return bench_events(fn, flush.zero_, 10 if quick else 40)
-
-        return bench, "CUDA events (median, 512 MB write before each call)"
 
 
 # ---------------------------------------------------------------------------------------- implementations
@@ -186,11 +165,7 @@ def precompile(args):
     """Compile the configurations this run needs in parallel processes (disk cache), before timing."""
     cfgs = [FW.plan(DTYPE, D, causal) for _, _, _, _, _, D, causal in selected(args)]
     cfgs += [dataclasses.replace(c, mma_only=True) for c in cfgs]
-    t0 = time.time()
-    errs = FW.precompile(cfgs)
-    print(f"precompiled {len(set(cfgs))} configs in {time.time() - t0:.1f} s", flush=True)
-    for e in errs:
-        print("  precompile error:", e[:300], flush=True)
+    precompile_and_report(FW.precompile, cfgs)
 
 
 def run_shapes(args, bench):
@@ -329,10 +304,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    main()

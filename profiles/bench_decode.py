@@ -26,7 +26,6 @@ import platform
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "profiles"))
 
-from timing import rotated  # noqa: E402
+from timing import make_bench, precompile_and_report, rotated  # noqa: E402
 
 from cute_kernels.attention import decode as DA  # noqa: E402
 from cute_kernels.attention.decode import decode_attn  # noqa: E402
@@ -53,26 +52,6 @@ SHAPES = [
 BIG_BYTES = 256 * 1024 * 1024  # "big shapes": at least 256 MiB of KV
 D = 128
 DTYPE = torch.bfloat16
-
-
-# ---------------------------------------------------------------------------------------- timing
-def make_bench(quick: bool):
-    try:
-        import triton.testing as tt
-
-        def bench(fn):
-            return tt.do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 120, return_mode="median") * 1e3
-
-        return bench, "triton.testing.do_bench (median, L2 flushed per call)"
-    except Exception:  # pragma: no cover - depends on the GPU machine
-        from timing import bench_events
-
-        flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-
-        def bench(fn):
-            return bench_events(fn, flush.zero_, 10 if quick else 40)
-
-        return bench, "CUDA events (median, 512 MB write before each call)"
 
 
 # ---------------------------------------------------------------------------------------- inputs
@@ -188,11 +167,7 @@ def precompile_all(args):
             k = torch.empty(B if not paged else 1, L if not paged else page, Hkv, D, dtype=DTYPE, device="meta")
             bt = torch.empty(B, -(-L // page), dtype=torch.int32, device="meta") if paged else None
             cfgs.append(plan(q, k, bt, None, True)[0])
-    t0 = time.time()
-    errs = DA.precompile(cfgs)
-    print(f"precompiled {len(set(cfgs))} configs in {time.time() - t0:.1f} s", flush=True)
-    for e in errs:
-        print("  precompile error:", e[:300], flush=True)
+    precompile_and_report(DA.precompile, cfgs)
 
 
 def run_shapes(args, bench):
@@ -355,10 +330,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    main()

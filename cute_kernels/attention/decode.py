@@ -94,18 +94,10 @@ def get_decode_kernel(cfg: DecodeConfig):
 jit.register_warmup("decode_attn", get_decode_kernel)
 
 
-def _precompile_one(cfg: DecodeConfig) -> str:
-    try:
-        get_decode_kernel(cfg)
-        return ""
-    except Exception as e:  # reported, and raised again where the config is used
-        return f"{cfg}: {type(e).__name__}: {e}"
-
-
 def precompile(configs, processes: Optional[int] = None) -> list[str]:
     """Compile decode configs into the disk cache in parallel processes; later ``get_decode_kernel``
     calls load them in ~1 ms.  Returns error strings."""
-    return jit.precompile_in_processes(_precompile_one, list(dict.fromkeys(configs)), processes)
+    return jit.precompile_configs(get_decode_kernel, configs, processes)
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):

@@ -169,18 +169,10 @@ def warmup_flash_attn(spec) -> None:
 jit.register_warmup("flash_attn", warmup_flash_attn)
 
 
-def _precompile_one(cfg) -> str:
-    try:
-        get_forward_kernel(cfg)
-        return ""
-    except Exception as e:  # reported, and raised again where the config is used
-        return f"{cfg}: {type(e).__name__}: {e}"
-
-
 def precompile(configs, processes: Optional[int] = None) -> list[str]:
     """Compile forward configs into the disk cache in parallel processes (later calls load them in
     ~1 ms); returns error strings."""
-    return jit.precompile_in_processes(_precompile_one, list(dict.fromkeys(configs)), processes)
+    return jit.precompile_configs(get_forward_kernel, configs, processes)
 
 
 def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:

@@ -227,3 +227,19 @@ def precompile_in_processes(worker: Callable[[Any], str | None], jobs: list, pro
         with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
             results = list(ex.map(worker, jobs))
     return [r for r in results if r]
+
+
+def _compile_reporting(get: Callable[[Any], Any], cfg) -> str:
+    """``get(cfg)`` (compile or load one config); its exception as a line instead of raised."""
+    try:
+        get(cfg)
+        return ""
+    except Exception as e:  # reported, and raised again where the config is used
+        return f"{cfg}: {type(e).__name__}: {e}"
+
+
+def precompile_configs(get: Callable[[Any], Any], configs, processes: int | None = None) -> list[str]:
+    """Compile ``configs`` with ``get`` (a module-level getter such as ``get_decode_kernel``) in spawned
+    processes, into the disk cache; returns one error line per config that failed."""
+    return precompile_in_processes(functools.partial(_compile_reporting, get), list(dict.fromkeys(configs)),
+                                   processes)
