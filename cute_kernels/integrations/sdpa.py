@@ -1,0 +1,213 @@
+"""``sdpa``: a drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on the kernels.
+
+Same signature, (B, H, S, D) layout and semantics as torch's function.  The (B, H, S, D) tensors are
+viewed as (B, S, H, D) with ``.transpose(1, 2)`` (no copy: the kernels take any 16-byte-aligned
+strides) and the (B, S, H, D) result comes back as a (B, H, S, D) view.
+
+Routing (:func:`route`, pure: shapes, dtypes, strides and flags, never tensor values):
+
+=====================================================  =============================================
+case                                                   runs
+=====================================================  =============================================
+not causal, 1 <= Sq <= 16 and Sq < Sk                  ``decode_attn`` (lengths = Sk), D 64/128/256
+not causal, any other Sq, Sk                           ``flash_attn``, D 64/128
+causal, Sq == Sk                                       ``flash_attn(causal=True)`` (top-left = bottom-right)
+causal, Sq < Sk                                        ``flash_attn(causal=True)`` on the first Sq keys
+causal, Sq > Sk                                        torch (top-left mask; the kernels are bottom-right)
+=====================================================  =============================================
+
+torch's ``is_causal`` is top-left aligned: query i sees keys j <= i.  With Sq < Sk no query sees a
+key past Sq - 1, so it equals the bottom-right mask over the first Sq keys (a slice, no copy).  With
+Sq > Sk the rows past Sk see every key, which no single bottom-right call gives: torch runs it.
+
+Everything else falls back to torch's own function (one warning per distinct reason, the first time
+it occurs; the result is torch's, including its errors): any ``attn_mask`` (its values are never
+read), ``dropout_p != 0``, inputs that require grad while grad is enabled (no backward yet), tensors
+that are not 4-d, not on one CUDA device, on a GPU other than Hopper, not all float16 or all
+bfloat16, key/value shapes that differ or do not match the query's batch and head dim, Hq != Hkv
+without ``enable_gqa`` (torch raises), Hq not a multiple of Hkv, empty inputs, a scale that is not a
+positive finite number, a head dim the chosen kernel lacks, strides the kernels cannot take (head dim
+not contiguous, other strides not multiples of 8 elements, broadcast (zero) strides, data pointers not
+16-byte aligned).  ``sdpa_stats`` counts the calls each way.
+
+Under ``torch.compile`` the routing runs at trace time on fake tensors (data pointers are not
+checked there; the custom ops check them when they run) and the kernels trace as their custom ops.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..attention.decode import decode_attn
+from ..attention.forward import HEAD_DIMS as FLASH_HEAD_DIMS
+from ..attention.forward import flash_attn
+
+__all__ = ["sdpa", "route", "sdpa_stats", "DECODE_MAX_Q", "DECODE_HEAD_DIMS"]
+
+#: Query lengths that route to ``decode_attn`` (against a longer K/V, not causal).
+DECODE_MAX_Q = 16
+DECODE_HEAD_DIMS = (64, 128, 256)
+_HALF = (torch.float16, torch.bfloat16)
+_ALIGN_ELEMS = 8  # 16 bytes of a 16-bit element
+
+#: Calls per path since import (eager calls; under torch.compile, the traced ones).
+sdpa_stats = {"flash_attn": 0, "decode_attn": 0, "torch": 0}
+_WARNED: set = set()
+#: Device types the kernels take ("meta": planning and tests, as if on the GPU).
+_KERNEL_DEVICES = ("cuda", "meta")
+_HOPPER: dict = {}
+
+# fallback reasons (stable strings: one warning per reason)
+R_MASK = "attn_mask is given (its values are never inspected)"
+R_DROPOUT = "dropout_p != 0"
+R_GRAD = "an input requires grad while grad is enabled (no backward yet)"
+R_RANK = "inputs are not 4-d (batch, heads, seq, head_dim) tensors"
+R_DEVICE = "inputs are not all on one CUDA device"
+R_ARCH = "the GPU is not Hopper (sm_90)"
+R_DTYPE = "inputs are not all float16 or all bfloat16"
+R_SHAPE = "key/value shapes differ or do not match the query's batch / head dim"
+R_GQA_FLAG = "heads of query and key/value differ without enable_gqa (torch's error)"
+R_GQA_DIV = "query heads are not a multiple of key/value heads"
+R_EMPTY = "an input has a zero-size dimension"
+R_CAUSAL = "is_causal with Sq > Sk (torch's mask is top-left aligned; the kernels' is bottom-right)"
+R_SCALE = "scale is not a positive finite number"
+R_HEAD_DIM = "head dim not supported by the kernel (flash_attn: 64/128; decode_attn: 64/128/256)"
+R_STRIDES = ("strides the kernels cannot take (head dim not contiguous, other strides not multiples of "
+             "8 elements, zero strides, or data pointers not 16-byte aligned)")
+
+
+def _is_hopper(device: torch.device) -> bool:
+    """The device is sm_90 (the kernels are sm_90a).  Without a usable CUDA runtime (fake CUDA tensors
+    on a CPU machine) the tensors are taken as Hopper's: nothing is launched there."""
+    if device.type == "meta" or torch.compiler.is_compiling() or not torch.cuda.is_available():
+        return True
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _HOPPER.get(idx)
+    if ok is None:
+        ok = _HOPPER[idx] = torch.cuda.get_device_capability(idx) == (9, 0)
+    return ok
+
+
+def _strides_ok(t: torch.Tensor) -> bool:
+    if t.stride(-1) != 1:
+        return False
+    # every stride, size-1 dims too (as the kernels' checks); no zero (broadcast) strides at all
+    if any(s % _ALIGN_ELEMS or s == 0 for s in t.stride()[:-1]):
+        return False
+    if torch.compiler.is_compiling() or isinstance(t, FakeTensor) or t.device.type == "meta":
+        return True  # no data pointer to check (the custom ops check it when they run)
+    return t.data_ptr() % 16 == 0
+
+
+def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False,
+          scale=None) -> tuple[str, str]:
+    """Where ``sdpa`` with these arguments runs: ``("flash_attn" | "decode_attn" | "torch", reason)``.
+
+    Pure: reads shapes, dtypes, devices, strides, flags and data-pointer alignment, never values.  Meta
+    tensors count as tensors on a Hopper GPU (for planning and tests).  For the kernels, ``reason``
+    says which case applies; for ``"torch"`` it is the fallback reason.
+    """
+    if attn_mask is not None:
+        return "torch", R_MASK
+    if dropout_p != 0.0:
+        return "torch", R_DROPOUT
+    qkv = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) for t in qkv) or any(t.dim() != 4 for t in qkv):
+        return "torch", R_RANK
+    if torch.is_grad_enabled() and any(t.requires_grad for t in qkv):
+        return "torch", R_GRAD
+    dev = query.device
+    if dev.type not in _KERNEL_DEVICES or key.device != dev or value.device != dev:
+        return "torch", R_DEVICE
+    if not _is_hopper(dev):
+        return "torch", R_ARCH
+    if query.dtype not in _HALF or key.dtype != query.dtype or value.dtype != query.dtype:
+        return "torch", R_DTYPE
+    B, Hq, Sq, D = query.shape
+    _, Hkv, Sk, _ = key.shape
+    if value.shape != key.shape or key.shape[0] != B or key.shape[3] != D:
+        return "torch", R_SHAPE
+    if Hq != Hkv and not enable_gqa:
+        return "torch", R_GQA_FLAG
+    if Hkv == 0 or Hq % Hkv:
+        return "torch", R_GQA_DIV
+    if B == 0 or Hq == 0 or Sq == 0 or Sk == 0 or D == 0:
+        return "torch", R_EMPTY
+    if is_causal and Sq > Sk:
+        return "torch", R_CAUSAL
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        return "torch", R_SCALE
+    if not all(_strides_ok(t) for t in qkv):
+        return "torch", R_STRIDES
+    if not is_causal and 1 <= Sq <= DECODE_MAX_Q and Sq < Sk:
+        if D not in DECODE_HEAD_DIMS:
+            return "torch", R_HEAD_DIM
+        return "decode_attn", f"Sq <= {DECODE_MAX_Q} against a longer K/V, not causal"
+    if D not in FLASH_HEAD_DIMS:
+        return "torch", R_HEAD_DIM
+    if is_causal and Sq < Sk:
+        return "flash_attn", "causal with Sq < Sk: top-left mask = bottom-right over the first Sq keys"
+    return "flash_attn", "causal, Sq == Sk" if is_causal else "prefill, not causal"
+
+
+def _fallback(reason: str, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    if not torch.compiler.is_compiling() and reason not in _WARNED:  # eager calls warn
+        _WARNED.add(reason)
+        warnings.warn(f"cute_kernels.sdpa: running torch's scaled_dot_product_attention: {reason}",
+                      stacklevel=3)
+    sdpa_stats["torch"] += 1
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` on the kernels where they compute exactly
+    the same function (routing and fallbacks: module doc, :func:`route`).
+
+    Args:
+        query: (B, Hq, Sq, D); key, value: (B, Hkv, Sk, D); torch's layout and meaning throughout.
+        attn_mask, dropout_p: anything but None / 0 runs torch (one warning per reason).
+        is_causal: torch's top-left aligned causal mask.
+        scale: softmax scale, default 1 / sqrt(D).
+        enable_gqa: Hq a multiple of Hkv; query head h reads key/value head h // (Hq / Hkv).
+
+    Returns (B, Hq, Sq, D) in the input dtype: on the kernels a transposed view of a contiguous
+    (B, Sq, Hq, D) tensor (``.transpose(1, 2).contiguous()`` of it is free).
+    """
+    where, reason = route(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, scale)
+    if where == "torch":
+        return _fallback(reason, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    sdpa_stats[where] += 1
+    if scale is None:  # torch's default 1 / sqrt(D), a Python float also when D is symbolic (torch.compile)
+        scale = next(1.0 / math.sqrt(d) for d in DECODE_HEAD_DIMS if q.shape[-1] == d)
+    if where == "decode_attn":
+        B, Sk = k.shape[0], k.shape[1]
+        lens = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
+        if isinstance(q, FakeTensor) and not torch.compiler.is_compiling():
+            # decode_attn takes the traced path only under torch.compile; fake tensors (make_fx,
+            # FakeTensorMode) go through its custom op, whose fake implementation gives the shapes
+            out = torch.ops.cute_kernels.decode_attn(q, k, v, lens, None, None, False, scale)[0]
+        else:
+            out = decode_attn(q, k, v, cache_seqlens=lens, causal=False, softmax_scale=scale)
+    else:
+        Sq = q.shape[1]
+        if is_causal and Sq < k.shape[1]:  # top-left: no query sees a key past Sq - 1
+            k, v = k.narrow(1, 0, Sq), v.narrow(1, 0, Sq)
+        out = flash_attn(q, k, v, causal=bool(is_causal), softmax_scale=scale)
+    return out.transpose(1, 2)
