@@ -25,7 +25,6 @@ host (this synchronizes).
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -91,7 +90,15 @@ def get_decode_kernel(cfg: DecodeConfig):
     return jit.get_compiled("decode_attn", cfg, decode_builder(cfg))
 
 
-jit.register_warmup("decode_attn", get_decode_kernel)
+def _warm(cfg):
+    """``warmup([("decode_attn", cfg)])``: cfg is a :class:`DecodeConfig` (``explain(...)["config"]``)."""
+    if not isinstance(cfg, DecodeConfig):
+        raise TypeError(f"warmup: a decode_attn spec must be a DecodeConfig (explain(...)['config']), "
+                        f"got {type(cfg).__name__}")
+    get_decode_kernel(cfg)
+
+
+jit.register_warmup("decode_attn", _warm)
 
 
 def precompile(configs, processes: Optional[int] = None) -> list[str]:
@@ -141,7 +148,9 @@ def decode_attn_reference(
     q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None
 ):
     """Float32 torch reference (the CPU path; one sequence at a time, lengths read on the host): out
-    (B, Sq, Hq, D) and the natural-log lse (B, Hq, Sq); rows that see no key get 0 and -inf."""
+    (B, Sq, Hq, D) and the natural-log lse (B, Hq, Sq); rows that see no key get 0 and -inf.  Bad
+    device values are treated as the kernel treats them: lengths clamped to [0, capacity], page ids
+    to [0, num_pages)."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
@@ -149,15 +158,17 @@ def decode_attn_reference(
     out = torch.zeros(B, Sq, Hq, D, dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq, Sq), float("-inf"), dtype=torch.float32, device=q.device)
     lens = cache_seqlens.to("cpu", torch.int64).tolist()
+    cap = _plan_mod.capacity(k_cache, block_table)
     for b in range(B):
-        L = int(lens[b])
+        L = min(int(lens[b]), cap)  # as the kernel: lengths clamped to [0, capacity]
         if L <= 0:
             continue
         if block_table is None:
             kb, vb = k_cache[b, :L], v_cache[b, :L]
         else:
             ps = k_cache.shape[1]
-            pages = block_table[b, : -(-L // ps)].long()
+            # as the kernel: page ids clamped to [0, num_pages) (-1 reads page 0, never the last)
+            pages = block_table[b, : -(-L // ps)].long().clamp(0, k_cache.shape[0] - 1)
             kb = k_cache[pages].reshape(-1, Hkv, D)[:L]
             vb = v_cache[pages].reshape(-1, Hkv, D)[:L]
         qb = q[b].float().view(Sq, Hkv, G, D)
@@ -264,7 +275,8 @@ def decode_attn(
         cache_seqlens: (B,) int32, every cached token *including* the Sq new ones (0 allowed: the
             output is 0 and the LSE -inf).  They stay on the device (no host sync).
         block_table: (B, pages_per_seq) int32 page ids, or None for the contiguous layout.
-        num_splits: KV splits per (batch, KV head); None picks from SM count, batch, heads and the
+        num_splits: KV splits per (batch, KV head), an int >= 1 (TypeError for other types, ValueError
+            below 1); None picks from SM count, batch, heads and the
             static capacity (Lmax or pages_per_seq * page_size), never from the lengths; 1 disables
             splitting.  A fixed value with ``workspace`` is CUDA-graph capturable.
         causal: bottom-right causal among the new tokens (token t sees positions <= L - Sq + t).
@@ -274,8 +286,11 @@ def decode_attn(
         workspace: optional float32 buffer of at least ``workspace_numel(num_splits, B, Sq, Hq, D)``
             elements (:func:`decode_attn_workspace`).
         checked: validate device values (lengths within the capacity, page ids in range) on the host;
-            this synchronizes.  Default: env ``CUTE_KERNELS_CHECKED``.  Unchecked, bad values give
-            wrong results but never out-of-bounds memory accesses (lengths and page ids are clamped).
+            this synchronizes.  Default: env ``CUTE_KERNELS_CHECKED``.  Checked, a length outside
+            [0, capacity] or a page id outside [0, num_pages) (negative ids included) among the pages
+            a length uses raises ValueError.  Unchecked, bad values give wrong results but never
+            out-of-bounds memory accesses: lengths are clamped to [0, capacity] and page ids to
+            [0, num_pages) (a negative id reads page 0), on the GPU and on the CPU path alike.
 
     Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.
     """
@@ -283,13 +298,8 @@ def decode_attn(
     compiling = torch.compiler.is_compiling()
     _plan_mod.validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=not compiling)
     B, Sq, Hq, D = q.shape
-    scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"decode_attn: softmax_scale must be a positive finite number, got {softmax_scale}")
-    if num_splits is not None:
-        num_splits = int(num_splits)
-        if num_splits < 1:
-            raise ValueError(f"decode_attn: num_splits must be >= 1, got {num_splits}")
+    scale = _plan_mod.resolve_scale(softmax_scale, D)
+    num_splits = _plan_mod.check_num_splits(num_splits)
     if not compiling and _plan_mod.checked_default(checked):
         _plan_mod.check_device_values(k_cache, cache_seqlens, block_table)
     if not compiling and workspace is not None:

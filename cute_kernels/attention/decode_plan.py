@@ -4,6 +4,8 @@ device.  :func:`explain` runs the same code on meta tensors (any machine, nothin
 
 from __future__ import annotations
 
+import math
+import operator
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -97,13 +99,46 @@ def checked_default(checked: Optional[bool]) -> bool:
     return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
 
 
+def check_num_splits(num_splits, who: str = "decode_attn") -> Optional[int]:
+    """None, or an int >= 1 (TypeError for a non-integer such as "four" or 2.5, ValueError below 1)."""
+    if num_splits is None:
+        return None
+    if isinstance(num_splits, bool):
+        raise TypeError(f"{who}: num_splits must be an int or None, got {num_splits!r}")
+    try:
+        n = operator.index(num_splits)
+    except TypeError:
+        raise TypeError(f"{who}: num_splits must be an int or None, got {type(num_splits).__name__} "
+                        f"{num_splits!r}") from None
+    if n < 1:
+        raise ValueError(f"{who}: num_splits must be >= 1, got {n}")
+    return n
+
+
+def resolve_scale(softmax_scale, head_dim):
+    """The softmax scale (default ``head_dim ** -0.5``); a plain number must be positive and finite.
+    A symbolic one (torch.compile's SymFloat / SymInt) is passed through unchecked: the check is a
+    host convenience, and tracing must not specialize on the value."""
+    if softmax_scale is None:
+        return head_dim ** -0.5  # head_dim is validated (64 / 128 / 256): positive and finite
+    if isinstance(softmax_scale, (torch.SymFloat, torch.SymInt)):
+        return softmax_scale
+    if isinstance(softmax_scale, (bool, str)) or not hasattr(softmax_scale, "__float__"):
+        raise TypeError(f"decode_attn: softmax_scale must be a number, got {type(softmax_scale).__name__}")
+    scale = float(softmax_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"decode_attn: softmax_scale must be a positive finite number, got {softmax_scale}")
+    return scale
+
+
 def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True):
     def err(cls, msg):
         raise cls(f"decode_attn: {msg}")
 
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
-        if not isinstance(t, torch.Tensor):
-            err(TypeError, f"{name} must be a tensor")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+                    ("block_table", block_table), ("out", out), ("workspace", workspace)):
+        if not isinstance(t, torch.Tensor) and (t is not None or name in ("q", "k_cache", "v_cache", "cache_seqlens")):
+            err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4:
         err(ValueError, f"q must be (batch, seqlen_q, heads_q, head_dim), got shape {tuple(q.shape)}")
     B, Sq, Hq, D = q.shape
@@ -230,9 +265,7 @@ def plan_uncached(q, k_cache, block_table, num_splits, causal):
             B, Hkv, row_blocks, capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count,
             2 if small_pages else 1,
         )
-    num_splits = int(num_splits)
-    if num_splits < 1:
-        raise ValueError(f"decode_attn: num_splits must be >= 1, got {num_splits}")
+    num_splits = check_num_splits(num_splits)
     cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal, split=True,
                                                    kv_bytes=nbytes)
     return cfg, num_splits

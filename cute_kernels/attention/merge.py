@@ -246,7 +246,23 @@ def get_merge_kernel(cfg: MergeConfig):
     return jit.get_compiled("merge_states", cfg, merge_builder(cfg))
 
 
-jit.register_warmup("merge_states", get_merge_kernel)
+def _warm(cfg):
+    """``warmup([("merge_states", MergeConfig(...))])``: dtype names and a head dim whose rows are whole
+    16-byte vectors (other head dims run in torch)."""
+    if not isinstance(cfg, MergeConfig):
+        raise TypeError(f"warmup: a merge_states spec must be a MergeConfig, got {type(cfg).__name__}")
+    for name in ("dtype_in", "dtype_out"):
+        if getattr(cfg, name) not in TORCH_TO_NAME.values():
+            raise ValueError(f"warmup: MergeConfig.{name} must be one of {sorted(TORCH_TO_NAME.values())}, "
+                             f"got {getattr(cfg, name)!r}")
+    for name in ("head_dim", "num_warps"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"warmup: MergeConfig.{name} must be an int >= 1, got {v!r}")
+    get_merge_kernel(cfg)
+
+
+jit.register_warmup("merge_states", _warm)
 
 
 def _row_aligned(t: torch.Tensor) -> bool:
@@ -286,8 +302,9 @@ def merge_states_torch(o_parts: torch.Tensor, lse_parts: torch.Tensor):
 
 
 def _check_states(o_parts: torch.Tensor, lse_parts: torch.Tensor):
-    if not isinstance(o_parts, torch.Tensor) or not isinstance(lse_parts, torch.Tensor):
-        raise TypeError("merge_states: o_parts and lse_parts must be tensors")
+    for name, t in (("o_parts", o_parts), ("lse_parts", lse_parts)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"merge_states: {name} must be a torch.Tensor, got {type(t).__name__}")
     if o_parts.dim() < 2:
         raise ValueError(f"merge_states: o_parts must be (P, ..., D), got shape {tuple(o_parts.shape)}")
     if tuple(lse_parts.shape) != tuple(o_parts.shape[:-1]):
@@ -360,6 +377,9 @@ def merge_state(
     o: (..., D), lse: (...) float32, **natural-log** LSE; see :func:`merge_states` for the math.
     Returns ``(o, lse)`` with o in o_a's dtype.
     """
+    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"merge_state: {name} must be a torch.Tensor, got {type(t).__name__}")
     if o_a.shape != o_b.shape or lse_a.shape != lse_b.shape:
         raise ValueError(
             f"merge_state: shapes differ: o {tuple(o_a.shape)} vs {tuple(o_b.shape)}, "

@@ -6,7 +6,10 @@ Key = kernel name + configuration (hyperparameters, dtypes, the static shape fac
 + target arch facts; run-time sizes and scalars never enter it.  The file name also hashes the DSL and
 TVM-FFI versions and every ``.py`` file of ``cute_kernels/`` and ``layouts/``.  A per-key ``flock``
 makes racing processes compile once; files are renamed into place; an in-process lock serializes
-compiles (``cute.compile`` is not thread-safe).
+compiles (``cute.compile`` is not thread-safe).  Each object file has a ``.sha256`` sidecar written
+with it; a file whose checksum does not match (or has none) is recompiled and overwritten, and a cache
+directory that cannot be created or written falls back to compiling without the disk cache; each
+warns once (:class:`CompileCacheWarning`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
@@ -49,19 +53,48 @@ _compile_lock = threading.Lock()
 stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "compile_seconds": 0.0}
 
 
-def cache_dir() -> Path:
+class CompileCacheWarning(UserWarning):
+    """The disk cache could not be used as is (a corrupt entry, an unwritable directory)."""
+
+
+_warned: set = set()
+
+
+def _warn_once(key: Hashable, msg: str) -> None:
+    """One warning per ``key`` (a file or directory) and process."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"cute-kernels: {msg}", CompileCacheWarning, stacklevel=4)
+
+
+def cache_path() -> Path:
+    """The disk cache's directory (not created)."""
     d = os.environ.get("CUTE_KERNELS_CACHE_DIR")
     if d:
-        p = Path(d)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        p = Path(base) / "cute_kernels"
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cute_kernels"
+
+
+def cache_dir() -> Path:
+    """The disk cache's directory, created if missing (raises OSError where it cannot be)."""
+    p = cache_path()
     p.mkdir(parents=True, exist_ok=True)
     return p
 
 
 def disk_cache_enabled() -> bool:
     return os.environ.get("CUTE_KERNELS_DISK_CACHE", "1") not in ("0", "false", "off")
+
+
+def _disk_cache_usable() -> bool:
+    """Enabled, and the directory exists (or can be made) and is writable."""
+    if not disk_cache_enabled():
+        return False
+    try:
+        return os.access(cache_dir(), os.W_OK)
+    except OSError:
+        return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,7 +139,11 @@ class _FileLock:
 
     def __enter__(self):
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(self.fd)
+            raise
         return self
 
     def __exit__(self, *exc):
@@ -148,30 +185,65 @@ def get_compiled(name: str, config: Hashable, builder: Builder):
         stats["memory_hits"] += 1
         return fn
     if not disk_cache_enabled():
-        fn = _timed_compile(name, config, builder)
-        _memory[key] = fn
+        fn = _memory[key] = _timed_compile(name, config, builder)
         return fn
     digest = hashlib.sha256(repr((key, source_fingerprint())).encode()).hexdigest()[:32]
-    d = cache_dir()
-    obj = d / f"{name}-{digest}.o"
-    with _FileLock(d / f"{name}-{digest}.lock"):
-        if obj.exists():
+    try:
+        d = cache_dir()
+        lock = _FileLock(d / f"{name}-{digest}.lock").__enter__()
+    except OSError as e:  # not creatable / not writable: no disk cache for this process's compiles
+        _warn_once(("dir", str(cache_path())),
+                   f"compile cache directory unusable ({e}); compiling without the disk cache")
+        fn = _memory[key] = _timed_compile(name, config, builder)
+        return fn
+    try:
+        fn = _load_or_compile(name, config, builder, key, d / f"{name}-{digest}")
+    finally:
+        lock.__exit__()
+    _memory[key] = fn
+    return fn
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _load_or_compile(name: str, config: Hashable, builder: Builder, key: tuple, stem: Path):
+    """Under the entry's file lock: load ``stem.o`` if its checksum matches ``stem.sha256``, else
+    compile and (best effort) write both."""
+    obj, sums = Path(f"{stem}.o"), Path(f"{stem}.sha256")
+    if obj.exists():
+        try:
+            ok = sums.exists() and sums.read_text().strip() == _sha256(obj)
+        except OSError:
+            ok = False
+        if not ok:
+            _warn_once(("entry", str(obj)), f"cache file {obj} fails its checksum; recompiling it")
+        else:
             try:
                 fn = _load_object(obj)
                 stats["disk_hits"] += 1
                 log.debug("loaded %s %s from %s", name, config, obj)
-            except Exception as e:  # a corrupt file: rebuild it
-                log.warning("cache file %s failed to load (%s); recompiling", obj, e)
-                fn = None
-        if fn is None:
-            compiled = _timed_compile(name, config, builder)
-            tmp = obj.with_suffix(f".tmp{os.getpid()}.o")
-            compiled.export_to_c(str(tmp), function_name=EXPORT_NAME)
-            os.replace(tmp, obj)
-            (d / f"{name}-{digest}.txt").write_text(repr(key) + "\n")
-            fn = compiled
-    _memory[key] = fn
-    return fn
+                return fn
+            except Exception as e:  # noqa: BLE001 - an unloadable file: rebuild it
+                _warn_once(("entry", str(obj)), f"cache file {obj} failed to load ({e}); recompiling it")
+    compiled = _timed_compile(name, config, builder)
+    tmp, tmp_sums = Path(f"{stem}.tmp{os.getpid()}.o"), Path(f"{stem}.tmp{os.getpid()}.sha256")
+    try:
+        compiled.export_to_c(str(tmp), function_name=EXPORT_NAME)
+        tmp_sums.write_text(_sha256(tmp) + "\n")
+        os.replace(tmp, obj)
+        os.replace(tmp_sums, sums)
+        Path(f"{stem}.txt").write_text(repr(key) + "\n")
+    except OSError as e:  # read-only directory, full disk: the compiled function still runs
+        _warn_once(("dir", str(obj.parent)), f"cannot write the compile cache in {obj.parent} ({e}); "
+                   "compiling without the disk cache")
+        for t in (tmp, tmp_sums):
+            try:
+                t.unlink(missing_ok=True)
+            except OSError:
+                pass
+    return compiled
 
 
 def _timed_compile(name: str, config: Hashable, builder: Builder):
@@ -202,7 +274,10 @@ def warmup(configs) -> int:
     many were handled.  ``("gemm", dict(m=..., n=..., k=..., dtype=...))`` takes
     :func:`cute_kernels.gemm.warmup_gemm`'s arguments, ``decode_attn`` / ``merge_states`` their configs."""
     n = 0
-    for name, cfg in configs:
+    for entry in configs:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+            raise ValueError(f"warmup: each entry must be a (kernel_name, spec) pair, got {entry!r}")
+        name, cfg = entry
         if name not in _warmers:
             raise ValueError(f"warmup: unknown kernel {name!r}; known: {sorted(_warmers)}")
         _warmers[name](cfg)
@@ -214,14 +289,15 @@ def precompile_in_processes(worker: Callable[[Any], str | None], jobs: list, pro
     """Run ``worker(job)`` (module-level, compiling through :func:`get_compiled`, returning None / "" or
     an error string) for each job in spawned processes (``cute.compile`` is not thread-safe), so later
     calls load the kernels from the disk cache; returns the error strings.  One process, or no disk
-    cache to share: serially, here.  ``processes`` defaults to min(jobs, cores - 1, 16)."""
+    cache to share (disabled or unwritable): serially, here.  ``processes`` defaults to
+    min(jobs, cores - 1, 16)."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
     if not jobs:
         return []
     n = processes or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 16))
-    if n == 1 or len(jobs) == 1 or not disk_cache_enabled():
+    if n == 1 or len(jobs) == 1 or not _disk_cache_usable():
         results = list(map(worker, jobs))
     else:
         with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:

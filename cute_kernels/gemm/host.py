@@ -10,6 +10,7 @@ kernels in :mod:`.kernel`, :mod:`.epilogue`, :mod:`.splitk_kernel` and :mod:`.cp
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -17,6 +18,7 @@ from ..common import jit
 from ..common.arch import current_arch
 from .plan import make_plan, run
 from .tune import tune_gemm
+from .validate import check_operands, check_types
 
 
 def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfloat16,
@@ -24,6 +26,7 @@ def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch
     """Compile (or load from disk) exactly what ``gemm`` will run for this problem, without running it;
     also without a GPU, so a build machine can fill ``CUTE_KERNELS_CACHE_DIR`` for a GPU one.  Majors:
     'row' or 'col' of the torch-ordered a (M, K) and b (K, N)."""
+    _check_problem("warmup_gemm", m, n, k, batch, a_major, b_major)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
     def operand(rows, cols, major):
@@ -37,7 +40,33 @@ def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch
     make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=dev == "cpu")
 
 
+def _check_problem(who, m, n, k, batch, a_major, b_major) -> None:
+    """Sizes: ints >= 0 (batch: None for a 2-D problem); majors: 'row' / 'col'."""
+    for name, v in (("a_major", a_major), ("b_major", b_major)):
+        if v not in ("row", "col"):
+            raise ValueError(f"{who}: {name} must be 'row' or 'col', got {v!r}")
+    for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch)):
+        if v is None and name == "batch":
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__} {v!r}")
+        if v < 0:
+            raise ValueError(f"{who}: {name} must be >= 0, got {v}")
+
+
+_WARM_KEYS = ("m", "n", "k", "batch", "dtype", "a_major", "b_major", "out_dtype", "with_c")
+
+
 def _warm(spec):
+    """``warmup([("gemm", spec)])``: spec is a dict of :func:`warmup_gemm`'s arguments."""
+    if not isinstance(spec, dict):
+        raise TypeError(f"warmup: a gemm spec must be a dict of warmup_gemm's arguments, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(_WARM_KEYS), key=str)
+    if unknown:
+        raise ValueError(f"warmup: unknown gemm key(s) {unknown}; known: {list(_WARM_KEYS)}")
+    missing = [x for x in ("m", "n", "k") if x not in spec]
+    if missing:
+        raise ValueError(f"warmup: the gemm spec needs {missing}")
     warmup_gemm(**spec)
 
 
@@ -57,12 +86,7 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
         t = torch.empty(shape, dtype=dtype, device="meta")
         return t if major == "row" else t.mT.contiguous().mT
 
-    for name, v in (("a_major", a_major), ("b_major", b_major)):
-        if v not in ("row", "col"):
-            raise ValueError(f"explain: {name} must be 'row' or 'col', got {v!r}")
-    for name, v in (("m", m), ("n", n), ("k", k), ("batch", 0 if batch is None else batch)):
-        if v < 0:
-            raise ValueError(f"explain: {name} must be >= 0, got {v}")
+    _check_problem("explain", m, n, k, batch, a_major, b_major)
     a, b = operand(m, k, a_major), operand(k, n, b_major)
     c = torch.empty(*a.shape[:-1], n, dtype=out_dtype or dtype, device="meta") if with_c else None
     with jit.dry_run():
@@ -99,7 +123,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     ``tune=True`` benchmarks candidate configs for this shape once (results persist on disk and are
     used by later calls, tuned or not); see :mod:`cute_kernels.gemm.tune`.
     """
-    if tune:
+    if tune:  # validate before timing any candidate
+        check_operands(a, b, out, c, out_dtype)
+        if beta != 0.0 and c is None:
+            raise ValueError("gemm: beta != 0 needs c")
         tune_gemm(a, b, out_dtype=(out.dtype if out is not None else out_dtype))
     if torch.compiler.is_compiling():
         res = torch.ops.cute_kernels.gemm(a, b, c, float(alpha), float(beta), out_dtype)
@@ -107,6 +134,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
             out.copy_(res)
             return out
         return res
+    check_types(a, b, out, c)  # before the plan cache reads their strides
     return run(a, b, out, c, alpha, beta, out_dtype)
 
 
@@ -118,4 +146,8 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: fl
 
 @_gemm_op.register_fake
 def _(a, b, c, alpha, beta, out_dtype):
+    # the eager path's checks (shapes, dtypes), so a traced call fails where an eager one would
+    check_operands(a, b, None, c, out_dtype, allow_cpu=True)
+    if beta != 0.0 and c is None:
+        raise ValueError("gemm: beta != 0 needs c")
     return a.new_empty((*a.shape[:-1], b.shape[-1]), dtype=out_dtype or a.dtype)

@@ -43,11 +43,19 @@ def canonical_strides(t: torch.Tensor, major: str) -> torch.Tensor:
     return t.as_strided(t.shape, want) if changed else t
 
 
-def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
-    """Raise TypeError / ValueError for anything ``gemm`` cannot take; returns the output shape."""
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
+def check_types(a, b, out=None, c=None) -> None:
+    """TypeError naming the first of a, b (and out, c when given) that is not a tensor."""
+    for name, t in (("a", a), ("b", b), ("out", out), ("c", c)):
+        if not isinstance(t, torch.Tensor) and (t is not None or name in "ab"):
             raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
+    """Raise TypeError / ValueError for anything ``gemm`` cannot take; returns the output shape.
+    Types, dtypes and shapes first, devices last: a CPU or meta operand with a shape fault gets the
+    shape's message."""
+    check_types(a, b, out, c)
+    for name, t in (("a", a), ("b", b)):
         if t.dtype not in HALF_TORCH:
             raise TypeError(f"gemm: {name} must be float16 or bfloat16, got {t.dtype}")
         if t.dim() not in (2, 3):
@@ -56,8 +64,6 @@ def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
         raise TypeError(f"gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     if a.dim() != b.dim():
         raise ValueError(f"gemm: a is {a.dim()}-D but b is {b.dim()}-D; both 2-D or both 3-D")
-    if a.device != b.device or (a.device.type != "cuda" and not allow_cpu):
-        raise ValueError(f"gemm: a and b must be on the same CUDA device, got {a.device} and {b.device}")
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"gemm: a is (.., M, K={a.shape[-1]}) but b is (.., K={b.shape[-2]}, N)")
     if a.dim() == 3 and a.shape[0] != b.shape[0]:
@@ -70,13 +76,14 @@ def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
             raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected {shape}")
         if out.dtype not in _OUT_DTYPES or (out_dtype is not None and out.dtype != out_dtype):
             raise TypeError(f"gemm: out dtype {out.dtype} does not match out_dtype {out_dtype}")
-        if out.device != a.device:
-            raise ValueError(f"gemm: out is on {out.device}, a on {a.device}")
     if c is not None:
-        if not isinstance(c, torch.Tensor) or c.device != a.device:
-            raise ValueError("gemm: c must be a tensor on a's device")
         if tuple(c.shape) != shape:
             raise ValueError(f"gemm: c has shape {tuple(c.shape)}, expected {shape}")
         if c.dtype not in _OUT_DTYPES:
             raise TypeError(f"gemm: c must be float16, bfloat16 or float32, got {c.dtype}")
+    if a.device != b.device or (a.device.type != "cuda" and not allow_cpu):
+        raise ValueError(f"gemm: a and b must be on the same CUDA device, got {a.device} and {b.device}")
+    for name, t in (("out", out), ("c", c)):
+        if t is not None and t.device != a.device:
+            raise ValueError(f"gemm: {name} is on {t.device}, a on {a.device}")
     return shape
