@@ -1,0 +1,316 @@
+"""Hugging Face Transformers 5.x on the kernels (:mod:`cute_kernels.integrations.hf`).
+
+CPU: ``register()`` makes ``"cute_kernels"`` resolvable; a tiny Llama (random weights, no download)
+with ``attn_implementation="cute_kernels"`` on CPU tensors falls back to HF's sdpa and equals
+``attn_implementation="sdpa"`` bit for bit (no cache, DynamicCache and StaticCache generation); the
+mask function builds no mask for plain causal batches and HF's dense mask otherwise; a left-padded
+batch falls back with exactly one warning; the kernel routes (CPU tensors routed as a GPU's:
+``decode_attn``'s CPU path and a ``flash_attn`` stand-in) generate what sdpa generates, with the
+cache lengths of a StaticCache taken from the positions; ``patch_linear`` / ``unpatch_linear``.
+
+GPU (``-m gpu``): a small Llama-architecture model (bf16, GQA 8/2, random seeded weights), prefill
+of a 100-token prompt + 64 greedy decode steps with StaticCache and DynamicCache, once on sdpa and once
+on cute_kernels (also with ``patch_linear``): the kernels ran (``hf_stats``: one ``flash_attn`` per
+layer for the prefill, one ``decode_attn`` per layer per decode step, no fallback) and the generations
+agree under :func:`assert_same_generation`'s rule.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+transformers = pytest.importorskip(
+    "transformers", minversion="5",
+    reason="the Hugging Face integration needs transformers>=5 (pip install -e '.[hf]')")
+
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+from transformers.masking_utils import (  # noqa: E402
+    ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask, sliding_window_causal_mask_function)
+
+from cute_kernels.attention import decode as D  # noqa: E402
+from cute_kernels.attention import forward as FW  # noqa: E402
+from cute_kernels.integrations import hf  # noqa: E402
+from cute_kernels.integrations import sdpa as S  # noqa: E402
+
+gpu = pytest.mark.gpu
+PREFIX = "cute_kernels attention:"
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    hf.register()
+    hf.reset_stats()
+    yield
+    hf.reset_stats()
+
+
+def flash_standin(q, k, v, *, causal=False, softmax_scale=None):
+    """flash_attn's contract in torch (float32): (B, S, H, D), GQA, bottom-right causal; the arguments
+    pass flash_attn's own checks but the device one (the views of HF's tensors need no copy)."""
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        FW.validate(q, k, v, None, softmax_scale)
+    Sq, Hq, Sk = q.shape[1], q.shape[2], k.shape[1]
+    G = Hq // k.shape[2]
+    assert q.dtype in (torch.bfloat16, torch.float16) and softmax_scale is not None
+    mask = torch.ones(Sq, Sk, dtype=torch.bool).tril(diagonal=Sk - Sq) if causal else None
+    o = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float().repeat_interleave(G, 1),
+                                       v.transpose(1, 2).float().repeat_interleave(G, 1), attn_mask=mask,
+                                       scale=softmax_scale)
+    return o.transpose(1, 2).contiguous().to(q.dtype)
+
+
+@pytest.fixture
+def cpu_as_gpu(monkeypatch):
+    """CPU tensors take a GPU's routes: decode_attn runs its CPU path, flash_attn a torch stand-in."""
+    monkeypatch.setattr(S, "_KERNEL_DEVICES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(FW, "flash_attn", flash_standin)
+
+
+def tiny_llama(dtype=torch.float32, attn="sdpa", seed=0, **over):
+    kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, vocab_size=512)
+    kw.update(over)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(LlamaConfig(**kw), attn_implementation=attn, dtype=dtype).eval()
+
+
+def ours(rec):
+    return [str(w.message) for w in rec if str(w.message).startswith(PREFIX)]
+
+
+def generate(model, ids, mask, attn, cache, new):
+    model.set_attn_implementation(attn)
+    # min_new_tokens: no early stop at an EOS (the step counts are asserted); disable_compile: generate would
+    # compile StaticCache decoding on CUDA, and compiled mask code cannot inspect the padding (see hf's doc)
+    return model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                          cache_implementation=cache, disable_compile=True, return_dict_in_generate=True,
+                          output_logits=True, pad_token_id=0)
+
+
+def assert_same_generation(ref, out, rel_tol=0.03):
+    """The rule: the tokens are identical up to the first step where they differ (if any); at every
+    step up to and including that one, the logits (same inputs there) agree within ``rel_tol`` of the
+    reference's largest logit magnitude (bf16 tolerance: 2^-8 relative rounding compounded over the
+    layers); and a divergence is allowed only at a near-tie: the two chosen tokens' reference logits
+    within that same tolerance of each other.  After a divergence the inputs differ: nothing more is
+    compared."""
+    seq_r, seq_o = ref.sequences, out.sequences
+    assert seq_r.shape == seq_o.shape
+    n_new = len(ref.logits)
+    for b in range(seq_r.shape[0]):
+        for step in range(n_new):
+            lr, lo = ref.logits[step][b].float(), out.logits[step][b].float()
+            tol = rel_tol * lr.abs().max().item()
+            err = (lr - lo).abs().max().item()
+            assert err <= tol, f"batch {b} step {step}: logits differ by {err} > {tol}"
+            tr, to = seq_r[b, -n_new + step].item(), seq_o[b, -n_new + step].item()
+            if tr != to:
+                gap = (lr[tr] - lr[to]).abs().item()
+                assert gap <= tol, f"batch {b} step {step}: tokens {tr} != {to} and not a near-tie ({gap} > {tol})"
+                break
+
+
+# -------------------------------------------------------------------------------------------- CPU
+def test_register_makes_the_name_resolvable():
+    assert hf.NAME in transformers.AttentionInterface()
+    assert transformers.AttentionInterface()[hf.NAME] is hf.attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS[hf.NAME] is hf.mask_function
+    hf.register()  # idempotent
+    model = tiny_llama(attn="cute_kernels")
+    assert model.config._attn_implementation == "cute_kernels"
+
+
+@pytest.mark.parametrize("cache", [None, "static"])
+def test_cpu_model_falls_back_and_equals_sdpa(cache):
+    """CPU tensors: every call runs HF's sdpa (one warning); the logits equal sdpa's bit for bit, also
+    in generation (a StaticCache's decode gets the same dense mask sdpa's mask function builds)."""
+    model = tiny_llama()
+    ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits
+        model.set_attn_implementation("cute_kernels")
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            out = model(ids).logits
+            gen = generate(model, ids, torch.ones_like(ids), "cute_kernels", cache, 6)
+        gref = generate(model, ids, torch.ones_like(ids), "sdpa", cache, 6)
+    assert torch.equal(out, ref)
+    assert torch.equal(gen.sequences, gref.sequences)
+    for a, b in zip(gen.logits, gref.logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert ours(rec) == [f"{PREFIX} running transformers' sdpa attention: {S.R_DEVICE}"]
+    assert hf.hf_stats["flash_attn"] == hf.hf_stats["decode_attn"] == 0 and hf.hf_stats["fallback"] > 0
+
+
+def test_mask_function_builds_no_mask_for_plain_causal():
+    ones = torch.ones(2, 12, dtype=torch.bool)
+    assert hf.mask_function(2, 12, 12) is None
+    assert hf.mask_function(2, 12, 12, attention_mask=ones) is None
+    assert hf.mask_function(2, 1, 40, q_offset=39, attention_mask=torch.ones(2, 40, dtype=torch.bool)) is None
+    assert hf.mask_function(2, 1, 64, q_offset=torch.tensor(39), attention_mask=torch.ones(2, 40, dtype=torch.bool),
+                            allow_is_causal_skip=False) is None  # a StaticCache decode step
+    left = ones.clone()
+    left[0, :3] = False
+    m = hf.mask_function(2, 12, 12, attention_mask=left)
+    assert torch.equal(m, sdpa_mask(batch_size=2, q_length=12, kv_length=12, attention_mask=left,
+                                    allow_is_causal_skip=False))
+    sw = sliding_window_causal_mask_function(4)
+    m = hf.mask_function(2, 12, 12, mask_function=sw, attention_mask=ones, local_size=4)
+    assert m is not None and m.shape == (2, 1, 12, 12) and not m[0, 0, 11, 0]
+    # through the model's own entry point
+    cfg = tiny_llama(attn="cute_kernels").config
+    from transformers.masking_utils import create_causal_mask
+
+    emb = torch.zeros(2, 12, 8)
+    assert create_causal_mask(cfg, emb, ones, None) is None
+    assert create_causal_mask(cfg, emb, left, None).shape == (2, 1, 12, 12)
+
+
+def test_left_padded_batch_falls_back_with_one_warning(cpu_as_gpu):
+    model = tiny_llama(torch.bfloat16)
+    ids = torch.randint(1, 512, (2, 20), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    ids[1, :5] = 0
+    with torch.no_grad(), warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = generate(model, ids, mask, "cute_kernels", None, 5)
+        ref = generate(model, ids, mask, "sdpa", None, 5)
+    assert ours(rec) == [f"{PREFIX} running transformers' sdpa attention: {hf.R_MASK}"]
+    assert hf.hf_stats == {"flash_attn": 0, "decode_attn": 0, "fallback": 5 * 2}
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.logits, ref.logits):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cache", [None, "static"])
+def test_kernel_routes_generate_what_sdpa_generates(cpu_as_gpu, monkeypatch, cache):
+    """The routing and the lengths on CPU tensors: prefill on flash_attn (a StaticCache's buffer sliced
+    to the valid keys), each decode step on decode_attn reading the cache in place with lengths from
+    the positions (a StaticCache's buffer is longer than the valid keys)."""
+    model = tiny_llama(torch.bfloat16)
+    ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(3))
+    seen = []
+    orig = D.decode_attn
+
+    def spy(q, k, v, **kw):
+        seen.append((k.shape[1], kw["cache_seqlens"].tolist(), k.data_ptr()))
+        return orig(q, k, v, **kw)
+
+    monkeypatch.setattr(D, "decode_attn", spy)
+    with torch.no_grad():
+        ref = generate(model, ids, torch.ones_like(ids), "sdpa", cache, 12)
+        out = generate(model, ids, torch.ones_like(ids), "cute_kernels", cache, 12)
+    assert hf.hf_stats == {"flash_attn": 2, "decode_attn": 11 * 2, "fallback": 0}
+    for i, (cap, lens, _) in enumerate(seen):
+        assert lens == [40 + 1 + i // 2] * 2  # every cached token including the new one
+        assert cap == (40 + 12 - 1 if cache == "static" else lens[0])
+    if cache == "static":  # the same static buffer, read in place, every step
+        assert len({p for *_, p in seen[0::2]}) == 1
+    assert_same_generation(ref, out)
+
+
+def test_unsupported_layer_arguments_fall_back(cpu_as_gpu):
+    model = tiny_llama(torch.bfloat16)
+    attn = model.model.layers[0].self_attn
+    q, k = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16), torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match="softcapping"):
+        o, w = hf.attention_forward(attn, q, k, k, None, scaling=0.125, softcap=30.0)
+    assert o.shape == (1, 8, 4, 64) and w is None and hf.hf_stats["fallback"] == 1
+    with pytest.warns(UserWarning, match="dropout"):
+        hf.attention_forward(attn, q, k, k, None, dropout=0.1, scaling=0.125)
+    o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125)  # runs the flash_attn stand-in
+    assert hf.hf_stats["flash_attn"] == 1 and o.shape == (1, 8, 4, 64)
+
+
+def test_static_buffer_without_positions_raises(cpu_as_gpu):
+    model = tiny_llama(torch.bfloat16)
+    attn = model.model.layers[0].self_attn
+    q, k = torch.randn(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 2, 32, 64, dtype=torch.bfloat16)
+    o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125)  # not a static buffer: all 32 keys
+    assert o.shape == (1, 1, 4, 64) and hf.hf_stats["decode_attn"] == 1
+    torch._dynamo.mark_static_address(k)
+    with pytest.raises(ValueError, match="static cache buffer"):
+        hf.attention_forward(attn, q, k, k, None, scaling=0.125)
+
+
+def test_patch_linear_counts_and_unpatches():
+    model = tiny_llama(torch.bfloat16)
+    extra = nn.Linear(8, 8, bias=True).to(torch.bfloat16)
+    fp32 = nn.Linear(8, 8, bias=False)
+    model.extra, model.fp32 = extra, fp32
+    ids = torch.randint(0, 512, (1, 10))
+    with torch.no_grad():
+        ref = model(ids).logits
+    assert hf.patch_linear(model) == 0  # on the CPU: nothing (the default wants CUDA weights)
+    n = hf.patch_linear(model, require_cuda=False)
+    assert n == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer + lm_head
+    assert hf.patch_linear(model, require_cuda=False) == 0  # already patched
+    assert "forward" in model.lm_head.__dict__ and "forward" not in extra.__dict__ and "forward" not in fp32.__dict__
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)  # CPU inputs: the patched forward runs F.linear
+    assert hf.unpatch_linear(model) == n
+    assert "forward" not in model.lm_head.__dict__ and hf.unpatch_linear(model) == 0
+
+
+def test_import_cute_kernels_does_not_import_transformers():
+    import subprocess
+    import sys
+
+    code = "import cute_kernels, cute_kernels.integrations.hf, sys; print('transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+
+
+# -------------------------------------------------------------------------------------------- GPU
+GPU_CASES = [  # (cache, head_dim, patch linears)
+    ("static", 64, False),
+    ("dynamic", 64, False),
+    ("static", 128, True),
+    ("dynamic", 128, True),
+]
+
+
+@gpu
+@pytest.mark.parametrize("cache,head_dim,patch", GPU_CASES)
+def test_llama_generate_on_the_kernels(cache, head_dim, patch):
+    """Prefill of a 100-token prompt + 64 greedy decode steps (max_new_tokens=65), sdpa vs cute_kernels."""
+    L, new = 4, 65
+    model = tiny_llama(torch.bfloat16, hidden_size=512, intermediate_size=1024, num_hidden_layers=L,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=head_dim, vocab_size=1000).cuda()
+    ids = torch.randint(0, 1000, (2, 100), generator=torch.Generator().manual_seed(4)).cuda()
+    mask = torch.ones_like(ids)
+    cache_impl = "static" if cache == "static" else None
+    with torch.no_grad():
+        ref = generate(model, ids, mask, "sdpa", cache_impl, new)
+        if patch:
+            assert hf.patch_linear(model) == L * 7 + 1
+        hf.reset_stats()
+        out = generate(model, ids, mask, "cute_kernels", cache_impl, new)
+        if patch:
+            assert hf.unpatch_linear(model) == L * 7 + 1
+    assert hf.hf_stats == {"flash_attn": L, "decode_attn": (new - 1) * L, "fallback": 0}, hf.hf_stats
+    assert_same_generation(ref, out)
+    same = (ref.sequences == out.sequences).float().mean().item()
+    print(f"{cache} D={head_dim} patch={patch}: {same:.1%} identical tokens")
+
+
+@gpu
+def test_left_padded_batch_on_the_gpu_falls_back_to_sdpa():
+    model = tiny_llama(torch.bfloat16, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1000).cuda()
+    ids = torch.randint(1, 1000, (2, 40), generator=torch.Generator().manual_seed(5)).cuda()
+    mask = torch.ones_like(ids)
+    mask[0, :7], ids[0, :7] = 0, 0
+    with torch.no_grad(), warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        ref = generate(model, ids, mask, "sdpa", "static", 8)
+        out = generate(model, ids, mask, "cute_kernels", "static", 8)
+    assert ours(rec) == [f"{PREFIX} running transformers' sdpa attention: {hf.R_MASK}"]
+    assert hf.hf_stats == {"flash_attn": 0, "decode_attn": 0, "fallback": 8 * 2}
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.logits, ref.logits):
+        assert torch.equal(a, b)
