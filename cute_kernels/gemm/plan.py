@@ -22,7 +22,7 @@ from . import launch, tuned
 from .cpasync_kernel import choose_vec_bytes, cpasync_tiles
 from .kernel import GemmConfig, epi_defer_ok
 from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
-from .validate import canonical_strides, check_operands, major_of, tma_ok
+from .validate import canonical_strides, check_operands, check_types, major_of, tma_ok
 
 #: split-K modes a :class:`PlanChoice` may force: the two split-K kernels, "none" (the unsplit
 #: persistent kernel) and "swap" (the transposed skinny plan); None: the planner's own choice
@@ -262,7 +262,11 @@ def _signature(a, b, out, c, beta, out_dtype):
 
 def plan(a, b, out=None, c=None, beta: float = 0.0, out_dtype=None, choice: PlanChoice = DEFAULT_CHOICE) -> Plan:
     """The plan ``gemm`` runs for these operands (made and compiled once per signature and choice)."""
-    sig = _signature(a, b, out, c, beta, out_dtype)
+    try:
+        sig = _signature(a, b, out, c, beta, out_dtype)
+    except AttributeError:  # a non-tensor operand: its own TypeError, not the signature's
+        check_types(a, b, out, c)
+        raise
     key = sig if choice is DEFAULT_CHOICE else (sig, choice)
     p = _plans.get(key)
     if p is None:
