@@ -158,46 +158,79 @@ FWD_SMEM_CAPACITY = 227 * 1024
 #: barriers (Q + 2 x stages x {full, empty}) and the 1024-byte alignment of the first buffer
 FWD_SMEM_SLACK = 1024
 FWD_WGMMA_M = 64  # rows of one warpgroup's wgmma
-#: fp32 / packed registers per consumer thread the tile may hold (S, O, P); with setmaxnreg 240 the
-#: rest of the softmax, masking and addressing needs ~40
-FWD_MAX_TILE_REGS = 200
+#: head dims the forward supports (multiples of 16 for the QK wgmma's K, of 8 for the PV wgmma's N)
+FWD_HEAD_DIMS = (64, 96, 128, 256)
+#: registers per thread after ``setmaxnreg``, (producer, consumer), by consumer warpgroup count:
+#: the 64K-register file split over one producer warpgroup and 1..3 consumer warpgroups
+FWD_REGS = {1: (56, 256), 2: (24, 240), 3: (32, 160)}
+#: registers a consumer thread needs beside the tile's S, P and O (softmax state, masking, addressing)
+FWD_REG_OVERHEAD = 32
 
 
 @dataclass(frozen=True)
 class FwdTile:
-    """The attention forward CTA's tile (hashable: part of the compile-cache key).
+    """The attention forward CTA's tile and schedule (hashable: part of the compile-cache key).
 
     ``tile_m`` query rows per CTA, split into 64-row slices, one per consumer warpgroup (each computes
     whole rows of S = Q K^T, so softmax statistics never cross warpgroups); ``tile_n`` keys per K / V
     tile; ``stages`` slots in each of the two TMA rings (K tiles, V tiles), filled by a producer warp
     and read by every consumer warpgroup.  Q (``tile_m`` x ``head_dim``) is loaded once, and its
     buffer is reused by the epilogue for O (same layout, so a warpgroup only overwrites its own rows).
+
+    Overlap of the softmax with the tensor cores:
+
+    * ``intra_wg_overlap``: a warpgroup issues S(n) = Q K(n)^T and O += P(n+1) V(n+1) back to back,
+      then runs the softmax of S(n) while the PV wgmma runs (P of one tile lives across the next QK);
+    * ``pingpong``: the consumer warpgroups take turns issuing their wgmmas (named barriers), so one
+      warpgroup's softmax runs under the other's GEMMs (needs ``intra_wg_overlap``);
+    * ``rescale_before_pv``: O is rescaled by the previous tile's correction before its PV wgmma is
+      issued (under the QK wgmma) rather than after the PV wgmma retires -- shortens the softmax
+      critical path when O is large (head dim > 128).
     """
 
     dtype: str  # "float16" | "bfloat16"
-    head_dim: int  # 64 | 128
+    head_dim: int  # one of FWD_HEAD_DIMS
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 2
+    intra_wg_overlap: bool = True
+    pingpong: bool = True
+    rescale_before_pv: bool = False
 
     def __post_init__(self):
-        if self.head_dim not in (64, 128):
-            raise ValueError(f"FwdTile: head_dim {self.head_dim} must be 64 or 128")
-        if self.tile_m % FWD_WGMMA_M or not 1 <= self.tile_m // FWD_WGMMA_M <= 2:
-            raise ValueError(f"FwdTile: tile_m {self.tile_m} must be 64 or 128 (one 64-row slice per consumer warpgroup)")
+        if self.head_dim not in FWD_HEAD_DIMS:
+            raise ValueError(f"FwdTile: head_dim {self.head_dim} must be one of {FWD_HEAD_DIMS}")
+        if self.tile_m % FWD_WGMMA_M or not 1 <= self.tile_m // FWD_WGMMA_M <= 3:
+            raise ValueError(f"FwdTile: tile_m {self.tile_m} must be 64, 128 or 192 (one 64-row slice per consumer warpgroup)")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"FwdTile: tile_n {self.tile_n} must be a multiple of 16 in 16..256 (wgmma N and P's K)")
         if self.stages < 2:
             raise ValueError("FwdTile: at least 2 stages per ring")
+        if self.pingpong and (not self.intra_wg_overlap or self.consumer_warpgroups < 2):
+            raise ValueError("FwdTile: pingpong needs intra_wg_overlap and at least 2 consumer warpgroups")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:
             raise ValueError(f"FwdTile: {self.smem_bytes()} B of shared memory > {FWD_SMEM_CAPACITY} B; fewer stages")
-        if self.tile_regs_per_thread > FWD_MAX_TILE_REGS:
+        limit = self.consumer_regs - FWD_REG_OVERHEAD
+        if self.tile_regs_per_thread > limit:
             raise ValueError(f"FwdTile: S, P and O need {self.tile_regs_per_thread} registers per consumer thread "
-                             f"(max {FWD_MAX_TILE_REGS}); use a smaller tile_n")
+                             f"(max {limit} with {self.consumer_warpgroups} consumer warpgroups); use a smaller tile")
 
     @property
     def consumer_warpgroups(self) -> int:
         return self.tile_m // FWD_WGMMA_M
+
+    @property
+    def threads(self) -> int:
+        """The CTA: one producer warpgroup and the consumer warpgroups."""
+        return 128 * (1 + self.consumer_warpgroups)
+
+    @property
+    def producer_regs(self) -> int:
+        return FWD_REGS[self.consumer_warpgroups][0]
+
+    @property
+    def consumer_regs(self) -> int:
+        return FWD_REGS[self.consumer_warpgroups][1]
 
     @property
     def elem_bytes(self) -> int:
@@ -224,13 +257,28 @@ class FwdTile:
         return self.q_bytes + 2 * self.stages * self.kv_tile_bytes + FWD_SMEM_SLACK
 
 
+def _fwd_stages(tile_m: int, tile_n: int, head_dim: int, elem_bytes: int = 2, most: int = 4) -> int:
+    """As many K / V ring slots (2..``most``) as fit beside the Q tile."""
+    kv = tile_n * head_dim * elem_bytes
+    free = FWD_SMEM_CAPACITY - FWD_SMEM_SLACK - tile_m * head_dim * elem_bytes
+    return max(2, min(most, free // (2 * kv)))
+
+
 def fwd_tile(dtype: str, head_dim: int, causal: bool) -> FwdTile:
-    """The forward tile: 128 query rows (two consumer warpgroups) x 128 keys; stages: D = 128 -> 2 per
-    ring (32 KB tiles: Q + 4 tiles = 160 KB), D = 64 -> 4 per ring (16 KB tiles: 144 KB).  Causal
-    does not change it (the diagonal tiles are masked at 128 x 128 granularity)."""
-    del causal  # same tile; kept in the signature for part 2's per-mask choices
-    stages = 2 if head_dim == 128 else 4
-    return FwdTile(dtype=dtype, head_dim=head_dim, tile_m=128, tile_n=128, stages=stages)
+    """The forward tile per head dim (intra-warpgroup overlap and ping-pong on throughout):
+
+    * D = 64, 96 and 128: 128 x 128 (two consumer warpgroups), as many stages as fit up to 4 (D = 128: 2);
+    * D = 256: 128 x 80 (O alone is 128 registers per thread), 2 stages, O rescaled before PV.
+
+    Causal does not change it (the diagonal tiles are masked at tile granularity)."""
+    del causal  # same tile; kept in the signature for per-mask choices
+    if head_dim == 256:
+        tile_m, tile_n = 128, 80
+    else:
+        tile_m, tile_n = 128, 128
+    stages = _fwd_stages(tile_m, tile_n, head_dim, most=2 if head_dim >= 128 else 4)
+    return FwdTile(dtype=dtype, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n, stages=stages,
+                   rescale_before_pv=head_dim > 128)
 
 
 # ---- builders (call inside a DSL context) -------------------------------------------------------

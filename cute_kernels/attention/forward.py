@@ -39,8 +39,8 @@ from . import forward_kernel
 
 __all__ = ["flash_attn", "validate", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
-#: Head dims this part runs (96 and 256 come with the second part of the kernel).
-HEAD_DIMS = (64, 128)
+#: Head dims the kernel runs (``layouts.attention.FWD_HEAD_DIMS``).
+HEAD_DIMS = (64, 96, 128, 256)
 _ALIGN_ELEMS = 8  # 16 bytes of a 16-bit element type: TMA boxes and 16-byte vector accesses
 
 
@@ -65,7 +65,7 @@ def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> 
             _err(ValueError, f"{name} must be 4-d {what}, got shape {tuple(t.shape)}")
     B, _, Hq, D = q.shape
     if D not in HEAD_DIMS:
-        _err(ValueError, f"q head_dim must be 64 or 128, got {D} (96 and 256 are not supported yet)")
+        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {D}")
     if k.shape[0] != B:
         _err(ValueError, f"k batch ({k.shape[0]}) must equal q batch ({B})")
     if k.shape[3] != D:
@@ -149,7 +149,7 @@ def get_forward_kernel(cfg):
 
 def warmup_flash_attn(spec) -> None:
     """Compile (or load) the kernel a call would run, without a GPU: ``spec`` is a ``FlashFwdConfig``
-    or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 128, causal=bool)``."""
+    or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128 | 256, causal=bool)``."""
     if isinstance(spec, dict):
         extra = set(spec) - {"dtype", "head_dim", "causal"}
         if extra:
@@ -161,7 +161,7 @@ def warmup_flash_attn(spec) -> None:
             raise ValueError(f"warmup flash_attn: dtype must be float16 or bfloat16, got {dtype}")
         head_dim = int(spec.get("head_dim", 128))
         if head_dim not in HEAD_DIMS:
-            raise ValueError(f"warmup flash_attn: head_dim must be 64 or 128, got {head_dim}")
+            raise ValueError(f"warmup flash_attn: head_dim must be one of {HEAD_DIMS}, got {head_dim}")
         spec = plan(dtype, head_dim, bool(spec.get("causal", False)))
     get_forward_kernel(spec)
 
@@ -245,7 +245,7 @@ def flash_attn(
     """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
 
     Args:
-        q: (B, Sq, Hq, D) float16/bfloat16 CUDA tensor, D in {64, 128}.
+        q: (B, Sq, Hq, D) float16/bfloat16 CUDA tensor, D in {64, 96, 128, 256}.
         k, v: (B, Sk, Hkv, D), q's dtype and device; Hq a multiple of Hkv (GQA/MQA: query head h
             reads k/v head h // (Hq / Hkv)).
             Any strides with stride(-1) == 1 and every other stride a multiple of 8 elements

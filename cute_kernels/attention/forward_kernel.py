@@ -52,6 +52,7 @@ from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
 from . import forward_softmax as fs
+from .forward_mainloop import OverlappedKVLoop
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,8 @@ def _bshd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
 
 
-class FlashAttnFwdSm90:
+class FlashAttnFwdSm90(OverlappedKVLoop):
     """The kernel for one :class:`FlashFwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
-
-    PRODUCER_REGS = 24
-    CONSUMER_REGS = 240  # 24 * 128 + 240 * 256 = 64512 <= 65536
 
     def __init__(self, cfg: FlashFwdConfig):
         self.cfg = cfg
@@ -103,7 +101,10 @@ class FlashAttnFwdSm90:
         self.causal = cfg.causal
         self.num_wg = t.consumer_warpgroups
         self.num_mma_threads = 128 * self.num_wg
-        self.threads = 128 + self.num_mma_threads
+        self.threads = t.threads
+        self.overlap = t.intra_wg_overlap
+        self.pingpong = t.pingpong
+        self.rescale_before_pv = t.rescale_before_pv and t.intra_wg_overlap
 
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
@@ -147,10 +148,10 @@ class FlashAttnFwdSm90:
         num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
         self.kernel(
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, scale_log2,
-            Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
-            tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
+            Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead), Int32(num_m_blocks), Int32(num_heads),
+            Int32(batch), tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
         ).launch(
-            grid=[num_m_blocks, num_heads, batch],
+            grid=[num_m_blocks * num_heads * batch, 1, 1],
             block=[self.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -161,6 +162,7 @@ class FlashAttnFwdSm90:
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mV: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
                scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
+               num_m_blocks: Int32, num_heads: Int32, num_batch: Int32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout):
         t = self.cfg.tile
@@ -190,31 +192,37 @@ class FlashAttnFwdSm90:
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
 
-        # ---- this CTA's work: query tile, head, batch; its KV head; its KV tiles
-        bx, head, batch = cute.arch.block_idx()
-        m_block = bx
-        if const_expr(self.causal):  # longest first
-            m_block = cute.arch.grid_dim()[0] - 1 - bx
-        head_kv = head // qhead_per_kvhead
-        n_max, n_mask = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-
         if wg_idx == 0:
             # ================= producer: warp 0 issues every TMA load, the other warps exit
-            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(t.producer_regs)
             if warp_idx == 0:
+                # (this CTA's work is computed after setmaxnreg in each branch: values live across
+                # the register release would spill at the producer's 24 registers)
+                m_block, head, batch = self.work_tile(seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch)
+                n_max, _ = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
                 self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k, pipe_v,
-                             m_block, head, head_kv, batch, n_max)
+                             m_block, head, head // qhead_per_kvhead, batch, n_max)
         else:
             # ================= consumers: warpgroup w owns query rows 64(w-1) ..
-            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(t.consumer_regs)
+            m_block, head, batch = self.work_tile(seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch)
+            n_max, n_mask = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, q_ring, pipe_k, pipe_v, tma_o, mO, mLSE,
                          scale_log2, seqlen_q, seqlen_k, m_block, head, batch, n_max, n_mask, tidx - 128, warp_idx)
+
+    @cute.jit
+    def work_tile(self, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch):
+        """This CTA's (query tile, head, batch): :func:`~.forward_softmax.tile_coords` of its block index."""
+        return fs.tile_coords(cute.arch.block_idx()[0], num_m_blocks, num_heads, num_batch, seqlen_k,
+                              qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes, self.causal)
 
     @cute.jit
     def produce(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                 tma_v: cute.CopyAtom, mV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
                 q_ring: ring.TxRing, pipe_k, pipe_v, m_block, head, head_kv, batch, n_max):
-        """Warp 0: Q once, then K(n), V(n) for n = n_max - 1 down to 0 into the two rings."""
+        """Warp 0: Q once, then the KV tiles n = n_max - 1 down to 0 in the order the consumers read
+        them: K(n), V(n) per tile; with intra-warpgroup overlap K(n - 1) before V(n) (the consumers
+        issue S(n - 1) = Q K(n - 1)^T before O += P(n) V(n))."""
         t = self.cfg.tile
         # Q: (tile_m, D) at query tile m_block of (head, batch); rows >= Sq are zero-filled
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.D), (m_block, 0))
@@ -232,10 +240,19 @@ class FlashAttnFwdSm90:
                                            cute.group_modes(gV, 0, 2))
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for i in cutlass.range(n_max, unroll=1):
-            n_block = n_max - 1 - i
-            k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
-            v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block, 1)
+        if const_expr(self.overlap):
+            if n_max > 0:
+                k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
+                for i in cutlass.range(n_max - 1, unroll=1):
+                    n_block = n_max - 2 - i
+                    k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
+                    v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, 1)
+                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, 0, 1)
+        else:
+            for i in cutlass.range(n_max, unroll=1):
+                n_block = n_max - 1 - i
+                k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
+                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block, 1)
 
     @cute.jit
     def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
@@ -266,19 +283,22 @@ class FlashAttnFwdSm90:
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
         tScS_mn = fs.acc_mn_view(thr_qk.partition_C(cS))
         t0ScS_mn = fs.acc_mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
+        mask = fs.TileMask(tScS_mn, t0ScS_mn, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
 
         read_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         read_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         q_ring.wait(0, 0)  # always: the epilogue reuses the Q buffer, so the Q load must have landed
 
-        for i in cutlass.range(n_max - n_mask, unroll=1):  # tail / diagonal tiles, masked
-            read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
-                                          pipe_k, pipe_v, read_k, read_v, tScS_mn, t0ScS_mn, m_block,
-                                          n_max - 1 - i, seqlen_q, seqlen_k, True)
-        for i in cutlass.range(n_mask, unroll=1):  # fully visible tiles
-            read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
-                                          pipe_k, pipe_v, read_k, read_v, tScS_mn, t0ScS_mn, m_block,
-                                          n_mask - 1 - i, seqlen_q, seqlen_k, False)
+        if const_expr(self.overlap):
+            self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
+                                    pipe_k, pipe_v, read_k, read_v, mask, n_max, n_mask, wg)
+        else:
+            for i in cutlass.range(n_max - n_mask, unroll=1):  # tail / diagonal tiles, masked
+                read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
+                                              softmax, pipe_k, pipe_v, read_k, read_v, mask, n_max - 1 - i, True)
+            for i in cutlass.range(n_mask, unroll=1):  # fully visible tiles
+                read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
+                                              softmax, pipe_k, pipe_v, read_k, read_v, mask, n_mask - 1 - i, False)
 
         self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sQ, tma_o, mO, mLSE, tScS_mn, scale_log2,
                       seqlen_q, m_block, head, batch, mma_tidx, warp_idx)
@@ -286,9 +306,10 @@ class FlashAttnFwdSm90:
     @cute.jit
     def kv_tile(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
                 tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
-                softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, tScS_mn: cute.Tensor,
-                t0ScS_mn: cute.Tensor, m_block, n_block, seqlen_q, seqlen_k, masked: cutlass.Constexpr[bool]):
-        """One KV tile: S = Q K^T, (mask), online softmax, O += P V.  Returns the advanced ring states."""
+                softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask, n_block,
+                masked: cutlass.Constexpr[bool]):
+        """One KV tile without overlap: S = Q K^T, (mask), online softmax, O += P V.  Returns the
+        advanced ring states."""
         # ---- S = Q K^T (fresh accumulators: the first k-block overwrites)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         pipe_k.consumer_wait(read_k)
@@ -302,16 +323,13 @@ class FlashAttnFwdSm90:
         # ---- mask, online softmax (S becomes P in place; O rescaled)
         acc_S_mn = fs.acc_mn_view(acc_S)
         if const_expr(masked and not self.cfg.mma_only):
-            fs.apply_mask(acc_S_mn, tScS_mn, t0ScS_mn, m_block, n_block, seqlen_q, seqlen_k,
-                          self.tile_m, self.tile_n, self.causal)
+            mask.apply(acc_S_mn, n_block)
         if const_expr(not self.cfg.mma_only):
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
                 softmax.update_row(r, acc_S_mn[r, None], acc_O_mn[r, None])
 
         # ---- P in 16 bits, as the register A operand; O += P V
-        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
-        tOrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+        tOrP = fs.to_operand_a(acc_S, self.dtype)
         pipe_v.consumer_wait(read_v)
         warpgroup.fence()
         wgmma.wgmma_tile(tiled_mma_pv, acc_O, tOrP, tOrVt, None, read_v.index, accumulate=True)

@@ -16,6 +16,8 @@ plain Python, for tests.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
@@ -54,6 +56,61 @@ def kv_tile_range_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, ti
         n_max = min(n_max, -(-max(first_lim + tile_m, 0) // tile_n))
         n_full = min(n_full, max(first_lim + 1, 0) // tile_n)
     return n_max, min(n_full, n_max)
+
+
+# ------------------------------------------------------------------------------------------------
+# which query tile a CTA computes
+# ------------------------------------------------------------------------------------------------
+#: bytes of L2 the K / V of one section of heads may take (H100 / H200: 50 MB of L2)
+L2_KV_BYTES = 40 * 1024 * 1024
+MAX_SECTION_HEADS = 64
+_SECTION_SIZES = tuple(2 ** i for i in range(1, MAX_SECTION_HEADS.bit_length()))
+
+
+@cute.jit
+def tile_coords(bid: Int32, num_m_blocks: Int32, num_heads: Int32, num_batch: Int32, seqlen_k: Int32,
+                qhead_per_kvhead: Int32, kv_token_bytes: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool]):
+    """``(m_block, head, batch)`` of CTA ``bid`` of a 1-d grid of ``num_m_blocks * num_heads * num_batch``.
+
+    The (batch, head) pairs are cut into sections of ``sw`` consecutive pairs (a power of two: as
+    many query heads as have their K / V fit in :data:`L2_KV_BYTES` together; heads sharing a KV
+    head count once per group); within a section the query tile is the slow index, so the CTAs in
+    flight at one time read the K / V of a few heads, from L2.  Causal: query tiles longest first
+    (the last tile of every head of a section, then the one before ...), so the short tiles fill
+    the last wave."""
+    tokens_fit = L2_KV_BYTES // kv_token_bytes  # K + V tokens of one KV head that fit
+    fit = tokens_fit * qhead_per_kvhead // cutlass.max(seqlen_k, 1)
+    sw = Int32(1)
+    for p in _SECTION_SIZES:  # the largest power of two <= fit (at most MAX_SECTION_HEADS)
+        if fit >= p:
+            sw = Int32(p)
+    num_hb = num_heads * num_batch
+    section = bid // (sw * num_m_blocks)
+    in_section = bid - section * (sw * num_m_blocks)
+    full_sections = num_hb // sw
+    width = sw
+    if section >= full_sections:  # the last, partial section
+        width = num_hb - full_sections * sw
+    m_block = in_section // width
+    hb = section * sw + (in_section - m_block * width)
+    batch = hb // num_heads
+    head = hb - batch * num_heads
+    if cutlass.const_expr(causal):
+        m_block = num_m_blocks - 1 - m_block
+    return m_block, head, batch
+
+
+def tile_coords_py(bid: int, num_m_blocks: int, num_heads: int, num_batch: int, seqlen_k: int,
+                   qhead_per_kvhead: int, kv_token_bytes: int, causal: bool):
+    """:func:`tile_coords` in plain Python (tests check it is a bijection)."""
+    fit = (L2_KV_BYTES // kv_token_bytes) * qhead_per_kvhead // max(seqlen_k, 1)
+    sw = max([1] + [p for p in _SECTION_SIZES if fit >= p])
+    num_hb = num_heads * num_batch
+    section, in_section = divmod(bid, sw * num_m_blocks)
+    width = sw if section < num_hb // sw else num_hb - (num_hb // sw) * sw
+    m_block, r = divmod(in_section, width)
+    batch, head = divmod(section * sw + r, num_heads)
+    return (num_m_blocks - 1 - m_block if causal else m_block), head, batch
 
 
 # ------------------------------------------------------------------------------------------------
@@ -114,3 +171,42 @@ def apply_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
             if t0ScS_mn[0, c][1] >= limit:
                 s_mn[r, c] = -Float32.inf
+
+
+@dataclass(frozen=True)
+class TileMask:
+    """:func:`apply_mask` bound to one CTA's query tile (coordinates, lengths, tile sizes)."""
+
+    tScS_mn: cute.Tensor
+    t0ScS_mn: cute.Tensor
+    m_block: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+    tile_m: int
+    tile_n: int
+    causal: bool
+
+    @cute.jit
+    def apply(self, s_mn: cute.Tensor, n_block: Int32):
+        apply_mask(s_mn, self.tScS_mn, self.t0ScS_mn, self.m_block, n_block, self.seqlen_q, self.seqlen_k,
+                   self.tile_m, self.tile_n, self.causal)
+
+
+# ------------------------------------------------------------------------------------------------
+# P as an operand, O rescaling
+# ------------------------------------------------------------------------------------------------
+
+
+@cute.jit
+def to_operand_a(acc_S: cute.Tensor, dtype: cutlass.Constexpr) -> cute.Tensor:
+    """P = S converted to 16 bits, viewed as the register A operand of O += P V."""
+    rP = cute.make_rmem_tensor_like(acc_S, dtype)
+    rP.store(acc_S.load().to(dtype))
+    return cute.make_tensor(rP.iterator, acc_to_frg_a_layout(rP.layout))
+
+
+@cute.jit
+def rescale_rows(acc_O_mn: cute.Tensor, corr: cute.Tensor):
+    """Row r of O (the (rows, cols) view) times ``corr[r]``."""
+    for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+        acc_O_mn[r, None].store(acc_O_mn[r, None].load() * corr[r])

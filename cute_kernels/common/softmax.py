@@ -142,6 +142,14 @@ class OnlineSoftmax:
         """Row ``r``: new max from the scores ``s_row`` (overwritten with ``p = exp2(s * scale_log2 -
         m_new_s)``), the sum and the output row ``o_row`` rescaled by ``exp2((m_old - m_new) *
         scale_log2)`` and the tile's ``p`` added to the sum."""
+        corr = self.step_row(r, s_row)
+        o_row.store(o_row.load() * corr)
+
+    @cute.jit
+    def step_row(self, r, s_row: cute.Tensor) -> Float32:
+        """:meth:`update_row` without touching O: returns the correction ``exp2((m_old - m_new) *
+        scale_log2)`` the caller applies to the output row later (when an in-flight wgmma still
+        accumulates into it)."""
         m_cur = s_row.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
         m_cur = quad_max(m_cur)
         m_prev = self.row_max[r]
@@ -152,5 +160,4 @@ class OnlineSoftmax:
         corr = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
         self.row_sum[r] = self.row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
         self.row_max[r] = m_new
-        o_row.store(o_row.load() * corr)
-
+        return corr

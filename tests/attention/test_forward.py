@@ -29,7 +29,7 @@ HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 NAN = float("nan")
 DTYPES = (torch.float16, torch.bfloat16)
-CONFIGS = list(itertools.product(DTYPES, (64, 128), (False, True)))  # every kernel configuration
+CONFIGS = list(itertools.product(DTYPES, FW.HEAD_DIMS, (False, True)))  # every kernel configuration
 
 
 # ------------------------------------------------------------------------------------------ reference
@@ -179,8 +179,8 @@ BAD_INPUTS = [  # (make kwargs, exception, message pattern naming the argument)
     ("q-rank", lambda: _base(q=_bf(2, 5, 512)), ValueError, "q must be 4-d"),
     ("k-rank", lambda: _base(k=_bf(2, 7, 2, 64, 1)), ValueError, "k must be 4-d"),
     ("out-rank", lambda: _base(out=_bf(2, 5, 512)), ValueError, "out must be 4-d"),
-    ("head-dim-100", lambda: _base(q=_bf(2, 5, 8, 100)), ValueError, r"q head_dim must be 64 or 128.*96 and 256"),
-    ("head-dim-96", lambda: _base(q=_bf(2, 5, 8, 96)), ValueError, r"q head_dim.*96 and 256 are not supported yet"),
+    ("head-dim-100", lambda: _base(q=_bf(2, 5, 8, 100)), ValueError, r"q head_dim must be one of \(64, 96, 128, 256\), got 100"),
+    ("head-dim-80", lambda: _base(q=_bf(2, 5, 8, 80)), ValueError, r"q head_dim must be one of"),
     ("head-dim-256", lambda: _base(q=_bf(2, 5, 8, 256)), ValueError, "q head_dim"),
     ("k-head-dim", lambda: _base(k=_bf(2, 7, 2, 128), v=_bf(2, 7, 2, 128)), ValueError, "k head_dim"),
     ("gqa-ratio", lambda: _base(k=_bf(2, 7, 3, 64), v=_bf(2, 7, 3, 64)), ValueError, r"q heads \(8\).*k/v heads \(3\)"),
@@ -414,12 +414,12 @@ def test_public_surface():
 
     assert cute_kernels.flash_attn is flash_attn is attention.flash_attn
     assert "flash_attn" in cute_kernels.__all__ and "flash_attn" in attention.__all__
-    assert FW.HEAD_DIMS == (64, 128)
+    assert FW.HEAD_DIMS == (64, 96, 128, 256)
 
 
 @pytest.mark.parametrize("spec,match", [
     (dict(dtype=torch.float32, head_dim=128, causal=True), "dtype"),
-    (dict(dtype="bfloat16", head_dim=96, causal=True), "head_dim"),
+    (dict(dtype="bfloat16", head_dim=80, causal=True), "head_dim"),
     (dict(dtype="bfloat16", head_dim=128, window=3), "unknown keys"),
 ])
 def test_warmup_bad_spec(spec, match):
@@ -459,7 +459,7 @@ def test_plan_depends_on_static_facts_only():
         seen.add(dry.seen[0])
     assert seen == {("flash_attn_fwd", fwd_config("float16", 128, True))}
     assert FW.plan(torch.float16, 128, True) is FW.plan(torch.float16, 128, True)
-    assert len({FW.plan(*c) for c in CONFIGS}) == 8
+    assert len({FW.plan(*c) for c in CONFIGS}) == len(CONFIGS) == 16
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -475,18 +475,20 @@ def _precompile_for_gpu_tests(request):
 
 
 LENGTHS = (1, 17, 128, 1000, 4097)
-_AXES = list(itertools.product((1, 4, 8), (64, 128), DTYPES))  # (G, D, dtype): 12 combinations
+_AXES = list(itertools.product((1, 4, 8), FW.HEAD_DIMS, DTYPES))  # (G, D, dtype): 24 combinations
 
 
 def _numerics_cases():
-    """Every (Sq, Sk) pair of LENGTHS, causal and not (50 cases); the 12 (GQA, D, dtype) combinations
-    cycle over them, so each axis value meets every length and both masks; plus 4097^2 at D = 128."""
+    """Every (Sq, Sk) pair of LENGTHS, causal and not (50 cases); the 24 (GQA, D, dtype) combinations
+    cycle over them, so each axis value meets most lengths and both masks; plus 4097^2 at every D."""
     cases = []
     for i, (Sq, Sk, causal) in enumerate(itertools.product(LENGTHS, LENGTHS, (False, True))):
         G, D, dtype = _AXES[(i + i // len(_AXES)) % len(_AXES)]
         cases.append((Sq, Sk, causal, G, D, dtype))
     # the largest square problem at D = 128 too (the cycle gives it D = 64)
-    cases += [(4097, 4097, True, 8, 128, torch.bfloat16), (4097, 4097, False, 1, 128, torch.float16)]
+    cases += [(4097, 4097, True, 8, 128, torch.bfloat16), (4097, 4097, False, 1, 128, torch.float16),
+              (4097, 4097, True, 4, 256, torch.bfloat16), (4097, 4097, False, 2, 96, torch.float16),
+              (4097, 4097, True, 1, 64, torch.float16), (4097, 1000, False, 8, 256, torch.float16)]
     return cases
 
 
@@ -519,7 +521,7 @@ def test_gpu_scale_and_peaky_scores(dtype):
 
 
 @gpu
-@pytest.mark.parametrize("Sq,Sk,D", [(1000, 17, 128), (4097, 128, 64), (130, 1, 128)])
+@pytest.mark.parametrize("Sq,Sk,D", [(1000, 17, 128), (4097, 128, 64), (130, 1, 128), (1000, 83, 256), (300, 5, 96)])
 def test_gpu_fully_masked_rows(Sq, Sk, D):
     """Causal with Sq > Sk: the first Sq - Sk query rows see no key: exactly 0 and -inf (never NaN),
     through the public function with a poisoned out= and through the op with a poisoned LSE."""
@@ -532,6 +534,16 @@ def test_gpu_fully_masked_rows(Sq, Sk, D):
     r, lse2 = flash_attn(q, k, v, causal=True, out=out, return_lse=True)
     assert r is out and torch.equal(out, o) and torch.equal(lse2, lse)
     check_against_reference(o, lse, q, k, v, True, what="masked rows")
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_many_heads_full_and_partial_l2_sections(causal):
+    """72 (batch, head) pairs at Sk = 8192: one full section of 64 heads and a partial one of 8 in the
+    CTA order (:func:`forward_softmax.tile_coords`); every tile of every head written once."""
+    q, k, v = make_qkv(3, 300, 8192, 24, 3, 128, device="cuda", seed=23)
+    o, lse = run_poisoned(q, k, v, causal)
+    check_against_reference(o, lse, q, k, v, causal, what=f"72 heads causal={causal}")
 
 
 @gpu

@@ -12,22 +12,31 @@ import torch
 from cute_kernels.attention import forward_softmax as fs
 from layouts import attention as LA
 
-CONFIGS = list(itertools.product(("bfloat16", "float16"), (64, 128), (False, True)))
+CONFIGS = list(itertools.product(("bfloat16", "float16"), LA.FWD_HEAD_DIMS, (False, True)))
 
 
 # ------------------------------------------------------------------------------------------ tiles
 @pytest.mark.parametrize("dtype,head_dim,causal", CONFIGS)
 def test_fwd_tile_fits(dtype, head_dim, causal):
     t = LA.fwd_tile(dtype, head_dim, causal)
-    assert t.tile_m == 128 and t.consumer_warpgroups == 2
+    assert t.tile_m % 64 == 0 and t.consumer_warpgroups == t.tile_m // 64
     assert t.smem_bytes() <= LA.FWD_SMEM_CAPACITY
-    assert t.tile_regs_per_thread <= LA.FWD_MAX_TILE_REGS
+    assert t.tile_regs_per_thread <= t.consumer_regs - LA.FWD_REG_OVERHEAD
+    producer, consumer = t.producer_regs, t.consumer_regs
+    assert 128 * producer + t.consumer_warpgroups * 128 * consumer <= 65536  # the register file
+    assert t.intra_wg_overlap and t.pingpong
     hash(t)
 
 
 def test_fwd_tile_rejects():
     with pytest.raises(ValueError):
-        LA.FwdTile("bfloat16", 96)
+        LA.FwdTile("bfloat16", 80)  # head dim
+    with pytest.raises(ValueError):
+        LA.FwdTile("bfloat16", 128, tile_m=256)  # four consumer warpgroups
+    with pytest.raises(ValueError):
+        LA.FwdTile("bfloat16", 128, intra_wg_overlap=False)  # ping-pong needs the overlap
+    with pytest.raises(ValueError):
+        LA.FwdTile("bfloat16", 256, tile_n=128)  # S + P + O: 64 + 32 + 128 registers
     with pytest.raises(ValueError):
         LA.FwdTile("bfloat16", 128, stages=8)  # does not fit in shared memory
     with pytest.raises(ValueError):
@@ -56,6 +65,26 @@ def test_kv_tile_range_brute_force(causal):
                     assert not any(vis), (Sq, Sk, m, n)
                 if n < n_mask:
                     assert all(vis), (Sq, Sk, m, n)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_coords_cover_every_tile_once(causal):
+    """The 1-d grid's CTA -> (query tile, head, batch) map is a bijection, for full and partial L2
+    sections; each head's query tiles come in order, longest (last) first when causal."""
+    cases = [(1, 1, 1, 17, 1), (5, 3, 2, 4097, 1), (33, 24, 3, 8192, 8), (4, 32, 4, 4096, 1),
+             (7, 40, 3, 300_000, 4), (2, 72, 1, 1 << 20, 1)]
+    for m_blocks, heads, batch, Sk, G in cases:
+        seen = set()
+        n = m_blocks * heads * batch
+        order = [fs.tile_coords_py(b, m_blocks, heads, batch, Sk, G, 512, causal) for b in range(n)]
+        for m, h, bb in order:
+            assert 0 <= m < m_blocks and 0 <= h < heads and 0 <= bb < batch
+            seen.add((m, h, bb))
+        assert len(seen) == n, (m_blocks, heads, batch, Sk, G)
+        assert order[0][0] == (m_blocks - 1 if causal else 0)
+        for hb in {(h, bb) for _, h, bb in order}:
+            ms = [m for m, h, bb in order if (h, bb) == hb]
+            assert ms == (sorted(ms, reverse=True) if causal else sorted(ms)), hb
 
 
 def emulate_forward(q, k, v, causal, tm, tn):
@@ -141,8 +170,9 @@ def test_forward_compiles_without_spills(dtype, head_dim, causal):
     k = rep.kernels[0]
     assert k.spills == 0, rep.summary()
     assert k.stack_frame == 0, rep.summary()
-    # per KV-tile loop (masked, unmasked): D/16 QK wgmmas + tile_n/16 PV wgmmas
+    # first tile's QK, the masked and the unmasked loops (QK + PV each), the last PV:
+    # 3 x (D/16 QK k-blocks + tile_n/16 PV k-blocks)
     t = cfg.tile
-    assert k.instructions["HGMMA"] == 2 * (head_dim // 16 + t.tile_n // 16), rep.summary()
+    assert k.instructions["HGMMA"] == 3 * (head_dim // 16 + t.tile_n // 16), rep.summary()
     assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
     assert k.instructions["LDG"] == 0, rep.summary()  # everything is loaded by TMA

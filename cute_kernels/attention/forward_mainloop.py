@@ -1,0 +1,140 @@
+"""The attention forward's KV loop with the softmax overlapped with the tensor cores (FlashAttention-3's
+schedule on Hopper), a mixin of :class:`~cute_kernels.attention.forward_kernel.FlashAttnFwdSm90`.
+
+Per consumer warpgroup, KV tiles n = n_max - 1 down to 0 (masked ones first):
+
+* first tile: S = Q K^T (wait), mask, softmax, P in 16 bits -- nothing to overlap with yet;
+* every further tile n: issue S(n) = Q K(n)^T, then O += P(n+1) V(n+1) (the previous tile's P, still
+  in registers), wait for the QK wgmma only, mask and softmax S(n) while the PV wgmma runs, wait for
+  it, rescale O by tile n's correction, convert P(n);
+* last: O += P(0) V(0).
+
+With ``pingpong`` the consumer warpgroups take turns issuing those two wgmmas
+(:func:`~cute_kernels.common.barriers.wait_turn` / ``pass_turn``): warpgroup w issues, passes the turn
+and runs its softmax while warpgroup w + 1's GEMMs keep the tensor cores busy.  Turn balance: the
+first consumer warpgroup passes itself a turn before the loop (its first turn needs no predecessor)
+and takes one more after it (the last warpgroup's final hand-over), so every arrival on a named
+barrier is matched by a wait when the CTA exits, for any tile count including 0.
+
+With ``rescale_before_pv`` (large head dims) the correction of tile n+1 is applied to O just before
+O += P(n+1) V(n+1) is issued, under the QK wgmma, instead of after the PV wgmma of tile n+1 retires.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+from ..common import wgmma
+from ..common.barriers import pass_turn, wait_turn
+from ..common.softmax import OnlineSoftmax
+from . import forward_softmax as fs
+
+
+class OverlappedKVLoop:
+    """Mixin: needs ``self.cfg`` (``mma_only``), ``dtype``, ``tile_m``, ``tile_n``, ``num_wg``,
+    ``pingpong``, ``rescale_before_pv``."""
+
+    @cute.jit
+    def overlapped_kv_loop(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
+                           tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
+                           softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask: fs.TileMask,
+                           n_max, n_mask, wg):
+        """Every KV tile of this query tile into ``acc_O`` / ``softmax`` (see the module docstring)."""
+        acc_shape = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        rP = cute.make_rmem_tensor(acc_shape, self.dtype)  # P of the previous tile
+        tOrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+        corr = cute.make_rmem_tensor((cute.size(acc_O_mn, mode=[0]),), Float32)
+        if const_expr(self.pingpong):
+            if wg == 0:
+                pass_turn(self.num_wg - 1, self.num_wg)  # the first turn: to warpgroup 0 from "the last"
+
+        if n_max > 0:
+            # ---- first tile (always masked: it is the key-length tail or the causal diagonal)
+            acc_S = cute.make_rmem_tensor(acc_shape, Float32)
+            pipe_k.consumer_wait(read_k)
+            warpgroup.fence()
+            wgmma.wgmma_tile(tiled_mma_qk, acc_S, tSrQ, tSrK, None, read_k.index, accumulate=False)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(read_k)
+            read_k.advance()
+            self.softmax_tile(acc_S, softmax, corr, mask, n_max - 1, True)
+            rP.store(acc_S.load().to(self.dtype))
+
+            # ---- the other masked tiles, then the unmasked ones
+            for i in cutlass.range(cutlass.max(n_max - 1 - n_mask, 0), unroll=1):
+                read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
+                                                      softmax, pipe_k, pipe_v, read_k, read_v, mask, rP, tOrP, corr,
+                                                      n_max - 2 - i, wg, True)
+            n_plain = cutlass.min(n_mask, n_max - 1)
+            for i in cutlass.range(n_plain, unroll=1):
+                read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
+                                                      softmax, pipe_k, pipe_v, read_k, read_v, mask, rP, tOrP, corr,
+                                                      n_plain - 1 - i, wg, False)
+
+            # ---- the last PV
+            if const_expr(self.rescale_before_pv and not self.cfg.mma_only):
+                fs.rescale_rows(acc_O_mn, corr)
+            pipe_v.consumer_wait(read_v)
+            warpgroup.fence()
+            wgmma.wgmma_tile(tiled_mma_pv, acc_O, tOrP, tOrVt, None, read_v.index, accumulate=True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(read_v)
+            read_v.advance()
+
+        if const_expr(self.pingpong):
+            if wg == 0:
+                wait_turn(0)  # the last warpgroup's final hand-over
+
+    @cute.jit
+    def overlapped_tile(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
+                        tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
+                        softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask: fs.TileMask,
+                        rP: cute.Tensor, tOrP: cute.Tensor, corr: cute.Tensor, n_block, wg,
+                        masked: cutlass.Constexpr[bool]):
+        """KV tile ``n_block``: S(n) = Q K(n)^T and O += P(n+1) V(n+1) issued together, the softmax of
+        S(n) under the PV wgmma.  Returns the advanced ring states."""
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        pipe_k.consumer_wait(read_k)
+        if const_expr(self.pingpong):
+            wait_turn(wg)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_qk, acc_S, tSrQ, tSrK, None, read_k.index, accumulate=False)
+        warpgroup.commit_group()
+        if const_expr(self.rescale_before_pv and not self.cfg.mma_only):
+            fs.rescale_rows(acc_O_mn, corr)  # tile n+1's correction, before its PV
+        pipe_v.consumer_wait(read_v)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_pv, acc_O, tOrP, tOrVt, None, read_v.index, accumulate=True)
+        warpgroup.commit_group()
+        if const_expr(self.pingpong):
+            pass_turn(wg, self.num_wg)
+        warpgroup.wait_group(1)  # S(n) is ready; the PV wgmma may still run
+        pipe_k.consumer_release(read_k)
+        read_k.advance()
+
+        self.softmax_tile(acc_S, softmax, corr, mask, n_block, masked)
+
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(read_v)
+        read_v.advance()
+        if const_expr(not self.rescale_before_pv and not self.cfg.mma_only):
+            fs.rescale_rows(acc_O_mn, corr)
+        rP.store(acc_S.load().to(self.dtype))
+        return read_k, read_v
+
+    @cute.jit
+    def softmax_tile(self, acc_S: cute.Tensor, softmax: OnlineSoftmax, corr: cute.Tensor, mask: fs.TileMask,
+                     n_block, masked: cutlass.Constexpr[bool]):
+        """Mask (if ``masked``) and online softmax of one S tile in place (S becomes P, unconverted);
+        each row's O correction into ``corr``."""
+        if const_expr(not self.cfg.mma_only):
+            acc_S_mn = fs.acc_mn_view(acc_S)
+            if const_expr(masked):
+                mask.apply(acc_S_mn, n_block)
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                corr[r] = softmax.step_row(r, acc_S_mn[r, None])

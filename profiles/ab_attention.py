@@ -1,0 +1,147 @@
+"""A/B of the attention forward's schedule and tile variants on the benchmark shapes, one process.
+
+Each variant is a :class:`layouts.attention.FwdTile` (overlap / ping-pong / tile shape / stages) built
+into its own compiled kernel; every variant of a shape and the peers (cuDNN SDPA, FlashAttention-4)
+are timed by the same ``triton.testing.do_bench`` (cold L2, median), in interleaved rounds with the
+order rotated per round.  Each variant's output is compared with cuDNN's (max |diff|) before timing.
+
+    python3 profiles/ab_attention.py [--rounds 3] [--only d128] [--out results.json]
+
+Variants per head dim are in :data:`VARIANTS`; ``default`` is what ``flash_attn`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cute_kernels.attention import forward as FW  # noqa: E402
+from layouts import attention as LA  # noqa: E402
+
+DTYPE = torch.bfloat16
+SHAPES = [  # name, B, Hq, Hkv, S, D, causal
+    ("b4_h32_s4096_d128_full", 4, 32, 32, 4096, 128, False),
+    ("b4_h32_s4096_d128_causal", 4, 32, 32, 4096, 128, True),
+    ("b8_h32_s2048_d64_full", 8, 32, 32, 2048, 64, False),
+    ("b1_h32_s16384_d128_causal", 1, 32, 32, 16384, 128, True),
+    ("b2_hq32_hkv8_s8192_d128_causal", 2, 32, 8, 8192, 128, True),
+    ("b16_h16_s1024_d128_causal", 16, 16, 16, 1024, 128, True),
+    ("b4_h16_s4096_d256_full", 4, 16, 16, 4096, 256, False),
+    ("b4_h32_s4096_d96_causal", 4, 32, 32, 4096, 96, True),
+]
+
+#: name -> FwdTile field overrides on top of the default tile of the head dim
+VARIANTS = {
+    64: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False),
+         "overlap_only": dict(pingpong=False), "m192": dict(tile_m=192), "n192_s2": dict(tile_n=192, stages=2)},
+    96: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False),
+         "overlap_only": dict(pingpong=False), "s2": dict(stages=2)},
+    128: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False),
+          "overlap_only": dict(pingpong=False), "n176": dict(tile_n=176), "n160": dict(tile_n=160),
+          "rescale_first": dict(rescale_before_pv=True)},
+    256: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False),
+          "no_pingpong": dict(pingpong=False), "rescale_after": dict(rescale_before_pv=False),
+          "n64": dict(tile_n=64)},
+}
+
+
+def flops(B, Hq, S, D, causal) -> float:
+    f = 4.0 * B * Hq * S * S * D
+    return f / 2 if causal else f
+
+
+def variant_configs(D, causal):
+    base = FW.plan(DTYPE, D, causal)
+    out = {}
+    for name, kw in VARIANTS[D].items():
+        try:
+            out[name] = dataclasses.replace(base, tile=dataclasses.replace(base.tile, **kw))
+        except ValueError as e:  # a variant that does not fit this head dim
+            print(f"  skip {name} (D={D}): {e}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="", help="substring of the shape names to run")
+    ap.add_argument("--out", default="", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    from triton.testing import do_bench
+
+    shapes = [s for s in SHAPES if args.only in s[0]]
+    cfgs = {(D, c): variant_configs(D, c) for _, _, _, _, _, D, c in shapes}
+    errors = FW.precompile([cfg for vs in cfgs.values() for cfg in vs.values()], processes=8)
+    for e in errors:
+        print("precompile:", e)
+
+    fa4 = None
+    try:
+        from flash_attn.cute.interface import flash_attn_func as fa4
+    except Exception as e:  # noqa: BLE001
+        print(f"fa4 not importable: {type(e).__name__}: {e}")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    results = []
+    for name, B, Hq, Hkv, S, D, causal in shapes:
+        torch.manual_seed(0)
+        q = torch.randn(B, S, Hq, D, device="cuda", dtype=DTYPE)
+        k = torch.randn(B, S, Hkv, D, device="cuda", dtype=DTYPE)
+        v = torch.randn(B, S, Hkv, D, device="cuda", dtype=DTYPE)
+        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        scale_log2 = D ** -0.5 * math.log2(math.e)
+        impls, outs = {}, {}
+        for vname, cfg in cfgs[(D, causal)].items():
+            fn = FW.get_forward_kernel(cfg)
+            o, lse = torch.empty_like(q), torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
+            impls[vname] = lambda fn=fn, o=o, lse=lse: fn(q, k, v, o, lse, scale_log2)
+            outs[vname] = o
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                        enable_gqa=Hq != Hkv)
+
+        impls["cudnn"] = cudnn
+        if fa4 is not None:
+            impls["fa4"] = lambda: fa4(q, k, v, causal=causal)
+        ref = cudnn().transpose(1, 2).float()
+        diffs = {}
+        for vname in outs:
+            outs[vname].fill_(float("nan"))
+            impls[vname]()
+            torch.cuda.synchronize()
+            diffs[vname] = (outs[vname].float() - ref).abs().max().item()
+        times = {n: [] for n in impls}
+        names = list(impls)
+        for r in range(args.rounds):
+            for n in names[r % len(names):] + names[: r % len(names)]:
+                times[n].append(do_bench(impls[n], warmup=25, rep=100))
+        fl = flops(B, Hq, S, D, causal)
+        row = {"shape": name, "tflops": {}, "max_diff_vs_cudnn": diffs}
+        for n, ts in times.items():
+            row["tflops"][n] = fl / (statistics.median(ts) * 1e-3) / 1e12
+        best_peer = max((row["tflops"][p] for p in ("cudnn", "fa4") if p in row["tflops"]), default=None)
+        cells = "  ".join(f"{n} {tf:.0f}" for n, tf in row["tflops"].items())
+        ratio = f"default/fa4 {row['tflops']['default'] / row['tflops']['fa4']:.3f}" if "fa4" in row["tflops"] else ""
+        print(f"{name}: {cells}  | {ratio}  best peer {best_peer:.0f}  diffs "
+              + " ".join(f"{n}={d:.1e}" for n, d in diffs.items()), flush=True)
+        results.append(row)
+        del q, k, v, qt, kt, vt, impls, outs, ref
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
