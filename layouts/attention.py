@@ -185,7 +185,10 @@ class FwdTile:
       warpgroup's softmax runs under the other's GEMMs (needs ``intra_wg_overlap``);
     * ``rescale_before_pv``: O is rescaled by the previous tile's correction before its PV wgmma is
       issued (under the QK wgmma) rather than after the PV wgmma retires -- shortens the softmax
-      critical path when O is large (head dim > 128).
+      critical path when O is large (head dim > 128);
+    * ``exp2_poly_share``: of every 8 scores of an unmasked tile, this many are exponentiated by a
+      cubic on the FMA pipes instead of the MUFU unit (small head dims are bound by MUFU.EX2: a
+      128 x 128 tile at D = 64 needs as many MUFU cycles as tensor-core cycles).
     """
 
     dtype: str  # "float16" | "bfloat16"
@@ -196,6 +199,7 @@ class FwdTile:
     intra_wg_overlap: bool = True
     pingpong: bool = True
     rescale_before_pv: bool = False
+    exp2_poly_share: int = 0
 
     def __post_init__(self):
         if self.head_dim not in FWD_HEAD_DIMS:
@@ -206,6 +210,8 @@ class FwdTile:
             raise ValueError(f"FwdTile: tile_n {self.tile_n} must be a multiple of 16 in 16..256 (wgmma N and P's K)")
         if self.stages < 2:
             raise ValueError("FwdTile: at least 2 stages per ring")
+        if not 0 <= self.exp2_poly_share <= 8:
+            raise ValueError(f"FwdTile: exp2_poly_share {self.exp2_poly_share} must be in 0..8 (of every 8 scores)")
         if self.pingpong and (not self.intra_wg_overlap or self.consumer_warpgroups < 2):
             raise ValueError("FwdTile: pingpong needs intra_wg_overlap and at least 2 consumer warpgroups")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:

@@ -136,5 +136,6 @@ class OverlappedKVLoop:
             acc_S_mn = fs.acc_mn_view(acc_S)
             if const_expr(masked):
                 mask.apply(acc_S_mn, n_block)
+            poly = 0 if const_expr(masked) else self.cfg.tile.exp2_poly_share  # -inf scores stay on MUFU
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                corr[r] = softmax.step_row(r, acc_S_mn[r, None])
+                corr[r] = softmax.step_row(r, acc_S_mn[r, None], poly)

@@ -27,11 +27,53 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
+
+
+#: 2^f ~= 1 + c1 f + c2 f^2 + c3 f^3 on [0, 1): a minimax fit of the relative error with the constant
+#: term pinned to 1 (so 2^0 is exact), max relative error 8.6e-5 -- far below the 16-bit rounding of P
+EXP2_POLY3 = (0.6951168179512024, 0.22764474153518677, 0.07706727832555771)
+_ROUND_SHIFT = 12582912.0  # 1.5 * 2^23: adding it (rounding down) leaves floor(x) in the low mantissa bits
+
+
+def _f32_hex(x: float) -> str:
+    import struct
+
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+_EXP2_POLY3_PTX = (
+    "{\n\t.reg .f32 xc, r, rb, f, p;\n\t.reg .b32 ri, pi, e;\n\t"
+    f"max.f32 xc, $1, {_f32_hex(-127.0)};\n\t"
+    f"add.rm.f32 r, xc, {_f32_hex(_ROUND_SHIFT)};\n\t"
+    f"sub.f32 rb, r, {_f32_hex(_ROUND_SHIFT)};\n\t"
+    "sub.f32 f, xc, rb;\n\t"
+    f"fma.rn.f32 p, f, {_f32_hex(EXP2_POLY3[2])}, {_f32_hex(EXP2_POLY3[1])};\n\t"
+    f"fma.rn.f32 p, p, f, {_f32_hex(EXP2_POLY3[0])};\n\t"
+    f"fma.rn.f32 p, p, f, {_f32_hex(1.0)};\n\t"
+    "mov.b32 ri, r;\n\tmov.b32 pi, p;\n\tshl.b32 e, ri, 23;\n\tadd.s32 pi, pi, e;\n\t"
+    "mov.b32 $0, pi;\n\t}"
+)
+
+
+@dsl_user_op
+def exp2_poly3(x: Float32, *, loc=None, ip=None) -> Float32:
+    """``2^x`` for finite ``x <= 0`` on the FMA / integer pipes instead of the MUFU unit: x is clamped
+    at -127, split into floor and fraction by one round-down add, 2^fraction by the cubic
+    :data:`EXP2_POLY3`, and the floor added into the exponent bits.  Relative error <= 8.6e-5;
+    ``x <= -127`` gives a value below 2^-126 (not 0: callers keep -inf scores on ``exp2``).  Spreading
+    a share of a tile's exponentials over the FMA pipes lifts the MUFU bound of small head dims
+    (FlashAttention-4's idea)."""
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLY3_PTX, "=f,f",
+                                   has_side_effects=False, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @cute.jit
@@ -146,17 +188,30 @@ class OnlineSoftmax:
         o_row.store(o_row.load() * corr)
 
     @cute.jit
-    def step_row(self, r, s_row: cute.Tensor) -> Float32:
+    def step_row(self, r, s_row: cute.Tensor, poly_share: cutlass.Constexpr[int] = 0) -> Float32:
         """:meth:`update_row` without touching O: returns the correction ``exp2((m_old - m_new) *
         scale_log2)`` the caller applies to the output row later (when an in-flight wgmma still
-        accumulates into it)."""
+        accumulates into it).
+
+        ``poly_share``: of every 8 scores, this many are exponentiated by :func:`exp2_poly3` (FMA
+        pipes) and the rest by ``exp2`` (MUFU); only for rows without ``-inf`` scores (unmasked
+        tiles) and a row max that is finite."""
         m_cur = s_row.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
         m_cur = quad_max(m_cur)
         m_prev = self.row_max[r]
         m_new = cute.arch.fmax(m_prev, m_cur)
         m_scaled = scaled_max(m_new, self.scale_log2)
-        p = cute.math.exp2(s_row.load() * self.scale_log2 - m_scaled, fastmath=True)
-        s_row.store(p)
+        if cutlass.const_expr(poly_share == 0):
+            p = cute.math.exp2(s_row.load() * self.scale_log2 - m_scaled, fastmath=True)
+            s_row.store(p)
+        else:
+            for j in cutlass.range_constexpr(cute.size(s_row)):
+                x = s_row[j] * self.scale_log2 - m_scaled
+                if cutlass.const_expr(j % 8 < poly_share):
+                    s_row[j] = exp2_poly3(x)
+                else:
+                    s_row[j] = cute.math.exp2(x, fastmath=True)
+            p = s_row.load()
         corr = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
         self.row_sum[r] = self.row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
         self.row_max[r] = m_new
