@@ -72,18 +72,19 @@ def tile_coords(bid: Int32, num_m_blocks: Int32, num_heads: Int32, num_batch: In
                 qhead_per_kvhead: Int32, kv_token_bytes: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool]):
     """``(m_block, head, batch)`` of CTA ``bid`` of a 1-d grid of ``num_m_blocks * num_heads * num_batch``.
 
-    The (batch, head) pairs are cut into sections of ``sw`` consecutive pairs (a power of two: as
-    many query heads as have their K / V fit in :data:`L2_KV_BYTES` together; heads sharing a KV
-    head count once per group); within a section the query tile is the slow index, so the CTAs in
-    flight at one time read the K / V of a few heads, from L2.  Causal: query tiles longest first
-    (the last tile of every head of a section, then the one before ...), so the short tiles fill
-    the last wave."""
-    tokens_fit = L2_KV_BYTES // kv_token_bytes  # K + V tokens of one KV head that fit
-    fit = tokens_fit * qhead_per_kvhead // cutlass.max(seqlen_k, 1)
-    sw = Int32(1)
-    for p in _SECTION_SIZES:  # the largest power of two <= fit (at most MAX_SECTION_HEADS)
-        if fit >= p:
-            sw = Int32(p)
+    Non-causal: query tiles fastest, heads, then batches -- the CTAs in flight read the K / V of the
+    fewest heads.  Causal: longest query tiles first, so the short ones fill the last wave; to keep
+    L2 reuse, the (batch, head) pairs are cut into sections of ``sw`` consecutive pairs (a power of
+    two: as many query heads as have their K / V fit in :data:`L2_KV_BYTES` together; heads sharing
+    a KV head count once per group), and within a section the query tile is the slow index (the
+    last tile of every head of the section, then the one before ...)."""
+    sw = Int32(1)  # non-causal: one head per section, i.e. query tiles fastest (a head's CTAs together)
+    if cutlass.const_expr(causal):
+        tokens_fit = L2_KV_BYTES // kv_token_bytes  # K + V tokens of one KV head that fit
+        fit = tokens_fit * qhead_per_kvhead // cutlass.max(seqlen_k, 1)
+        for p in _SECTION_SIZES:  # the largest power of two <= fit (at most MAX_SECTION_HEADS)
+            if fit >= p:
+                sw = Int32(p)
     num_hb = num_heads * num_batch
     section = bid // (sw * num_m_blocks)
     in_section = bid - section * (sw * num_m_blocks)
@@ -104,7 +105,7 @@ def tile_coords_py(bid: int, num_m_blocks: int, num_heads: int, num_batch: int, 
                    qhead_per_kvhead: int, kv_token_bytes: int, causal: bool):
     """:func:`tile_coords` in plain Python (tests check it is a bijection)."""
     fit = (L2_KV_BYTES // kv_token_bytes) * qhead_per_kvhead // max(seqlen_k, 1)
-    sw = max([1] + [p for p in _SECTION_SIZES if fit >= p])
+    sw = max([1] + [p for p in _SECTION_SIZES if fit >= p]) if causal else 1
     num_hb = num_heads * num_batch
     section, in_section = divmod(bid, sw * num_m_blocks)
     width = sw if section < num_hb // sw else num_hb - (num_hb // sw) * sw
@@ -169,8 +170,8 @@ def apply_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m
             q = m_block * tile_m + tScS_mn[r, 0][0]
             limit = cutlass.min(limit, q + seqlen_k - seqlen_q + 1 - key0)
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            if t0ScS_mn[0, c][1] >= limit:
-                s_mn[r, c] = -Float32.inf
+            # a select per score (a dynamic ``if`` around the store would select the whole row)
+            s_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] >= limit else s_mn[r, c]
 
 
 @dataclass(frozen=True)
