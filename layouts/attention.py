@@ -185,7 +185,9 @@ class FwdTile:
       warpgroup's softmax runs under the other's GEMMs (needs ``intra_wg_overlap``);
     * ``rescale_before_pv``: O is rescaled by the previous tile's correction before its PV wgmma is
       issued (under the QK wgmma) rather than after the PV wgmma retires -- shortens the softmax
-      critical path when O is large (head dim > 128);
+      critical path when O is large (head dim >= 128);
+    * ``persistent``: one CTA per SM walks the tile order (grid-stride); O gets its own buffer, so
+      the next tile's Q and K / V load under this tile's last KV tiles and its epilogue;
     * ``exp2_poly_share``: of every 8 scores of an unmasked tile, this many are exponentiated by a
       cubic on the FMA pipes instead of the MUFU unit (small head dims are bound by MUFU.EX2: a
       128 x 128 tile at D = 64 needs as many MUFU cycles as tensor-core cycles).
@@ -200,6 +202,7 @@ class FwdTile:
     pingpong: bool = True
     rescale_before_pv: bool = False
     exp2_poly_share: int = 0
+    persistent: bool = False
 
     def __post_init__(self):
         if self.head_dim not in FWD_HEAD_DIMS:
@@ -259,32 +262,27 @@ class FwdTile:
         return s + s // 2 + FWD_WGMMA_M * self.head_dim // 128
 
     def smem_bytes(self) -> int:
-        """Q (= O), the K and V rings, barriers and alignment slack."""
-        return self.q_bytes + 2 * self.stages * self.kv_tile_bytes + FWD_SMEM_SLACK
-
-
-def _fwd_stages(tile_m: int, tile_n: int, head_dim: int, elem_bytes: int = 2, most: int = 4) -> int:
-    """As many K / V ring slots (2..``most``) as fit beside the Q tile."""
-    kv = tile_n * head_dim * elem_bytes
-    free = FWD_SMEM_CAPACITY - FWD_SMEM_SLACK - tile_m * head_dim * elem_bytes
-    return max(2, min(most, free // (2 * kv)))
+        """Q (= O unless persistent), the K and V rings, barriers and alignment slack."""
+        o = self.q_bytes if self.persistent else 0
+        return self.q_bytes + o + 2 * self.stages * self.kv_tile_bytes + FWD_SMEM_SLACK
 
 
 def fwd_tile(dtype: str, head_dim: int, causal: bool) -> FwdTile:
-    """The forward tile per head dim (intra-warpgroup overlap and ping-pong on throughout):
+    """The forward tile per head dim, chosen from same-run A/B measurements against the variants
+    (``profiles/ab_attention.py``, ``profiles/NOTES-attention.md``); intra-warpgroup overlap always:
 
-    * D = 64, 96 and 128: 128 x 128 (two consumer warpgroups), as many stages as fit up to 4 (D = 128: 2);
-    * D = 256: 128 x 80 (O alone is 128 registers per thread), 2 stages, O rescaled before PV.
+    * D = 64: 192 query rows (three consumer warpgroups, 160 registers each) x 128 keys, 4 stages --
+      the softmax is a large share of a tile at small D, and a third warpgroup hides its latency;
+    * D = 96: 128 x 128, 2 stages;
+    * D = 128: 128 x 128, 2 stages, O rescaled before its PV wgmma;
+    * D = 256: 128 x 64 (O alone is 128 registers per thread), 2 stages, O rescaled before PV, no
+      ping-pong (the warpgroups' own overlap is enough there and the ordering costs).
 
     Causal does not change it (the diagonal tiles are masked at tile granularity)."""
     del causal  # same tile; kept in the signature for per-mask choices
-    if head_dim == 256:
-        tile_m, tile_n = 128, 80
-    else:
-        tile_m, tile_n = 128, 128
-    stages = _fwd_stages(tile_m, tile_n, head_dim, most=2 if head_dim >= 128 else 4)
+    tile_m, tile_n, stages = {64: (192, 128, 4), 96: (128, 128, 2), 128: (128, 128, 2), 256: (128, 64, 2)}[head_dim]
     return FwdTile(dtype=dtype, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n, stages=stages,
-                   rescale_before_pv=head_dim > 128)
+                   pingpong=head_dim != 256, rescale_before_pv=head_dim >= 128)
 
 
 # ---- builders (call inside a DSL context) -------------------------------------------------------
