@@ -41,18 +41,13 @@ SHAPES = [  # name, B, Hq, Hkv, S, D, causal
 
 #: name -> FwdTile field overrides on top of the default tile of the head dim
 VARIANTS = {
-    64: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False), "overlap_only": dict(pingpong=False),
-         "m192": dict(tile_m=192), "m192_nopp": dict(tile_m=192, pingpong=False),
-         "m192_poly2": dict(tile_m=192, exp2_poly_share=2), "m192_s2": dict(tile_m=192, stages=2),
-         "mma_only": "mma_only"},
-    96: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False), "overlap_only": dict(pingpong=False),
-         "s2": dict(stages=2)},
-    128: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False),
-          "overlap_only": dict(pingpong=False), "s3": dict(stages=3), "rescale_first": dict(rescale_before_pv=True),
+    64: {"default": {}, "m128": dict(tile_m=128), "no_pingpong": dict(pingpong=False),
+         "persistent": dict(persistent=True), "mma_only": "mma_only"},
+    96: {"default": {}, "no_pingpong": dict(pingpong=False), "persistent": dict(persistent=True)},
+    128: {"default": {}, "no_pingpong": dict(pingpong=False), "rescale_after": dict(rescale_before_pv=False),
+          "persistent": dict(persistent=True), "persistent_nopp": dict(persistent=True, pingpong=False),
           "mma_only": "mma_only"},
-    256: {"default": {}, "no_overlap": dict(intra_wg_overlap=False, pingpong=False),
-          "no_pingpong": dict(pingpong=False), "n64": dict(tile_n=64), "n64_nopp": dict(tile_n=64, pingpong=False),
-          "mma_only": "mma_only"},
+    256: {"default": {}, "n80": dict(tile_n=80), "pingpong": dict(pingpong=True), "mma_only": "mma_only"},
 }
 
 

@@ -64,6 +64,9 @@ class FlashFwdConfig:
     head_dim: int  # 64 | 128
     causal: bool
     tile: LA.FwdTile
+    #: SMs of the device (the persistent grid's size; part of the key so that a kernel built for one
+    #: device never runs a short grid on a larger one)
+    num_sms: int = 132
     #: the MMA bound of the benchmark (profiles/bench_attention.py): P = S in 16 bits, no mask and no
     #: softmax, so only the two GEMMs and the data movement remain; its output is not attention
     mma_only: bool = False
@@ -75,11 +78,11 @@ class FlashFwdConfig:
             raise ValueError(f"FlashFwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
 
 
-def fwd_config(dtype: str, head_dim: int, causal: bool) -> FlashFwdConfig:
+def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132) -> FlashFwdConfig:
     """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
     :func:`layouts.attention.fwd_tile`)."""
     return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
-                          tile=LA.fwd_tile(dtype, head_dim, bool(causal)))
+                          tile=LA.fwd_tile(dtype, head_dim, bool(causal)), num_sms=int(num_sms))
 
 
 def _bshd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
@@ -135,23 +138,31 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
 
         stages = self.stages
 
+        o_elems = cute.cosize(sQ_layout) if const_expr(t.persistent) else 1  # persistent: O has its own buffer
+
         @cute.struct
         class SharedStorage:
             q_bar: cute.struct.MemRange[cutlass.Int64, 1]
+            q_empty_bar: cute.struct.MemRange[cutlass.Int64, 1]
             k_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             v_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
         self.shared_storage = SharedStorage
         num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+        num_tiles = num_m_blocks * num_heads * batch
+        grid = num_tiles
+        if const_expr(t.persistent):
+            grid = cutlass.min(num_tiles, self.cfg.num_sms)
         self.kernel(
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, scale_log2,
             Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead), Int32(num_m_blocks), Int32(num_heads),
             Int32(batch), tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
         ).launch(
-            grid=[num_m_blocks * num_heads * batch, 1, 1],
+            grid=[grid, 1, 1],
             block=[self.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -178,8 +189,10 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         q_ring = ring.TxRing(storage.q_bar.data_ptr(), 1)
+        q_empty = storage.q_empty_bar.data_ptr()  # consumers done with the Q buffer (persistent CTAs)
         if tidx == 0:
             q_ring.init()
+            cute.arch.mbarrier_init(q_empty, self.num_mma_threads)
         single_cta = cute.make_layout((1, 1, 1))
         pipe_k = ring.make_tma_pipeline(storage.k_bars.data_ptr(), self.stages, t.kv_tile_bytes,
                                         4 * self.num_wg, single_cta, 1)
@@ -188,38 +201,66 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # also O in the epilogue
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sO = sQ  # one tile per CTA: O is staged in the Q buffer, which no one reads any more
+        if const_expr(t.persistent):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
 
+        # The CTA's tiles: bid, bid + grid, ... of the tile order (one per CTA unless persistent).
+        # Its work is computed after setmaxnreg in each branch: values live across the register
+        # release would spill at the producer's 24 registers.
+        num_tiles = num_m_blocks * num_heads * num_batch
         if wg_idx == 0:
             # ================= producer: warp 0 issues every TMA load, the other warps exit
             cute.arch.setmaxregister_decrease(t.producer_regs)
             if warp_idx == 0:
-                # (this CTA's work is computed after setmaxnreg in each branch: values live across
-                # the register release would spill at the producer's 24 registers)
-                m_block, head, batch = self.work_tile(seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch)
-                n_max, _ = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-                self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k, pipe_v,
-                             m_block, head, head // qhead_per_kvhead, batch, n_max)
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                tile = cute.arch.block_idx()[0]
+                j = Int32(0)
+                while tile < num_tiles:
+                    m_block, head, batch = self.work_tile(tile, seqlen_k, qhead_per_kvhead, num_m_blocks,
+                                                          num_heads, num_batch)
+                    n_max, _ = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+                    if j > 0:
+                        cute.arch.mbarrier_wait(q_empty, (j - 1) % 2)  # the previous tile's QK wgmmas are done
+                    k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
+                                                    pipe_v, k_state, v_state, m_block, head,
+                                                    head // qhead_per_kvhead, batch, n_max)
+                    tile += cute.arch.grid_dim()[0]
+                    j += 1
         else:
             # ================= consumers: warpgroup w owns query rows 64(w-1) ..
             cute.arch.setmaxregister_increase(t.consumer_regs)
-            m_block, head, batch = self.work_tile(seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch)
-            n_max, n_mask = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, q_ring, pipe_k, pipe_v, tma_o, mO, mLSE,
-                         scale_log2, seqlen_q, seqlen_k, m_block, head, batch, n_max, n_mask, tidx - 128, warp_idx)
+            read_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            read_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            tile = cute.arch.block_idx()[0]
+            j = Int32(0)
+            while tile < num_tiles:
+                m_block, head, batch = self.work_tile(tile, seqlen_k, qhead_per_kvhead, num_m_blocks,
+                                                      num_heads, num_batch)
+                n_max, n_mask = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+                read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
+                                              pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, seqlen_q,
+                                              seqlen_k, m_block, head, batch, n_max, n_mask, j, tidx - 128,
+                                              warp_idx)
+                tile += cute.arch.grid_dim()[0]
+                j += 1
+            if warp_idx == 4:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays valid until the last store read it
 
     @cute.jit
-    def work_tile(self, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch):
-        """This CTA's (query tile, head, batch): :func:`~.forward_softmax.tile_coords` of its block index."""
-        return fs.tile_coords(cute.arch.block_idx()[0], num_m_blocks, num_heads, num_batch, seqlen_k,
+    def work_tile(self, tile, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch):
+        """(query tile, head, batch) of tile ``tile`` of the order :func:`~.forward_softmax.tile_coords`."""
+        return fs.tile_coords(tile, num_m_blocks, num_heads, num_batch, seqlen_k,
                               qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes, self.causal)
 
     @cute.jit
     def produce(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                 tma_v: cute.CopyAtom, mV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
-                q_ring: ring.TxRing, pipe_k, pipe_v, m_block, head, head_kv, batch, n_max):
+                q_ring: ring.TxRing, pipe_k, pipe_v, k_state, v_state, m_block, head, head_kv, batch, n_max):
         """Warp 0: Q once, then the KV tiles n = n_max - 1 down to 0 in the order the consumers read
         them: K(n), V(n) per tile; with intra-warpgroup overlap K(n - 1) before V(n) (the consumers
         issue S(n - 1) = Q K(n - 1)^T before O += P(n) V(n))."""
@@ -238,8 +279,6 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if const_expr(self.overlap):
             if n_max > 0:
                 k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
@@ -253,13 +292,15 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                 n_block = n_max - 1 - i
                 k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
                 v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block, 1)
+        return k_state, v_state
 
     @cute.jit
     def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
-                sV: cute.Tensor, q_ring: ring.TxRing, pipe_k, pipe_v, tma_o: cute.CopyAtom, mO: cute.Tensor,
-                mLSE: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, m_block, head, batch,
-                n_max, n_mask, mma_tidx, warp_idx):
-        """Consumer warpgroups: the KV loop (masked tiles first, then unmasked), then the epilogue."""
+                sV: cute.Tensor, sO: cute.Tensor, q_ring: ring.TxRing, q_empty, pipe_k, pipe_v, read_k, read_v,
+                tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor, scale_log2: Float32, seqlen_q: Int32,
+                seqlen_k: Int32, m_block, head, batch, n_max, n_mask, j, mma_tidx, warp_idx):
+        """Consumer warpgroups, the CTA's ``j``-th tile: the KV loop (masked tiles first, then
+        unmasked), then the epilogue.  Returns the advanced ring states."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
         wg_first = wg * 128  # the warpgroup's slice of the tiled MMAs (operand fragments / descriptors)
         thr_qk = tiled_mma_qk.get_slice(mma_tidx)
@@ -285,12 +326,10 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         t0ScS_mn = fs.acc_mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
         mask = fs.TileMask(tScS_mn, t0ScS_mn, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
 
-        read_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        read_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        q_ring.wait(0, 0)  # always: the epilogue reuses the Q buffer, so the Q load must have landed
+        q_ring.wait(0, j)  # always: the epilogue may reuse the Q buffer, so the Q load must have landed
 
         if const_expr(self.overlap):
-            self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
+            read_k, read_v = self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
                                     pipe_k, pipe_v, read_k, read_v, mask, n_max, n_mask, wg)
         else:
             for i in cutlass.range(n_max - n_mask, unroll=1):  # tail / diagonal tiles, masked
@@ -300,8 +339,10 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                 read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
                                               softmax, pipe_k, pipe_v, read_k, read_v, mask, n_mask - 1 - i, False)
 
-        self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sQ, tma_o, mO, mLSE, tScS_mn, scale_log2,
-                      seqlen_q, m_block, head, batch, mma_tidx, warp_idx)
+        cute.arch.mbarrier_arrive(q_empty)  # every QK wgmma of this tile has retired: Q may be replaced
+        self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sO, tma_o, mO, mLSE, tScS_mn, scale_log2,
+                      seqlen_q, m_block, head, batch, j, mma_tidx, warp_idx)
+        return read_k, read_v
 
     @cute.jit
     def kv_tile(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
@@ -342,9 +383,11 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
     @cute.jit
     def epilogue(self, tiled_mma_pv: cute.TiledMma, thr_pv, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
                  softmax: OnlineSoftmax, sO: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
-                 tScS_mn: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, m_block, head, batch, mma_tidx,
+                 tScS_mn: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, m_block, head, batch, j, mma_tidx,
                  warp_idx):
-        """O / l -> input dtype -> sO (the Q buffer) -> TMA store (rows >= Sq clipped); LSE per row."""
+        """O / l -> input dtype -> sO (the Q buffer, or O's own when persistent) -> TMA store (rows >= Sq
+        clipped); LSE per row.  The storing warp waits for the store to have read sO only before the
+        next tile overwrites it (and once at the end of the kernel)."""
         # ---- normalize, LSE (rows: the same per-thread rows as S, since both MMAs tile M alike)
         n_rows = cute.size(acc_O_mn, mode=[0])
         lse = cute.make_rmem_tensor((n_rows,), Float32)
@@ -361,9 +404,13 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                 if q < seqlen_q:
                     mLSE[batch, head, q] = lse[r]
 
-        # ---- O: registers -> smem (stmatrix; this warpgroup's rows of the Q buffer) -> TMA store
+        # ---- O: registers -> smem (stmatrix; this warpgroup's rows of sO) -> TMA store
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
+        if j > 0:  # the previous tile's store must have read sO
+            if warp_idx == 4:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
         c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
         r2s_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
         tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma_pv))
@@ -383,7 +430,6 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                                                    cute.group_modes(gO, 0, 2))
             cute.copy(tma_o, bSG_sO, bSG_gO)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays valid until the store has read it
 
 
 # ---- compile entry ------------------------------------------------------------------------------

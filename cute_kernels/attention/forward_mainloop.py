@@ -42,7 +42,8 @@ class OverlappedKVLoop:
                            tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
                            softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask: fs.TileMask,
                            n_max, n_mask, wg):
-        """Every KV tile of this query tile into ``acc_O`` / ``softmax`` (see the module docstring)."""
+        """Every KV tile of this query tile into ``acc_O`` / ``softmax`` (see the module docstring).
+        Returns the advanced ring states."""
         acc_shape = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         rP = cute.make_rmem_tensor(acc_shape, self.dtype)  # P of the previous tile
         tOrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
@@ -52,18 +53,7 @@ class OverlappedKVLoop:
                 pass_turn(self.num_wg - 1, self.num_wg)  # the first turn: to warpgroup 0 from "the last"
 
         if n_max > 0:
-            # ---- first tile (always masked: it is the key-length tail or the causal diagonal)
-            acc_S = cute.make_rmem_tensor(acc_shape, Float32)
-            pipe_k.consumer_wait(read_k)
-            warpgroup.fence()
-            wgmma.wgmma_tile(tiled_mma_qk, acc_S, tSrQ, tSrK, None, read_k.index, accumulate=False)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe_k.consumer_release(read_k)
-            read_k.advance()
-            self.softmax_tile(acc_S, softmax, corr, mask, n_max - 1, True)
-            rP.store(acc_S.load().to(self.dtype))
-
+            read_k = self.first_tile(tiled_mma_qk, tSrQ, tSrK, softmax, pipe_k, read_k, mask, rP, corr, n_max - 1)
             # ---- the other masked tiles, then the unmasked ones
             for i in cutlass.range(cutlass.max(n_max - 1 - n_mask, 0), unroll=1):
                 read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
@@ -74,21 +64,44 @@ class OverlappedKVLoop:
                 read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
                                                       softmax, pipe_k, pipe_v, read_k, read_v, mask, rP, tOrP, corr,
                                                       n_plain - 1 - i, wg, False)
-
-            # ---- the last PV
-            if const_expr(self.rescale_before_pv and not self.cfg.mma_only):
-                fs.rescale_rows(acc_O_mn, corr)
-            pipe_v.consumer_wait(read_v)
-            warpgroup.fence()
-            wgmma.wgmma_tile(tiled_mma_pv, acc_O, tOrP, tOrVt, None, read_v.index, accumulate=True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(read_v)
-            read_v.advance()
+            read_v = self.last_pv(tiled_mma_pv, tOrVt, acc_O, acc_O_mn, pipe_v, read_v, tOrP, corr)
 
         if const_expr(self.pingpong):
             if wg == 0:
                 wait_turn(0)  # the last warpgroup's final hand-over
+        return read_k, read_v
+
+    @cute.jit
+    def first_tile(self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, softmax: OnlineSoftmax,
+                   pipe_k, read_k, mask: fs.TileMask, rP: cute.Tensor, corr: cute.Tensor, n_block):
+        """The first (always masked: key-length tail or causal diagonal) tile: S = Q K^T, wait, softmax,
+        P into ``rP`` -- nothing to overlap with yet.  Returns the advanced K ring state."""
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        pipe_k.consumer_wait(read_k)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_qk, acc_S, tSrQ, tSrK, None, read_k.index, accumulate=False)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(read_k)
+        read_k.advance()
+        self.softmax_tile(acc_S, softmax, corr, mask, n_block, True)
+        rP.store(acc_S.load().to(self.dtype))
+        return read_k
+
+    @cute.jit
+    def last_pv(self, tiled_mma_pv: cute.TiledMma, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
+                pipe_v, read_v, tOrP: cute.Tensor, corr: cute.Tensor):
+        """O += P(0) V(0) for the last tile.  Returns the advanced V ring state."""
+        if const_expr(self.rescale_before_pv and not self.cfg.mma_only):
+            fs.rescale_rows(acc_O_mn, corr)
+        pipe_v.consumer_wait(read_v)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_pv, acc_O, tOrP, tOrVt, None, read_v.index, accumulate=True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(read_v)
+        read_v.advance()
+        return read_v
 
     @cute.jit
     def overlapped_tile(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
