@@ -15,6 +15,8 @@
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
 #   bench-attention  profiles/bench_attention.py (the forward vs cuDNN / FA2 SDPA / FA4, + its MMA bound) [BENCH_S]
+#   bench-quick   cute-kernels bench all --quick (gemm, attention, decode, model; ~1 min each)       [QUICK_S]
+#   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s)
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]
 #   host          profiles/bench_host.py (first-call time, host time per call)
 #   demo          cute-kernels demo (GPU: each kernel vs PyTorch, error and speed)
@@ -48,6 +50,8 @@ for step in "$@"; do
     ab-gemm2) py "${AB2_S:-200}" profiles/ab_gemm.py --out "$OUT" --tag ab2 ${AB2_ARGS:-} 2>&1 | quiet | tee "$OUT/ab-gemm2.log" ;;
     ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
+    bench-quick) CK_COMMIT=$commit py "${QUICK_S:-420}" -m cute_kernels bench all --quick --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-quick.log" ;;
+    bench-test) CK_COMMIT=$commit py 500 -m pytest -q -m gpu -p no:cacheprovider tests/tools/test_bench.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/bench-test.log" ;;
     read-ceiling) py "${CEIL_S:-300}" profiles/read_ceiling.py --out "$OUT" 2>&1 | quiet | tee "$OUT/read-ceiling.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | quiet | tee "$OUT/demo.log" ;;

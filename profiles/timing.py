@@ -1,125 +1,24 @@
-"""Timing helpers shared by the benchmarks (the main figure is always ``triton.testing.do_bench``).
-
-Why a second timer: ``do_bench`` flushes L2 by *writing* 256 MB (``zero_``) before each call, so the
-timed call starts with ~50 MB of dirty L2 lines that HBM must absorb while the kernel reads.  For a
-kernel that moves tens of MB (decode at b1, a 128-row GEMM reading a 32 MB B) that write-back is a
-large part of the measured time and caps every implementation alike.  ``bench_clean`` times the same
-call after a *read-only* 256 MB pass instead: L2 is just as cold but holds only clean lines.
-"""
+"""The benchmarks' timers now live in the package, :mod:`cute_kernels.tools.bench.timing`; this module
+re-exports them for the scripts here (``from timing import bench_clean, rotated``)."""
 
 from __future__ import annotations
 
-import statistics
+import os
+import sys
 
-import torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-_BUF = {}
+from cute_kernels.tools.bench.timing import (
+    LEAD_CYCLES,
+    bench_clean,
+    bench_events,
+    bench_graph,
+    make_bench,
+    precompile_and_report,
+    read_only_flush,
+    rotated,
+    time_rounds,
+)
 
-
-#: GPU cycles spun between the flush and the start event (~200 us at 1.98 GHz), so that the host has
-#: enqueued the timed call before the GPU reaches the start event.  Without it a call whose host work
-#: outlasts the flush (decode: argument checks + two launches) is timed with its host time included:
-#: in session 3 run 3 the decode "clean" figures were 40-80% above do_bench's for our PDL variants.
-LEAD_CYCLES = 400_000
-
-
-def bench_events(fn, flush, n: int = 30) -> float:
-    """Median microseconds of one call of ``fn`` timed by CUDA events, ``flush()`` before each call
-    (3 untimed warm-up calls first); the GPU spins ``LEAD_CYCLES`` after the flush so that only device
-    time is measured."""
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(n):
-        flush()
-        torch.cuda._sleep(LEAD_CYCLES)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
-
-
-def read_only_flush():
-    """A callable that reads a 256 MB buffer (cached per device): cold L2 holding clean lines only."""
-    dev = torch.cuda.current_device()
-    if dev not in _BUF:
-        _BUF[dev] = (torch.ones(256 * 1024 * 1024 // 4, 1, dtype=torch.float32, device="cuda"),
-                     torch.empty(1, dtype=torch.float32, device="cuda"))
-    buf, sink = _BUF[dev]
-    return lambda: torch.sum(buf, dim=0, out=sink)
-
-
-def bench_clean(fn, n: int = 30) -> float:
-    """Median microseconds of one call (CUDA events) after a read-only 256 MB pass over a buffer."""
-    return bench_events(fn, read_only_flush(), n)
-
-
-def bench_graph(fn, calls: int = 20, n: int = 10) -> float:
-    """Median per-call microseconds of ``calls`` back-to-back calls captured in one CUDA graph (no
-    flush, launch gaps hidden): the steady state the other timers' overheads are measured against."""
-    fn()
-    torch.cuda.synchronize()
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        fn()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / calls)
-    del g
-    return statistics.median(ts)
-
-
-def rotated(items, r: int) -> list:
-    """``items`` rotated left by ``r``: round r of an interleaved benchmark times the implementations
-    in this order, so none always runs first (coolest, right after another shape) or right after the
-    same competitor (whose heat it inherits).  Before session 3 the order was fixed (cuBLAS first)."""
-    items = list(items)
-    k = r % len(items) if items else 0
-    return items[k:] + items[:k]
-
-
-def make_bench(quick: bool):
-    """(bench(fn) -> median microseconds, the timer's description): ``triton.testing.do_bench`` (cold L2),
-    or CUDA events after a 512 MB write where triton is missing."""
-    try:
-        import triton.testing as tt
-
-        def bench(fn):
-            return tt.do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 120, return_mode="median") * 1e3
-
-        return bench, "triton.testing.do_bench (median, L2 flushed per call)"
-    except Exception:  # pragma: no cover - depends on the GPU machine
-        flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-
-        def bench(fn):
-            return bench_events(fn, flush.zero_, 10 if quick else 40)
-
-        return bench, "CUDA events (median, 512 MB write before each call)"
-
-
-def precompile_and_report(precompile, cfgs) -> None:
-    """``precompile(cfgs)`` (a kernel family's parallel compile into the disk cache) before timing,
-    with its duration and errors printed."""
-    import time
-
-    t0 = time.time()
-    errs = precompile(cfgs)
-    print(f"precompiled {len(set(cfgs))} configs in {time.time() - t0:.1f} s", flush=True)
-    for e in errs:
-        print("  precompile error:", e[:300], flush=True)
+__all__ = ["LEAD_CYCLES", "bench_clean", "bench_events", "bench_graph", "make_bench", "precompile_and_report",
+           "read_only_flush", "rotated", "time_rounds"]

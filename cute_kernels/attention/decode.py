@@ -28,10 +28,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import to_cutlass
 from ..common.softmax import LOG2_E
+from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
 from .decode_kernel import DecodeAttnKernel
 from .decode_plan import (  # noqa: F401  (the planning API, re-exported)
@@ -118,6 +120,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
         q = q.contiguous()
     scale_log2 = float(softmax_scale) * LOG2_E
     if P == 1:
+        LAUNCHES["decode_attn"] += 1
         fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, None, scale_log2)
         return
     rows = B * Sq * Hq
@@ -127,6 +130,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
         _check_workspace(workspace, P, B, Sq, Hq, D)
     o_part = workspace[: P * rows * D].view(P, B, Sq, Hq, D)
     lse_part = workspace[P * rows * D : P * rows * (D + 1)].view(P, B, Sq, Hq)
+    LAUNCHES["decode_attn"] += 1
     fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, scale_log2)
 
 
@@ -193,6 +197,7 @@ def decode_attn_reference(
 # ------------------------------------------------------------------------------------------------
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
     if q.device.type != "cuda":
+        LAUNCHES["decode_attn:cpu"] += 1
         o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale)
         out.copy_(o.to(out.dtype))
         lse.copy_(l)
@@ -294,8 +299,9 @@ def decode_attn(
 
     Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.
     """
-    # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code)
-    compiling = torch.compiler.is_compiling()
+    # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
+    # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
+    compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
     _plan_mod.validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=not compiling)
     B, Sq, Hq, D = q.shape
     scale = _plan_mod.resolve_scale(softmax_scale, D)

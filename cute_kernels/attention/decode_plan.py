@@ -123,7 +123,8 @@ def resolve_scale(softmax_scale, head_dim):
         return head_dim ** -0.5  # head_dim is validated (64 / 128 / 256): positive and finite
     if isinstance(softmax_scale, (torch.SymFloat, torch.SymInt)):
         return softmax_scale
-    if isinstance(softmax_scale, (bool, str)) or not hasattr(softmax_scale, "__float__"):
+    # a tensor: float() of a CUDA one would synchronize (flash_attn rejects tensors too)
+    if isinstance(softmax_scale, (bool, str, torch.Tensor)) or not hasattr(softmax_scale, "__float__"):
         raise TypeError(f"decode_attn: softmax_scale must be a number, got {type(softmax_scale).__name__}")
     scale = float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
@@ -132,73 +133,99 @@ def resolve_scale(softmax_scale, head_dim):
 
 
 def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True):
+    """Every check the host can make without reading device data, in a fixed order: types, ranks,
+    shapes, dtypes, strides, pointers, devices (last, so a shape fault on a tensor of the wrong device
+    gets the shape's message).  Each message starts with the argument it is about.  ``check_ptrs=False``
+    skips the data-pointer alignment (fake tensors)."""
     def err(cls, msg):
         raise cls(f"decode_attn: {msg}")
 
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
-                    ("block_table", block_table), ("out", out), ("workspace", workspace)):
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+             ("block_table", block_table), ("out", out), ("workspace", workspace)]
+    for name, t in named:
         if not isinstance(t, torch.Tensor) and (t is not None or name in ("q", "k_cache", "v_cache", "cache_seqlens")):
             err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    named = [(n, t) for n, t in named if t is not None]
+    # ranks
     if q.dim() != 4:
         err(ValueError, f"q must be (batch, seqlen_q, heads_q, head_dim), got shape {tuple(q.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            err(ValueError, f"{name} must be 4-d (batch, Lmax, heads_kv, head_dim) or paged (num_pages, page_size, "
+                            f"heads_kv, head_dim), got shape {tuple(t.shape)}")
     B, Sq, Hq, D = q.shape
-    if q.dtype not in HALF_TORCH:
-        err(TypeError, f"q must be float16 or bfloat16, got {q.dtype}")
+    if cache_seqlens.dim() != 1:
+        err(ValueError, f"cache_seqlens must be ({B},), got shape {tuple(cache_seqlens.shape)}")
+    if block_table is not None and block_table.dim() != 2:
+        err(ValueError, f"block_table must be ({B}, pages_per_seq), got shape {tuple(block_table.shape)}")
+    # shapes
     if not 1 <= Sq <= 16:
-        err(ValueError, f"seqlen_q must be in 1..16 (decode / speculative verification), got {Sq}")
+        err(ValueError, f"q seqlen_q (dim 1) must be in 1..16 (decode / speculative verification), got {Sq}")
     if D not in (64, 128, 256):
-        err(ValueError, f"head_dim must be 64, 128 or 256, got {D}")
-    if k_cache.dim() != 4 or v_cache.dim() != 4:
-        err(ValueError, f"k_cache/v_cache must be 4-d, got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+        err(ValueError, f"q head_dim must be 64, 128 or 256, got {D}")
     if k_cache.shape != v_cache.shape:
         err(ValueError, f"k_cache and v_cache shapes differ: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        err(TypeError, f"k_cache/v_cache dtype ({k_cache.dtype}/{v_cache.dtype}) must equal q's ({q.dtype})")
     Hkv = k_cache.shape[2]
     if k_cache.shape[3] != D:
-        err(ValueError, f"cache head_dim {k_cache.shape[3]} != q head_dim {D}")
+        err(ValueError, f"k_cache head_dim {k_cache.shape[3]} != q head_dim {D}")
     if Hkv < 1 or Hq < 1 or Hq % Hkv != 0:
-        err(ValueError, f"heads_q ({Hq}) must be a multiple of heads_kv ({Hkv})")
+        err(ValueError, f"q heads_q ({Hq}) must be a multiple of heads_kv ({Hkv}) of k_cache/v_cache (GQA/MQA)")
+    if cache_seqlens.shape[0] != B:
+        err(ValueError, f"cache_seqlens must be ({B},) (q's batch), got {tuple(cache_seqlens.shape)}")
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            err(ValueError, f"k_cache: contiguous cache batch ({k_cache.shape[0]}) != q batch ({B})")
+    else:
+        if block_table.shape[0] != B:
+            err(ValueError, f"block_table must be ({B}, pages_per_seq), got {tuple(block_table.shape)}")
+        if block_table.shape[1] < 1:
+            err(ValueError, "block_table needs at least one page column")
+        if not 1 <= k_cache.shape[1] <= 1024:
+            err(ValueError, f"k_cache page_size (dim 1) must be in 1..1024, got {k_cache.shape[1]}")
+        if k_cache.shape[0] < 1:
+            err(ValueError, "k_cache (paged) has no pages: block_table ids have nothing to index")
+    if out is not None and out.shape != q.shape:
+        err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)}, got shape {tuple(out.shape)}")
+    # dtypes
+    if q.dtype not in HALF_TORCH:
+        err(TypeError, f"q must be float16 or bfloat16, got {q.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            err(TypeError, f"{name} dtype ({t.dtype}) must equal q's dtype ({q.dtype})")
+    if cache_seqlens.dtype != torch.int32:
+        err(TypeError, f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
+    if block_table is not None and block_table.dtype != torch.int32:
+        err(TypeError, f"block_table must be int32, got {block_table.dtype}")
+    if out is not None and out.dtype != q.dtype:
+        err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)}, got dtype {out.dtype}")
+    if workspace is not None and workspace.dtype != torch.float32:
+        err(ValueError, f"workspace must be a contiguous float32 tensor, got dtype {workspace.dtype}")
+    # strides
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got stride {t.stride()}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if (check_ptrs and t.data_ptr() % 16 != 0) or any(s % 8 != 0 for s in t.stride()[:-1]):
+        if any(s % 8 != 0 for s in t.stride()[:-1]):
             err(ValueError, f"{name} rows must be 16-byte aligned (strides multiple of 8 elements), got {t.stride()}")
-    devs = {t.device for t in (q, k_cache, v_cache, cache_seqlens)}
-    if block_table is not None:
-        devs.add(block_table.device)
-    if len(devs) != 1:
-        err(ValueError, f"all tensors must be on one device, got {sorted(map(str, devs))}")
-    if cache_seqlens.dtype != torch.int32:
-        err(TypeError, f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
-    if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != B:
-        err(ValueError, f"cache_seqlens must be ({B},), got {tuple(cache_seqlens.shape)}")
-    if block_table is None:
-        if k_cache.shape[0] != B:
-            err(ValueError, f"contiguous cache batch ({k_cache.shape[0]}) != q batch ({B})")
-    else:
-        if block_table.dtype != torch.int32:
-            err(TypeError, f"block_table must be int32, got {block_table.dtype}")
-        if block_table.dim() != 2 or block_table.shape[0] != B:
-            err(ValueError, f"block_table must be ({B}, pages_per_seq), got {tuple(block_table.shape)}")
-        if block_table.shape[1] < 1:
-            err(ValueError, "block_table needs at least one page column")
-        if block_table.stride(-1) != 1:
-            err(ValueError, "block_table must be contiguous along pages")
-        ps = k_cache.shape[1]
-        if not 1 <= ps <= 1024:
-            err(ValueError, f"page_size must be in 1..1024, got {ps}")
-    if out is not None:
-        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
-            err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
-        if check_ptrs and out.data_ptr() % 16 != 0:
-            err(ValueError, "out must be 16-byte aligned")
-    if workspace is not None:
-        if workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.device != q.device:
-            err(ValueError, "workspace must be a contiguous float32 tensor on q's device")
-        if check_ptrs and workspace.data_ptr() % 16 != 0:
-            err(ValueError, "workspace must be 16-byte aligned")
+    if not cache_seqlens.is_contiguous():
+        err(ValueError, f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
+    if block_table is not None and block_table.stride(-1) != 1:
+        err(ValueError, f"block_table must be contiguous along pages, got stride {block_table.stride()}")
+    for name, t in (("out", out), ("workspace", workspace)):
+        if t is not None and not t.is_contiguous():
+            err(ValueError, f"{name} must be contiguous, got shape {tuple(t.shape)} and stride {t.stride()}")
+    # pointers
+    if check_ptrs:
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("out", out), ("workspace", workspace)):
+            if t is not None and t.data_ptr() % 16 != 0:
+                err(ValueError, f"{name} must be 16-byte aligned (data pointer offset {t.data_ptr() % 16})")
+    # devices, last
+    dev = q.device
+    if dev.type not in ("cuda", "cpu"):
+        err(ValueError, f"q is on {dev}; decode_attn runs on CUDA tensors (CPU tensors: the torch reference)")
+    for name, t in named[1:]:
+        if t.device != dev:
+            err(ValueError, f"{name} is on {t.device}, q on {dev}: all tensors must be on one device")
 
 
 def capacity(k_cache, block_table) -> int:

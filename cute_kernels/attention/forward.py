@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..common import jit
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
 from ..common.softmax import LOG2_E
+from ..testing import LAUNCHES
 from . import forward_kernel
 
 __all__ = ["flash_attn", "validate", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
@@ -88,6 +89,9 @@ def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> 
         if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]):
             _err(ValueError, f"{name} strides must be multiples of {_ALIGN_ELEMS} elements (16 bytes), "
                              f"got strides {t.stride()}")
+    if out is not None and any(s == 0 and n > 1 for s, n in zip(out.stride(), out.shape)):
+        _err(ValueError, f"out has a stride of 0 (strides {out.stride()}, shape {tuple(out.shape)}): several "
+                         f"elements share memory (an expanded tensor cannot be written)")
     if check_ptrs:
         _check_ptrs(*(t for _, t in named))
     scale = _scale(softmax_scale, D)
@@ -110,6 +114,8 @@ def _scale(softmax_scale, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(softmax_scale, torch.Tensor):  # float() of a CUDA tensor would synchronize
         _err(TypeError, "softmax_scale must be a Python number or None, not a tensor")
+    if isinstance(softmax_scale, (bool, str, bytes)):  # float("0.1") / float(True) would pass
+        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__} {softmax_scale!r}")
     try:
         s = float(softmax_scale)
     except (TypeError, ValueError):
@@ -132,13 +138,21 @@ _PLANS: dict = {}
 
 
 def plan(dtype: torch.dtype, head_dim: int, causal: bool):
-    """The kernel configuration (``FlashFwdConfig``) for these static facts; memoized.  Lengths, batch
-    and heads are not part of it: they are symbolic sizes of the compiled kernel."""
+    """The kernel configuration (``FlashFwdConfig``) for these static facts (and the SM count of the
+    device, the persistent grid's size); memoized.  Lengths, batch and heads are not part of it: they
+    are symbolic sizes of the compiled kernel."""
     key = (dtype, head_dim, causal)
     cfg = _PLANS.get(key)
     if cfg is None:
-        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal)
+        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal, _num_sms())
     return cfg
+
+
+def _num_sms() -> int:
+    """SMs of the current CUDA device (the persistent grid), 132 (H100 / H200 SXM) without one."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132
 
 
 def get_forward_kernel(cfg):
@@ -187,6 +201,7 @@ def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
     fn = get_forward_kernel(plan(q.dtype, D, causal))
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
+    LAUNCHES["flash_attn"] += 1
     fn(q, k, v, out, lse, scale * LOG2_E)
 
 

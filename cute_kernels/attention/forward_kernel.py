@@ -218,7 +218,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
             if warp_idx == 0:
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                tile = cute.arch.block_idx()[0]
+                tile = self.tile_of(0)
                 j = Int32(0)
                 while tile < num_tiles:
                     m_block, head, batch = self.work_tile(tile, seqlen_k, qhead_per_kvhead, num_m_blocks,
@@ -229,14 +229,14 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                     k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
                                                     pipe_v, k_state, v_state, m_block, head,
                                                     head // qhead_per_kvhead, batch, n_max)
-                    tile += cute.arch.grid_dim()[0]
                     j += 1
+                    tile = self.tile_of(j)
         else:
             # ================= consumers: warpgroup w owns query rows 64(w-1) ..
             cute.arch.setmaxregister_increase(t.consumer_regs)
             read_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             read_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            tile = cute.arch.block_idx()[0]
+            tile = self.tile_of(0)
             j = Int32(0)
             while tile < num_tiles:
                 m_block, head, batch = self.work_tile(tile, seqlen_k, qhead_per_kvhead, num_m_blocks,
@@ -246,10 +246,23 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                                               pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, seqlen_q,
                                               seqlen_k, m_block, head, batch, n_max, n_mask, j, tidx - 128,
                                               warp_idx)
-                tile += cute.arch.grid_dim()[0]
                 j += 1
+                tile = self.tile_of(j)
             if warp_idx == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays valid until the last store read it
+
+    @cute.jit
+    def tile_of(self, j):
+        """The CTA's ``j``-th tile: ``j * grid + bid``.  Persistent causal CTAs snake (odd rounds run
+        ``j * grid + grid - 1 - bid``): the tile order is longest first, so a plain stride would give
+        CTA 0 the longest tile of every round; snaking pairs each long tile with a short one."""
+        g = cute.arch.grid_dim()[0]
+        bid = cute.arch.block_idx()[0]
+        idx = j * g + bid
+        if const_expr(self.causal and self.cfg.tile.persistent):
+            if j % 2 == 1:
+                idx = j * g + g - 1 - bid
+        return idx
 
     @cute.jit
     def work_tile(self, tile, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch):

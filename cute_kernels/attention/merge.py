@@ -27,6 +27,7 @@ import torch
 from ..common import jit  # sets CUTE_DSL_ARCH before cutlass is imported
 from ..common import softmax as sm
 from ..common.dtypes import TORCH_TO_NAME, name_of, to_cutlass
+from ..testing import LAUNCHES
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
@@ -274,6 +275,7 @@ def _row_aligned(t: torch.Tensor) -> bool:
 def launch_merge(o_parts5: torch.Tensor, lse_parts4: torch.Tensor, out4: torch.Tensor, lse_out3: torch.Tensor):
     """Run the CuTe merge on 5-d/4-d views: (P,B,S,H,D), (P,B,S,H) -> (B,S,H,D), (B,S,H)."""
     cfg = MergeConfig(name_of(o_parts5.dtype), name_of(out4.dtype), int(o_parts5.shape[-1]))
+    LAUNCHES["merge_states"] += 1
     get_merge_kernel(cfg)(o_parts5, lse_parts4, out4, lse_out3)
 
 
@@ -302,6 +304,7 @@ def merge_states_torch(o_parts: torch.Tensor, lse_parts: torch.Tensor):
 
 
 def _check_states(o_parts: torch.Tensor, lse_parts: torch.Tensor):
+    """Types, shapes, dtypes, then devices (last); every message starts with the argument."""
     for name, t in (("o_parts", o_parts), ("lse_parts", lse_parts)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"merge_states: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -312,14 +315,47 @@ def _check_states(o_parts: torch.Tensor, lse_parts: torch.Tensor):
             f"merge_states: lse_parts shape {tuple(lse_parts.shape)} must equal o_parts.shape[:-1] "
             f"= {tuple(o_parts.shape[:-1])}"
         )
+    if o_parts.shape[0] < 1:
+        raise ValueError("merge_states: o_parts needs at least one part (P >= 1)")
     if lse_parts.dtype != torch.float32:
         raise TypeError(f"merge_states: lse_parts must be float32, got {lse_parts.dtype}")
     if o_parts.dtype not in TORCH_TO_NAME:
         raise TypeError(f"merge_states: o_parts must be float32/float16/bfloat16, got {o_parts.dtype}")
-    if o_parts.device != lse_parts.device:
-        raise ValueError("merge_states: o_parts and lse_parts must be on the same device")
-    if o_parts.shape[0] < 1:
-        raise ValueError("merge_states: need at least one part (P >= 1)")
+    _check_devices("merge_states", (("o_parts", o_parts), ("lse_parts", lse_parts)))
+
+
+def _check_devices(who: str, named) -> None:
+    """One device for all (CUDA: the kernel; CPU: torch ops; meta: the fake implementation's shapes);
+    the message names the first tensor that differs."""
+    dev = named[0][1].device
+    for name, t in named[1:]:
+        if t.device != dev:
+            raise ValueError(f"{who}: {name} is on {t.device}, {named[0][0]} on {dev}: all must be on one device")
+
+
+def _check_pair(o_a, lse_a, o_b, lse_b) -> None:
+    """merge_state's own checks, so each message names merge_state's arguments."""
+    named = (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"merge_state: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if o_a.dim() < 1:
+        raise ValueError(f"merge_state: o_a must be (..., D), got shape {tuple(o_a.shape)}")
+    if o_b.shape != o_a.shape:
+        raise ValueError(f"merge_state: shapes differ: o_b shape {tuple(o_b.shape)} must equal o_a shape "
+                         f"{tuple(o_a.shape)}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if t.shape != o_a.shape[:-1]:
+            raise ValueError(f"merge_state: shapes differ: {name} shape {tuple(t.shape)} must equal o_a.shape[:-1] = "
+                             f"{tuple(o_a.shape[:-1])}")
+    if o_a.dtype not in TORCH_TO_NAME:
+        raise TypeError(f"merge_state: o_a must be float32/float16/bfloat16, got {o_a.dtype}")
+    if o_b.dtype != o_a.dtype:
+        raise TypeError(f"merge_state: o_b dtype {o_b.dtype} must equal o_a dtype {o_a.dtype}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"merge_state: {name} must be float32, got {t.dtype}")
+    _check_devices("merge_state", named)
 
 
 def _merge_states_impl(o_parts: torch.Tensor, lse_parts: torch.Tensor):
@@ -337,6 +373,7 @@ def _merge_states_impl(o_parts: torch.Tensor, lse_parts: torch.Tensor):
             if n > 0:
                 launch_merge(op, lse_parts.reshape(P, 1, 1, n), out, lse_out)
             return out.reshape(*rest, D), lse_out.reshape(rest)
+    LAUNCHES["merge_states:torch"] += 1
     o, lse = merge_states_torch(o_parts, lse_parts)
     return o.to(o_parts.dtype), lse
 
@@ -377,14 +414,5 @@ def merge_state(
     o: (..., D), lse: (...) float32, **natural-log** LSE; see :func:`merge_states` for the math.
     Returns ``(o, lse)`` with o in o_a's dtype.
     """
-    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"merge_state: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if o_a.shape != o_b.shape or lse_a.shape != lse_b.shape:
-        raise ValueError(
-            f"merge_state: shapes differ: o {tuple(o_a.shape)} vs {tuple(o_b.shape)}, "
-            f"lse {tuple(lse_a.shape)} vs {tuple(lse_b.shape)}"
-        )
-    if o_a.dtype != o_b.dtype:
-        raise TypeError(f"merge_state: o dtypes differ ({o_a.dtype} vs {o_b.dtype})")
+    _check_pair(o_a, lse_a, o_b, lse_b)
     return merge_states(torch.stack([o_a, o_b]), torch.stack([lse_a, lse_b]))

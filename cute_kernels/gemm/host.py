@@ -18,7 +18,9 @@ from ..common import jit
 from ..common.arch import current_arch
 from .plan import make_plan, run
 from .tune import tune_gemm
-from .validate import check_operands
+from .validate import check_operands, check_scalars
+
+_PLAIN_SCALARS = (float, int)  # alpha / beta types that need no check (one type() test each)
 
 
 def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfloat16,
@@ -123,6 +125,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     ``tune=True`` benchmarks candidate configs for this shape once (results persist on disk and are
     used by later calls, tuned or not); see :mod:`cute_kernels.gemm.tune`.
     """
+    if type(alpha) not in _PLAIN_SCALARS or type(beta) not in _PLAIN_SCALARS:
+        check_scalars(alpha, beta)
     if tune:  # validate before timing any candidate
         check_operands(a, b, out, c, out_dtype)
         if beta != 0.0 and c is None:

@@ -1,5 +1,6 @@
 """What ``gemm`` runs for one operand signature: the :class:`Plan`, one function per plan kind and the
-per-signature cache.  Kinds, in the order the planner tries them: ``empty`` (M, N or K is 0),
+per-signature cache.  Kinds, in the order the planner tries them: ``fake`` (fake tensors, e.g. under
+``FakeTensorMode``: a result of the right shape, nothing compiled or launched), ``empty`` (M, N or K is 0),
 ``swapped`` (M <= 64: out^T = b^T a^T, :func:`.heuristics.skinny_swap_choice`), ``splitk-cluster`` (K
 slices reduced through DSMEM), ``splitk-persistent`` (K slices in the persistent schedule, last-CTA
 fixup) and ``persistent`` (TMA, or cp.async for operands TMA cannot describe).
@@ -12,11 +13,13 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from layouts import tiles as T
 
 from ..common.arch import current_arch
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
+from ..testing import LAUNCHES
 from . import heuristics as H
 from . import launch, tuned
 from .cpasync_kernel import choose_vec_bytes, cpasync_tiles
@@ -71,8 +74,8 @@ class Plan:
         return self.kind == "swapped"
 
     @property
-    def empty(self) -> bool:
-        return self.kind == "empty"
+    def empty(self) -> bool:  # nothing to launch: run() fills the output with torch ops
+        return self.kind == "empty" or self.kind == "fake"
 
     def compile(self, cfg, ab: str, d_name: str, c_name: str):
         self.kernels.append((launch.FAMILY[type(cfg)], cfg))
@@ -117,6 +120,14 @@ def make_plan(a, b, out=None, c=None, beta: float = 0.0, out_dtype=None, choice:
     p = Plan(shape=shape, out_dtype=out.dtype if out is not None else (out_dtype or a.dtype),
              has_c=c is not None and beta != 0.0)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if any(isinstance(t, FakeTensor) for t in (a, b, out, c)):  # the real call's checks, no compile or launch
+        if k and m and n:
+            major_of(a, "a", "M", "K"), major_of(b, "b", "K", "N")
+            if out is not None:
+                major_of(out, "out", "M", "N")
+        p.kind = "fake"
+        LAUNCHES["gemm:fake"] += 1
+        return p
     if k == 0 or m == 0 or n == 0:
         return p
     a_major, b_major = major_of(a, "a", "M", "K"), major_of(b, "b", "K", "N")
@@ -255,7 +266,8 @@ _plans: dict[tuple, Plan] = {}
 
 def _signature(a, b, out, c, beta, out_dtype):
     ptr_bits = (a.data_ptr() | b.data_ptr() | (out.data_ptr() if out is not None else 0)) & 15
-    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype, ptr_bits,
+    # type(a): a fake tensor (data pointer 0) never finds a real call's plan
+    return (type(a), a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype, ptr_bits,
             None if out is None else (out.shape, out.stride(), out.dtype, out.device),
             None if c is None else (c.shape, c.stride(), c.dtype, c.device), beta != 0.0)
 
@@ -270,7 +282,9 @@ def plan(a, b, out=None, c=None, beta: float = 0.0, out_dtype=None, choice: Plan
     key = sig if choice is DEFAULT_CHOICE else (sig, choice)
     p = _plans.get(key)
     if p is None:
-        p = _plans[key] = make_plan(a, b, out, c, beta, out_dtype, choice)
+        p = make_plan(a, b, out, c, beta, out_dtype, choice)
+        if p.kind != "fake":  # fake calls re-plan (and are counted) every time
+            _plans[key] = p
     return p
 
 
@@ -287,7 +301,7 @@ def run(a, b, out=None, c=None, alpha: float = 1.0, beta: float = 0.0, out_dtype
     if out is None:
         out = torch.empty(p.shape, dtype=p.out_dtype, device=a.device)
     if p.empty:
-        if out.numel():
+        if out.numel() and p.kind == "empty":  # (a fake result has no values to write)
             out.copy_(beta * c if p.has_c else torch.zeros_like(out))
         return out
     if p.a_fix:
@@ -295,5 +309,6 @@ def run(a, b, out=None, c=None, alpha: float = 1.0, beta: float = 0.0, out_dtype
     if p.b_fix:
         b = canonical_strides(b, p.b_fix)
     d = canonical_strides(out, p.d_fix) if p.d_fix else out
+    LAUNCHES["gemm"] += 1
     p.fn(a, b, d, c if p.has_c else d, float(alpha), float(beta))
     return out

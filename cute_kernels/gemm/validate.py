@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
@@ -50,6 +52,24 @@ def check_types(a, b, out=None, c=None) -> None:
             raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def check_scalars(alpha, beta) -> None:
+    """alpha and beta: real numbers (int, float, numpy scalars, torch.compile's symbolic ones), not
+    bools, strings, complex numbers or tensors (float() of a CUDA tensor would synchronize)."""
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, (torch.SymFloat, torch.SymInt)):
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"gemm: {name} must be a real number (int or float), got {type(v).__name__} {v!r}")
+
+
+def _no_overlap(name: str, t: torch.Tensor) -> None:
+    """An output written by the kernels must not have two elements at one address (a stride-0 dim of
+    size > 1, e.g. an ``expand``-ed tensor): its tiles would race."""
+    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
+        raise ValueError(f"gemm: {name} of shape {tuple(t.shape)} has strides {tuple(t.stride())}: a stride of 0 "
+                         f"makes several elements share memory (an expanded tensor cannot be written)")
+
+
 def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
     """Raise TypeError / ValueError for anything ``gemm`` cannot take; returns the output shape.
     Types, dtypes and shapes first, devices last: a CPU or meta operand with a shape fault gets the
@@ -74,15 +94,20 @@ def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
     if out is not None:
         if tuple(out.shape) != shape:
             raise ValueError(f"gemm: out has shape {tuple(out.shape)}, expected {shape}")
-        if out.dtype not in _OUT_DTYPES or (out_dtype is not None and out.dtype != out_dtype):
+        if out.dtype not in _OUT_DTYPES:
+            raise TypeError(f"gemm: out dtype {out.dtype} must be float16, bfloat16 or float32")
+        if out_dtype is not None and out.dtype != out_dtype:
             raise TypeError(f"gemm: out dtype {out.dtype} does not match out_dtype {out_dtype}")
+        _no_overlap("out", out)
     if c is not None:
         if tuple(c.shape) != shape:
             raise ValueError(f"gemm: c has shape {tuple(c.shape)}, expected {shape}")
         if c.dtype not in _OUT_DTYPES:
             raise TypeError(f"gemm: c must be float16, bfloat16 or float32, got {c.dtype}")
     if a.device != b.device or (a.device.type != "cuda" and not allow_cpu):
-        raise ValueError(f"gemm: a and b must be on the same CUDA device, got {a.device} and {b.device}")
+        name = "a" if a.device.type != "cuda" and not allow_cpu else "b"
+        raise ValueError(f"gemm: {name} is on {(a if name == 'a' else b).device}; a and b must be on the same "
+                         f"CUDA device, got {a.device} and {b.device}")
     for name, t in (("out", out), ("c", c)):
         if t is not None and t.device != a.device:
             raise ValueError(f"gemm: {name} is on {t.device}, a on {a.device}")

@@ -11,6 +11,12 @@
     cute-kernels warmup merge --head-dim D  the same for merge_states()
     cute-kernels tune gemm M N K            autotune the GEMM for one shape (needs a GPU); persisted
     cute-kernels layouts gemm [...]         print / draw tile layouts (cute-kernels layouts --help)
+    cute-kernels bench KIND [--quick] [...] GPU: benchmark gemm|attention|decode|model|all against the
+                                            peers, with the same-run ceiling; JSON + markdown to --out
+                                            (cute-kernels bench --help)
+    cute-kernels charts [RESULTS...] --out DIR
+                                            PNG charts (ratios to the peers, the roofline) and tables
+                                            from recorded results (no GPU)
 
 Each subcommand documents its arguments (``cute-kernels plan gemm --help``).  A bad argument, or a
 problem the library rejects, is reported in one line and exits with status 2
@@ -23,7 +29,7 @@ import argparse
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from .args import OneLineParser, int_in, one_line
 
@@ -135,8 +141,8 @@ def cmd_warmup(a: argparse.Namespace) -> int:
 
     if a.kernel == "gemm":
         kernels = [r.get("kernel", "?") for r in _gemm_rows(a)]  # validates before compiling
-        spec = dict(m=a.m, n=a.n, k=a.k, batch=a.batch, dtype=_torch_dtype(a.dtype), a_major=a.a_major,
-                    b_major=a.b_major, out_dtype=_torch_dtype(a.out_dtype), with_c=a.with_c)
+        spec = {"m": a.m, "n": a.n, "k": a.k, "batch": a.batch, "dtype": _torch_dtype(a.dtype), "a_major": a.a_major,
+                "b_major": a.b_major, "out_dtype": _torch_dtype(a.out_dtype), "with_c": a.with_c}
         todo, title = [("gemm", spec)], _gemm_title(a)
     elif a.kernel == "decode":
         row = _decode_row(a)
@@ -219,7 +225,8 @@ def _gpu_demo() -> int:
         out = gemm(a, b)
         ref = a.double() @ b.double()
         err = ((out.double() - ref).norm() / ref.norm()).item()
-        ms, ms_ref = bench_ms(lambda: gemm(a, b), rep_ms=50), bench_ms(lambda: torch.matmul(a, b), rep_ms=50)
+        ms = bench_ms(lambda a=a, b=b: gemm(a, b), rep_ms=50)
+        ms_ref = bench_ms(lambda a=a, b=b: torch.matmul(a, b), rep_ms=50)
         ok = err < 2e-2
         bad += not ok
         tf = 2 * m * n * k / 1e9
@@ -235,12 +242,12 @@ def _gpu_demo() -> int:
             o = decode_attn(q, kc, vc, cache_seqlens=lens)
             ref = decode_attn_reference(q, kc, vc, cache_seqlens=lens)[0]
             err = ((o.double() - ref.double()).norm() / ref.double().norm()).item()
-            ms = bench_ms(lambda: decode_attn(q, kc, vc, cache_seqlens=lens), rep_ms=50)
+            ms = bench_ms(lambda q=q, kc=kc, vc=vc, lens=lens: decode_attn(q, kc, vc, cache_seqlens=lens), rep_ms=50)
             ok = err < 2e-2
             bad += not ok
             print(f"  b{b_} hq{hq} hkv{hkv} L{L}: rel err {err:.1e} {'ok' if ok else 'WRONG'}; "
                   f"{2 * kc.numel() * 2 / ms / 1e9:.2f} TB/s")
-    except Exception as e:  # report, don't hide
+    except Exception as e:  # noqa: BLE001 - report, don't hide
         print(f"  decode demo failed: {type(e).__name__}: {e}")
         bad += 1
     return 1 if bad else 0
@@ -270,6 +277,34 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+# ---- charts --------------------------------------------------------------------------------------
+DEFAULT_RESULTS = "profiles/results"
+
+
+def cmd_charts(a: argparse.Namespace) -> int:
+    """PNG charts and README tables from results files (no GPU; matplotlib from the pictures extra)."""
+    from pathlib import Path
+
+    from . import charts
+    from .bench import records
+
+    paths = list(a.results)
+    if not paths:
+        if not Path(DEFAULT_RESULTS).is_dir():
+            raise UsageError(f"name the results files (no {DEFAULT_RESULTS}/ here to take the latest ones from)")
+        paths = records.latest(DEFAULT_RESULTS)
+        if not paths:
+            raise UsageError(f"no results file in {DEFAULT_RESULTS}/")
+        print("latest results: " + ", ".join(str(p) for p in paths))
+    try:
+        written = charts.make(paths, a.out, dpi=a.dpi)
+    except charts.MissingExtra as e:
+        raise UsageError(str(e)) from None
+    for p in written:
+        print(f"  {p}")
+    return 0
+
+
 # ---- parser --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -289,8 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_report)
 
     for name, func, what in (("plan", cmd_plan, "what a call would run for one problem (no GPU, nothing compiled)"),
-                             ("warmup", cmd_warmup, "compile what a call would run into the disk cache (no GPU "
-                                                    "needed)")):
+                             ("warmup", cmd_warmup, ("compile what a call would run into the disk cache (no GPU "
+                                                     "needed)"))):
         p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
         ks = p.add_subparsers(dest="kernel", required=True, metavar="KERNEL")
         g = ks.add_parser("gemm", help="gemm(a, b): tiles, cluster, raster, split-K",
@@ -318,8 +353,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="a and b element type (default bfloat16)")
     t.set_defaults(func=cmd_tune)
 
-    # parsed by layouts_cli (its own parser and --help); listed here for the top-level help
+    c = sub.add_parser("charts", help="PNG charts and tables from recorded benchmark results (no GPU)",
+                       description="Draw each results file's ratios to the peers (with the ceiling marked), "
+                                   "the roofline of the device with every kernel's points, one summary picture "
+                                   "and README tables, from files written by `cute-kernels bench` (or the older "
+                                   "profiles/ scripts).  Needs matplotlib (the pictures extra).")
+    c.add_argument("results", nargs="*", metavar="RESULTS",
+                   help=f"results JSON files (default: the latest of each kind in {DEFAULT_RESULTS}/)")
+    c.add_argument("--out", default="charts", help="folder for the PNGs and tables.md (default ./charts)")
+    c.add_argument("--dpi", type=int_in(30, 600), default=110, help="resolution of the single charts (default 110)")
+    c.set_defaults(func=cmd_charts)
+
+    # parsed by layouts_cli and bench (their own parsers and --help); listed here for the top-level help
     sub.add_parser("layouts", help="print / draw tile layouts (cute-kernels layouts --help)", add_help=False)
+    sub.add_parser("bench", help="GPU: benchmark the kernels against their peers (cute-kernels bench --help)",
+                   add_help=False)
     return ap
 
 
@@ -330,6 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import layouts_cli
 
         return layouts_cli.main(argv[1:]) or 0
+    if argv[:1] == ["bench"]:
+        from . import bench
+
+        return bench.main(argv[1:])
     ap = build_parser()
     args = ap.parse_args(argv)  # a bad argument: one line, SystemExit(2)
     try:

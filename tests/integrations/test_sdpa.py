@@ -57,9 +57,10 @@ ROUTES = [
     ("Sq 4 == Sk 4 is prefill", t(2, 8, 4, 128), t(2, 8, 4, 128), {}, "flash_attn"),
     ("Sq 4 > Sk 2 is prefill", t(2, 8, 4, 128), t(2, 8, 2, 128), {}, "flash_attn"),
     ("decode D 256", t(1, 4, 1, 256), t(1, 4, 1000, 256), {}, "decode_attn"),
-    ("prefill D 256", t(1, 4, 100, 256), t(1, 4, 100, 256), {}, "torch"),
-    ("causal Sq 1 D 256 (flash)", t(1, 4, 1, 256), t(1, 4, 1000, 256), dict(is_causal=True), "torch"),
-    ("D 96", t(1, 4, 100, 96), t(1, 4, 100, 96), {}, "torch"),
+    ("prefill D 256", t(1, 4, 100, 256), t(1, 4, 100, 256), {}, "flash_attn"),
+    ("causal Sq 1 D 256 (flash)", t(1, 4, 1, 256), t(1, 4, 1000, 256), dict(is_causal=True), "flash_attn"),
+    ("D 96", t(1, 4, 100, 96), t(1, 4, 100, 96), {}, "flash_attn"),
+    ("D 80", t(1, 4, 100, 80), t(1, 4, 100, 80), {}, "torch"),
     ("GQA with enable_gqa", t(2, 32, 300, 128), t(2, 8, 300, 128), dict(enable_gqa=True, is_causal=True), "flash_attn"),
     ("MQA decode", t(2, 32, 1, 128), t(2, 1, 3000, 128), dict(enable_gqa=True), "decode_attn"),
     ("enable_gqa with Hq == Hkv", t(2, 8, 300, 128), t(2, 8, 300, 128), dict(enable_gqa=True), "flash_attn"),
@@ -130,7 +131,7 @@ FALLBACKS = [  # (reason, q, k, v, kwargs) on meta tensors
     (S.R_SCALE, t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64), dict(scale=-1.0)),
     (S.R_SCALE, t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64), dict(scale=math.inf)),
     (S.R_SCALE, t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64), dict(scale=math.nan)),
-    (S.R_HEAD_DIM, t(1, 2, 8, 96), t(1, 2, 8, 96), t(1, 2, 8, 96), {}),
+    (S.R_HEAD_DIM, t(1, 2, 8, 80), t(1, 2, 8, 80), t(1, 2, 8, 80), {}),
     (S.R_HEAD_DIM, t(1, 2, 1, 32), t(1, 2, 80, 32), t(1, 2, 80, 32), {}),
 ]
 
@@ -200,7 +201,7 @@ def cpu_fallback_cases():
     yield S.R_EMPTY, (c(1, 2, 8, 64), c(1, 2, 0, 64), c(1, 2, 0, 64)), {}
     yield S.R_CAUSAL, (c(1, 2, 8, 64), c(1, 2, 5, 64), c(1, 2, 5, 64)), dict(is_causal=True)
     yield S.R_SCALE, (c(1, 2, 8, 64),) * 3, dict(scale=-0.5)
-    yield S.R_HEAD_DIM, (c(1, 2, 8, 96),) * 3, {}
+    yield S.R_HEAD_DIM, (c(1, 2, 8, 80),) * 3, {}
     yield S.R_STRIDES, (misaligned(1, 2, 8, 64), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}
     yield S.R_STRIDES, (c(1, 2, 64, 8).transpose(-1, -2), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}  # head dim strided
     yield S.R_GRAD, (c(1, 2, 8, 64).requires_grad_(), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}
