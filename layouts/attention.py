@@ -277,13 +277,15 @@ def fwd_tile(dtype: str, head_dim: int, causal: bool) -> FwdTile:
     * D = 128: 128 x 128, 2 stages, O rescaled before its PV wgmma;
     * D = 256: 128 x 64 (O alone is 128 registers per thread), 2 stages, O rescaled before PV, no
       ping-pong (the warpgroups' own overlap is enough there and the ordering costs);
-    * persistent (one CTA per SM) where O's own buffer fits beside Q and the rings: D <= 128.
+    * persistent (one CTA per SM) where O's own buffer fits beside Q and the rings (D <= 128), for
+      non-causal only: with causal, a static (even snaking) walk of the longest-first order lost to
+      the hardware's own dynamic CTA scheduling on the long shapes (s16384: 556 vs ~620 TFLOP/s).
 
-    Causal does not change it (the diagonal tiles are masked at tile granularity)."""
-    del causal  # same tile; kept in the signature for per-mask choices
+    Causal changes only the persistence (the diagonal tiles are masked at tile granularity)."""
     tile_m, tile_n, stages = {64: (192, 128, 4), 96: (128, 128, 2), 128: (128, 128, 2), 256: (128, 64, 2)}[head_dim]
     return FwdTile(dtype=dtype, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n, stages=stages,
-                   pingpong=head_dim != 256, rescale_before_pv=head_dim >= 128, persistent=head_dim <= 128)
+                   pingpong=head_dim != 256, rescale_before_pv=head_dim >= 128,
+                   persistent=head_dim <= 128 and not causal)
 
 
 # ---- builders (call inside a DSL context) -------------------------------------------------------
