@@ -25,19 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cute_kernels.attention import forward as FW  # noqa: E402
-from layouts import attention as LA  # noqa: E402
+from cute_kernels.tools.bench.attention import SHAPES, flops_bytes  # noqa: E402
 
 DTYPE = torch.bfloat16
-SHAPES = [  # name, B, Hq, Hkv, S, D, causal
-    ("b4_h32_s4096_d128_full", 4, 32, 32, 4096, 128, False),
-    ("b4_h32_s4096_d128_causal", 4, 32, 32, 4096, 128, True),
-    ("b8_h32_s2048_d64_full", 8, 32, 32, 2048, 64, False),
-    ("b1_h32_s16384_d128_causal", 1, 32, 32, 16384, 128, True),
-    ("b2_hq32_hkv8_s8192_d128_causal", 2, 32, 8, 8192, 128, True),
-    ("b16_h16_s1024_d128_causal", 16, 16, 16, 1024, 128, True),
-    ("b4_h16_s4096_d256_full", 4, 16, 16, 4096, 256, False),
-    ("b4_h32_s4096_d96_causal", 4, 32, 32, 4096, 96, True),
-]
 
 #: name -> FwdTile field overrides on top of the default tile of the head dim
 VARIANTS = {
@@ -49,11 +39,6 @@ VARIANTS = {
           "mma_only": "mma_only"},
     256: {"default": {}, "n80": dict(tile_n=80), "pingpong": dict(pingpong=True), "mma_only": "mma_only"},
 }
-
-
-def flops(B, Hq, S, D, causal) -> float:
-    f = 4.0 * B * Hq * S * S * D
-    return f / 2 if causal else f
 
 
 def variant_configs(D, causal):
@@ -127,7 +112,7 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for n in names[r % len(names):] + names[: r % len(names)]:
                 times[n].append(do_bench(impls[n], warmup=25, rep=100))
-        fl = flops(B, Hq, S, D, causal)
+        fl = flops_bytes(B, Hq, Hkv, S, D, causal)[0]
         row = {"shape": name, "tflops": {}, "max_diff_vs_cudnn": diffs}
         for n, ts in times.items():
             row["tflops"][n] = fl / (statistics.median(ts) * 1e-3) / 1e12
