@@ -106,9 +106,10 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv
 
 
 # ---------------------------------------------------------------------------------------- attention
-def _valid_lengths(kwargs, batch: int, kv_len: int, device) -> torch.Tensor | None:
-    """(batch,) int64 device tensor: keys valid per sequence after this step (last position + 1), from
-    ``cache_position`` (1-D) or ``position_ids`` ((1 or B, Sq)); None when neither is given."""
+def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -> torch.Tensor | None:
+    """(batch,) contiguous device tensor of ``dtype``: keys valid per sequence after this step (last
+    position + 1), from ``cache_position`` (1-D) or ``position_ids`` ((1 or B, Sq)); None when neither
+    is given.  One small kernel (add with a casting ``out=``): it runs in every layer of every step."""
     cp = kwargs.get("cache_position")
     if isinstance(cp, torch.Tensor) and cp.dim() == 1 and cp.numel():
         last = cp[-1:]
@@ -117,7 +118,9 @@ def _valid_lengths(kwargs, batch: int, kv_len: int, device) -> torch.Tensor | No
         if not (isinstance(pos, torch.Tensor) and pos.dim() == 2 and pos.shape[0] in (1, batch) and pos.numel()):
             return None
         last = pos[:, -1]
-    return (last.to(device=device, dtype=torch.int64) + 1).expand(batch)
+    if last.device != device:
+        last = last.to(device)
+    return torch.add(last.expand(batch), 1, out=torch.empty(batch, dtype=dtype, device=device))
 
 
 def _is_static_buffer(t: torch.Tensor) -> bool:
@@ -176,13 +179,11 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if where == "decode_attn":  # Sq <= 16 < Sk: the cache in place, lengths on the device
         from ..attention.decode import decode_attn
 
-        lens = _valid_lengths(kwargs, B, kv_len, key.device) if causal else None
+        lens = _valid_lengths(kwargs, B, kv_len, key.device, torch.int32) if causal else None
         if lens is None:
             if causal:
                 _need_lengths(key)
             lens = torch.full((B,), kv_len, dtype=torch.int32, device=key.device)
-        else:
-            lens = lens.to(torch.int32).contiguous()
         out = decode_attn(q, key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens, causal=causal,
                           softmax_scale=scale)
         hf_stats["decode_attn"] += 1
