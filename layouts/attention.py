@@ -188,6 +188,10 @@ class FwdTile:
       critical path when O is large (head dim >= 128);
     * ``persistent``: one CTA per SM walks the tile order (grid-stride); O gets its own buffer, so
       the next tile's Q and K / V load under this tile's last KV tiles and its epilogue;
+    * ``dynamic`` (with ``persistent``): instead of a fixed stride, each CTA's producer takes its next
+      tile from a global counter (one atomic per tile), so the CTAs walk the tile order together as
+      the hardware's CTA scheduler would (load balance and L2 locality of the longest-first order)
+      and still overlap one tile's epilogue with the next tile's loads;
     * ``exp2_poly_share``: of every 8 scores of an unmasked tile, this many are exponentiated by a
       cubic on the FMA pipes instead of the MUFU unit (small head dims are bound by MUFU.EX2: a
       128 x 128 tile at D = 64 needs as many MUFU cycles as tensor-core cycles).
@@ -203,6 +207,7 @@ class FwdTile:
     rescale_before_pv: bool = False
     exp2_poly_share: int = 0
     persistent: bool = False
+    dynamic: bool = False
 
     def __post_init__(self):
         if self.head_dim not in FWD_HEAD_DIMS:
@@ -217,6 +222,8 @@ class FwdTile:
             raise ValueError(f"FwdTile: exp2_poly_share {self.exp2_poly_share} must be in 0..8 (of every 8 scores)")
         if self.pingpong and (not self.intra_wg_overlap or self.consumer_warpgroups < 2):
             raise ValueError("FwdTile: pingpong needs intra_wg_overlap and at least 2 consumer warpgroups")
+        if self.dynamic and not self.persistent:
+            raise ValueError("FwdTile: dynamic tile scheduling needs persistent CTAs")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:
             raise ValueError(f"FwdTile: {self.smem_bytes()} B of shared memory > {FWD_SMEM_CAPACITY} B; fewer stages")
         limit = self.consumer_regs - FWD_REG_OVERHEAD
@@ -277,15 +284,15 @@ def fwd_tile(dtype: str, head_dim: int, causal: bool) -> FwdTile:
     * D = 128: 128 x 128, 2 stages, O rescaled before its PV wgmma;
     * D = 256: 128 x 64 (O alone is 128 registers per thread), 2 stages, O rescaled before PV, no
       ping-pong (the warpgroups' own overlap is enough there and the ordering costs);
-    * persistent (one CTA per SM) where O's own buffer fits beside Q and the rings (D <= 128), for
-      non-causal only: with causal, a static (even snaking) walk of the longest-first order lost to
-      the hardware's own dynamic CTA scheduling on the long shapes (s16384: 556 vs ~620 TFLOP/s).
+    * persistent (one CTA per SM) where O's own buffer fits beside Q and the rings (D <= 128); with
+      causal the tiles are handed out dynamically (a static, even snaking, walk of the longest-first
+      order lost to the hardware's own CTA scheduling on long shapes: s16384 556 vs ~620 TFLOP/s).
 
-    Causal changes only the persistence (the diagonal tiles are masked at tile granularity)."""
+    Causal changes only the schedule (the diagonal tiles are masked at tile granularity)."""
     tile_m, tile_n, stages = {64: (192, 128, 4), 96: (128, 128, 2), 128: (128, 128, 2), 256: (128, 64, 2)}[head_dim]
     return FwdTile(dtype=dtype, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n, stages=stages,
                    pingpong=head_dim != 256, rescale_before_pv=head_dim >= 128,
-                   persistent=head_dim <= 128 and not causal)
+                   persistent=head_dim <= 128, dynamic=head_dim <= 128 and causal)
 
 
 # ---- builders (call inside a DSL context) -------------------------------------------------------

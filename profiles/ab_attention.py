@@ -31,13 +31,12 @@ DTYPE = torch.bfloat16
 
 #: name -> FwdTile field overrides on top of the default tile of the head dim
 VARIANTS = {
-    64: {"default": {}, "m128": dict(tile_m=128), "no_pingpong": dict(pingpong=False),
-         "persistent": dict(persistent=True), "mma_only": "mma_only"},
-    96: {"default": {}, "no_pingpong": dict(pingpong=False), "persistent": dict(persistent=True)},
-    128: {"default": {}, "no_pingpong": dict(pingpong=False), "rescale_after": dict(rescale_before_pv=False),
-          "persistent": dict(persistent=True), "persistent_nopp": dict(persistent=True, pingpong=False),
+    64: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True),
+         "mma_only": "mma_only"},
+    96: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True)},
+    128: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True),
           "mma_only": "mma_only"},
-    256: {"default": {}, "n80": dict(tile_n=80), "pingpong": dict(pingpong=True), "mma_only": "mma_only"},
+    256: {"default": {}, "mma_only": "mma_only"},
 }
 
 
@@ -88,7 +87,8 @@ def main(argv=None) -> int:
         for vname, cfg in cfgs[(D, causal)].items():
             fn = FW.get_forward_kernel(cfg)
             o, lse = torch.empty_like(q), torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
-            impls[vname] = lambda fn=fn, o=o, lse=lse: fn(q, k, v, o, lse, scale_log2)
+            ctr = FW.tile_counter(q.device, cfg.tile.dynamic)
+            impls[vname] = lambda fn=fn, o=o, lse=lse, ctr=ctr: fn(q, k, v, o, lse, ctr, scale_log2)
             outs[vname] = o
 
         def cudnn():

@@ -198,11 +198,33 @@ def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    fn = get_forward_kernel(plan(q.dtype, D, causal))
+    cfg = plan(q.dtype, D, causal)
+    fn = get_forward_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
     LAUNCHES["flash_attn"] += 1
-    fn(q, k, v, out, lse, scale * LOG2_E)
+    fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E)
+
+
+_COUNTERS: dict = {}
+
+
+def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
+    """The dynamic schedule's two-int32 global tile counter (zero before each launch; the kernel's
+    last CTA zeroes it again).  One per (device, stream), since two kernels running at once must not
+    share one; a fresh zeroed one per call while a CUDA graph is being captured (the graph then
+    zeroes it on every replay, and graphs replayed side by side do not share it).  Static schedules
+    never touch it: they get one per device."""
+    if not dynamic:
+        key = (device.index, None)
+    elif torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    else:
+        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    c = _COUNTERS.get(key)
+    if c is None:
+        c = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return c
 
 
 # ------------------------------------------------------------------------------------------------

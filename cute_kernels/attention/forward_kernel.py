@@ -48,6 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from layouts import attention as LA
 
 from ..common import ring, tma, wgmma
+from ..common import scheduler as sched
 from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
@@ -112,7 +113,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 scale_log2: Float32, stream):
+                 mSched: cute.Tensor, scale_log2: Float32, stream):
         t = self.cfg.tile
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mO.element_type != self.dtype):
@@ -144,6 +145,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         class SharedStorage:
             q_bar: cute.struct.MemRange[cutlass.Int64, 1]
             q_empty_bar: cute.struct.MemRange[cutlass.Int64, 1]
+            tile_slot: cute.struct.MemRange[cutlass.Int32, 2]  # dynamic schedule: the producer's next tile
             k_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             v_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
@@ -158,7 +160,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         if const_expr(t.persistent):
             grid = cutlass.min(num_tiles, self.cfg.num_sms)
         self.kernel(
-            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, scale_log2,
+            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, mSched, scale_log2,
             Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead), Int32(num_m_blocks), Int32(num_heads),
             Int32(batch), tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
         ).launch(
@@ -172,7 +174,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mV: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
-               scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
+               mSched: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
                num_m_blocks: Int32, num_heads: Int32, num_batch: Int32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout):
@@ -208,16 +210,21 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         if const_expr(t.persistent):
             sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
 
-        # The CTA's tiles: bid, bid + grid, ... of the tile order (one per CTA unless persistent).
-        # Its work is computed after setmaxnreg in each branch: values live across the register
-        # release would spill at the producer's 24 registers.
+        # The CTA's tiles: bid, bid + grid, ... of the tile order (one per CTA unless persistent), or,
+        # with the dynamic schedule, bid and then whatever the global counter hands the producer, which
+        # passes each tile index to the consumers through sTile (written before the Q barrier is armed,
+        # read after it completes).  Work is computed after setmaxnreg in each branch: values live
+        # across the register release would spill at the producer's 24 registers.
         num_tiles = num_m_blocks * num_heads * num_batch
+        sTile = storage.tile_slot.get_tensor(cute.make_layout(2))
+        dynamic = const_expr(t.dynamic)
         if wg_idx == 0:
             # ================= producer: warp 0 issues every TMA load, the other warps exit
             cute.arch.setmaxregister_decrease(t.producer_regs)
             if warp_idx == 0:
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                lane = cute.arch.lane_idx()
                 tile = self.tile_of(0)
                 j = Int32(0)
                 while tile < num_tiles:
@@ -226,18 +233,35 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                     n_max, _ = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
                     if j > 0:
                         cute.arch.mbarrier_wait(q_empty, (j - 1) % 2)  # the previous tile's QK wgmmas are done
+                    if const_expr(dynamic):
+                        if lane == 0:
+                            sTile[0] = tile  # released to the consumers by the Q barrier's arrive
                     k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
                                                     pipe_v, k_state, v_state, m_block, head,
                                                     head // qhead_per_kvhead, batch, n_max)
                     j += 1
-                    tile = self.tile_of(j)
+                    if const_expr(dynamic):
+                        tile = sched.next_dynamic_tile(mSched, lane)
+                    else:
+                        tile = self.tile_of(j)
+                if const_expr(dynamic):  # no work left: tell the consumers (a Q barrier phase without bytes)
+                    if j > 0:
+                        cute.arch.mbarrier_wait(q_empty, (j - 1) % 2)
+                    if lane == 0:
+                        sTile[0] = num_tiles
+                        cute.arch.mbarrier_arrive(q_ring.barrier(0))
+                    sched.retire_dynamic_counter(mSched, lane)
         else:
             # ================= consumers: warpgroup w owns query rows 64(w-1) ..
             cute.arch.setmaxregister_increase(t.consumer_regs)
             read_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             read_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            tile = self.tile_of(0)
             j = Int32(0)
+            if const_expr(dynamic):
+                q_ring.wait(0, j)
+                tile = sTile[0]
+            else:
+                tile = self.tile_of(0)
             while tile < num_tiles:
                 m_block, head, batch = self.work_tile(tile, seqlen_k, qhead_per_kvhead, num_m_blocks,
                                                       num_heads, num_batch)
@@ -247,7 +271,11 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                                               seqlen_k, m_block, head, batch, n_max, n_mask, j, tidx - 128,
                                               warp_idx)
                 j += 1
-                tile = self.tile_of(j)
+                if const_expr(dynamic):
+                    q_ring.wait(0, j)
+                    tile = sTile[0]
+                else:
+                    tile = self.tile_of(j)
             if warp_idx == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays valid until the last store read it
 
@@ -339,7 +367,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         t0ScS_mn = fs.acc_mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
         mask = fs.TileMask(tScS_mn, t0ScS_mn, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
 
-        q_ring.wait(0, j)  # always: the epilogue may reuse the Q buffer, so the Q load must have landed
+        if const_expr(not self.cfg.tile.dynamic):  # (dynamic: waited by the caller, to read the tile index)
+            q_ring.wait(0, j)  # always: the epilogue may reuse the Q buffer, so the Q load must have landed
 
         if const_expr(self.overlap):
             read_k, read_v = self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
@@ -469,7 +498,8 @@ def forward_builder(cfg: FlashFwdConfig):
         mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
         mO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
         mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
+        mSched = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
         k = FlashAttnFwdSm90(cfg)
-        return k, (mQ, mK, mV, mO, mLSE, Float32(1.0), make_fake_stream(use_tvm_ffi_env_stream=True))
+        return k, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), make_fake_stream(use_tvm_ffi_env_stream=True))
 
     return build

@@ -1,7 +1,11 @@
 """Inspect what a kernel compiles to (PTX, CUBIN, SASS and a resource summary) with no GPU: most
 performance questions (tensor-core instructions, spills, registers) are answered by the compiler's
 output.  Registers and stack frames come from the cubin's ``.nv.info`` attributes, static shared
-memory from its ``.nv.shared.<kernel>`` sections, spills and instruction mixes from ``nvdisasm``.
+memory from its ``.nv.shared.<kernel>`` sections (both need nothing but the cubin), spills and
+instruction mixes from the SASS, which needs ``nvdisasm``: the ``nvidia-cuda-nvdisasm`` wheel (the
+``test`` extra) or a CUDA toolkit's ``bin/`` on ``PATH``.  Without it the SASS-reading path raises
+:class:`NvdisasmNotFound` (a ``RuntimeError``) rather than report no spills; ``inspect_builder(...,
+sass=False)`` gives the cubin facts alone, and then ``spills`` / ``instructions`` are not available.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import struct
 import subprocess
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..common import jit
@@ -24,18 +28,39 @@ COUNTED = (
 )
 
 
+NVDISASM_HINT = ("install the nvidia-cuda-nvdisasm wheel (`pip install nvidia-cuda-nvdisasm`, part of "
+                 "cute_kernels' `test` extra) or put a CUDA toolkit's bin/ directory (which has nvdisasm) on PATH")
+
+
+class NvdisasmNotFound(RuntimeError):
+    """The SASS was asked for (spills, instruction counts) and ``nvdisasm`` is not installed."""
+
+
+class SassNotRead(RuntimeError):
+    """A SASS fact (spills, instruction counts) of a report made with ``inspect_builder(..., sass=False)``."""
+
+
 @dataclass
 class KernelResources:
     name: str
     registers: int
     static_smem: int
     stack_frame: int = 0
-    instructions: Counter = field(default_factory=Counter)
+    #: SASS opcode counts; None when the SASS was not read (``inspect_builder(..., sass=False)``)
+    instructions: Counter | None = None
+
+    def _sass_counts(self) -> Counter:
+        if self.instructions is None:
+            raise SassNotRead(f"{self.name}: the SASS was not read (inspect_builder(..., sass=False)), so its "
+                              "spills and instruction counts are unknown")
+        return self.instructions
 
     @property
     def spills(self) -> int:
-        """Local-memory loads + stores in SASS (spills or stack arrays; should be 0)."""
-        return self.instructions["LDL"] + self.instructions["STL"]
+        """Local-memory loads + stores in SASS (spills or stack arrays; should be 0).  Raises
+        :class:`SassNotRead` when the SASS was not read: never a vacuous 0."""
+        counts = self._sass_counts()
+        return counts["LDL"] + counts["STL"]
 
 
 @dataclass
@@ -48,15 +73,17 @@ class CompileReport:
     def summary(self) -> str:
         lines = []
         for k in self.kernels:
+            head = f"{k.name[:60]}: {k.registers} regs, static smem {k.static_smem} B, stack {k.stack_frame} B"
+            if k.instructions is None:
+                lines.append(f"{head}; SASS not read")
+                continue
             ins = ", ".join(f"{op} {k.instructions[op]}" for op in COUNTED if k.instructions[op])
-            lines.append(
-                f"{k.name[:60]}: {k.registers} regs, static smem {k.static_smem} B, "
-                f"stack {k.stack_frame} B, local-memory ops {k.spills}; {ins}"
-            )
+            lines.append(f"{head}, local-memory ops {k.spills}; {ins}")
         return "\n".join(lines)
 
 
 def nvdisasm_path() -> str | None:
+    """``nvdisasm`` on PATH, else the one of the ``nvidia-cuda-nvdisasm`` wheel, else None."""
     found = shutil.which("nvdisasm")
     if found:
         return found
@@ -123,10 +150,11 @@ def cubin_resources(cubin: bytes) -> list[KernelResources]:
     return out
 
 
-def disassemble(cubin: bytes) -> str | None:
+def disassemble(cubin: bytes) -> str:
+    """The SASS of ``cubin`` (``nvdisasm -c``); raises :class:`NvdisasmNotFound` without nvdisasm."""
     tool = nvdisasm_path()
     if tool is None:
-        return None
+        raise NvdisasmNotFound(f"nvdisasm not found: the SASS (spills, instruction counts) cannot be read; {NVDISASM_HINT}")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -152,16 +180,31 @@ def count_sass(sass: str) -> dict[str, Counter]:
     return per
 
 
-def inspect_builder(builder: jit.Builder) -> CompileReport:
-    """Compile (uncached) with PTX and CUBIN kept, disassemble, and summarize."""
+def inspect_builder(builder: jit.Builder, sass: bool = True) -> CompileReport:
+    """Compile (uncached) with PTX and CUBIN kept, disassemble, and summarize.
+
+    ``sass=True`` (default): the SASS is read, every kernel gets its instruction counts (``spills``), and
+    a missing ``nvdisasm`` raises :class:`NvdisasmNotFound` instead of a report without spills.
+    ``sass=False``: the cubin facts only (registers, stack frame, static shared memory), no nvdisasm
+    needed; ``spills`` then raises :class:`SassNotRead`."""
+    if sass and nvdisasm_path() is None:  # before a compile of seconds
+        raise NvdisasmNotFound(f"inspect_builder: nvdisasm not found, so spills and instruction counts cannot be "
+                               f"read; {NVDISASM_HINT} (or call inspect_builder(..., sass=False) for registers "
+                               "and shared memory only)")
     with tempfile.TemporaryDirectory() as tmp:
         compiled = jit.compile_now(builder, extra_options=f"--keep-ptx --keep-cubin --dump-dir {tmp}")
         ptx, cubin = compiled.__ptx__, compiled.__cubin__
-    kernels = cubin_resources(cubin) if cubin else []
-    sass = disassemble(cubin) if cubin else None
+    if not cubin:
+        raise RuntimeError("inspect_builder: the compile kept no CUBIN (--keep-cubin), nothing to inspect")
+    kernels = cubin_resources(cubin)
+    text = None
     if sass:
-        counts = count_sass(sass)
+        text = disassemble(cubin)
+        counts = count_sass(text)
         for k in kernels:
-            k.instructions = counts.get(k.name, Counter())
-    return CompileReport(ptx=ptx, cubin=cubin, sass=sass, kernels=kernels)
+            if k.name not in counts:
+                raise RuntimeError(f"inspect_builder: kernel {k.name} of the cubin has no .text section in the SASS "
+                                   "(nvdisasm output not understood)")
+            k.instructions = counts[k.name]
+    return CompileReport(ptx=ptx, cubin=cubin, sass=text, kernels=kernels)
 

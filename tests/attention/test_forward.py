@@ -697,6 +697,38 @@ def test_gpu_cuda_graph_capture_replay():
 
 
 @gpu
+def test_gpu_dynamic_schedule_counter_reuse():
+    """Causal at D = 128 runs the dynamic schedule (persistent CTAs take tiles from a global counter
+    that the last CTA resets): with 1024 tiles (~8 per CTA), back-to-back calls, calls on two streams
+    at once, and replays of a captured graph all give the first call's bits, which match the reference."""
+    from conftest import capture_graph
+
+    assert FW.plan(torch.bfloat16, 128, True).tile.dynamic
+    q, k, v = make_qkv(4, 2048, 2048, 16, 4, 128, device="cuda", seed=31)
+    ref_o, ref_lse = run_poisoned(q, k, v, True)
+    check_against_reference(ref_o, ref_lse, q, k, v, True, what="dynamic schedule")
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for _ in range(3):
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs.append(flash_attn(q, k, v, causal=True, return_lse=True))
+    torch.cuda.synchronize()
+    for o, lse in outs:
+        assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse)
+    out = torch.empty_like(q)
+    g = capture_graph(lambda: flash_attn(q, k, v, causal=True, out=out))
+    for _ in range(3):
+        out.fill_(NAN)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref_o)
+    assert torch.equal(flash_attn(q, k, v, causal=True), ref_o)  # eager after the graph: counter still clean
+
+
+@gpu
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_gpu_torch_compile(backend):
     """torch.compile(fullgraph=True) of a function calling flash_attn runs and matches eager."""
