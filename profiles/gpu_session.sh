@@ -6,7 +6,13 @@
 #   gemm-tests    tests/gemm, 8 workers                                                             [GEMM_TESTS_S]
 #   attn-tests    tests/attention, 8 workers                                                        [ATTN_TESTS_S]
 #   gemm-k        tests/gemm -k "$PYTEST_K", 8 workers                                              [PYTEST_S]
-#   sanitize      profiles/sanitize.py under compute-sanitizer memcheck / racecheck / synccheck
+#   stress        profiles/stress.py: a warm-up run (kernels compiled in parallel), then the same cases under
+#                 compute-sanitizer memcheck, racecheck, synccheck (each < 100 s warm); all in stress.log
+#                 [STRESS_ARGS: e.g. "--ops gemm" to split the tools' runs over calls; STRESS_TOOLS; STRESS_S per tool]
+#   sanitize      the same as stress (its old name)
+#   sweep         profiles/sweep.py: >= 120 random shapes per op against a float32/64 reference, the JSON
+#                 into $OUT (~3-5 min cold compile cache, ~1 min warm)                     [SWEEP_S, SWEEP_ARGS]
+#   sweep-quick   profiles/sweep.py --quick (24 shapes per op)
 #   bench-gemm    profiles/bench_gemm.py (the GEMM issue's nine shapes vs cuBLAS / quack)         [BENCH_S, BENCH_ARGS]
 #   bench-gemm-tune     the same after autotuning ours
 #   bench-gemm-decode   bench_gemm.py --preset decode (M <= 64, decode-time shapes)
@@ -19,6 +25,7 @@
 #   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s)
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]
 #   host          profiles/bench_host.py (first-call time, host time per call)
+#   bench-model   profiles/bench_model.py (end-to-end decode of a Llama-3-8B-shaped model)              [MODEL_S]
 #   demo          cute-kernels demo (GPU: each kernel vs PyTorch, error and speed)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -39,8 +46,13 @@ for step in "$@"; do
     gemm-tests) gpu_tests "${GEMM_TESTS_S:-400}" gemm-tests.log tests/gemm ;;
     attn-tests) gpu_tests "${ATTN_TESTS_S:-300}" attn-tests.log tests/attention ;;
     gemm-k) gpu_tests "${PYTEST_S:-300}" gemm-k.log tests/gemm -k "$PYTEST_K" ;;
-    sanitize) { py 90 profiles/sanitize.py; for tool in memcheck racecheck synccheck; do echo "--- compute-sanitizer --tool $tool";
-                timeout 100 compute-sanitizer --tool $tool python3 profiles/sanitize.py 2>&1 | grep -v "UserWarning\|DeprecationWarning\|warnings.warn\|^  " | tail -n 40; done; } | tee "$OUT/sanitize.log" ;;
+    stress|sanitize) { py "${STRESS_WARM_S:-400}" profiles/stress.py --precompile ${STRESS_ARGS:-} 2>&1 | quiet
+                for tool in ${STRESS_TOOLS:-memcheck racecheck synccheck}; do echo "--- compute-sanitizer --tool $tool $(date -u +%T)"
+                  CK_SANITIZER=$tool timeout "${STRESS_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+                    python3 profiles/stress.py ${STRESS_ARGS:-} 2>&1 | grep -v "UserWarning\|DeprecationWarning\|warnings.warn" | tail -n 120
+                  echo "--- $tool exit ${PIPESTATUS[0]} $(date -u +%T)"; done; } | tee "$OUT/stress.log" ;;
+    sweep) CK_COMMIT=$commit py "${SWEEP_S:-480}" profiles/sweep.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | quiet | tee "$OUT/sweep.log" ;;
+    sweep-quick) CK_COMMIT=$commit py 300 profiles/sweep.py --quick --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | quiet | tee "$OUT/sweep.log" ;;
     bench-gemm) py "${BENCH_S:-400}" profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-attention) CK_COMMIT=$commit py "${BENCH_S:-400}" profiles/bench_attention.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-attention.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
@@ -54,6 +66,7 @@ for step in "$@"; do
     bench-test) CK_COMMIT=$commit py 500 -m pytest -q -m gpu -p no:cacheprovider tests/tools/test_bench.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/bench-test.log" ;;
     read-ceiling) py "${CEIL_S:-300}" profiles/read_ceiling.py --out "$OUT" 2>&1 | quiet | tee "$OUT/read-ceiling.log" ;;
     host) py 200 profiles/bench_host.py 2>&1 | tee "$OUT/bench-host.log" ;;
+    bench-model) CK_COMMIT=$commit py "${MODEL_S:-480}" profiles/bench_model.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | quiet | tee "$OUT/demo.log" ;;
     *) echo "unknown step: $step (see the list at the top of profiles/gpu_session.sh)" | tee -a "$OUT/session.log" ;;
   esac

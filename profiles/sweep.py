@@ -63,11 +63,16 @@ QUICK_N = 24
 BUDGET = {"gemm": 40, "decode_attn": 24, "merge_states": 8, "flash_attn": 16}
 QUICK_BUDGET = {"gemm": 12, "decode_attn": 8, "merge_states": 3, "flash_attn": 6}
 
-#: (rtol, atol, row_tol) per output dtype: rtol covers the output's rounding (2 half-ulps); atol is in
-#: units of the rms of the reference (GEMM, merge: in units of sum w |o| / sum w) or of P @ |V| (attention)
+#: (rtol, atol, row_tol) per output dtype.  rtol: twice the unit roundoff of one rounding to the output
+#: dtype (bf16 2^-8, fp16 2^-11; fp32 outputs are held to atol), times the magnitude of the terms (GEMM:
+#: |alpha a b| + |beta c|; else |ref|).  atol, in units of a scale: GEMM the problem's typical magnitude
+#: |alpha| sqrt(K) rms(a) rms(b) + |beta| rms(c) (room for the fp32 accumulation order and the split-K
+#: reductions, as tests/_check.py); attention the element's own bound P @ |V| (rounding P to 16 bits moves
+#: an output by at most 2^-8 (bf16) / 2^-11 (fp16) of it); merge sum w |o| / sum w.  row_tol: the relative
+#: error allowed per row (see compare).
 TOL = {
-    "gemm": {"bfloat16": (2 ** -7, 2 ** -8, 0.02), "float16": (2 ** -10, 2 ** -11, 4e-3),
-             "float32": (2 ** -12, 2 ** -14, 1e-3)},
+    "gemm": {"bfloat16": (2 ** -7, 2e-3, 0.02), "float16": (2 ** -10, 2e-3, 5e-3),
+             "float32": (2 ** -20, 2e-3, 3e-3)},
     "attn": {"bfloat16": (2 ** -7, 2 ** -7, 0.03), "float16": (2 ** -10, 2 ** -9, 6e-3)},
     "merge": {"float32": (1e-5, 1e-5, 1e-4), "bfloat16": (2 ** -7, 1e-5, 0.02), "float16": (2 ** -10, 1e-5, 4e-3)},
 }
@@ -151,13 +156,23 @@ def gen_gemm(rng: random.Random) -> dict:
     u = rng.random()
     out_dtype = None if u < 0.75 else ("float32" if u < 0.9 else ("float16" if dtype == "bfloat16" else "bfloat16"))
     beta = rng.choice((0.5, -1.0)) if rng.random() < 0.2 else 0.0
+    out_layout = rng.choice(("row",) * 9 + ("pad",) * 7 + ("col",) * 2 + ("odd",) * 2)
+    choice = None
+    if rng.random() < 0.08 and not batch:  # a forced split-K kernel (slices of >= 2 k-tiles)
+        if rng.random() < 0.5:
+            s = rng.choice((2, 3, 4, 8))
+            if k >= 128 * s:
+                choice = {"splitk_mode": "persistent", "splits": s}
+                out_layout = rng.choice(("row", "pad"))
+        elif k >= 256:
+            choice = {"splitk_mode": "cluster", "splits": 2}
     return gemm_case(
         m, n, k, batch=batch, dtype=dtype, out_dtype=out_dtype,
         a_major=rng.choice(("row", "col")), b_major=rng.choice(("row", "col")),
         pad=rng.random() < 0.6, ptr_off=1 if rng.random() < 0.05 else 0,
         alpha=rng.choice((1.0, 1.0, 0.5, -1.25)), beta=beta,
         c_dtype=(rng.choice((out_dtype or dtype, "float32")) if beta else None), c_major=rng.choice(("row", "col")),
-        out_layout=rng.choice(("row",) * 6 + ("col", "pad", "odd")), seed=rng.randrange(1 << 30))
+        out_layout=out_layout, choice=choice, seed=rng.randrange(1 << 30))
 
 
 def decode_case(b, sq, hq, hkv, d, lens, **kw) -> dict:
@@ -380,6 +395,23 @@ def _mcast_config(c: dict):
     return SplitKFixupConfig(tiles=tiles, splits=s)
 
 
+def plan_choice(c: dict):
+    """The ``PlanChoice`` of a GEMM case's ``choice`` dict: PlanChoice's own fields, plus ``tile_m`` /
+    ``tile_n`` / ``cluster`` for forced persistent-kernel tiles (``layouts.tiles.gemm_tiles``)."""
+    from cute_kernels.gemm import heuristics as GHe
+    from cute_kernels.gemm import plan as P
+
+    if not c["choice"]:
+        return P.DEFAULT_CHOICE
+    kw = dict(c["choice"])
+    tile = [kw.pop(x, None) for x in ("tile_m", "tile_n", "cluster")]
+    if tile[1] is not None:
+        kw["tiles"] = GHe.make_gemm_tiles(tile[1], tuple(tile[2] or (1, 1)), c["dtype"],
+                                          "k" if c["a_major"] == "row" else "mn", "mn" if c["b_major"] == "row" else "k",
+                                          c["out_dtype"] or c["dtype"], tile_m=tile[0] or 128)
+    return P.PlanChoice(**kw)
+
+
 def plan_case(c: dict) -> tuple[list, str]:
     """(compile keys ``[(kernel family, config), ...]``, a short description of the plan) of a case,
     from the real planners on meta tensors (no GPU, nothing compiled).  Raises what the op would
@@ -398,7 +430,7 @@ def plan_case(c: dict) -> tuple[list, str]:
             return [(launch.FAMILY[type(cfg)], (cfg, c["dtype"], od, od))], f"forced {c['mcast'][0]} split-K mcast"
         mats = gemm_mats(c)
         t = {k: m.view(m.alloc("meta")) for k, m in mats.items()}
-        choice = P.PlanChoice(**c["choice"]) if c["choice"] else P.DEFAULT_CHOICE
+        choice = plan_choice(c)
         with jit.dry_run() as d:
             p = P.make_plan(t["a"], t["b"], t["out"], t.get("c"), c["beta"], None, choice, allow_cpu=True)
             if c["chain"]:
@@ -410,6 +442,8 @@ def plan_case(c: dict) -> tuple[list, str]:
             if getattr(cfg, "mainloop", "tma") == "cpasync":
                 desc += "/cpasync"
             desc += f" {cfg.tiles.tile_mnk[0]}x{cfg.tiles.tile_mnk[1]}"
+            if cfg.tiles.cluster_mn != (1, 1):
+                desc += " cl{}x{}".format(*cfg.tiles.cluster_mn)
             if cfg.splits > 1:
                 desc += f" S{cfg.splits}"
             if getattr(cfg, "epi_defer", False):
@@ -579,16 +613,18 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
                        torch.where(num > 0, torch.full_like(num, math.inf), zero))
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, *, rtol: float, atol: float, row_tol: float,
-            ref_abs: torch.Tensor | None = None, rows=((-1, -2),)) -> dict:
+def compare(out: torch.Tensor, ref: torch.Tensor, *, rtol: float, atol: float, row_tol: float, mag=None,
+            scale=None, rows=((-1, -2),)) -> dict:
     """Elementwise and per-row check of ``out`` against ``ref`` (same shape; compared in ref's dtype).
 
-    Elementwise: ``|out - ref| <= rtol * |ref| + atol * s`` with s = ``ref_abs`` (per element) or the
-    rms of ref.  Rows: for each ``(vec_dim, tail_dim)`` in ``rows``, the vectors along ``vec_dim``
-    (GEMM: rows and columns; attention: head-dim vectors) must have ``||d|| <= row_tol * max(||ref||,
-    ROW_FLOOR * rms(ref) * sqrt(len))``; the vectors at the last index of ``tail_dim`` are the tail.
-    Non-finite values where ref is finite fail.  Returns the normalized errors (<= 1 passes): ``err``
-    (the worst of all), ``elem``, ``row``, ``tail``, and ``nonfinite`` (count) and ``ok``."""
+    Elementwise: ``|out - ref| <= rtol * mag + atol * scale``; ``mag`` (per element) defaults to |ref|,
+    ``scale`` (a number or per element) to the rms of ref.  Rows: for each ``(vec_dim, tail_dim)`` in
+    ``rows``, the vectors along ``vec_dim`` (GEMM: rows and columns; attention: head-dim vectors) must
+    have ``||d|| <= row_tol * max(||ref||, ROW_FLOOR * rms(ref) * sqrt(len))``, which a whole wrong or
+    zeroed row fails even where the elementwise bound is loose; the vectors at the last index of
+    ``tail_dim`` are the tail.  Non-finite values where ref is finite fail.  Returns the normalized
+    errors (<= 1 passes): ``err`` (the worst), ``elem``, ``row``, ``tail``, and ``nonfinite`` (count) and
+    ``ok``."""
     out = out.to(ref.dtype)
     if ref.numel() == 0:
         return dict(ok=True, err=0.0, elem=0.0, row=0.0, tail=0.0, nonfinite=0)
@@ -599,8 +635,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, *, rtol: float, atol: float, r
     d = torch.where(fin, (out - ref).abs(), torch.zeros_like(ref))
     d = torch.where(bad, torch.full_like(d, math.inf), d)
     rms = r.square().mean().sqrt()
-    scale = ref_abs.to(ref.dtype) if ref_abs is not None else rms
-    elem = _safe_ratio(d, rtol * r.abs() + atol * scale).max().item()
+    mag = r.abs() if mag is None else mag.to(ref.dtype)
+    scale = rms if scale is None else (scale.to(ref.dtype) if isinstance(scale, torch.Tensor) else scale)
+    elem = _safe_ratio(d, rtol * mag + atol * scale).max().item()
     row = tail = 0.0
     for vec_dim, tail_dim in rows:
         n = ref.shape[vec_dim]
@@ -636,6 +673,20 @@ def guard_ok(base: torch.Tensor, mat: Mat) -> bool:
 # ================================================================================================
 # references
 # ================================================================================================
+def gemm_ref(a, b, alpha=1.0, beta=0.0, c=None):
+    """float64 (ref, mag, scale) of ``alpha * a @ b + beta * c``: mag = |alpha a b| + |beta c| per element,
+    scale = |alpha| sqrt(K) rms(a) rms(b) + |beta| rms(c) (the problem's typical output magnitude)."""
+    def rms(t):
+        return t.double().square().mean().sqrt().item() if t.numel() else 0.0
+
+    ab = alpha * (a.double() @ b.double())
+    scale = abs(alpha) * math.sqrt(max(1, a.shape[-1])) * rms(a) * rms(b)
+    if c is None or not beta:
+        return ab, ab.abs(), scale
+    bc = beta * c.double()
+    return ab + bc, ab.abs() + bc.abs(), scale + abs(beta) * rms(c)
+
+
 def attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
     """float32 attention of one sequence: q (Sq, Hq, D), k / v (L, Hkv, D); bottom-right causal (query
     i sees keys j <= i + L - Sq), GQA (query head h reads K/V head h // (Hq / Hkv)).  Returns o (Sq, Hq,
@@ -696,8 +747,13 @@ def _gen(dev, seed: int) -> torch.Generator:
     return torch.Generator(device=dev).manual_seed(seed)
 
 
+#: where the ops run ("cpu" only in the CPU self-tests, with stand-ins for the GPU-only ops)
+RUN_DEV = "cuda"
+
+
 def _sync():
-    torch.cuda.synchronize()
+    if RUN_DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def _merge_results(*rs: dict) -> dict:
@@ -716,8 +772,8 @@ def run_gemm(c: dict, ref_dev: str = "cuda") -> dict:
     for name in ("a", "b", "c", "b2"):
         if name in mats:
             host[name] = mats[name].alloc(ref_dev, g, scale=0.25 if name == "b2" else 1.0)
-    dev = {name: t.to("cuda") for name, t in host.items()}
-    obase = mats["out"].alloc("cuda")  # NaN
+    dev = {name: t.to(RUN_DEV) for name, t in host.items()}
+    obase = mats["out"].alloc(RUN_DEV)  # NaN
     v = {name: mats[name].view(t) for name, t in dev.items()}
     out = mats["out"].view(obase)
     alpha, beta = c["alpha"], c["beta"]
@@ -732,26 +788,24 @@ def run_gemm(c: dict, ref_dev: str = "cuda") -> dict:
             fn = GL.WorkspaceLauncher(fn, *fixup_workspace_numel(c["m"], c["n"], c["mcast"][1], c["mcast"][2]))
         fn(v["a"], v["b"], out, out, float(alpha), 0.0)
     elif c["choice"]:
-        P.run(v["a"], v["b"], out, v.get("c"), alpha, beta, None, choice=P.PlanChoice(**c["choice"]))
+        P.run(v["a"], v["b"], out, v.get("c"), alpha, beta, None, choice=plan_choice(c))
     else:
         ck.gemm(v["a"], v["b"], out=out, alpha=alpha, beta=beta, c=v.get("c"))
     out2 = obase2 = None
     if c["chain"]:  # back to back (PDL): the second GEMM reads the first's output
-        obase2 = mats["out2"].alloc("cuda")
+        obase2 = mats["out2"].alloc(RUN_DEV)
         out2 = mats["out2"].view(obase2)
-        P.run(out, v["b2"], out2, None, 1.0, 0.0, None, choice=P.PlanChoice(**(c["choice"] or {})))
+        P.run(out, v["b2"], out2, None, 1.0, 0.0, None, choice=plan_choice(c))
     _sync()
     hv = {name: mats[name].view(t) for name, t in host.items()}
-    ref = alpha * (hv["a"].double() @ hv["b"].double())
-    if beta:
-        ref = ref + beta * hv["c"].double()
+    ref, mag, scale = gemm_ref(hv["a"], hv["b"], alpha, beta, hv.get("c"))
     tol = TOL["gemm"][c["out_dtype"] or c["dtype"]]
     rows = ((-1, -2), (-2, -1))  # rows (tail: the last row) and columns (tail: the last column)
-    res = compare(out.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], rows=rows)
+    res = compare(out.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], mag=mag, scale=scale, rows=rows)
     if c["chain"]:
-        ref2 = out.to(ref_dev).double() @ hv["b2"].double()
+        ref2, mag2, scale2 = gemm_ref(out.to(ref_dev), hv["b2"])
         res = _merge_results(res, compare(out2.to(ref_dev), ref2, rtol=tol[0], atol=tol[1], row_tol=tol[2],
-                                          rows=rows))
+                                          mag=mag2, scale=scale2, rows=rows))
     if not guard_ok(obase, mats["out"]) or (obase2 is not None and not guard_ok(obase2, mats["out2"])):
         res.update(ok=False, msg="wrote outside the out view")
     return res
@@ -778,9 +832,9 @@ def run_decode(c: dict, ref_dev: str = "cuda") -> dict:
         k = torch.randn(B, c["cap"], Hkv, D, generator=g, device=ref_dev).to(dt)
         v = torch.randn(B, c["cap"], Hkv, D, generator=g, device=ref_dev).to(dt)
     lens = torch.tensor(c["lens"], dtype=torch.int32)
-    qd, kd, vd, ld = q.to("cuda"), k.to("cuda"), v.to("cuda"), lens.to("cuda")
-    btd = bt.to("cuda").contiguous() if bt is not None else None
-    out = torch.full((B, Sq, Hq, D), NAN, dtype=dt, device="cuda")
+    qd, kd, vd, ld = q.to(RUN_DEV), k.to(RUN_DEV), v.to(RUN_DEV), lens.to(RUN_DEV)
+    btd = bt.to(RUN_DEV).contiguous() if bt is not None else None
+    out = torch.full((B, Sq, Hq, D), NAN, dtype=dt, device=RUN_DEV)
     with _PatchedDecodeLoad(c["load"]):
         P = DP.plan(qd, kd, btd, c["splits"], c["causal"])[1]
         ws = DA.decode_attn_workspace(qd, P).fill_(NAN) if P > 1 else None
@@ -798,7 +852,7 @@ def run_decode(c: dict, ref_dev: str = "cuda") -> dict:
             kb, vb = k[b, :L], v[b, :L]
         ref[b], ref_abs[b], ref_lse[b] = attn_ref(q[b], kb, vb, c["causal"], D ** -0.5)
     tol = TOL["attn"][c["dtype"]]
-    res = compare(o.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], ref_abs=ref_abs, rows=((-1, 1),))
+    res = compare(o.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], scale=ref_abs, rows=((-1, 1),))
     res["lse"] = compare_lse(lse.to(ref_dev), ref_lse, LSE_TOL["attn"])
     res["splits"] = P
     return res
@@ -817,11 +871,11 @@ def run_flash(c: dict, ref_dev: str = "cuda") -> dict:
         return (torch.randn(B, S, H, D, generator=g, device=ref_dev) * scale).to(dt)
 
     def to_dev(t):  # the same strides on the GPU
-        return t.transpose(1, 2).to("cuda").transpose(1, 2) if bhsd else t.to("cuda")
+        return t.transpose(1, 2).to(RUN_DEV).transpose(1, 2) if bhsd else t.to(RUN_DEV)
 
     q, k, v = make(Sq, Hq, c["qscale"]), make(Sk, Hkv), make(Sk, Hkv)
     qd, kd, vd = to_dev(q), to_dev(k), to_dev(v)
-    out = torch.full((B, Hq, Sq, D) if bhsd else (B, Sq, Hq, D), NAN, dtype=dt, device="cuda")
+    out = torch.full((B, Hq, Sq, D) if bhsd else (B, Sq, Hq, D), NAN, dtype=dt, device=RUN_DEV)
     out = out.transpose(1, 2) if bhsd else out
     o, lse = ck.flash_attn(qd, kd, vd, causal=c["causal"], out=out, return_lse=True)
     _sync()
@@ -831,7 +885,7 @@ def run_flash(c: dict, ref_dev: str = "cuda") -> dict:
     for b in range(B):
         ref[b], ref_abs[b], ref_lse[b] = attn_ref(q[b], k[b], v[b], c["causal"], D ** -0.5)
     tol = TOL["attn"][c["dtype"]]
-    res = compare(o.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], ref_abs=ref_abs, rows=((-1, 1),))
+    res = compare(o.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], scale=ref_abs, rows=((-1, 1),))
     res["lse"] = compare_lse(lse.to(ref_dev), ref_lse, LSE_TOL["attn"])
     if o is not out:
         res.update(ok=False, msg="did not return out")
@@ -849,21 +903,21 @@ def run_merge(c: dict, ref_dev: str = "cuda") -> dict:
     lse = torch.where(empty, torch.full_like(lse, -math.inf), lse)
     o = torch.where(empty[..., None], torch.full_like(o, NAN), o).to(dt)  # empty parts' o: NaN (ignored)
     if c["strided"]:  # (rows..., P, D) storage viewed as (P, rows..., D)
-        od = o.movedim(0, -2).contiguous().to("cuda").movedim(-2, 0)
+        od = o.movedim(0, -2).contiguous().to(RUN_DEV).movedim(-2, 0)
     else:
-        od = o.contiguous().to("cuda")
-    lsed = lse.to("cuda")
+        od = o.contiguous().to(RUN_DEV)
+    lsed = lse.to(RUN_DEV)
     n = math.prod(rows)
     # no out=: fill the allocator's free blocks of the outputs' sizes with NaN, so an unwritten element
     # of the (likely reused) block shows
-    junk = [torch.full((n * D,), NAN, dtype=dt, device="cuda") for _ in range(3)]
-    junk += [torch.full((n,), NAN, dtype=torch.float32, device="cuda") for _ in range(3)]
+    junk = [torch.full((n * D,), NAN, dtype=dt, device=RUN_DEV) for _ in range(3)]
+    junk += [torch.full((n,), NAN, dtype=torch.float32, device=RUN_DEV) for _ in range(3)]
     del junk
     om, lm = ck.merge_states(od, lsed)
     _sync()
     ref, ref_abs, ref_lse = merge_ref(o, lse)
     tol = TOL["merge"][c["dtype"]]
-    res = compare(om.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], ref_abs=ref_abs,
+    res = compare(om.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], scale=ref_abs,
                   rows=((-1, -2),) if len(rows) else ())
     res["lse"] = compare_lse(lm.to(ref_dev), ref_lse, LSE_TOL["merge"])
     return res
