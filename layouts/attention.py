@@ -179,10 +179,10 @@ class FwdTile:
 
     Overlap of the softmax with the tensor cores:
 
-    * ``intra_wg_overlap``: a warpgroup issues S(n) = Q K(n)^T and O += P(n+1) V(n+1) back to back,
-      then runs the softmax of S(n) while the PV wgmma runs (P of one tile lives across the next QK);
+    * always: a warpgroup issues S(n) = Q K(n)^T and O += P(n+1) V(n+1) back to back, then runs the
+      softmax of S(n) while the PV wgmma runs (P of one tile lives across the next QK);
     * ``pingpong``: the consumer warpgroups take turns issuing their wgmmas (named barriers), so one
-      warpgroup's softmax runs under the other's GEMMs (needs ``intra_wg_overlap``);
+      warpgroup's softmax runs under the other's GEMMs;
     * ``rescale_before_pv``: O is rescaled by the previous tile's correction before its PV wgmma is
       issued (under the QK wgmma) rather than after the PV wgmma retires -- shortens the softmax
       critical path when O is large (head dim >= 128);
@@ -202,7 +202,6 @@ class FwdTile:
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 2
-    intra_wg_overlap: bool = True
     pingpong: bool = True
     rescale_before_pv: bool = False
     exp2_poly_share: int = 0
@@ -220,8 +219,8 @@ class FwdTile:
             raise ValueError("FwdTile: at least 2 stages per ring")
         if not 0 <= self.exp2_poly_share <= 8:
             raise ValueError(f"FwdTile: exp2_poly_share {self.exp2_poly_share} must be in 0..8 (of every 8 scores)")
-        if self.pingpong and (not self.intra_wg_overlap or self.consumer_warpgroups < 2):
-            raise ValueError("FwdTile: pingpong needs intra_wg_overlap and at least 2 consumer warpgroups")
+        if self.pingpong and self.consumer_warpgroups < 2:
+            raise ValueError("FwdTile: pingpong needs at least 2 consumer warpgroups")
         if self.dynamic and not self.persistent:
             raise ValueError("FwdTile: dynamic tile scheduling needs persistent CTAs")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:

@@ -7,7 +7,7 @@ One CTA per (query tile of ``tile_m`` = 128 rows, query head, batch); 3 warpgrou
   (its own mbarrier, :class:`~cute_kernels.common.ring.TxRing`), then streams K and V tiles of the
   query head's KV head (GQA: ``h // (Hq // Hkv)``) into two ``stages``-deep TMA rings
   (:func:`~cute_kernels.common.ring.make_tma_pipeline`, :func:`~cute_kernels.common.tma.tma_produce_tiles`),
-  K(n) then V(n), from the last visited KV tile down to tile 0.
+  from the last visited KV tile down to tile 0, each K one tile ahead of its V.
 * warpgroups 1 and 2, the consumers (240 registers): warpgroup w owns query rows 64w .. 64w+63 of the
   tile and computes whole rows of S, so the softmax statistics never leave a warpgroup.  Per KV tile:
   S = Q K^T (wgmma, both operands from shared memory; the K slot is released as soon as it retires),
@@ -30,7 +30,12 @@ each warpgroup only overwrites its own Q rows, which no one reads any more) -> o
 (tile_m, D) tile, which clips rows >= Sq.  LSE: each row's quad leader stores it, rows < Sq only.
 K/V rows >= Sk and Q rows >= Sq are zero-filled by the TMA unit: no out-of-bounds access for any length.
 
-Causal: query tiles are launched longest-first (tile index reversed).
+Schedule (:mod:`~cute_kernels.attention.forward_softmax` ``tile_coords``): causal tiles are ordered
+longest-first within L2 sections of heads, non-causal ones head-major.  One CTA per tile, or
+persistent CTAs (``FwdTile.persistent``) that walk the order with a fixed stride or, for causal
+(``FwdTile.dynamic``), take their next tile from a global counter
+(:func:`~cute_kernels.common.scheduler.next_dynamic_tile`).  The consumers' KV loop with its
+intra-warpgroup overlap and ping-pong is :mod:`~cute_kernels.attention.forward_mainloop`.
 """
 
 from __future__ import annotations
@@ -42,12 +47,12 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
 from layouts import attention as LA
 
-from ..common import ring, tma, wgmma
+from ..common import ring, tma
 from ..common import scheduler as sched
 from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
@@ -106,9 +111,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         self.num_wg = t.consumer_warpgroups
         self.num_mma_threads = 128 * self.num_wg
         self.threads = t.threads
-        self.overlap = t.intra_wg_overlap
         self.pingpong = t.pingpong
-        self.rescale_before_pv = t.rescale_before_pv and t.intra_wg_overlap
+        self.rescale_before_pv = t.rescale_before_pv
 
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
@@ -281,16 +285,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
 
     @cute.jit
     def tile_of(self, j):
-        """The CTA's ``j``-th tile: ``j * grid + bid``.  Persistent causal CTAs snake (odd rounds run
-        ``j * grid + grid - 1 - bid``): the tile order is longest first, so a plain stride would give
-        CTA 0 the longest tile of every round; snaking pairs each long tile with a short one."""
-        g = cute.arch.grid_dim()[0]
-        bid = cute.arch.block_idx()[0]
-        idx = j * g + bid
-        if const_expr(self.causal and self.cfg.tile.persistent):
-            if j % 2 == 1:
-                idx = j * g + g - 1 - bid
-        return idx
+        """The CTA's ``j``-th tile of the static schedule: ``j * grid + bid``."""
+        return j * cute.arch.grid_dim()[0] + cute.arch.block_idx()[0]
 
     @cute.jit
     def work_tile(self, tile, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch):
@@ -303,8 +299,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                 tma_v: cute.CopyAtom, mV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
                 q_ring: ring.TxRing, pipe_k, pipe_v, k_state, v_state, m_block, head, head_kv, batch, n_max):
         """Warp 0: Q once, then the KV tiles n = n_max - 1 down to 0 in the order the consumers read
-        them: K(n), V(n) per tile; with intra-warpgroup overlap K(n - 1) before V(n) (the consumers
-        issue S(n - 1) = Q K(n - 1)^T before O += P(n) V(n))."""
+        them: K(n_max - 1), then K(n - 1) before V(n) (the consumers issue S(n - 1) = Q K(n - 1)^T
+        before O += P(n) V(n)), and V(0) last."""
         t = self.cfg.tile
         # Q: (tile_m, D) at query tile m_block of (head, batch); rows >= Sq are zero-filled
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.D), (m_block, 0))
@@ -320,19 +316,13 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        if const_expr(self.overlap):
-            if n_max > 0:
-                k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
-                for i in cutlass.range(n_max - 1, unroll=1):
-                    n_block = n_max - 2 - i
-                    k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
-                    v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, 1)
-                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, 0, 1)
-        else:
-            for i in cutlass.range(n_max, unroll=1):
-                n_block = n_max - 1 - i
+        if n_max > 0:
+            k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
+            for i in cutlass.range(n_max - 1, unroll=1):
+                n_block = n_max - 2 - i
                 k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
-                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block, 1)
+                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, 1)
+            v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, 0, 1)
         return k_state, v_state
 
     @cute.jit
@@ -370,56 +360,12 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         if const_expr(not self.cfg.tile.dynamic):  # (dynamic: waited by the caller, to read the tile index)
             q_ring.wait(0, j)  # always: the epilogue may reuse the Q buffer, so the Q load must have landed
 
-        if const_expr(self.overlap):
-            read_k, read_v = self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn, softmax,
-                                    pipe_k, pipe_v, read_k, read_v, mask, n_max, n_mask, wg)
-        else:
-            for i in cutlass.range(n_max - n_mask, unroll=1):  # tail / diagonal tiles, masked
-                read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
-                                              softmax, pipe_k, pipe_v, read_k, read_v, mask, n_max - 1 - i, True)
-            for i in cutlass.range(n_mask, unroll=1):  # fully visible tiles
-                read_k, read_v = self.kv_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
-                                              softmax, pipe_k, pipe_v, read_k, read_v, mask, n_mask - 1 - i, False)
+        read_k, read_v = self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
+                                                 softmax, pipe_k, pipe_v, read_k, read_v, mask, n_max, n_mask, wg)
 
         cute.arch.mbarrier_arrive(q_empty)  # every QK wgmma of this tile has retired: Q may be replaced
         self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sO, tma_o, mO, mLSE, tScS_mn, scale_log2,
                       seqlen_q, m_block, head, batch, j, mma_tidx, warp_idx)
-        return read_k, read_v
-
-    @cute.jit
-    def kv_tile(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
-                tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
-                softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask, n_block,
-                masked: cutlass.Constexpr[bool]):
-        """One KV tile without overlap: S = Q K^T, (mask), online softmax, O += P V.  Returns the
-        advanced ring states."""
-        # ---- S = Q K^T (fresh accumulators: the first k-block overwrites)
-        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        pipe_k.consumer_wait(read_k)
-        warpgroup.fence()
-        wgmma.wgmma_tile(tiled_mma_qk, acc_S, tSrQ, tSrK, None, read_k.index, accumulate=False)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-        pipe_k.consumer_release(read_k)
-        read_k.advance()
-
-        # ---- mask, online softmax (S becomes P in place; O rescaled)
-        acc_S_mn = fs.acc_mn_view(acc_S)
-        if const_expr(masked and not self.cfg.mma_only):
-            mask.apply(acc_S_mn, n_block)
-        if const_expr(not self.cfg.mma_only):
-            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                softmax.update_row(r, acc_S_mn[r, None], acc_O_mn[r, None])
-
-        # ---- P in 16 bits, as the register A operand; O += P V
-        tOrP = fs.to_operand_a(acc_S, self.dtype)
-        pipe_v.consumer_wait(read_v)
-        warpgroup.fence()
-        wgmma.wgmma_tile(tiled_mma_pv, acc_O, tOrP, tOrVt, None, read_v.index, accumulate=True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-        pipe_v.consumer_release(read_v)
-        read_v.advance()
         return read_k, read_v
 
     @cute.jit

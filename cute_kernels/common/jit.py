@@ -32,6 +32,7 @@ set_dsl_arch_env()
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
+import tvm_ffi  # noqa: E402  (here, not at the first kernel call: loading a cached kernel needs it, ~50 ms)
 
 log = logging.getLogger("cute_kernels")
 if not log.handlers:
@@ -100,8 +101,6 @@ def _disk_cache_usable() -> bool:
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> str:
     """Hash of the DSL/TVM-FFI versions and every source file kernels are built from."""
-    import tvm_ffi
-
     h = hashlib.sha256()
     h.update(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
     h.update(f"cutlass-dsl={cutlass.__version__};tvm_ffi={tvm_ffi.__version__}".encode())
@@ -110,6 +109,20 @@ def source_fingerprint() -> str:
             h.update(src.relative_to(root.parent).as_posix().encode())
             h.update(src.read_bytes())
     return h.hexdigest()[:16]
+
+
+def direct(fn):
+    """The cheapest callable equivalent to ``fn``, a function :func:`get_compiled` returned: a kernel
+    compiled in this process is a DSL object whose Python ``__call__`` adapts keyword arguments before
+    calling the TVM-FFI function underneath; a kernel loaded from the disk cache is that TVM-FFI
+    function already.  Host fast paths call the result with every argument positionally (as they
+    call a loaded kernel) and keep ``fn`` referenced too (it owns the loaded CUDA library)."""
+    get = getattr(fn, "__tvm_ffi_object__", None)
+    exe = getattr(fn, "execution_args", None)
+    if get is None or exe is None or getattr(exe, "has_pointer_address_arg_specs", True):
+        return fn
+    raw = get()
+    return fn if raw is None else raw
 
 
 def full_key(name: str, config: Hashable) -> tuple:

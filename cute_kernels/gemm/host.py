@@ -1,8 +1,12 @@
 """The public entry points of the Hopper GEMM: ``gemm`` (and its ``torch.compile`` custom op),
 ``explain`` (what a call would run, on any machine) and ``warmup_gemm`` (compile ahead of time).
 
-Hot path: signature -> dict lookup of the :class:`~cute_kernels.gemm.plan.Plan` -> its compiled TVM-FFI
-function, called with the torch tensors as they are (it re-views torch's operand order itself).
+Hot path (:func:`_run`): the call's metadata (shapes, strides, dtypes, devices, the data pointers'
+16-byte alignment, out_dtype, beta != 0) -> a dict lookup of a prepared launcher -> output allocation
+and the compiled TVM-FFI function, called with the torch tensors as they are (it re-views torch's
+operand order itself).  A launcher is made only after the call with exactly that metadata passed every
+check and was planned (:func:`.plan.plan`), so a hit skips nothing a miss would check; it is used only
+while the planner still holds the plan it was made from (the tuner drops plans, :func:`.plan.clear_plans`).
 Modules: :mod:`.validate`, :mod:`.heuristics`, :mod:`.plan`, :mod:`.launch`, :mod:`.tune`, and the
 kernels in :mod:`.kernel`, :mod:`.epilogue`, :mod:`.splitk_kernel` and :mod:`.cpasync_kernel`.
 """
@@ -16,11 +20,18 @@ import torch
 
 from ..common import jit
 from ..common.arch import current_arch
+from ..testing import LAUNCHES
+from . import launch
+from . import plan as _plan_mod
 from .plan import make_plan, run
 from .tune import tune_gemm
 from .validate import check_operands, check_scalars
 
 _PLAIN_SCALARS = (float, int)  # alpha / beta types that need no check (one type() test each)
+_is_compiling = torch.compiler.is_compiling
+_empty = torch.empty
+#: operand types the fast path takes (subclasses such as FakeTensor always take the checked path)
+_FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfloat16,
@@ -125,26 +136,127 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     ``tune=True`` benchmarks candidate configs for this shape once (results persist on disk and are
     used by later calls, tuned or not); see :mod:`cute_kernels.gemm.tune`.
     """
-    if type(alpha) not in _PLAIN_SCALARS or type(beta) not in _PLAIN_SCALARS:
+    ta, tb = type(alpha), type(beta)
+    if (ta is float or ta is int) and (tb is float or tb is int) and not tune and not _is_compiling():
+        # the fast path (module doc); anything unusual goes to _run, which checks it
+        try:
+            if type(a) in _FAST_TYPES and type(b) in _FAST_TYPES:
+                hit = _launchers.get(_key(a, b, out, c, beta, out_dtype))
+                if hit is not None:
+                    return hit(a, b, out, c, alpha, beta)
+        except (AttributeError, TypeError):  # not tensors, an unhashable out_dtype: the checked path says what
+            pass
+        return _run(a, b, out, c, alpha, beta, out_dtype)
+    if ta not in _PLAIN_SCALARS or tb not in _PLAIN_SCALARS:
         check_scalars(alpha, beta)
     if tune:  # validate before timing any candidate
         check_operands(a, b, out, c, out_dtype)
         if beta != 0.0 and c is None:
             raise ValueError("gemm: beta != 0 needs c")
         tune_gemm(a, b, out_dtype=(out.dtype if out is not None else out_dtype))
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         res = torch.ops.cute_kernels.gemm(a, b, c, float(alpha), float(beta), out_dtype)
         if out is not None:
             out.copy_(res)
             return out
         return res
-    return run(a, b, out, c, alpha, beta, out_dtype)
+    return _run(a, b, out, c, alpha, beta, out_dtype)
+
+
+# ---------------------------------------------------------------------------- the fast path
+#: call metadata (:func:`_key`) -> launcher (:func:`_prepare`); emptied with the planner's plans
+_launchers: dict = {}
+
+
+def _key(a, b, out, c, beta, out_dtype) -> tuple:
+    """Everything validation and planning read from a call (of tensors ``a`` and ``b``): shapes,
+    strides, dtypes, devices of every tensor, the data pointers' 16-byte alignment (c's is never
+    read: the kernels take C with any alignment), out_dtype, beta != 0, and the types of out / c (a
+    fake one never hits).  Raises AttributeError / TypeError for non-tensor out / c.  Devices as
+    ``get_device()`` (an int, cheaper than a ``torch.device``): -1 for every non-CUDA device, which
+    never has a launcher (validation rejects it)."""
+    return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
+            (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) & 15, out_dtype, beta != 0.0,
+            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()),
+            None if c is None else (type(c), c.shape, c.stride(), c.dtype, c.get_device()))
+
+
+class _PlanCache(dict):
+    """The planner's plan cache (:data:`.plan._plans`), whose ``clear`` (:func:`.plan.clear_plans`,
+    called by the tuner) also drops every launcher made from its plans."""
+
+    __slots__ = ()
+
+    def clear(self):
+        super().clear()
+        _launchers.clear()
+
+
+def _run(a, b, out, c, alpha, beta, out_dtype):
+    """``plan.run`` (alpha / beta already checked) through the launcher cache: a miss validates,
+    plans (or finds the plan) and runs, then caches a launcher for the call's metadata."""
+    try:
+        if type(a) not in _FAST_TYPES or type(b) not in _FAST_TYPES:
+            raise TypeError
+        key = _key(a, b, out, c, beta, out_dtype)
+        hit = _launchers.get(key)
+    except (AttributeError, TypeError):
+        return run(a, b, out, c, alpha, beta, out_dtype)
+    if hit is not None:
+        return hit(a, b, out, c, alpha, beta)
+    res = run(a, b, out, c, alpha, beta, out_dtype)
+    _prepare(key, a, b, out, c, beta, out_dtype)
+    return res
+
+
+def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
+    """After a call with this metadata passed validation and ran: cache a launcher for it (plans
+    with nothing to launch or canonical-stride views to take keep the general path)."""
+    if type(_plan_mod._plans) is not _PlanCache:  # (first use, or plan.py rebound its cache)
+        _launchers.clear()
+        _plan_mod._plans = _PlanCache(_plan_mod._plans)
+    p = _plan_mod._plans.get(_plan_mod._signature(a, b, out, c, beta, out_dtype))
+    if p is None or p.empty or p.a_fix or p.b_fix or p.d_fix:
+        return
+    fn, ws = p.fn, None
+    if isinstance(fn, launch.SwappedLauncher):
+        if not fn.torch_order:  # the transposes are host views: the plan's own launcher makes them
+            _launchers[key] = _launcher(p, p.fn, None, a.device)
+            return
+        fn = fn.fn
+    if isinstance(fn, launch.WorkspaceLauncher):
+        fn, ws = fn.fn, fn
+    _launchers[key] = _launcher(p, jit.direct(fn), ws, a.device)
+
+
+def _launcher(p, fn, ws, dev):
+    """The launcher of one plan: allocate the output (on ``dev``), count, call ``fn`` (with the
+    workspace of ``ws``, a :class:`.launch.WorkspaceLauncher`, when there is one)."""
+    shape, dtype, has_c = p.shape, p.out_dtype, p.has_c
+
+    if ws is None:
+        def launch_(a, b, out, c, alpha, beta):
+            if out is None:
+                out = _empty(shape, dtype=dtype, device=dev)
+            LAUNCHES["gemm"] += 1
+            fn(a, b, out, c if has_c else out, float(alpha), float(beta))
+            return out
+    else:
+        def launch_(a, b, out, c, alpha, beta):
+            if out is None:
+                out = _empty(shape, dtype=dtype, device=dev)
+            w, cnt = ws.workspace(dev)
+            LAUNCHES["gemm"] += 1
+            fn(a, b, out, c if has_c else out, w, cnt, float(alpha), float(beta))
+            return out
+    launch_.plan = p  # (its launcher holds the compiled object that owns fn's CUDA library)
+    return launch_
 
 
 @torch.library.custom_op("cute_kernels::gemm", mutates_args=())
 def _gemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float,
              out_dtype: torch.dtype | None) -> torch.Tensor:
-    return run(a, b, None, c, alpha, beta, out_dtype)
+    return _run(a, b, None, c, alpha, beta, out_dtype)
 
 
 @_gemm_op.register_fake

@@ -1,8 +1,13 @@
 """Compiled GEMM kernels and how a plan calls them: the fake-argument builder every compile goes
-through, the compile-cache getters, and the launchers that add a workspace or transpose operands."""
+through, the compile-cache getters, and the launchers that add a workspace or transpose operands.
+
+A skinny problem runs transposed (out^T = b^T a^T).  Compiled with ``swapped=True`` the kernel's host
+entry takes the problem's torch-ordered (a, b, d, c) and makes the transposes layout views inside the
+compiled function (:class:`SwappedEntry`): no ``.mT`` views on the host, ~1 us each per call."""
 
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -15,14 +20,52 @@ from .kernel import GemmConfig, GemmSm90, GemmSm90SplitK
 from .splitk_kernel import GemmSm90SplitKCluster, GemmSm90SplitKFixup, SplitKClusterConfig, SplitKFixupConfig
 
 
-def fake_args(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
+def _t(x: cute.Tensor) -> cute.Tensor:
+    """The transpose of a rank-2 tensor as a layout view (inside a DSL context)."""
+    return cute.make_tensor(x.iterator, cute.select(x.layout, mode=[1, 0]))
+
+
+class SwappedEntry:
+    """Host entry of a split-K kernel compiled for the transposed problem, taking the problem's
+    torch-ordered operands: ``(a, b, d, c)`` -> the kernel's ``(b^T, a^T, d^T, c^T)`` as views."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
+                 alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
+        self.kernel(_t(b), _t(a), _t(d), _t(c), alpha, beta, stream)
+
+
+class SwappedFixupEntry(SwappedEntry):
+    """:class:`SwappedEntry` of the last-CTA-fixup kernel (its workspace and counters pass through)."""
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, ws: cute.Tensor,
+                 cnt: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, stream: cuda.CUstream):
+        self.kernel(_t(b), _t(a), _t(d), _t(c), ws, cnt, alpha, beta, stream)
+
+
+def fake_args(cfg, ab_dtype: str, d_dtype: str, c_dtype: str, swapped: bool = False):
     """(kernel, fake arguments) for any GEMM kernel config: fake tensors with the real ones' static facts
     (rank, unit stride, divisibility: 16 bytes for TMA, the vector bytes for cp.async, any for C and
-    direct-stored D), plus the fp32 workspace and int32 counters of the last-CTA-fixup kernels."""
+    direct-stored D), plus the fp32 workspace and int32 counters of the last-CTA-fixup kernels.
+    ``swapped`` (split-K configs, rank 2): the :class:`SwappedEntry` of the kernel, whose arguments
+    are the transposes of the kernel's (the problem's a, b, d, c in torch order)."""
     M, N, K, L = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     t = cfg.tiles
     ab, dt, ct = to_cutlass(ab_dtype), to_cutlass(d_dtype), to_cutlass(c_dtype)
     rank3 = isinstance(cfg, GemmConfig) and cfg.a_rank == 3
+    split = isinstance(cfg, (SplitKClusterConfig, SplitKFixupConfig))
+    if swapped and not (split and cfg.a_rank == 2):
+        raise ValueError(f"gemm: a swapped entry exists for rank-2 split-K configs only, not {type(cfg).__name__}")
+
+    def make(spec):
+        dtype, shape, stride, align = spec
+        if swapped:  # the argument is the transpose of the kernel's
+            shape, stride = shape[::-1], stride[::-1]
+        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
     def mat(dtype, rows, cols, major, align):
         """(rows, cols) with unit stride along ``major`` ("row": cols), the other stride a multiple of
@@ -33,11 +76,11 @@ def fake_args(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
         shape = (rows, cols)
         if rank3:
             shape, stride = (L, *shape), (cute.sym_int(divisibility=div), *stride)
-        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
+        return dtype, shape, stride, align
 
     def any_strides(dtype):
         shape = (L, M, N) if rank3 else (M, N)
-        return make_fake_tensor(dtype, shape, tuple(cute.sym_int() for _ in shape), assumed_align=dtype.width // 8)
+        return dtype, shape, tuple(cute.sym_int() for _ in shape), dtype.width // 8
 
     a_major = "row" if t.mma.a_major == "k" else "col"
     b_major = "col" if t.mma.b_major == "k" else "row"
@@ -51,15 +94,20 @@ def fake_args(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
         return (make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16),
                 make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4))
 
-    if isinstance(cfg, (SplitKClusterConfig, SplitKFixupConfig)):
+    if split:
         d = mat(dt, M, N, "row", 16) if getattr(cfg, "vec_store", False) else any_strides(dt)
         c = any_strides(ct)
+        # the swapped entry's arguments in its own order: the problem's a (= kernel b^T), b (= a^T), d, c
+        ops = (make(b), make(a), make(d), make(c)) if swapped else (make(a), make(b), make(d), make(c))
         if isinstance(cfg, SplitKFixupConfig):
-            return GemmSm90SplitKFixup(cfg), (a, b, d, c, *workspace(), *scalars)
-        return GemmSm90SplitKCluster(cfg), (a, b, d, c, *scalars)
+            k = GemmSm90SplitKFixup(cfg)
+            return (SwappedFixupEntry(k) if swapped else k), (*ops, *workspace(), *scalars)
+        k = GemmSm90SplitKCluster(cfg)
+        return (SwappedEntry(k) if swapped else k), (*ops, *scalars)
     d_major = "row" if t.c_major == "n" else "col"
     d = mat(dt, M, N, d_major, 16 if cfg.tma_store else dt.width // 8)
     c = any_strides(ct) if cfg.has_c else mat(dt, M, N, d_major, dt.width // 8)
+    a, b, d, c = make(a), make(b), make(d), make(c)
     if cp:
         return GemmSm90CpAsync(cfg), (a, b, d, c, *scalars)
     if cfg.splits > 1:
@@ -72,11 +120,25 @@ FAMILY = {GemmConfig: "gemm_sm90", SplitKClusterConfig: "gemm_sm90_splitk_cluste
           SplitKFixupConfig: "gemm_sm90_splitk_fixup"}
 
 
-def compiled(cfg, ab_dtype: str, d_dtype: str, c_dtype: str):
+def compiled(cfg, ab_dtype: str, d_dtype: str, c_dtype: str, swapped: bool = False):
     """The compiled kernel for ``cfg`` (memory / disk cache, else compile): a TVM-FFI function taking
-    torch tensors, ``fn(a, b, d, c[, ws, cnt], alpha, beta)``."""
-    return jit.get_compiled(FAMILY[type(cfg)], (cfg, ab_dtype, d_dtype, c_dtype),
-                            lambda: fake_args(cfg, ab_dtype, d_dtype, c_dtype))
+    torch tensors, ``fn(a, b, d, c[, ws, cnt], alpha, beta)``; ``swapped``: the :class:`SwappedEntry`
+    (same arguments, the problem's torch-ordered operands of a transposed-problem config)."""
+    key = (cfg, ab_dtype, d_dtype, c_dtype, "swapped") if swapped else (cfg, ab_dtype, d_dtype, c_dtype)
+    return jit.get_compiled(FAMILY[type(cfg)], key, lambda: fake_args(cfg, ab_dtype, d_dtype, c_dtype, swapped))
+
+
+def _stream_query():
+    """(capturing(), current_stream_key(device_index)): torch's C entry points when there are (a few
+    tenths of a microsecond), else the ``torch.cuda`` functions (a CPU-only build)."""
+    C = torch._C
+    if hasattr(C, "_cuda_isCurrentStreamCapturing") and hasattr(C, "_cuda_getCurrentStream"):
+        return C._cuda_isCurrentStreamCapturing, C._cuda_getCurrentStream
+    return (torch.cuda.is_current_stream_capturing,
+            lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
+_capturing, _current_stream = _stream_query()
 
 
 class WorkspaceLauncher:
@@ -88,10 +150,10 @@ class WorkspaceLauncher:
         self.fn, self.ws_numel, self.n_counters, self.cache = fn, ws_numel, n_counters, {}
 
     def workspace(self, device) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.cuda.is_current_stream_capturing():
+        if _capturing():
             return (torch.empty(self.ws_numel, dtype=torch.float32, device=device),
                     torch.zeros(self.n_counters, dtype=torch.int32, device=device))
-        key = (device, torch.cuda.current_stream(device).cuda_stream)
+        key = (device, _current_stream(device.index))
         buf = self.cache.get(key)
         if buf is None:
             buf = self.cache[key] = (torch.empty(self.ws_numel, dtype=torch.float32, device=device),
@@ -104,10 +166,15 @@ class WorkspaceLauncher:
 
 
 class SwappedLauncher:
-    """Calls a kernel compiled for the transposed problem: (a, b, d, c) -> (b^T, a^T, d^T, c^T), all views."""
+    """Calls a kernel compiled for the transposed problem.  ``torch_order``: ``fn`` is a swapped entry
+    (:func:`compiled` with ``swapped=True``) and takes (a, b, d, c) as they are; else (b^T, a^T, d^T,
+    c^T) are made here, as ``.mT`` views."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, torch_order: bool = False):
+        self.fn, self.torch_order = fn, torch_order
 
     def __call__(self, a, b, d, c, alpha, beta):
-        self.fn(b.mT, a.mT, d.mT, c.mT, alpha, beta)
+        if self.torch_order:
+            self.fn(a, b, d, c, alpha, beta)
+        else:
+            self.fn(b.mT, a.mT, d.mT, c.mT, alpha, beta)

@@ -312,3 +312,91 @@ def run(a, b, out=None, c=None, alpha: float = 1.0, beta: float = 0.0, out_dtype
     LAUNCHES["gemm"] += 1
     p.fn(a, b, d, c if p.has_c else d, float(alpha), float(beta))
     return out
+
+
+# ---------------------------------------------------------------------------- the configuration buckets
+def config_buckets(ab: str = "bfloat16", a_major: str = "row", b_major: str = "row", d_name: str | None = None,
+                   c_name: str | None = None, *, batched: bool = False, out_major: str = "row",
+                   tma_store: bool = True, vec_store: bool = True,
+                   cpasync_vecs: tuple[int, int] | None = None) -> list:
+    """Every kernel configuration the planner's heuristics (``PlanChoice()``, no tuned entry) can pick
+    for operands with these static facts, whatever M, N, K and the batch count: the bound on what a
+    sweep of sizes compiles (one compile per configuration, see ``jit.get_compiled``).  Pure Python,
+    nothing compiled; a superset where a combination cannot occur.
+
+    Facts: dtype names of A/B (``ab``), D (``d_name``, default ``ab``) and C (``c_name``: a beta * C
+    term); the torch-ordered majors ("row" / "col") of a (M, K), b (K, N) and the output; a 3-D
+    (``batched``) a; whether D's rows suit the TMA store (``tma_store``) and the cluster split-K's
+    16-byte stores (``vec_store``); ``cpasync_vecs`` = (vec_a, vec_b) bytes when TMA cannot describe
+    A or B.  The shape buckets behind the list:
+
+    * TMA cannot describe A or B: the cp.async persistent kernel, 128 x {128, 192, 256} tiles (the
+      width whose last wave is fullest), 1x1 cluster, raster swizzle 1..4 along M.
+    * M <= 64, unbatched: the transposed plan, N tile 16 / 32 / 64 (M <= 16 / 32 / 64; 32 < M <= 64
+      as multicast pairs of 32 without C into a 16-bit D), 1..8 K slices (from N and K), met in a
+      cluster's shared memory (<= 2) or the fixup kernel's workspace.
+    * Fewer output tiles than half the SMs, batch 1: split-K, in the persistent schedule (128 x
+      {128, 256} tiles, 1x1 / 2x1 cluster, 2..8 slices; row-major D, slices of >= 32 k-tiles) or over a
+      cluster pair (2 slices, 128 x {64, 128} tiles).
+    * Else the persistent kernel: 128 x {128, 192, 256} tiles, 2x1 cluster when M's 128-row tile count
+      is even (1x1 when odd or A >= 64 MB), 256 x 128 tiles in a 1x2 cluster for A >= 64 MB, M >= 2048,
+      N >= 1024; raster swizzle 1..8 fitted to the grid (along N for the 2x1 cluster's multi-wave band
+      raster); the deferred epilogue (16-bit D, no C) when there is more than one wave.
+    """
+    from .cpasync_kernel import cpasync_tiles
+    from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
+
+    d_name = d_name or ab
+    has_c = c_name is not None
+    am = "k" if a_major == "row" else "mn"
+    bm = "mn" if b_major == "row" else "k"
+    sms = current_arch().sm_count
+    a_rank = 3 if batched else 2
+    found: dict = {}
+
+    def add(cfg):
+        found.setdefault(cfg, None)
+
+    def persistent(t: T.GemmTiles, rasters, **extra):
+        if out_major == "col":  # column-major D: the same tile with M-major epilogue sub-tiles
+            t = H.make_gemm_tiles(t.tile_mnk[1], t.cluster_mn, ab, am, bm, d_name, "m", tile_m=t.tile_mnk[0])
+        clusters = sms // (t.cluster_mn[0] * t.cluster_mn[1])
+        for swizzle, along_m in rasters:
+            cfg = GemmConfig(tiles=t, a_rank=a_rank, has_c=has_c, tma_store=tma_store, raster_swizzle=swizzle,
+                             raster_along_m=along_m, max_active_clusters=clusters, **extra)
+            for defer in ((False, True) if epi_defer_ok(cfg) else (False,)):
+                add(dataclasses.replace(cfg, epi_defer=defer))
+
+    along_m = [(s, True) for s in range(1, 9)]
+    if cpasync_vecs is not None:
+        for tn in (256, 192, 128):
+            for cl in ((2, 1), (1, 1)):
+                persistent(cpasync_tiles(H.make_gemm_tiles(tn, cl, ab, am, bm, d_name, "n")), along_m[:4],
+                           mainloop="cpasync", vec_a=cpasync_vecs[0], vec_b=cpasync_vecs[1])
+        return list(found)
+    for tn in (256, 192, 128):
+        persistent(H.make_gemm_tiles(tn, (2, 1), ab, am, bm, d_name, "n"), [(1, True)] + [(s, False) for s in range(1, 9)])
+        persistent(H.make_gemm_tiles(tn, (1, 1), ab, am, bm, d_name, "n"), along_m[:4])
+    if ab != "float32":
+        persistent(H.make_gemm_tiles(128, (1, 2), ab, am, bm, d_name, "n", tile_m=256), along_m)
+    # split-K: cluster pairs (batch 1; a 3-D a too), the persistent schedule (2-D a, row-major D)
+    for tn in (64, 128):
+        add(SplitKClusterConfig(tiles=H.splitk_tiles(tn, ab, am, bm, d_name), splits=2, a_rank=2, has_c=has_c,
+                                vec_store=vec_store and out_major == "row" and not batched,
+                                b_evict_first=H.SPLITK_B_EVICT_FIRST))
+    if not batched and out_major == "row":
+        for tn in (256, 128):
+            for cl in ((2, 1), (1, 1)):
+                for s in range(2, 9):
+                    add(GemmConfig(tiles=H.make_gemm_tiles(tn, cl, ab, am, bm, d_name), a_rank=2, has_c=has_c,
+                                   tma_store=tma_store, max_active_clusters=sms // cl[0], splits=s))
+    if not batched:  # the transposed skinny plan (b^T is its A, a^T its B)
+        pairs_ok = not has_c and d_name in ("float16", "bfloat16")
+        choices = [H.SkinnySwap(32, s, 2) for s in range(1, 9)] if pairs_ok else []
+        choices += [H.SkinnySwap(tn, s, 1) for tn in (16, 32, 64) for s in range(1, 9)]
+        for sw in choices:
+            tiles = H.splitk_tiles(sw.tile_n, ab, "mn" if b_major == "row" else "k", "k" if a_major == "row" else "mn",
+                                   d_name, sw.mcast)
+            Cfg = SplitKFixupConfig if sw.fixup else SplitKClusterConfig
+            add(Cfg(tiles=tiles, splits=sw.splits, has_c=has_c, a_evict_first=H.SPLITK_B_EVICT_FIRST))
+    return list(found)

@@ -24,7 +24,7 @@ def test_fwd_tile_fits(dtype, head_dim, causal):
     assert t.tile_regs_per_thread <= t.consumer_regs - LA.FWD_REG_OVERHEAD
     producer, consumer = t.producer_regs, t.consumer_regs
     assert 128 * producer + t.consumer_warpgroups * 128 * consumer <= 65536  # the register file
-    assert t.intra_wg_overlap and t.pingpong == (head_dim != 256)
+    assert t.pingpong == (head_dim != 256)
     hash(t)
 
 
@@ -34,7 +34,7 @@ def test_fwd_tile_rejects():
     with pytest.raises(ValueError):
         LA.FwdTile("bfloat16", 128, tile_m=256)  # four consumer warpgroups
     with pytest.raises(ValueError):
-        LA.FwdTile("bfloat16", 128, intra_wg_overlap=False)  # ping-pong needs the overlap
+        LA.FwdTile("bfloat16", 64, tile_m=64)  # ping-pong needs two consumer warpgroups
     with pytest.raises(ValueError):
         LA.FwdTile("bfloat16", 256, tile_n=128)  # S + P + O: 64 + 32 + 128 registers
     with pytest.raises(ValueError):

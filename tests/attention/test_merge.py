@@ -139,11 +139,35 @@ def test_merge_kernel_compiles_for_sm90a(cfg):
     ks = [k for k in rep.kernels if "Merge" in k.name]
     assert len(ks) == 1
     k = ks[0]
-    assert k.spills == 0, rep.summary()
+    assert k.spills == 0, rep.summary()  # the SASS was read: inspect_builder raises without nvdisasm
     assert k.registers <= 255
-    if rep.sass is not None:
-        # 16-byte vector loads of the partial outputs, several in flight
-        assert k.instructions["LDG"] >= 8, rep.summary()
+    # 16-byte vector loads of the partial outputs, several in flight
+    assert k.instructions["LDG"] >= 8, rep.summary()
+
+
+def test_inspect_without_nvdisasm_raises(monkeypatch):
+    """No nvdisasm: the SASS-reading path (spills, instruction counts) raises a RuntimeError naming
+    nvdisasm and how to get it, instead of a report whose spill count is a vacuous 0; the cubin facts
+    (registers, shared memory) still come without it, and asking such a report for spills raises."""
+    from cute_kernels.tools import inspect as ins
+
+    cfg = MergeConfig("float32", "bfloat16", 64)
+    with_sass = ins.inspect_builder(merge_builder(cfg))
+    monkeypatch.setattr(ins, "nvdisasm_path", lambda: None)
+    for call in (lambda: ins.inspect_builder(merge_builder(cfg)), lambda: ins.disassemble(with_sass.cubin)):
+        with pytest.raises(RuntimeError, match="nvdisasm") as e:
+            call()
+        assert isinstance(e.value, ins.NvdisasmNotFound)
+        assert "nvidia-cuda-nvdisasm" in str(e.value) and "PATH" in str(e.value)
+    rep = ins.inspect_builder(merge_builder(cfg), sass=False)
+    assert rep.sass is None
+    (k,) = [k for k in rep.kernels if "Merge" in k.name]
+    (k_sass,) = [k for k in with_sass.kernels if "Merge" in k.name]
+    assert (k.registers, k.static_smem, k.stack_frame) == (k_sass.registers, k_sass.static_smem, k_sass.stack_frame)
+    assert k.registers > 0
+    with pytest.raises(RuntimeError, match="SASS was not read"):
+        k.spills
+    assert "SASS not read" in rep.summary()
 
 
 # ------------------------------------------------------------------------------------------- GPU

@@ -3,10 +3,11 @@ warpgroups, each computing two 64-row wgmma M-blocks (rows 64w.. and 128+64w..) 
 
 CPU: tile descriptions (stages, epilogue sub-tile, accumulator registers, register split), sm_90a
 compiles with resource checks, the C-fragment ownership of the 256-row tile and the epilogue's
-register -> tile map, the tuner's candidate list.  GPU: numerics against a float64 reference with
-NaN-poisoned outputs, ragged shapes, multi-tile persistent CTAs with odd k-tile counts, alpha/beta/C,
-dtypes, batched, column-major / unaligned D.  The GPU tests pin the kernel: explicit 256-row tiles,
-split-K off, and a check that the compiled config really has 256-row tiles.
+register -> tile map, the tuner's candidate list.  GPU: numerics against a float64 reference,
+elementwise with the tails named (``_check.check_gemm``), NaN-poisoned outputs, ragged shapes,
+multi-tile persistent CTAs with odd k-tile counts, alpha/beta/C, dtypes, batched, column-major /
+unaligned D.  The GPU tests pin the kernel: explicit 256-row tiles, split-K off, and a check that the
+compiled config really has 256-row tiles.
 """
 
 import itertools
@@ -16,9 +17,9 @@ import re
 import pytest
 import torch
 
-from conftest import (VARIANT_SHAPES, check_alpha_beta, check_gemm_compile, check_batched, check_dtypes, check_random,
-                      check_shapes_majors, check_unaligned_out, forced_tiles_gemm, rel_err)
-from conftest import gemm_ref as _ref
+from conftest import VARIANT_SHAPES, check_gemm_compile, forced_tiles_gemm
+from _check import (check_alpha_beta, check_batched, check_dtypes, check_gemm, check_random, check_shapes_majors,
+                    check_unaligned_out)
 
 import cute_kernels  # noqa: F401  (sets the arch before cutlass is imported)
 from cute_kernels.common.arch import current_arch
@@ -275,7 +276,7 @@ def test_tiles256_column_major_out_kernel(tile_n, cluster):
     fn = launch.compiled(cfg, "float16", "float16", "float16")
     fn(a, b, out, out, 1.0, 0.0)
     torch.cuda.synchronize()
-    assert rel_err(out, _ref(a, b)) < 5e-3
+    check_gemm(out, a, b)
 
 
 @pytest.mark.gpu
@@ -293,7 +294,7 @@ def test_tuned_256_entry_is_used(tmp_path):
         cute_kernels.gemm(a, b, out=out)
         assert P.plan(a, b, out).kernels[-1][1].tiles.tile_mnk == (256, 160, 64)
     P.clear_plans()
-    assert rel_err(out, _ref(a, b)) < 2e-2
+    check_gemm(out, a, b)
 
 
 def test_swapped_operands_plan_256x128():
