@@ -25,6 +25,8 @@ host (this synchronizes).
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Optional
 
 import torch
@@ -196,7 +198,7 @@ def decode_attn_reference(
 # torch.library ops and the public function
 # ------------------------------------------------------------------------------------------------
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
-    if q.device.type != "cuda":
+    if q.device.type not in _KERNEL_DEVICES:
         LAUNCHES["decode_attn:cpu"] += 1
         o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale)
         out.copy_(o.to(out.dtype))
@@ -256,6 +258,99 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softm
     )
 
 
+# ------------------------------------------------------------------------------------------------
+# the host fast path: a launcher per call metadata, made after a call with that metadata passed
+# every check (validate, scale, num_splits) and launched
+# ------------------------------------------------------------------------------------------------
+_is_compiling = torch.compiler.is_compiling
+_empty = torch.empty
+_F32 = torch.float32
+#: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
+_FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+#: call metadata (:func:`_key`) -> launcher (:func:`_launcher`)
+_launchers: dict = {}
+#: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
+_KERNEL_DEVICES = ("cuda",)
+# CUTE_KERNELS_CHECKED is read on every call (tests set it mid-process), from os.environ's backing
+# dict: os.environ.get encodes the key on each call (~0.5 us)
+_ENV = getattr(os.environ, "_data", None)
+_ENV_CHECKED = os.environ.encodekey("CUTE_KERNELS_CHECKED") if _ENV is not None and hasattr(
+    os.environ, "encodekey") else None
+
+
+def _checked_env() -> bool:
+    """``checked_default(None)``: the variable is usually unset, which one dict lookup tells."""
+    if _ENV_CHECKED is not None and _ENV_CHECKED not in _ENV:
+        return False
+    return _plan_mod.checked_default(None)
+
+
+def _key(q, k, v, s, bt, out, ws, num_splits, causal) -> tuple:
+    """Everything :func:`~.decode_plan.validate` and the plan read from a call: shapes, strides, dtypes
+    and devices (``get_device()``: -1 for every non-CUDA device, which never has a launcher) of every
+    tensor, the 16-byte alignment of the data pointers, the types of the optional tensors (a fake one
+    never hits), num_splits (with its type: True is not 1 here) and causal."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+            v.shape, v.stride(), v.dtype, v.get_device(), s.shape, s.stride(), s.dtype, s.get_device(),
+            (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())
+             | (0 if ws is None else ws.data_ptr())) & 15,
+            None if bt is None else (type(bt), bt.shape, bt.stride(), bt.dtype, bt.get_device()),
+            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()),
+            None if ws is None else (type(ws), ws.shape, ws.stride(), ws.dtype, ws.get_device()),
+            type(num_splits), num_splits, causal)
+
+
+def _prepare(key, q, k_cache, block_table, num_splits, causal) -> None:
+    """Cache a launcher for ``key`` after a CUDA call with that metadata passed validation and
+    launched as is (not for empty batches, nor a q that needed a copy to be aligned)."""
+    B, Sq, Hq, D = q.shape
+    aligned = (q.data_ptr() | k_cache.data_ptr()) % 16 == 0 and not any(st % 8 for st in q.stride()[:-1])
+    if not aligned or B == 0 or q.device.type not in _KERNEL_DEVICES:
+        return
+    cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal)
+    fn = get_decode_kernel(cfg)
+    _launchers[key] = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device)
+
+
+def _launcher(fn, keep, P, qshape, dtype, dev):
+    """``launch(q, k, v, seqlens, block_table, out, workspace, scale, want_lse) -> (out, lse)``:
+    allocates out (unless given) and the LSE, and with P > 1 the partial outputs and LSEs (fresh, or
+    views of the given workspace), then launches.  Without ``want_lse`` the kernel writes the LSE
+    into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA
+    graphs too) may share it."""
+    B, Sq, Hq, D = qshape
+    lshape = (B, Hq, Sq)
+    scratch = _empty(lshape, dtype=_F32, device=dev)
+    if P == 1:
+        def launch(q, k, v, s, bt, out, ws, scale, want_lse):
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = _empty(lshape, dtype=_F32, device=dev) if want_lse else scratch
+            LAUNCHES["decode_attn"] += 1
+            fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
+            return out, lse
+    else:
+        pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
+        pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
+        lse_off = P * B * Sq * Hq * D  # the partial LSEs follow the partial outputs in a workspace
+
+        def launch(q, k, v, s, bt, out, ws, scale, want_lse):
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = _empty(lshape, dtype=_F32, device=dev) if want_lse else scratch
+            if ws is None:
+                o_part, lse_part = _empty(pshape, dtype=_F32, device=dev), _empty(plshape, dtype=_F32, device=dev)
+            else:
+                off = ws.storage_offset()
+                o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
+            LAUNCHES["decode_attn"] += 1
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E)
+            return out, lse
+    launch.default_scale = D ** -0.5
+    launch.keep = keep  # the compiled object owns fn's CUDA library
+    return launch
+
+
 def decode_attn(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -299,6 +394,26 @@ def decode_attn(
 
     Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.
     """
+    key = None
+    if (checked is None or checked is False) and not _is_compiling():  # the fast path (see _key)
+        try:
+            if (type(q) in _FAST_TYPES and type(k_cache) in _FAST_TYPES and type(v_cache) in _FAST_TYPES
+                    and type(cache_seqlens) in _FAST_TYPES):
+                key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal)
+                hit = _launchers.get(key)
+            else:
+                hit = None
+        except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
+            key = hit = None
+        if hit is not None and (checked is False or not _checked_env()):
+            ts = type(softmax_scale)
+            if softmax_scale is None:
+                softmax_scale = hit.default_scale
+            elif not ((ts is float or ts is int) and 0.0 < softmax_scale < math.inf):
+                hit = None  # the checked path says what is wrong with it (or takes a numpy scalar)
+            if hit is not None:
+                o, lse = hit(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, softmax_scale, return_lse)
+                return (o, lse) if return_lse else o
     # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
@@ -323,4 +438,6 @@ def decode_attn(
     # eager calls skip the dispatcher; under torch.compile the custom op is traced
     run = _decode_attn_out_op if compiling else _decode_impl
     run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale)
+    if key is not None and not compiling:
+        _prepare(key, q, k_cache, block_table, num_splits, causal)
     return (out, lse) if return_lse else out

@@ -207,6 +207,7 @@ def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
 
 
 _COUNTERS: dict = {}
+_capturing, _current_stream = jit.stream_query()  # (torch's C entry points: tenths of a microsecond)
 
 
 def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
@@ -217,10 +218,10 @@ def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
     never touch it: they get one per device."""
     if not dynamic:
         key = (device.index, None)
-    elif torch.cuda.is_current_stream_capturing():
+    elif _capturing():
         return torch.zeros(2, dtype=torch.int32, device=device)
     else:
-        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+        key = (device.index, _current_stream(device.index))
     c = _COUNTERS.get(key)
     if c is None:
         c = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
@@ -267,6 +268,50 @@ def _(q, k, v, causal, softmax_scale):
 
 
 # ------------------------------------------------------------------------------------------------
+# the host fast path: a launcher per call metadata, made after a call with that metadata passed
+# validation and launched (issue 19: host time per call)
+# ------------------------------------------------------------------------------------------------
+_is_compiling = torch.compiler.is_compiling
+_empty = torch.empty
+#: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
+_FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+_launchers: dict = {}
+
+
+def _key(q, k, v, out, causal) -> tuple:
+    """Everything :func:`validate` and the plan read (the scale aside): shapes, strides, dtypes and
+    devices (``get_device()``: -1 for every non-CUDA device, which never has a launcher), the 16-byte
+    alignment of the data pointers, out's type (a fake one never hits) and causal."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+            v.shape, v.stride(), v.dtype, v.get_device(),
+            (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())) & 15,
+            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()), causal)
+
+
+def _prepare(key, q, k, causal: bool) -> None:
+    """Cache a launcher for ``key`` after a call with that metadata launched the kernel."""
+    B, Sq, Hq, D = q.shape
+    if B == 0 or Sq == 0 or Hq == 0 or k.shape[1] == 0:
+        return
+    cfg = plan(q.dtype, D, causal)
+    fn = get_forward_kernel(cfg)
+    if fn is None:
+        return
+    qshape, lshape, dtype, dev, dynamic, run = q.shape, (B, Hq, Sq), q.dtype, q.device, cfg.tile.dynamic, jit.direct(fn)
+    scratch = _empty(lshape, dtype=torch.float32, device=dev)  # the LSE nobody asked for: never read
+
+    def launch(q, k, v, out, scale, want_lse):
+        if out is None:
+            out = _empty(qshape, dtype=dtype, device=dev)
+        lse = _empty(lshape, dtype=torch.float32, device=dev) if want_lse else scratch
+        LAUNCHES["flash_attn"] += 1
+        run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
+        return out, lse
+    launch.default_scale, launch.keep = 1.0 / math.sqrt(D), fn  # (fn owns run's CUDA library)
+    _launchers[key] = launch
+
+
+# ------------------------------------------------------------------------------------------------
 # the public function
 # ------------------------------------------------------------------------------------------------
 def flash_attn(
@@ -298,6 +343,25 @@ def flash_attn(
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
     argument before any launch; nothing synchronizes with the device; results are bitwise repeatable.
     """
+    key = None
+    if not _is_compiling():  # the fast path (_key); anything unusual takes the checks below
+        try:
+            if type(q) in _FAST_TYPES and type(k) in _FAST_TYPES and type(v) in _FAST_TYPES:
+                key = _key(q, k, v, out, causal)
+                hit = _launchers.get(key)
+            else:
+                hit = None
+        except (AttributeError, TypeError):  # a non-tensor, an unhashable causal: validate says what
+            key = hit = None
+        if hit is not None:
+            ts = type(softmax_scale)
+            if softmax_scale is None:
+                softmax_scale = hit.default_scale
+            elif not ((ts is float or ts is int) and 0.0 < softmax_scale < math.inf):
+                hit = None  # _scale says what is wrong with it (or takes a numpy scalar)
+            if hit is not None:
+                out, lse = hit(q, k, v, out, softmax_scale, return_lse)
+                return (out, lse) if return_lse else out
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
     scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
     causal = bool(causal)
@@ -313,4 +377,6 @@ def flash_attn(
     else:
         lse = _new_lse(q)
     _launch(q, k, v, out, lse, causal, scale)  # eager: no dispatcher
+    if key is not None:
+        _prepare(key, q, k, causal)
     return (out, lse) if return_lse else out

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit  # sets CUTE_DSL_ARCH before cutlass is imported
 from ..common import softmax as sm
@@ -362,7 +363,7 @@ def _merge_states_impl(o_parts: torch.Tensor, lse_parts: torch.Tensor):
     P, D = o_parts.shape[0], o_parts.shape[-1]
     rest = tuple(o_parts.shape[1:-1])
     n = math.prod(rest)
-    if o_parts.device.type == "cuda":
+    if o_parts.device.type in _KERNEL_DEVICES:
         op = o_parts.reshape(P, 1, 1, n, D)
         if op.stride(-1) != 1 or not _row_aligned(op):
             op = op.contiguous()
@@ -391,6 +392,65 @@ def _(o_parts, lse_parts):
     )
 
 
+# ------------------------------------------------------------------------------------------------
+# the host fast path: a launcher per call metadata, made after a call with that metadata passed the
+# checks and launched the kernel on the tensors as they are (issue 19: host time per call)
+# ------------------------------------------------------------------------------------------------
+_is_compiling = torch.compiler.is_compiling
+_empty = torch.empty
+#: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
+_FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+#: devices the kernel runs on (other tensors: torch ops; tests add "cpu" with a stub kernel)
+_KERNEL_DEVICES = ("cuda",)
+_launchers: dict = {}
+
+
+def _key(o_parts, lse_parts) -> tuple:
+    """Everything the checks and the launch decision read: shapes, strides, dtypes, devices
+    (``get_device()``: -1 for every non-CUDA device, which never has a launcher) and o_parts' data
+    pointer's 16-byte alignment (the LSEs are read one float at a time)."""
+    return (o_parts.shape, o_parts.stride(), o_parts.dtype, o_parts.get_device(), lse_parts.shape,
+            lse_parts.stride(), lse_parts.dtype, lse_parts.get_device(), o_parts.data_ptr() & 15)
+
+
+def _prepare(key, o_parts: torch.Tensor, lse_parts: torch.Tensor) -> None:
+    """Cache a launcher when the kernel takes the tensors as they are: at most three row dims
+    (viewed as the kernel's (B, S, H) with size-1 dims in front, no copy), rows 16-byte aligned in
+    o_parts and in the output, at least one row."""
+    P, D, rest = o_parts.shape[0], o_parts.shape[-1], tuple(o_parts.shape[1:-1])
+    out_aligned = (D * o_parts.element_size()) % 16 == 0
+    if (len(rest) > 3 or math.prod(rest) == 0 or o_parts.stride(-1) != 1 or not _row_aligned(o_parts)
+            or not out_aligned):
+        return
+    cfg = MergeConfig(name_of(o_parts.dtype), name_of(o_parts.dtype), int(D))
+    fn = get_merge_kernel(cfg)
+    _launchers[key] = _launcher(jit.direct(fn), fn, P, rest, D, o_parts.dtype, o_parts.device)
+
+
+def _launcher(fn, keep, P, rest, D, dtype, dev):
+    """``launch(o_parts, lse_parts) -> (o, lse)``: allocate both outputs, launch (5-d o_parts as they
+    are, fewer row dims as views with size-1 dims in front)."""
+    f32 = torch.float32
+    oshape, lshape = (*rest, D), rest
+    if len(rest) == 3:
+        def launch(o_parts, lse_parts):
+            o, lse = _empty(oshape, dtype=dtype, device=dev), _empty(lshape, dtype=f32, device=dev)
+            LAUNCHES["merge_states"] += 1
+            fn(o_parts, lse_parts, o, lse)
+            return o, lse
+    else:
+        rows = (1,) * (3 - len(rest)) + rest
+        op5, lp4, o4, l3 = (P, *rows, D), (P, *rows), (*rows, D), rows
+
+        def launch(o_parts, lse_parts):
+            o, lse = _empty(oshape, dtype=dtype, device=dev), _empty(lshape, dtype=f32, device=dev)
+            LAUNCHES["merge_states"] += 1
+            fn(o_parts.view(op5), lse_parts.view(lp4), o.view(o4), lse.view(l3))
+            return o, lse
+    launch.keep = keep  # the compiled object owns fn's CUDA library
+    return launch
+
+
 def merge_states(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge P partial attention states exactly (the math: module doc).
 
@@ -402,8 +462,24 @@ def merge_states(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.
     Returns ``(o, lse)``: o (..., D) in o_parts' dtype, lse (...) float32; rows where every part is
     empty give ``o = 0, lse = -inf``.
     """
+    key = None
+    if not _is_compiling():  # the fast path (_key); anything unusual takes the checks below
+        try:
+            if type(o_parts) in _FAST_TYPES and type(lse_parts) in _FAST_TYPES:
+                key = _key(o_parts, lse_parts)
+                hit = _launchers.get(key)
+            else:
+                hit = None
+        except (AttributeError, TypeError):
+            key = hit = None
+        if hit is not None:
+            return hit(o_parts, lse_parts)
     _check_states(o_parts, lse_parts)
-    return _merge_states_op(o_parts, lse_parts)
+    if key is None or o_parts.device.type not in _KERNEL_DEVICES or isinstance(o_parts, FakeTensor):
+        return _merge_states_op(o_parts, lse_parts)  # torch.compile, fake / CPU / meta tensors
+    res = _merge_states_impl(o_parts, lse_parts)  # eager: no dispatcher
+    _prepare(key, o_parts, lse_parts)
+    return res
 
 
 def merge_state(

@@ -125,6 +125,20 @@ def direct(fn):
     return fn if raw is None else raw
 
 
+def stream_query():
+    """``(capturing, current_stream)``: ``capturing()`` is whether torch's current CUDA stream is being
+    captured into a graph, ``current_stream(device_index)`` a hashable token of the current stream of
+    a device.  Torch's C entry points when it has them (tenths of a microsecond; ``torch.cuda``'s
+    Python functions take microseconds), else those functions (a CPU-only build: never called)."""
+    import torch
+
+    C = torch._C
+    if hasattr(C, "_cuda_isCurrentStreamCapturing") and hasattr(C, "_cuda_getCurrentStream"):
+        return C._cuda_isCurrentStreamCapturing, C._cuda_getCurrentStream
+    return (torch.cuda.is_current_stream_capturing,
+            lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
 def full_key(name: str, config: Hashable) -> tuple:
     """The cache key: kernel, its configuration, and the target's facts."""
     return (name, config, current_arch().key())

@@ -1,12 +1,13 @@
 """The public entry points of the Hopper GEMM: ``gemm`` (and its ``torch.compile`` custom op),
 ``explain`` (what a call would run, on any machine) and ``warmup_gemm`` (compile ahead of time).
 
-Hot path (:func:`_run`): the call's metadata (shapes, strides, dtypes, devices, the data pointers'
-16-byte alignment, out_dtype, beta != 0) -> a dict lookup of a prepared launcher -> output allocation
-and the compiled TVM-FFI function, called with the torch tensors as they are (it re-views torch's
-operand order itself).  A launcher is made only after the call with exactly that metadata passed every
-check and was planned (:func:`.plan.plan`), so a hit skips nothing a miss would check; it is used only
-while the planner still holds the plan it was made from (the tuner drops plans, :func:`.plan.clear_plans`).
+Hot path (issue 19, host time per call): the call's metadata (:func:`_key`: shapes, strides, dtypes,
+devices, the data pointers' 16-byte alignment, out_dtype, beta != 0) -> a dict lookup of a prepared
+launcher -> output allocation and the compiled TVM-FFI function, called with the torch tensors as they
+are (it re-views torch's operand order itself; the transposed skinny plan's entry too).  A launcher is
+made only after a call with exactly that metadata passed every check and was planned
+(:func:`.plan.plan`), so a hit skips nothing a miss would check; nothing is keyed on a tensor's identity.
+Launchers go with the plans they were made from (:func:`.plan.clear_plans`, which the tuner calls).
 Modules: :mod:`.validate`, :mod:`.heuristics`, :mod:`.plan`, :mod:`.launch`, :mod:`.tune`, and the
 kernels in :mod:`.kernel`, :mod:`.epilogue`, :mod:`.splitk_kernel` and :mod:`.cpasync_kernel`.
 """
@@ -140,12 +141,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     if (ta is float or ta is int) and (tb is float or tb is int) and not tune and not _is_compiling():
         # the fast path (module doc); anything unusual goes to _run, which checks it
         try:
-            if type(a) in _FAST_TYPES and type(b) in _FAST_TYPES:
-                hit = _launchers.get(_key(a, b, out, c, beta, out_dtype))
-                if hit is not None:
-                    return hit(a, b, out, c, alpha, beta)
+            hit = (_launchers.get(_key(a, b, out, c, beta, out_dtype))
+                   if type(a) in _FAST_TYPES and type(b) in _FAST_TYPES else None)
         except (AttributeError, TypeError):  # not tensors, an unhashable out_dtype: the checked path says what
-            pass
+            hit = None
+        if hit is not None:
+            return hit(a, b, out, c, alpha, beta)
         return _run(a, b, out, c, alpha, beta, out_dtype)
     if ta not in _PLAIN_SCALARS or tb not in _PLAIN_SCALARS:
         check_scalars(alpha, beta)
@@ -200,7 +201,8 @@ def _run(a, b, out, c, alpha, beta, out_dtype):
             raise TypeError
         key = _key(a, b, out, c, beta, out_dtype)
         hit = _launchers.get(key)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError):  # the checks' own message (an unhashable out_dtype included)
+        _plan_mod.check_operands(a, b, out, c, out_dtype)
         return run(a, b, out, c, alpha, beta, out_dtype)
     if hit is not None:
         return hit(a, b, out, c, alpha, beta)

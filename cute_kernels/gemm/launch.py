@@ -128,17 +128,7 @@ def compiled(cfg, ab_dtype: str, d_dtype: str, c_dtype: str, swapped: bool = Fal
     return jit.get_compiled(FAMILY[type(cfg)], key, lambda: fake_args(cfg, ab_dtype, d_dtype, c_dtype, swapped))
 
 
-def _stream_query():
-    """(capturing(), current_stream_key(device_index)): torch's C entry points when there are (a few
-    tenths of a microsecond), else the ``torch.cuda`` functions (a CPU-only build)."""
-    C = torch._C
-    if hasattr(C, "_cuda_isCurrentStreamCapturing") and hasattr(C, "_cuda_getCurrentStream"):
-        return C._cuda_isCurrentStreamCapturing, C._cuda_getCurrentStream
-    return (torch.cuda.is_current_stream_capturing,
-            lambda index: torch.cuda.current_stream(index).cuda_stream)
-
-
-_capturing, _current_stream = _stream_query()
+_capturing, _current_stream = jit.stream_query()
 
 
 class WorkspaceLauncher:

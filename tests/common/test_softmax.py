@@ -161,8 +161,7 @@ def test_softmax_kernel_compiles_for_sm90a():
     assert len(rep.kernels) == 1
     k = rep.kernels[0]
     assert k.spills == 0 and k.stack_frame == 0, rep.summary()
-    if rep.sass is not None:
-        assert k.instructions["MUFU"] > 0 and k.instructions["SHFL"] > 0, rep.summary()
+    assert k.instructions["MUFU"] > 0 and k.instructions["SHFL"] > 0, rep.summary()
 
 
 @gpu

@@ -157,7 +157,7 @@ def test_ridge_and_gemm_bound():
 # ---- recorded results --------------------------------------------------------------------------------
 def test_latest_records_are_the_documented_ones():
     names = [p.name for p in records.latest(RESULTS)]
-    assert names == ["gemm-2026-11-30-8a2ffbe.json", "attention-2026-12-01-147e444.json",
+    assert names == ["gemm-2026-11-30-8a2ffbe.json", "attention-2026-12-01-72063b4.json",
                      "bench_decode-2026-11-30-6f63ae9-cand-cpasync.json", "read-ceiling-2026-11-30-234c05e.json"]
 
 

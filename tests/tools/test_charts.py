@@ -66,7 +66,7 @@ def test_charts_from_the_latest_records(tmp_path):
     assert f"| 4096x4096x4100 | {r['cute-kernels']['tflops']:.0f} | cuBLAS | " \
            f"{r['cute-kernels']['ratio_vs_best_peer']:.2f}x |" in tables
     assert "NVIDIA H200, 2026-11-30, commit 8a2ffbe" in tables
-    assert "NVIDIA H200, 2026-12-01, commit 147e444" in tables
+    assert "NVIDIA H200, 2026-12-01, commit 72063b4" in tables
     assert tables.count("| shape |") == 3
 
 
