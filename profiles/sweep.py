@@ -664,10 +664,26 @@ def compare_lse(lse: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
 
 def guard_ok(base: torch.Tensor, mat: Mat) -> bool:
     """Everything in ``base`` outside ``mat``'s view is still NaN (nothing written past the view)."""
+    return guard_report(base, mat) is None
+
+
+def guard_report(base: torch.Tensor, mat: Mat) -> str | None:
+    """None when nothing outside ``mat``'s view of ``base`` was written (still NaN); else where: the
+    count, and the first few written positions as (outer index, inner index) in the ``ld`` rows with
+    their values, so a store past the row's end shows as inner >= ``mat.inner``."""
     inside = torch.zeros(base.numel(), dtype=torch.bool, device=base.device)
     mat.view(inside).fill_(True)
-    rest = base[~inside]
-    return bool(torch.isnan(rest).all()) if rest.numel() else True
+    written = (~inside) & ~torch.isnan(base)
+    n = int(written.sum())
+    if n == 0:
+        return None
+    idx = written.nonzero().flatten()[:6].tolist()
+    where = []
+    for i in idx:
+        j = i - mat.off
+        where.append(f"[{j // mat.ld},{j % mat.ld}]={base[i].item():.3g}" if j >= 0 else f"[pre {i}]={base[i].item():.3g}")
+    return (f"wrote {n} elements outside the out view ({mat.major}-major, inner {mat.inner}, ld {mat.ld}): "
+            + " ".join(where))
 
 
 # ================================================================================================
@@ -806,8 +822,9 @@ def run_gemm(c: dict, ref_dev: str = "cuda") -> dict:
         ref2, mag2, scale2 = gemm_ref(out.to(ref_dev), hv["b2"])
         res = _merge_results(res, compare(out2.to(ref_dev), ref2, rtol=tol[0], atol=tol[1], row_tol=tol[2],
                                           mag=mag2, scale=scale2, rows=rows))
-    if not guard_ok(obase, mats["out"]) or (obase2 is not None and not guard_ok(obase2, mats["out2"])):
-        res.update(ok=False, msg="wrote outside the out view")
+    bad = guard_report(obase, mats["out"]) or (obase2 is not None and guard_report(obase2, mats["out2"]))
+    if bad:
+        res.update(ok=False, msg=bad)
     return res
 
 
@@ -964,6 +981,8 @@ def summarize(cases: list, results: list) -> dict:
         s = out.setdefault(c["op"], dict(count=0, failures=0, worst_err=0.0, worst_case=None, failed=[]))
         s["count"] += 1
         e = max(r.get("err") or 0.0, r.get("lse") or 0.0)
+        if e != e:  # NaN: the worst there is
+            e = math.inf
         if not r["ok"]:
             s["failures"] += 1
             s["failed"].append(c.get("id"))

@@ -236,6 +236,7 @@ def test_guard_sees_writes_past_a_view():
     assert sw.guard_ok(base, m)
     base[7] = 0.0  # column 7 of row 0: outside the view
     assert not sw.guard_ok(base, m)
+    assert "wrote 1 elements" in sw.guard_report(base, m) and "[0,7]=0" in sw.guard_report(base, m)
 
 
 class _Fake:
