@@ -88,17 +88,17 @@ def main(argv=None) -> int:
             fn = FW.get_forward_kernel(cfg)
             o, lse = torch.empty_like(q), torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
             ctr = FW.tile_counter(q.device, cfg.tile.dynamic)
-            impls[vname] = lambda fn=fn, o=o, lse=lse, ctr=ctr: fn(q, k, v, o, lse, ctr, scale_log2)
+            impls[vname] = lambda fn=fn, o=o, lse=lse, ctr=ctr, q=q, k=k, v=v: fn(q, k, v, o, lse, ctr, scale_log2)
             outs[vname] = o
 
-        def cudnn():
+        def cudnn(qt=qt, kt=kt, vt=vt):
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
                                                                         enable_gqa=Hq != Hkv)
 
         impls["cudnn"] = cudnn
         if fa4 is not None:
-            impls["fa4"] = lambda: fa4(q, k, v, causal=causal)
+            impls["fa4"] = lambda q=q, k=k, v=v: fa4(q, k, v, causal=causal)
         ref = cudnn().transpose(1, 2).float()
         diffs = {}
         for vname in outs:

@@ -320,12 +320,20 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
     graphs too) may share it."""
     B, Sq, Hq, D = qshape
     lshape = (B, Hq, Sq)
-    scratch = _empty(lshape, dtype=_F32, device=dev)
+    scratch = []  # made by the first call without want_lse
+
+    def lse_for(want_lse):
+        if want_lse:
+            return _empty(lshape, dtype=_F32, device=dev)
+        if not scratch:
+            scratch.append(_empty(lshape, dtype=_F32, device=dev))
+        return scratch[0]
+
     if P == 1:
         def launch(q, k, v, s, bt, out, ws, scale, want_lse):
             if out is None:
                 out = _empty(qshape, dtype=dtype, device=dev)
-            lse = _empty(lshape, dtype=_F32, device=dev) if want_lse else scratch
+            lse = lse_for(want_lse)
             LAUNCHES["decode_attn"] += 1
             fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
             return out, lse
@@ -337,7 +345,7 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
         def launch(q, k, v, s, bt, out, ws, scale, want_lse):
             if out is None:
                 out = _empty(qshape, dtype=dtype, device=dev)
-            lse = _empty(lshape, dtype=_F32, device=dev) if want_lse else scratch
+            lse = lse_for(want_lse)
             if ws is None:
                 o_part, lse_part = _empty(pshape, dtype=_F32, device=dev), _empty(plshape, dtype=_F32, device=dev)
             else:

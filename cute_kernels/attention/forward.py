@@ -298,12 +298,18 @@ def _prepare(key, q, k, causal: bool) -> None:
     if fn is None:
         return
     qshape, lshape, dtype, dev, dynamic, run = q.shape, (B, Hq, Sq), q.dtype, q.device, cfg.tile.dynamic, jit.direct(fn)
-    scratch = _empty(lshape, dtype=torch.float32, device=dev)  # the LSE nobody asked for: never read
+    scratch = []  # the LSE nobody asked for (never read): made by the first call without return_lse
 
     def launch(q, k, v, out, scale, want_lse):
         if out is None:
             out = _empty(qshape, dtype=dtype, device=dev)
-        lse = _empty(lshape, dtype=torch.float32, device=dev) if want_lse else scratch
+        if want_lse:
+            lse = _empty(lshape, dtype=torch.float32, device=dev)
+        elif scratch:
+            lse = scratch[0]
+        else:
+            lse = _empty(lshape, dtype=torch.float32, device=dev)
+            scratch.append(lse)
         LAUNCHES["flash_attn"] += 1
         run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
         return out, lse

@@ -216,7 +216,7 @@ def _plan_splitk_persistent(p: Plan, pr: _Problem, splits: int, choice: PlanChoi
     cl = (2, 1) if math.ceil(pr.m / 128) % 2 == 0 else (1, 1)
     n_tiles = math.ceil(pr.m / 128) * math.ceil(pr.n / tn)
     cfg = GemmConfig(tiles=H.make_gemm_tiles(tn, cl, pr.ab, pr.am, pr.bm, pr.d_name), a_rank=2, has_c=p.has_c,
-                     tma_store=tma_ok(pr.probe, "row"),
+                     tma_store=tma_ok(pr.probe, "row", store=True),
                      max_active_clusters=choice.max_active_clusters or current_arch().sm_count // cl[0],
                      splits=splits)
     fn = p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
@@ -249,7 +249,7 @@ def _plan_persistent(p: Plan, pr: _Problem, choice: PlanChoice, tiles: T.GemmTil
     if d_major == "col":
         t = H.make_gemm_tiles(t.tile_mnk[1], t.cluster_mn, pr.ab, pr.am, pr.bm, pr.d_name, "m", tile_m=t.tile_mnk[0])
     clusters = current_arch().sm_count // (t.cluster_mn[0] * t.cluster_mn[1])
-    cfg = GemmConfig(tiles=t, a_rank=a.dim(), has_c=p.has_c, tma_store=tma_ok(probe, d_major),
+    cfg = GemmConfig(tiles=t, a_rank=a.dim(), has_c=p.has_c, tma_store=tma_ok(probe, d_major, store=True),
                      raster_swizzle=H.fit_swizzle(raster[0], raster[1], pr.m, pr.n, t.tile_mnk[:2], t.cluster_mn),
                      raster_along_m=raster[1], max_active_clusters=choice.max_active_clusters or clusters, **extra)
     defer = choice.epi_defer

@@ -11,12 +11,17 @@ from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
 _OUT_DTYPES = tuple(TORCH_TO_NAME)
 
 
-def tma_ok(t: torch.Tensor, major: str) -> bool:
-    """TMA needs a 16-byte aligned base and 16-byte multiples for every non-unit stride."""
+def tma_ok(t: torch.Tensor, major: str, store: bool = False) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte multiples for every non-unit stride.  A TMA
+    *store* also needs the contiguous extent to be a 16-byte multiple: Hopper's TMA unit clips a
+    store at the next 16-byte boundary of each row, not at the extent, so a box ending past N writes
+    the elements from N up to that boundary (another tensor's data when ``t`` is a column slice)."""
     es = t.element_size()
     if t.data_ptr() % 16:
         return False
     unit = t.dim() - 1 if major == "row" else t.dim() - 2
+    if store and (t.shape[unit] * es) % 16:
+        return False
     return all((s * es) % 16 == 0 for i, s in enumerate(t.stride()) if i != unit and t.shape[i] > 1)
 
 

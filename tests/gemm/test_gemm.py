@@ -41,6 +41,19 @@ def test_bad_inputs(a, b, exc, match):
         cute_kernels.gemm(a, b)
 
 
+def test_tma_store_needs_a_16_byte_row_extent():
+    """A TMA store writes up to the next 16-byte boundary of each row: only row extents that are
+    16-byte multiples may use it (loads clip per element and keep the stride-only rule)."""
+    from cute_kernels.gemm.validate import tma_ok
+
+    big = torch.empty(64, 392, dtype=torch.bfloat16, device="meta")
+    assert tma_ok(big[:, :383], "row") and not tma_ok(big[:, :383], "row", store=True)
+    assert tma_ok(big[:, :384], "row", store=True)
+    col = torch.empty(392, 64, dtype=torch.float32, device="meta").t()[:, :131]  # (64, 131) column-major, M = 64
+    assert tma_ok(col, "col", store=True)
+    assert not tma_ok(torch.empty(392, 64, dtype=torch.float32, device="meta").t()[:6], "col", store=True)
+
+
 def test_major_detection():
     x = torch.empty(64, 32)
     assert major_of(x, "a", "M", "K") == "row"
@@ -215,6 +228,24 @@ def test_gemm_unaligned_out_uses_direct_store():
     cute_kernels.gemm(a, b, out=out)
     check_gemm(out, a, b)
     assert torch.isnan(big[:, n]).all(), "wrote past the view"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,ld,out_dtype", [(383, 392, torch.bfloat16), (3, 16, torch.bfloat16), (1027, 1040, torch.bfloat16),
+                                            (127, 132, torch.float32), (257, 272, torch.float16)], ids=str)
+@pytest.mark.parametrize("m", [1, 319, 1580])
+def test_gemm_column_slice_out_untouched_past_n(m, n, ld, out_dtype):
+    """out = big[:, :n] with a 16-byte-multiple row stride but N not a 16-byte multiple: Hopper's TMA
+    store clips at the next 16-byte boundary of a row, not at N, so these take the direct-store
+    epilogue; big[:, n:] must stay NaN (the randomized sweep found zeros there before)."""
+    k = 129
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    big = torch.full((m, ld), float("nan"), device="cuda", dtype=out_dtype)
+    out = big[:, :n]
+    cute_kernels.gemm(a, b, out=out, alpha=0.5)
+    check_gemm(out, a, b, 0.5)
+    assert torch.isnan(big[:, n:]).all(), f"wrote {int((~torch.isnan(big[:, n:])).sum())} elements past column {n}"
 
 
 @pytest.mark.gpu
