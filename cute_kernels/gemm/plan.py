@@ -77,9 +77,9 @@ class Plan:
     def empty(self) -> bool:  # nothing to launch: run() fills the output with torch ops
         return self.kind == "empty" or self.kind == "fake"
 
-    def compile(self, cfg, ab: str, d_name: str, c_name: str):
+    def compile(self, cfg, ab: str, d_name: str, c_name: str, swapped: bool = False):
         self.kernels.append((launch.FAMILY[type(cfg)], cfg))
-        return launch.compiled(cfg, ab, d_name, c_name)
+        return launch.compiled(cfg, ab, d_name, c_name, swapped=swapped)
 
 
 @dataclass
@@ -187,14 +187,16 @@ def _plan_swapped(p: Plan, pr: _Problem, sw: H.SkinnySwap, choice: PlanChoice) -
     # majors of b^T and a^T
     tiles = H.splitk_tiles(tn, pr.ab, "mn" if pr.b_major == "row" else "k", "k" if pr.a_major == "row" else "mn",
                            pr.d_name, mc)
+    # compiled with the swapped entry: it takes the problem's (a, b, d, c) and makes the transposes
+    # inside the compiled function, so a call makes no .mT views on the host
     if sw.fixup:
         cfg = SplitKFixupConfig(tiles=tiles, splits=s, has_c=p.has_c, a_evict_first=_b_evict_first(choice))
-        fn = launch.WorkspaceLauncher(p.compile(cfg, pr.ab, pr.d_name, pr.c_name),
+        fn = launch.WorkspaceLauncher(p.compile(cfg, pr.ab, pr.d_name, pr.c_name, swapped=True),
                                       *fixup_workspace_numel(pr.n, pr.m, tn, s))
     else:
         cfg = SplitKClusterConfig(tiles=tiles, splits=s, has_c=p.has_c, a_evict_first=_b_evict_first(choice))
-        fn = p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
-    p.kind, p.fn = "swapped", launch.SwappedLauncher(fn)
+        fn = p.compile(cfg, pr.ab, pr.d_name, pr.c_name, swapped=True)
+    p.kind, p.fn = "swapped", launch.SwappedLauncher(fn, torch_order=True)
     return p
 
 

@@ -498,6 +498,28 @@ def test_gpu_deterministic_many_splits():
 
 
 @gpu
+def test_gpu_split_partials_reused_per_stream():
+    """The fast path reuses its split partial states per stream: back-to-back calls with different
+    inputs on one stream, and calls on two streams at once, each equal a lone call (bitwise)."""
+    ins = [make_inputs(2, 2, 16, 4, 128, [3000 + 500 * i, 77 * i + 1], Lmax=5000, device="cuda", seed=40 + i)
+           for i in range(4)]  # one shape: one launcher, so its partials are shared
+    lone = [decode_attn(q, k, v, cache_seqlens=s, num_splits=6, return_lse=True) for q, k, v, s in ins]
+    torch.cuda.synchronize()
+    outs = [decode_attn(q, k, v, cache_seqlens=s, num_splits=6, return_lse=True) for q, k, v, s in ins]  # one stream
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    both = [None] * 4
+    torch.cuda.synchronize()
+    for i, (q, k, v, s) in enumerate(ins):
+        with torch.cuda.stream(streams[i % 2]):
+            for _ in range(3):
+                both[i] = decode_attn(q, k, v, cache_seqlens=s, num_splits=6, return_lse=True)
+    torch.cuda.synchronize()
+    for i in range(4):
+        for got in (outs[i], both[i]):
+            assert torch.equal(got[0], lone[i][0]) and torch.equal(got[1], lone[i][1]), f"input {i}"
+
+
+@gpu
 def test_gpu_poisoned_buffers():
     """out and workspace full of NaN: every element is rewritten."""
     q, k, v, s = make_inputs(3, 4, 16, 2, 128, [4000, 0, 2], device="cuda", seed=5)
