@@ -27,6 +27,8 @@ planning under :class:`~cute_kernels.common.jit.dry_run` and tracing need none o
 from __future__ import annotations
 
 import math
+import operator
+import os
 from typing import Optional
 
 import torch
@@ -37,6 +39,7 @@ from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import forward_kernel
+from .forward_softmax import WINDOW_UNBOUNDED
 
 __all__ = ["flash_attn", "validate", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
@@ -63,17 +66,28 @@ def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> 
     for name, t in named:
         if t.dim() != 4:
             what = "(batch, seqlen_q, heads_q, head_dim)" if name in ("q", "out") else "(batch, seqlen_k, heads_kv, head_dim)"
-            _err(ValueError, f"{name} must be 4-d {what}, got shape {tuple(t.shape)}")
-    B, _, Hq, D = q.shape
-    if D not in HEAD_DIMS:
-        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {D}")
+            hint = " (3-d packed sequences need cu_seqlens_q and cu_seqlens_k)" if t.dim() == 3 else ""
+            _err(ValueError, f"{name} must be 4-d {what}, got shape {tuple(t.shape)}{hint}")
+    B = q.shape[0]
+    if q.shape[3] not in HEAD_DIMS:
+        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {q.shape[3]}")
     if k.shape[0] != B:
         _err(ValueError, f"k batch ({k.shape[0]}) must equal q batch ({B})")
-    if k.shape[3] != D:
-        _err(ValueError, f"k head_dim ({k.shape[3]}) must equal q head_dim ({D})")
+    return _check_rest(named, softmax_scale, check_ptrs)
+
+
+def _check_rest(named, softmax_scale, check_ptrs: bool, extra=()) -> float:
+    """The checks dense and packed tensors share (head dim, shapes, dtypes, strides, pointers, scale,
+    devices; ``extra``: more (name, tensor) pairs for the device check); the last two modes of q / k
+    are (heads, head_dim)."""
+    q, k, v = (t for _, t in named[:3])
+    out = named[3][1] if len(named) > 3 else None
+    Hq, D = q.shape[-2:]
+    if k.shape[-1] != D:
+        _err(ValueError, f"k head_dim ({k.shape[-1]}) must equal q head_dim ({D})")
     if v.shape != k.shape:
         _err(ValueError, f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} (head_dim of V = head_dim of Q)")
-    Hkv = k.shape[2]
+    Hkv = k.shape[-2]
     if Hkv < 1 or Hq % Hkv != 0:
         _err(ValueError, f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) (GQA/MQA)")
     if out is not None and out.shape != q.shape:
@@ -95,8 +109,107 @@ def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> 
     if check_ptrs:
         _check_ptrs(*(t for _, t in named))
     scale = _scale(softmax_scale, D)
-    _check_devices(named)
+    _check_devices(list(named) + list(extra))
     return scale
+
+
+def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=None,
+                    softmax_scale=None, check_ptrs: bool = True) -> tuple[float, int, int]:
+    """:func:`validate` for packed sequences: q / out (total_q, Hq, D), k / v (total_k, Hkv, D),
+    cu_seqlens (B + 1,) contiguous int32, max_seqlen ints >= 0.  Returns (scale, max_seqlen_q,
+    max_seqlen_k).  The cu_seqlens values stay on the device (:func:`check_cu_seqlens` reads them in
+    checked mode)."""
+    named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
+    cus = [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)]
+    for name, t in named + cus:
+        if not isinstance(t, torch.Tensor):
+            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in named:
+        if t.dim() != 3:
+            what = "(total_q, heads_q, head_dim)" if name in ("q", "out") else "(total_k, heads_kv, head_dim)"
+            _err(ValueError, f"{name} must be 3-d {what} with cu_seqlens (packed sequences), got shape {tuple(t.shape)}")
+    for name, t in cus:
+        if t.dim() != 1 or t.shape[0] < 1:
+            _err(ValueError, f"{name} must be 1-d (batch + 1,), got shape {tuple(t.shape)}")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        _err(ValueError, f"cu_seqlens_k shape {tuple(cu_seqlens_k.shape)} must equal cu_seqlens_q shape "
+                         f"{tuple(cu_seqlens_q.shape)} (one entry per sequence + 1)")
+    for name, t in cus:
+        if t.dtype != torch.int32:
+            _err(TypeError, f"{name} must be int32, got {t.dtype}")
+        if t.shape[0] > 1 and t.stride(0) != 1:
+            _err(ValueError, f"{name} must be contiguous, got stride {t.stride(0)}")
+    mq = _max_seqlen(max_seqlen_q, "max_seqlen_q")
+    mk = _max_seqlen(max_seqlen_k, "max_seqlen_k")
+    if q.shape[-1] not in HEAD_DIMS:
+        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {q.shape[-1]}")
+    return _check_rest(named, softmax_scale, check_ptrs, extra=cus), mq, mk
+
+
+def _max_seqlen(value, name: str) -> int:
+    """A host int >= 0 (it sizes the grid: never a tensor, whose value would need a sync)."""
+    if value is None:
+        _err(ValueError, f"{name} is required with cu_seqlens (a host int: the longest sequence)")
+    if isinstance(value, (bool, torch.Tensor)):  # a tensor's value would need a device sync
+        _err(TypeError, f"{name} must be a Python int, got {type(value).__name__}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        _err(TypeError, f"{name} must be a Python int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        _err(ValueError, f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def check_window(window_size, causal: bool) -> tuple[bool, Optional[tuple[int, int]]]:
+    """``(causal, window)`` the kernel runs for the arguments: a window ``(left, right)`` of ints >= -1
+    (-1: unbounded); ``causal`` is ``(-1, 0)``, so causal with a window sets its right side to 0
+    (a right side > 0 with causal raises).  ``window`` is None when it bounds nothing beyond causal."""
+    if window_size is None:
+        window_size = (-1, -1)
+    if isinstance(window_size, torch.Tensor) or not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        _err(TypeError, f"window_size must be a (left, right) pair of ints, got {window_size!r}")
+    sides = []
+    for side, w in zip(("left", "right"), window_size):
+        if isinstance(w, bool) or isinstance(w, torch.Tensor):
+            _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
+        try:
+            w = operator.index(w)
+        except TypeError:
+            _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
+        if w < -1:
+            _err(ValueError, f"window_size {side} must be >= -1 (-1: unbounded), got {w}")
+        sides.append(int(w))
+    left, right = sides
+    causal = bool(causal)
+    if causal:
+        if right > 0:
+            _err(ValueError, f"window_size right must be 0 or -1 with causal=True (causal is (-1, 0)), got {right}")
+        right = 0
+    if right == 0 and left == -1:
+        return True, None
+    if left == -1 and right == -1:
+        return False, None
+    return False, (left, right)
+
+
+def check_cu_seqlens(cu_seqlens, total: int, max_seqlen: int, name: str) -> None:
+    """Checked mode: ``cu_seqlens`` non-decreasing from >= 0, its last entry <= the packed length and
+    no sequence longer than ``max_seqlen`` (synchronizes with the device)."""
+    c = cu_seqlens.detach().to("cpu", torch.int64)
+    which = "q" if name.endswith("_q") else "k"
+    if int(c[0]) < 0:
+        _err(ValueError, f"{name}[0] must be >= 0, got {int(c[0])}")
+    lens = c[1:] - c[:-1]
+    if lens.numel() and int(lens.min()) < 0:
+        b = int((lens < 0).nonzero()[0])
+        _err(ValueError, f"{name} must be non-decreasing: {name}[{b + 1}] = {int(c[b + 1])} < {name}[{b}] = {int(c[b])}")
+    if int(c[-1]) > total:
+        _err(ValueError, f"{name}[-1] = {int(c[-1])} exceeds the packed length {total} of {'q' if which == 'q' else 'k/v'}")
+    if lens.numel() and int(lens.max()) > max_seqlen:
+        b = int(lens.argmax())
+        _err(ValueError, f"sequence {b} has {int(lens[b])} {'queries' if which == 'q' else 'keys'} > "
+                         f"max_seqlen_{which} = {max_seqlen} ({name})")
 
 
 def _check_devices(named) -> None:
@@ -137,14 +250,16 @@ def _check_ptrs(*ts) -> None:
 _PLANS: dict = {}
 
 
-def plan(dtype: torch.dtype, head_dim: int, causal: bool):
+def plan(dtype: torch.dtype, head_dim: int, causal: bool, varlen: bool = False, window: bool = False):
     """The kernel configuration (``FlashFwdConfig``) for these static facts (and the SM count of the
-    device, the persistent grid's size); memoized.  Lengths, batch and heads are not part of it: they
-    are symbolic sizes of the compiled kernel."""
-    key = (dtype, head_dim, causal)
+    device, the persistent grid's size); memoized.  Lengths, batch, heads, max_seqlen and the window's
+    sides are not part of it: they are run-time values of the compiled kernel (a window config has
+    ``causal`` False: causal is its right side)."""
+    key = (dtype, head_dim, causal, varlen, window)
     cfg = _PLANS.get(key)
     if cfg is None:
-        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal, _num_sms())
+        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal and not window, _num_sms(),
+                                                      varlen=varlen, window=window)
     return cfg
 
 
@@ -163,11 +278,12 @@ def get_forward_kernel(cfg):
 
 def warmup_flash_attn(spec) -> None:
     """Compile (or load) the kernel a call would run, without a GPU: ``spec`` is a ``FlashFwdConfig``
-    or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128 | 256, causal=bool)``."""
+    or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128 | 256, causal=bool, varlen=bool,
+    window=bool)`` (``window``: a sliding window of any sides; it takes causal in)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "varlen", "window"}
         if extra:
-            raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} (dtype, head_dim, causal)")
+            raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} (dtype, head_dim, causal, varlen, window)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = next((t for t, n in TORCH_TO_NAME.items() if n == dtype), dtype)
@@ -176,7 +292,8 @@ def warmup_flash_attn(spec) -> None:
         head_dim = int(spec.get("head_dim", 128))
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"warmup flash_attn: head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-        spec = plan(dtype, head_dim, bool(spec.get("causal", False)))
+        spec = plan(dtype, head_dim, bool(spec.get("causal", False)), bool(spec.get("varlen", False)),
+                    bool(spec.get("window", False)))
     get_forward_kernel(spec)
 
 
@@ -189,8 +306,14 @@ def precompile(configs, processes: Optional[int] = None) -> list[str]:
     return jit.precompile_configs(get_forward_kernel, configs, processes)
 
 
-def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
-    """Write out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 for validated CUDA tensors."""
+def _window_args(window_left: int, window_right: int) -> tuple[int, int]:
+    """API window sides (-1: unbounded) as the kernel takes them (>= 0)."""
+    return (WINDOW_UNBOUNDED if window_left < 0 else window_left), (WINDOW_UNBOUNDED if window_right < 0 else window_right)
+
+
+def _launch(q, k, v, out, lse, causal: bool, scale: float, window_left: int = -1, window_right: int = -1) -> None:
+    """Write out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 for validated CUDA tensors; a window
+    ``(window_left, window_right)`` other than (-1, -1) as :func:`check_window` returns it."""
     B, Sq, Hq, D = q.shape
     if B == 0 or Sq == 0 or Hq == 0:
         return
@@ -198,12 +321,39 @@ def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    cfg = plan(q.dtype, D, causal)
+    window = window_left != -1 or window_right != -1
+    cfg = plan(q.dtype, D, causal, window=window)
     fn = get_forward_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
     LAUNCHES["flash_attn"] += 1
-    fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E)
+    if window:
+        fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E,
+           *_window_args(window_left, window_right))
+    else:
+        fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E)
+
+
+def _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, out, lse,
+                   causal: bool, scale: float, window_left: int = -1, window_right: int = -1) -> None:
+    """Write the rows of every packed sequence of out (total_q, Hq, D) and lse (Hq, total_q) for
+    validated CUDA tensors (rows outside every sequence are not written).  Nothing here reads the
+    cu_seqlens values: a CUDA graph captured with given max_seqlen replays for any shorter lengths."""
+    total_q, Hq, D = q.shape
+    if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0:
+        return  # no query row in any sequence
+    if k.shape[0] == 0:  # no key rows at all: a one-row stand-in (every length clamps to 0: O = 0, LSE = -inf)
+        k = v = k.new_zeros((1,) + tuple(k.shape[1:]))
+        max_seqlen_k = 0
+    window = window_left != -1 or window_right != -1
+    cfg = plan(q.dtype, D, causal, varlen=True, window=window)
+    fn = get_forward_kernel(cfg)
+    if fn is None:
+        return
+    LAUNCHES["flash_attn"] += 1
+    wl, wr = _window_args(window_left, window_right)
+    fn(q, k, v, out, lse, tile_counter(q.device, False), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+       scale * LOG2_E, wl, wr)
 
 
 _COUNTERS: dict = {}
@@ -233,13 +383,13 @@ def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 @torch.library.custom_op("cute_kernels::flash_attn_", mutates_args=("out", "lse"), device_types=None)
 def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       causal: bool, softmax_scale: float) -> None:
+                       causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1) -> None:
     _check_ptrs(q, k, v, out)  # traced calls validated everything else on fake tensors
-    _launch(q, k, v, out, lse, causal, softmax_scale)
+    _launch(q, k, v, out, lse, causal, softmax_scale, window_left, window_right)
 
 
 @_flash_attn_out_op.register_fake
-def _(q, k, v, out, lse, causal, softmax_scale):
+def _(q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1):
     return None
 
 
@@ -255,16 +405,55 @@ def _new_outputs(q):
 
 @torch.library.custom_op("cute_kernels::flash_attn", mutates_args=())
 def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   softmax_scale: float, window_left: int = -1, window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _new_outputs(q)
     _check_ptrs(q, k, v)
-    _launch(q, k, v, out, lse, causal, softmax_scale)
+    _launch(q, k, v, out, lse, causal, softmax_scale, window_left, window_right)
     return out, lse
 
 
 @_flash_attn_op.register_fake
-def _(q, k, v, causal, softmax_scale):
+def _(q, k, v, causal, softmax_scale, window_left=-1, window_right=-1):
     return _new_outputs(q)
+
+
+def _new_varlen_lse(q):
+    total_q, Hq, _ = q.shape
+    return q.new_empty((Hq, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("cute_kernels::flash_attn_varlen_", mutates_args=("out", "lse"), device_types=None)
+def _flash_attn_varlen_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, out: torch.Tensor,
+                              lse: torch.Tensor, causal: bool, softmax_scale: float, window_left: int = -1,
+                              window_right: int = -1) -> None:
+    _check_ptrs(q, k, v, out)
+    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal,
+                   softmax_scale, window_left, window_right)
+
+
+@_flash_attn_varlen_out_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal, softmax_scale,
+      window_left=-1, window_right=-1):
+    return None
+
+
+@torch.library.custom_op("cute_kernels::flash_attn_varlen", mutates_args=())
+def _flash_attn_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                          softmax_scale: float, window_left: int = -1,
+                          window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = q.new_empty(q.shape), _new_varlen_lse(q)
+    _check_ptrs(q, k, v)
+    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal,
+                   softmax_scale, window_left, window_right)
+    return out, lse
+
+
+@_flash_attn_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left=-1,
+      window_right=-1):
+    return q.new_empty(q.shape), _new_varlen_lse(q)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -329,6 +518,12 @@ def flash_attn(
     softmax_scale: Optional[float] = None,
     return_lse: bool = False,
     out: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    window_size: tuple[int, int] = (-1, -1),
+    checked: Optional[bool] = None,
 ):
     """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
 
@@ -345,12 +540,36 @@ def flash_attn(
         return_lse: also return the (B, Hq, Sq) float32 natural-log LSE of each row
             (``merge_states(o_parts, lse_parts.transpose(-1, -2))`` merges key splits).
         out: optional (B, Sq, Hq, D) output buffer of q's dtype and device, same stride rules as q.
+        cu_seqlens_q, cu_seqlens_k: packed (variable-length) sequences: q / out (total_q, Hq, D),
+            k / v (total_k, Hkv, D), sequence b its rows ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1``;
+            (B + 1,) int32 tensors on q's device, both or neither.  Zero-length sequences are fine;
+            rows outside every sequence are not written (garbage in a returned ``out``).  The LSE is
+            (Hq, total_q).  Causal and the window apply per sequence (bottom-right aligned).
+            K/V rows outside the sequences must be finite (a tile may read past a sequence's end;
+            those keys are masked, but a NaN value would still reach O through a zero weight).
+        max_seqlen_q, max_seqlen_k: with cu_seqlens, host ints >= the longest query / key sequence:
+            they size the grid (never the compile key).  A longer sequence is cut to max_seqlen (no
+            out-of-bounds access); ``checked`` raises instead.
+        window_size: ``(left, right)`` sliding window, -1 unbounded: query i (at position
+            ``p = i + Sk - Sq``) sees keys ``p - left <= j <= p + right``; KV tiles outside every
+            row's window are skipped.  ``causal`` is ``(-1, 0)``: with ``causal=True`` the right side
+            is 0 (a right side > 0 raises).
+        checked: with cu_seqlens, read them on the host and raise ValueError for a negative start, a
+            decreasing entry, a last entry past total, or a sequence longer than max_seqlen (this
+            synchronizes; not CUDA-graph capturable).  Default: env ``CUTE_KERNELS_CHECKED``.
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
-    argument before any launch; nothing synchronizes with the device; results are bitwise repeatable.
+    argument before any launch; nothing synchronizes with the device (unless ``checked``); results are
+    bitwise repeatable.  Unchecked calls never read cu_seqlens on the host: a CUDA graph captured
+    with given max_seqlen replays correctly for any lengths up to them.
     """
+    if (cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None
+            or max_seqlen_k is not None):
+        return _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
+                                  max_seqlen_q, max_seqlen_k, window_size, checked)
     key = None
-    if not _is_compiling():  # the fast path (_key); anything unusual takes the checks below
+    dense_window = not (type(window_size) is tuple and window_size == (-1, -1))
+    if not _is_compiling() and not dense_window:  # the fast path (_key); anything unusual takes the checks below
         try:
             if type(q) in _FAST_TYPES and type(k) in _FAST_TYPES and type(v) in _FAST_TYPES:
                 key = _key(q, k, v, out, causal)
@@ -369,20 +588,59 @@ def flash_attn(
                 out, lse = hit(q, k, v, out, softmax_scale, return_lse)
                 return (out, lse) if return_lse else out
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+    causal, window = check_window(window_size, causal)
     scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
-    causal = bool(causal)
+    wl, wr = window if window is not None else (-1, -1)
     if tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
         if out is None:
-            out, lse = _flash_attn_op(q, k, v, causal, scale)
+            out, lse = _flash_attn_op(q, k, v, causal, scale, wl, wr)
         else:
             lse = _new_lse(q)
-            _flash_attn_out_op(q, k, v, out, lse, causal, scale)
+            _flash_attn_out_op(q, k, v, out, lse, causal, scale, wl, wr)
         return (out, lse) if return_lse else out
     if out is None:
         out, lse = _new_outputs(q)
     else:
         lse = _new_lse(q)
-    _launch(q, k, v, out, lse, causal, scale)  # eager: no dispatcher
-    if key is not None:
+    _launch(q, k, v, out, lse, causal, scale, wl, wr)  # eager: no dispatcher
+    if key is not None and window is None:
         _prepare(key, q, k, causal)
     return (out, lse) if return_lse else out
+
+
+def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, window_size, checked):
+    """:func:`flash_attn` with cu_seqlens (no host fast path: the checks below cost microseconds)."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k", "cu_seqlens_q")
+        if cu_seqlens_q is None and cu_seqlens_k is None:
+            given = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
+            _err(ValueError, f"{given} is given without cu_seqlens_q / cu_seqlens_k (packed sequences need all four)")
+        _err(ValueError, f"{given} is given without {missing} (packed sequences need both)")
+    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+    causal, window = check_window(window_size, causal)
+    scale, mq, mk = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                                    softmax_scale, check_ptrs=not tracing)
+    wl, wr = window if window is not None else (-1, -1)
+    if not tracing and _checked(checked):
+        check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
+        check_cu_seqlens(cu_seqlens_k, k.shape[0], mk, "cu_seqlens_k")
+    if tracing:
+        if out is None:
+            out, lse = _flash_attn_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, causal, scale, wl, wr)
+        else:
+            lse = _new_varlen_lse(q)
+            _flash_attn_varlen_out_op(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
+        return (out, lse) if return_lse else out
+    if out is None:
+        out = q.new_empty(q.shape)
+    lse = _new_varlen_lse(q)
+    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
+    return (out, lse) if return_lse else out
+
+
+def _checked(checked: Optional[bool]) -> bool:
+    """``checked``, or env ``CUTE_KERNELS_CHECKED`` when None (the decode_attn convention)."""
+    if checked is not None:
+        return bool(checked)
+    return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
