@@ -4,6 +4,12 @@
 the scores; the kernel (:mod:`.forward_kernel`) also writes the natural-log LSE of every row, which
 :func:`cute_kernels.merge_states` combines exactly across key splits.
 
+Packed (variable-length) sequences: q (total_q, Hq, D) and k/v (total_k, Hkv, D) with ``cu_seqlens_q``
+/ ``cu_seqlens_k`` (B + 1,) int32 on the device and host ints ``max_seqlen_q`` / ``max_seqlen_k`` that
+size the grid (never the compile key; the lengths are never read on the host unless checked mode is
+on, so graphs replay for any lengths up to them).  Sliding windows ``window_size=(left, right)`` for
+dense and packed inputs; their sides are run-time values.
+
 This module is everything the host does around the kernel:
 
 * validation of what the host can see, before any launch, in a fixed order (types, ranks, shapes,
@@ -11,7 +17,7 @@ This module is everything the host does around the kernel:
   errors are reported even for tensors on the wrong device;
 * empty problems without a launch: B == 0 or Sq == 0 or Hq == 0 give empty results, Sk == 0 gives
   O = 0 and LSE = -inf (two fills on the current stream);
-* the plan: the compile configuration depends on (dtype, head dim, causal) only, never on lengths,
+* the plan: the compile configuration depends on (dtype, head dim, causal, varlen, window) only, never on lengths,
   batch or heads (the kernel takes them as symbolic sizes), so a new length never recompiles;
   configurations come from :func:`~.forward_kernel.fwd_config` and compile through
   :func:`cute_kernels.common.jit.get_compiled` (memory + disk cache);
@@ -41,7 +47,7 @@ from ..testing import LAUNCHES
 from . import forward_kernel
 from .forward_softmax import WINDOW_UNBOUNDED
 
-__all__ = ["flash_attn", "validate", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
+__all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_cu_seqlens", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
 #: Head dims the kernel runs (``layouts.attention.FWD_HEAD_DIMS``).
 HEAD_DIMS = (64, 96, 128, 256)

@@ -30,6 +30,16 @@ each warpgroup only overwrites its own Q rows, which no one reads any more) -> o
 (tile_m, D) tile, which clips rows >= Sq.  LSE: each row's quad leader stores it, rows < Sq only.
 K/V rows >= Sk and Q rows >= Sq are zero-filled by the TMA unit: no out-of-bounds access for any length.
 
+Packed sequences (``FlashFwdConfig.varlen``, :mod:`~cute_kernels.attention.forward_seqlen`): q / k / v /
+out are (total, H, D) viewed as (total, D, H, 1); the work tile's batch index selects the sequence's
+rows from cu_seqlens, whose first row offsets every TMA coordinate.  The grid has
+ceil(max_seqlen_q / tile_m) query tiles per (head, sequence), one CTA each (no persistent schedule: a
+CTA's work would depend on the device's lengths); tiles past the sequence's end exit at once.  A tile
+wholly inside its sequence is stored by TMA, the sequence's partial last tile by predicated 16-byte
+stores (a TMA store would write the next sequence's rows).  Sliding windows (``FlashFwdConfig.window``,
+run-time sides) bound the KV walk on both sides (:func:`~.forward_softmax.kv_tile_range_window`) and
+mask the edge tiles.  Both are compile-time flags: the dense configurations compile to the same code.
+
 Schedule (:mod:`~cute_kernels.attention.forward_softmax` ``tile_coords``): causal tiles are ordered
 longest-first within L2 sections of heads, non-causal ones head-major.  One CTA per tile, or
 persistent CTAs (``FwdTile.persistent``) that walk the order with a fixed stride or, for causal
@@ -69,7 +79,7 @@ class FlashFwdConfig:
     all strides are run-time values."""
 
     dtype: str  # "bfloat16" | "float16"
-    head_dim: int  # 64 | 128
+    head_dim: int  # 64 | 96 | 128 | 256
     causal: bool
     tile: LA.FwdTile
     #: SMs of the device (the persistent grid's size; part of the key so that a kernel built for one
