@@ -30,15 +30,10 @@ each warpgroup only overwrites its own Q rows, which no one reads any more) -> o
 (tile_m, D) tile, which clips rows >= Sq.  LSE: each row's quad leader stores it, rows < Sq only.
 K/V rows >= Sk and Q rows >= Sq are zero-filled by the TMA unit: no out-of-bounds access for any length.
 
-Packed sequences (``FlashFwdConfig.varlen``, :mod:`~cute_kernels.attention.forward_seqlen`): q / k / v /
-out are (total, H, D) viewed as (total, D, H, 1); the work tile's batch index selects the sequence's
-rows from cu_seqlens, whose first row offsets every TMA coordinate.  The grid has
-ceil(max_seqlen_q / tile_m) query tiles per (head, sequence), one CTA each (no persistent schedule: a
-CTA's work would depend on the device's lengths); tiles past the sequence's end exit at once.  A tile
-wholly inside its sequence is stored by TMA, the sequence's partial last tile by predicated 16-byte
-stores (a TMA store would write the next sequence's rows).  Sliding windows (``FlashFwdConfig.window``,
-run-time sides) bound the KV walk on both sides (:func:`~.forward_softmax.kv_tile_range_window`) and
-mask the edge tiles.  Both are compile-time flags: the dense configurations compile to the same code.
+Packed sequences (``FlashFwdConfig.varlen``) and sliding windows (``FlashFwdConfig.window``) are
+compile-time flags (the dense configurations compile to the same code): see
+:mod:`~cute_kernels.attention.forward_seqlen` (per-sequence rows, one CTA per tile, the partial last
+tile's predicated store) and :func:`~.forward_softmax.kv_tile_range_window` (KV walk bounded on both sides).
 
 Schedule (:mod:`~cute_kernels.attention.forward_softmax` ``tile_coords``): causal tiles are ordered
 longest-first within L2 sections of heads, non-causal ones head-major.  One CTA per tile, or
@@ -152,8 +147,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
     @cute.jit
     def call_window(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                     mSched: cute.Tensor, scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
-        """Dense tensors under a sliding window (sides >= 0; :data:`~.forward_softmax.WINDOW_UNBOUNDED`
-        for an unbounded one)."""
+        """Dense tensors, a sliding window (sides >= 0, :data:`~.forward_softmax.WINDOW_UNBOUNDED`: none)."""
         self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, window_left=window_left,
                               window_right=window_right)
 
@@ -161,9 +155,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                     mSched: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
                     max_seqlen_k: Int32, scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
-        """Packed sequences: q / out (total_q, Hq, D), k / v (total_k, Hkv, D), LSE (Hq, total_q),
-        cu_seqlens (B + 1,) int32; the grid covers ``max_seqlen_q`` rows per sequence.  The window
-        sides are read only by a window config."""
+        """Packed q / out (total_q, Hq, D), k / v (total_k, Hkv, D), LSE (Hq, total_q), cu_seqlens (B + 1,)
+        int32; the window sides are read only by a window config."""
         self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, mCuSeqlensQ, mCuSeqlensK,
                               max_seqlen_q, max_seqlen_k, window_left, window_right)
 
@@ -172,8 +165,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                          mLSE: cute.Tensor, mSched: cute.Tensor, scale_log2: Float32, stream, mCuSeqlensQ=None,
                          mCuSeqlensK=None, max_seqlen_q=None, max_seqlen_k=None, window_left=None,
                          window_right=None):
-        """The entries' common body (runs inside their trace): TMA atoms, shared storage, grid, launch.
-        Arguments a configuration does not use are None and never reach the kernel's code."""
+        """The entries' common body: TMA atoms, shared storage, grid, launch (unused arguments: None)."""
         t = self.cfg.tile
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mO.element_type != self.dtype):
@@ -542,7 +534,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
     @cute.jit
     def store_o_tma(self, tma_o: cute.CopyAtom, mO: cute.Tensor, sO: cute.Tensor, m_block, head, batch, off_q,
                     warp_idx):
-        """One warp's TMA store of the (tile_m, D) O tile from ``sO`` (rows past the tensor clipped)."""
+        """One warp's TMA store of the O tile from ``sO`` (rows past the tensor clipped)."""
         if warp_idx == 4:
             gO = cute.local_tile(fsl.sequence_rows(mO, head, batch, off_q, self.varlen), (self.tile_m, self.D),
                                  (m_block, 0))

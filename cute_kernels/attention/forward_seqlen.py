@@ -8,6 +8,11 @@ sequence ``b`` is rows ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1``.  The kernel v
 sequence's first row; rows a tile reads past the sequence's end belong to the next sequence (or are
 zero-filled past ``total``) and are masked (keys) or discarded (queries).
 
+Grid: ceil(max_seqlen_q / tile_m) query tiles per (head, sequence), one CTA each (no persistent
+schedule: a CTA's work would depend on the device's lengths); tiles past a sequence's end exit at
+once.  A tile wholly inside its sequence is stored by TMA, the sequence's partial last tile by
+:func:`store_rows_predicated` (a TMA store clips only at the tensor's end).
+
 The device values are never trusted: the first row is clamped to ``[0, total]``, the end to
 ``[start, total]`` and the length to ``max_seqlen`` (the host's grid size), so bad ``cu_seqlens``
 give wrong numbers, never an access outside the tensors.
