@@ -4,6 +4,12 @@
 the scores; the kernel (:mod:`.forward_kernel`) also writes the natural-log LSE of every row, which
 :func:`cute_kernels.merge_states` combines exactly across key splits.
 
+Packed (variable-length) sequences: q (total_q, Hq, D) and k/v (total_k, Hkv, D) with ``cu_seqlens_q``
+/ ``cu_seqlens_k`` (B + 1,) int32 on the device and host ints ``max_seqlen_q`` / ``max_seqlen_k`` that
+size the grid (never the compile key; the lengths are never read on the host unless checked mode is
+on, so graphs replay for any lengths up to them).  Sliding windows ``window_size=(left, right)`` for
+dense and packed inputs; their sides are run-time values.
+
 This module is everything the host does around the kernel:
 
 * validation of what the host can see, before any launch, in a fixed order (types, ranks, shapes,
@@ -11,7 +17,7 @@ This module is everything the host does around the kernel:
   errors are reported even for tensors on the wrong device;
 * empty problems without a launch: B == 0 or Sq == 0 or Hq == 0 give empty results, Sk == 0 gives
   O = 0 and LSE = -inf (two fills on the current stream);
-* the plan: the compile configuration depends on (dtype, head dim, causal) only, never on lengths,
+* the plan: the compile configuration depends on (dtype, head dim, causal, varlen, window) only, never on lengths,
   batch or heads (the kernel takes them as symbolic sizes), so a new length never recompiles;
   configurations come from :func:`~.forward_kernel.fwd_config` and compile through
   :func:`cute_kernels.common.jit.get_compiled` (memory + disk cache);
@@ -27,6 +33,7 @@ planning under :class:`~cute_kernels.common.jit.dry_run` and tracing need none o
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 import torch
@@ -37,98 +44,12 @@ from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import forward_kernel
+from .forward_softmax import WINDOW_UNBOUNDED
+from .forward_validate import (HEAD_DIMS, _check_ptrs, _err, _scale, check_cu_seqlens, check_window,  # noqa: F401
+                               validate, validate_varlen)
 
-__all__ = ["flash_attn", "validate", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
+__all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_cu_seqlens", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
-#: Head dims the kernel runs (``layouts.attention.FWD_HEAD_DIMS``).
-HEAD_DIMS = (64, 96, 128, 256)
-_ALIGN_ELEMS = 8  # 16 bytes of a 16-bit element type: TMA boxes and 16-byte vector accesses
-
-
-# ------------------------------------------------------------------------------------------------
-# validation
-# ------------------------------------------------------------------------------------------------
-def _err(cls, msg):
-    raise cls(f"flash_attn: {msg}")
-
-
-def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> float:
-    """Every check the host can make without the device's data; raises ``TypeError`` / ``ValueError``
-    naming the argument, and returns the softmax scale (default 1/sqrt(D)).  ``check_ptrs=False``
-    skips the data-pointer alignment (fake tensors)."""
-    named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
-    for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in named:
-        if t.dim() != 4:
-            what = "(batch, seqlen_q, heads_q, head_dim)" if name in ("q", "out") else "(batch, seqlen_k, heads_kv, head_dim)"
-            _err(ValueError, f"{name} must be 4-d {what}, got shape {tuple(t.shape)}")
-    B, _, Hq, D = q.shape
-    if D not in HEAD_DIMS:
-        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {D}")
-    if k.shape[0] != B:
-        _err(ValueError, f"k batch ({k.shape[0]}) must equal q batch ({B})")
-    if k.shape[3] != D:
-        _err(ValueError, f"k head_dim ({k.shape[3]}) must equal q head_dim ({D})")
-    if v.shape != k.shape:
-        _err(ValueError, f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} (head_dim of V = head_dim of Q)")
-    Hkv = k.shape[2]
-    if Hkv < 1 or Hq % Hkv != 0:
-        _err(ValueError, f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) (GQA/MQA)")
-    if out is not None and out.shape != q.shape:
-        _err(ValueError, f"out shape {tuple(out.shape)} must equal q shape {tuple(q.shape)}")
-    if q.dtype not in HALF_TORCH:
-        _err(TypeError, f"q must be float16 or bfloat16, got {q.dtype}")
-    for name, t in named[1:]:
-        if t.dtype != q.dtype:
-            _err(TypeError, f"{name} dtype {t.dtype} must equal q dtype {q.dtype}")
-    for name, t in named:
-        if t.stride(-1) != 1:
-            _err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got strides {t.stride()}")
-        if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]):
-            _err(ValueError, f"{name} strides must be multiples of {_ALIGN_ELEMS} elements (16 bytes), "
-                             f"got strides {t.stride()}")
-    if out is not None and any(s == 0 and n > 1 for s, n in zip(out.stride(), out.shape)):
-        _err(ValueError, f"out has a stride of 0 (strides {out.stride()}, shape {tuple(out.shape)}): several "
-                         f"elements share memory (an expanded tensor cannot be written)")
-    if check_ptrs:
-        _check_ptrs(*(t for _, t in named))
-    scale = _scale(softmax_scale, D)
-    _check_devices(named)
-    return scale
-
-
-def _check_devices(named) -> None:
-    """Last: every other error is reported whatever the device."""
-    dev = named[0][1].device
-    for name, t in named:
-        if t.device.type != "cuda":
-            _err(ValueError, f"{name} is on {t.device}; flash_attn runs on CUDA tensors")
-        if t.device != dev:
-            _err(ValueError, f"{name} is on {t.device}, q on {dev}: all tensors must be on one device")
-
-
-def _scale(softmax_scale, head_dim: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, torch.Tensor):  # float() of a CUDA tensor would synchronize
-        _err(TypeError, "softmax_scale must be a Python number or None, not a tensor")
-    if isinstance(softmax_scale, (bool, str, bytes)):  # float("0.1") / float(True) would pass
-        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__} {softmax_scale!r}")
-    try:
-        s = float(softmax_scale)
-    except (TypeError, ValueError):
-        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(s) and s > 0):
-        _err(ValueError, f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    return s
-
-
-def _check_ptrs(*ts) -> None:
-    for name, t in zip(("q", "k", "v", "out"), ts):
-        if t.data_ptr() % 16:
-            _err(ValueError, f"{name} data pointer must be 16-byte aligned (offset {t.data_ptr() % 16})")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,14 +58,16 @@ def _check_ptrs(*ts) -> None:
 _PLANS: dict = {}
 
 
-def plan(dtype: torch.dtype, head_dim: int, causal: bool):
+def plan(dtype: torch.dtype, head_dim: int, causal: bool, varlen: bool = False, window: bool = False):
     """The kernel configuration (``FlashFwdConfig``) for these static facts (and the SM count of the
-    device, the persistent grid's size); memoized.  Lengths, batch and heads are not part of it: they
-    are symbolic sizes of the compiled kernel."""
-    key = (dtype, head_dim, causal)
+    device, the persistent grid's size); memoized.  Lengths, batch, heads, max_seqlen and the window's
+    sides are not part of it: they are run-time values of the compiled kernel (a window config has
+    ``causal`` False: causal is its right side)."""
+    key = (dtype, head_dim, causal, varlen, window)
     cfg = _PLANS.get(key)
     if cfg is None:
-        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal, _num_sms())
+        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal and not window, _num_sms(),
+                                                      varlen=varlen, window=window)
     return cfg
 
 
@@ -163,11 +86,12 @@ def get_forward_kernel(cfg):
 
 def warmup_flash_attn(spec) -> None:
     """Compile (or load) the kernel a call would run, without a GPU: ``spec`` is a ``FlashFwdConfig``
-    or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128 | 256, causal=bool)``."""
+    or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128 | 256, causal=bool, varlen=bool,
+    window=bool)`` (``window``: a sliding window of any sides; it takes causal in)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "varlen", "window"}
         if extra:
-            raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} (dtype, head_dim, causal)")
+            raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} (dtype, head_dim, causal, varlen, window)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = next((t for t, n in TORCH_TO_NAME.items() if n == dtype), dtype)
@@ -176,7 +100,8 @@ def warmup_flash_attn(spec) -> None:
         head_dim = int(spec.get("head_dim", 128))
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"warmup flash_attn: head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-        spec = plan(dtype, head_dim, bool(spec.get("causal", False)))
+        spec = plan(dtype, head_dim, bool(spec.get("causal", False)), bool(spec.get("varlen", False)),
+                    bool(spec.get("window", False)))
     get_forward_kernel(spec)
 
 
@@ -189,8 +114,14 @@ def precompile(configs, processes: Optional[int] = None) -> list[str]:
     return jit.precompile_configs(get_forward_kernel, configs, processes)
 
 
-def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
-    """Write out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 for validated CUDA tensors."""
+def _window_args(window_left: int, window_right: int) -> tuple[int, int]:
+    """API window sides (-1: unbounded) as the kernel takes them (>= 0)."""
+    return (WINDOW_UNBOUNDED if window_left < 0 else window_left), (WINDOW_UNBOUNDED if window_right < 0 else window_right)
+
+
+def _launch(q, k, v, out, lse, causal: bool, scale: float, window_left: int = -1, window_right: int = -1) -> None:
+    """Write out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 for validated CUDA tensors; a window
+    ``(window_left, window_right)`` other than (-1, -1) as :func:`check_window` returns it."""
     B, Sq, Hq, D = q.shape
     if B == 0 or Sq == 0 or Hq == 0:
         return
@@ -198,12 +129,39 @@ def _launch(q, k, v, out, lse, causal: bool, scale: float) -> None:
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    cfg = plan(q.dtype, D, causal)
+    window = window_left != -1 or window_right != -1
+    cfg = plan(q.dtype, D, causal, window=window)
     fn = get_forward_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
     LAUNCHES["flash_attn"] += 1
-    fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E)
+    if window:
+        fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E,
+           *_window_args(window_left, window_right))
+    else:
+        fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E)
+
+
+def _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, out, lse,
+                   causal: bool, scale: float, window_left: int = -1, window_right: int = -1) -> None:
+    """Write the rows of every packed sequence of out (total_q, Hq, D) and lse (Hq, total_q) for
+    validated CUDA tensors (rows outside every sequence are not written).  Nothing here reads the
+    cu_seqlens values: a CUDA graph captured with given max_seqlen replays for any shorter lengths."""
+    total_q, Hq, D = q.shape
+    if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0:
+        return  # no query row in any sequence
+    if k.shape[0] == 0:  # no key rows at all: a one-row stand-in (every length clamps to 0: O = 0, LSE = -inf)
+        k = v = k.new_zeros((1,) + tuple(k.shape[1:]))
+        max_seqlen_k = 0
+    window = window_left != -1 or window_right != -1
+    cfg = plan(q.dtype, D, causal, varlen=True, window=window)
+    fn = get_forward_kernel(cfg)
+    if fn is None:
+        return
+    LAUNCHES["flash_attn"] += 1
+    wl, wr = _window_args(window_left, window_right)
+    fn(q, k, v, out, lse, tile_counter(q.device, False), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+       scale * LOG2_E, wl, wr)
 
 
 _COUNTERS: dict = {}
@@ -233,13 +191,13 @@ def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 @torch.library.custom_op("cute_kernels::flash_attn_", mutates_args=("out", "lse"), device_types=None)
 def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       causal: bool, softmax_scale: float) -> None:
+                       causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1) -> None:
     _check_ptrs(q, k, v, out)  # traced calls validated everything else on fake tensors
-    _launch(q, k, v, out, lse, causal, softmax_scale)
+    _launch(q, k, v, out, lse, causal, softmax_scale, window_left, window_right)
 
 
 @_flash_attn_out_op.register_fake
-def _(q, k, v, out, lse, causal, softmax_scale):
+def _(q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1):
     return None
 
 
@@ -255,16 +213,55 @@ def _new_outputs(q):
 
 @torch.library.custom_op("cute_kernels::flash_attn", mutates_args=())
 def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   softmax_scale: float, window_left: int = -1, window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _new_outputs(q)
     _check_ptrs(q, k, v)
-    _launch(q, k, v, out, lse, causal, softmax_scale)
+    _launch(q, k, v, out, lse, causal, softmax_scale, window_left, window_right)
     return out, lse
 
 
 @_flash_attn_op.register_fake
-def _(q, k, v, causal, softmax_scale):
+def _(q, k, v, causal, softmax_scale, window_left=-1, window_right=-1):
     return _new_outputs(q)
+
+
+def _new_varlen_lse(q):
+    total_q, Hq, _ = q.shape
+    return q.new_empty((Hq, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("cute_kernels::flash_attn_varlen_", mutates_args=("out", "lse"), device_types=None)
+def _flash_attn_varlen_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, out: torch.Tensor,
+                              lse: torch.Tensor, causal: bool, softmax_scale: float, window_left: int = -1,
+                              window_right: int = -1) -> None:
+    _check_ptrs(q, k, v, out)
+    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal,
+                   softmax_scale, window_left, window_right)
+
+
+@_flash_attn_varlen_out_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal, softmax_scale,
+      window_left=-1, window_right=-1):
+    return None
+
+
+@torch.library.custom_op("cute_kernels::flash_attn_varlen", mutates_args=())
+def _flash_attn_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                          softmax_scale: float, window_left: int = -1,
+                          window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = q.new_empty(q.shape), _new_varlen_lse(q)
+    _check_ptrs(q, k, v)
+    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal,
+                   softmax_scale, window_left, window_right)
+    return out, lse
+
+
+@_flash_attn_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left=-1,
+      window_right=-1):
+    return q.new_empty(q.shape), _new_varlen_lse(q)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -329,6 +326,12 @@ def flash_attn(
     softmax_scale: Optional[float] = None,
     return_lse: bool = False,
     out: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    window_size: tuple[int, int] = (-1, -1),
+    checked: Optional[bool] = None,
 ):
     """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
 
@@ -345,12 +348,36 @@ def flash_attn(
         return_lse: also return the (B, Hq, Sq) float32 natural-log LSE of each row
             (``merge_states(o_parts, lse_parts.transpose(-1, -2))`` merges key splits).
         out: optional (B, Sq, Hq, D) output buffer of q's dtype and device, same stride rules as q.
+        cu_seqlens_q, cu_seqlens_k: packed (variable-length) sequences: q / out (total_q, Hq, D),
+            k / v (total_k, Hkv, D), sequence b its rows ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1``;
+            (B + 1,) int32 tensors on q's device, both or neither.  Zero-length sequences are fine;
+            rows outside every sequence are not written (garbage in a returned ``out``).  The LSE is
+            (Hq, total_q).  Causal and the window apply per sequence (bottom-right aligned).
+            K/V rows outside the sequences must be finite (a tile may read past a sequence's end;
+            those keys are masked, but a NaN value would still reach O through a zero weight).
+        max_seqlen_q, max_seqlen_k: with cu_seqlens, host ints >= the longest query / key sequence:
+            they size the grid (never the compile key).  A longer sequence is cut to max_seqlen (no
+            out-of-bounds access); ``checked`` raises instead.
+        window_size: ``(left, right)`` sliding window, -1 unbounded: query i (at position
+            ``p = i + Sk - Sq``) sees keys ``p - left <= j <= p + right``; KV tiles outside every
+            row's window are skipped.  ``causal`` is ``(-1, 0)``: with ``causal=True`` the right side
+            is 0 (a right side > 0 raises).
+        checked: with cu_seqlens, read them on the host and raise ValueError for a negative start, a
+            decreasing entry, a last entry past total, or a sequence longer than max_seqlen (this
+            synchronizes; not CUDA-graph capturable).  Default: env ``CUTE_KERNELS_CHECKED``.
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
-    argument before any launch; nothing synchronizes with the device; results are bitwise repeatable.
+    argument before any launch; nothing synchronizes with the device (unless ``checked``); results are
+    bitwise repeatable.  Unchecked calls never read cu_seqlens on the host: a CUDA graph captured
+    with given max_seqlen replays correctly for any lengths up to them.
     """
+    if (cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None
+            or max_seqlen_k is not None):
+        return _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
+                                  max_seqlen_q, max_seqlen_k, window_size, checked)
     key = None
-    if not _is_compiling():  # the fast path (_key); anything unusual takes the checks below
+    dense_window = not (type(window_size) is tuple and window_size == (-1, -1))
+    if not _is_compiling() and not dense_window:  # the fast path (_key); anything unusual takes the checks below
         try:
             if type(q) in _FAST_TYPES and type(k) in _FAST_TYPES and type(v) in _FAST_TYPES:
                 key = _key(q, k, v, out, causal)
@@ -369,20 +396,59 @@ def flash_attn(
                 out, lse = hit(q, k, v, out, softmax_scale, return_lse)
                 return (out, lse) if return_lse else out
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+    causal, window = check_window(window_size, causal)
     scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
-    causal = bool(causal)
+    wl, wr = window if window is not None else (-1, -1)
     if tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
         if out is None:
-            out, lse = _flash_attn_op(q, k, v, causal, scale)
+            out, lse = _flash_attn_op(q, k, v, causal, scale, wl, wr)
         else:
             lse = _new_lse(q)
-            _flash_attn_out_op(q, k, v, out, lse, causal, scale)
+            _flash_attn_out_op(q, k, v, out, lse, causal, scale, wl, wr)
         return (out, lse) if return_lse else out
     if out is None:
         out, lse = _new_outputs(q)
     else:
         lse = _new_lse(q)
-    _launch(q, k, v, out, lse, causal, scale)  # eager: no dispatcher
-    if key is not None:
+    _launch(q, k, v, out, lse, causal, scale, wl, wr)  # eager: no dispatcher
+    if key is not None and window is None:
         _prepare(key, q, k, causal)
     return (out, lse) if return_lse else out
+
+
+def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, window_size, checked):
+    """:func:`flash_attn` with cu_seqlens (no host fast path: the checks below cost microseconds)."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k", "cu_seqlens_q")
+        if cu_seqlens_q is None and cu_seqlens_k is None:
+            given = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
+            _err(ValueError, f"{given} is given without cu_seqlens_q / cu_seqlens_k (packed sequences need all four)")
+        _err(ValueError, f"{given} is given without {missing} (packed sequences need both)")
+    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+    causal, window = check_window(window_size, causal)
+    scale, mq, mk = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                                    softmax_scale, check_ptrs=not tracing)
+    wl, wr = window if window is not None else (-1, -1)
+    if not tracing and _checked(checked):
+        check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
+        check_cu_seqlens(cu_seqlens_k, k.shape[0], mk, "cu_seqlens_k")
+    if tracing:
+        if out is None:
+            out, lse = _flash_attn_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, causal, scale, wl, wr)
+        else:
+            lse = _new_varlen_lse(q)
+            _flash_attn_varlen_out_op(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
+        return (out, lse) if return_lse else out
+    if out is None:
+        out = q.new_empty(q.shape)
+    lse = _new_varlen_lse(q)
+    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
+    return (out, lse) if return_lse else out
+
+
+def _checked(checked: Optional[bool]) -> bool:
+    """``checked``, or env ``CUTE_KERNELS_CHECKED`` when None (the decode_attn convention)."""
+    if checked is not None:
+        return bool(checked)
+    return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")

@@ -30,6 +30,11 @@ each warpgroup only overwrites its own Q rows, which no one reads any more) -> o
 (tile_m, D) tile, which clips rows >= Sq.  LSE: each row's quad leader stores it, rows < Sq only.
 K/V rows >= Sk and Q rows >= Sq are zero-filled by the TMA unit: no out-of-bounds access for any length.
 
+Packed sequences (``FlashFwdConfig.varlen``) and sliding windows (``FlashFwdConfig.window``) are
+compile-time flags (the dense configurations compile to the same code): see
+:mod:`~cute_kernels.attention.forward_seqlen` (per-sequence rows, one CTA per tile, the partial last
+tile's predicated store) and :func:`~.forward_softmax.kv_tile_range_window` (KV walk bounded on both sides).
+
 Schedule (:mod:`~cute_kernels.attention.forward_softmax` ``tile_coords``): causal tiles are ordered
 longest-first within L2 sections of heads, non-causal ones head-major.  One CTA per tile, or
 persistent CTAs (``FwdTile.persistent``) that walk the order with a fixed stride or, for causal
@@ -40,6 +45,7 @@ intra-warpgroup overlap and ping-pong is :mod:`~cute_kernels.attention.forward_m
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -57,6 +63,7 @@ from ..common import scheduler as sched
 from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
+from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .forward_mainloop import OverlappedKVLoop
 
@@ -67,7 +74,7 @@ class FlashFwdConfig:
     all strides are run-time values."""
 
     dtype: str  # "bfloat16" | "float16"
-    head_dim: int  # 64 | 128
+    head_dim: int  # 64 | 96 | 128 | 256
     causal: bool
     tile: LA.FwdTile
     #: SMs of the device (the persistent grid's size; part of the key so that a kernel built for one
@@ -76,19 +83,33 @@ class FlashFwdConfig:
     #: the MMA bound of the benchmark (profiles/bench_attention.py): P = S in 16 bits, no mask and no
     #: softmax, so only the two GEMMs and the data movement remain; its output is not attention
     mma_only: bool = False
+    #: packed (total, H, D) sequences with cu_seqlens (:mod:`.forward_seqlen`); one CTA per tile
+    varlen: bool = False
+    #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
+    window: bool = False
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
             raise ValueError(f"FlashFwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
         if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
             raise ValueError(f"FlashFwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
+        if self.varlen and self.tile.persistent:
+            raise ValueError("FlashFwdConfig: varlen runs one CTA per tile (no persistent schedule)")
+        if self.window and self.causal:
+            raise ValueError("FlashFwdConfig: a window config folds causal into its right side (causal=False)")
 
 
-def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132) -> FlashFwdConfig:
+def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varlen: bool = False,
+               window: bool = False) -> FlashFwdConfig:
     """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
-    :func:`layouts.attention.fwd_tile`)."""
-    return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
-                          tile=LA.fwd_tile(dtype, head_dim, bool(causal)), num_sms=int(num_sms))
+    :func:`layouts.attention.fwd_tile`).  Varlen: the same tile without the persistent schedules (a
+    CTA's tile count would depend on the device's lengths; one CTA per tile, those past a sequence's
+    end exit at once).  Window: ``causal`` must be False (it is the window's right side)."""
+    tile = LA.fwd_tile(dtype, head_dim, bool(causal))
+    if varlen:
+        tile = dataclasses.replace(tile, persistent=False, dynamic=False)
+    return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=tile, num_sms=int(num_sms),
+                          varlen=bool(varlen), window=bool(window))
 
 
 def _bshd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
@@ -113,21 +134,59 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         self.threads = t.threads
         self.pingpong = t.pingpong
         self.rescale_before_pv = t.rescale_before_pv
+        self.varlen = cfg.varlen
+        self.window = cfg.window
 
-    # ---------------------------------------------------------------- host entry (traced once)
+    # ---------------------------------------------------------------- host entries (traced once)
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mSched: cute.Tensor, scale_log2: Float32, stream):
+        """Dense (B, S, H, D) tensors, no window."""
+        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream)
+
+    @cute.jit
+    def call_window(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                    mSched: cute.Tensor, scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
+        """Dense tensors, a sliding window (sides >= 0, :data:`~.forward_softmax.WINDOW_UNBOUNDED`: none)."""
+        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, window_left=window_left,
+                              window_right=window_right)
+
+    @cute.jit
+    def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                    mSched: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
+                    max_seqlen_k: Int32, scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
+        """Packed q / out (total_q, Hq, D), k / v (total_k, Hkv, D), LSE (Hq, total_q), cu_seqlens (B + 1,)
+        int32; the window sides are read only by a window config."""
+        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, mCuSeqlensQ, mCuSeqlensK,
+                              max_seqlen_q, max_seqlen_k, window_left, window_right)
+
+    @cute.jit
+    def setup_and_launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                         mLSE: cute.Tensor, mSched: cute.Tensor, scale_log2: Float32, stream, mCuSeqlensQ=None,
+                         mCuSeqlensK=None, max_seqlen_q=None, max_seqlen_k=None, window_left=None,
+                         window_right=None):
+        """The entries' common body: TMA atoms, shared storage, grid, launch (unused arguments: None)."""
         t = self.cfg.tile
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mO.element_type != self.dtype):
             raise TypeError(f"FlashAttnFwdSm90: q, k, v, out must all be {self.dtype}")
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
-        num_heads = mQ.shape[2]
-        qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
-        batch = mQ.shape[0]
-        mQ, mK, mV, mO = [_bshd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
+        mO_rows = None  # varlen: O as a tensor (the partial last tile's predicated stores)
+        if const_expr(self.varlen):
+            # seqlen_q / seqlen_k: the packed totals (the kernel's clamp bounds); B from cu_seqlens
+            seqlen_q = mQ.shape[0]
+            seqlen_k = mK.shape[0]
+            num_heads = mQ.shape[1]
+            qhead_per_kvhead = mQ.shape[1] // mK.shape[1]
+            batch = mCuSeqlensQ.shape[0] - 1
+            mQ, mK, mV, mO = [fsl.thd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
+            mO_rows = mO
+        else:
+            seqlen_q = mQ.shape[1]
+            seqlen_k = mK.shape[1]
+            num_heads = mQ.shape[2]
+            qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
+            batch = mQ.shape[0]
+            mQ, mK, mV, mO = [_bshd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
 
         sQ_layout = LA.make_fwd_smem_layout_q(t)
         sKV_layout = LA.make_fwd_smem_layout_kv(t)
@@ -158,7 +217,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
         self.shared_storage = SharedStorage
-        num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+        rows_q = max_seqlen_q if const_expr(self.varlen) else seqlen_q
+        num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
         num_tiles = num_m_blocks * num_heads * batch
         grid = num_tiles
         if const_expr(t.persistent):
@@ -166,7 +226,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         self.kernel(
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, mSched, scale_log2,
             Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead), Int32(num_m_blocks), Int32(num_heads),
-            Int32(batch), tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
+            Int32(batch), tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout, mO_rows, mCuSeqlensQ, mCuSeqlensK,
+            max_seqlen_q, max_seqlen_k, window_left, window_right,
         ).launch(
             grid=[grid, 1, 1],
             block=[self.threads, 1, 1],
@@ -181,7 +242,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                mSched: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
                num_m_blocks: Int32, num_heads: Int32, num_batch: Int32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout):
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, mO_rows, mCuSeqlensQ,
+               mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -232,17 +294,21 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                 tile = self.tile_of(0)
                 j = Int32(0)
                 while tile < num_tiles:
-                    m_block, head, batch = self.work_tile(tile, seqlen_k, qhead_per_kvhead, num_m_blocks,
-                                                          num_heads, num_batch)
-                    n_max, _ = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+                    m_block, head, batch, off_q, len_q, off_k, _, n_min, n_max, _, _ = self.tile_work(
+                        tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch, mCuSeqlensQ,
+                        mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right)
                     if j > 0:
                         cute.arch.mbarrier_wait(q_empty, (j - 1) % 2)  # the previous tile's QK wgmmas are done
                     if const_expr(dynamic):
                         if lane == 0:
                             sTile[0] = tile  # released to the consumers by the Q barrier's arrive
-                    k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
-                                                    pipe_v, k_state, v_state, m_block, head,
-                                                    head // qhead_per_kvhead, batch, n_max)
+                    active = True
+                    if const_expr(self.varlen):  # a tile past its sequence's end: nothing to do (one tile per CTA)
+                        active = m_block * self.tile_m < len_q
+                    if active:
+                        k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
+                                                        pipe_v, k_state, v_state, m_block, head,
+                                                        head // qhead_per_kvhead, batch, n_max, off_q, off_k, n_min)
                     j += 1
                     if const_expr(dynamic):
                         tile = sched.next_dynamic_tile(mSched, lane)
@@ -267,13 +333,17 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
             else:
                 tile = self.tile_of(0)
             while tile < num_tiles:
-                m_block, head, batch = self.work_tile(tile, seqlen_k, qhead_per_kvhead, num_m_blocks,
-                                                      num_heads, num_batch)
-                n_max, n_mask = fs.kv_tile_range(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-                read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
-                                              pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, seqlen_q,
-                                              seqlen_k, m_block, head, batch, n_max, n_mask, j, tidx - 128,
-                                              warp_idx)
+                m_block, head, batch, off_q, len_q, _, len_k, n_min, n_max, n_lo, n_mask = self.tile_work(
+                    tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch, mCuSeqlensQ,
+                    mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right)
+                active = True
+                if const_expr(self.varlen):
+                    active = m_block * self.tile_m < len_q
+                if active:
+                    read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
+                                                  pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, len_q, len_k,
+                                                  m_block, head, batch, n_max, n_mask, j, tidx - 128, warp_idx,
+                                                  off_q, n_min, n_lo, window_left, window_right, mO_rows)
                 j += 1
                 if const_expr(dynamic):
                     q_ring.wait(0, j)
@@ -295,43 +365,71 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                               qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes, self.causal)
 
     @cute.jit
+    def tile_work(self, tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
+                  mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right):
+        """Everything the producer and the consumers derive from tile index ``tile`` (both call this with
+        the same arguments, so they agree on the KV tile count): ``(m_block, head, batch, offset_q,
+        len_q, offset_k, len_k, n_min, n_max, n_lo, n_mask)`` -- the sequence's rows
+        (:func:`~.forward_seqlen.sequence_bounds`) and its KV tiles: ``n_min .. n_max - 1`` visited,
+        ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0`` without a window)."""
+        schedule_k = max_seqlen_k if const_expr(self.varlen) else seqlen_k  # (L2 sections: a size hint)
+        m_block, head, batch = self.work_tile(tile, schedule_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch)
+        off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK,
+                                                         max_seqlen_q, max_seqlen_k, self.varlen)
+        n_min, n_lo = 0, 0
+        if const_expr(self.window):
+            n_min, n_max, n_lo, n_mask = fs.kv_tile_range_window(m_block, len_q, len_k, self.tile_m, self.tile_n,
+                                                                 window_left, window_right)
+        else:
+            n_max, n_mask = fs.kv_tile_range(m_block, len_q, len_k, self.tile_m, self.tile_n, self.causal)
+        return m_block, head, batch, off_q, len_q, off_k, len_k, n_min, n_max, n_lo, n_mask
+
+    @cute.jit
     def produce(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                 tma_v: cute.CopyAtom, mV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
-                q_ring: ring.TxRing, pipe_k, pipe_v, k_state, v_state, m_block, head, head_kv, batch, n_max):
-        """Warp 0: Q once, then the KV tiles n = n_max - 1 down to 0 in the order the consumers read
+                q_ring: ring.TxRing, pipe_k, pipe_v, k_state, v_state, m_block, head, head_kv, batch, n_max,
+                off_q, off_k, n_min):
+        """Warp 0: Q once, then the KV tiles n = n_max - 1 down to n_min in the order the consumers read
         them: K(n_max - 1), then K(n - 1) before V(n) (the consumers issue S(n - 1) = Q K(n - 1)^T
-        before O += P(n) V(n)), and V(0) last."""
+        before O += P(n) V(n)), and V(n_min) last."""
         t = self.cfg.tile
-        # Q: (tile_m, D) at query tile m_block of (head, batch); rows >= Sq are zero-filled
-        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.D), (m_block, 0))
+        # Q: (tile_m, D) at query tile m_block of (head, batch); rows >= Sq are zero-filled (varlen:
+        # rows past the sequence are the next one's, discarded)
+        gQ = cute.local_tile(fsl.sequence_rows(mQ, head, batch, off_q, self.varlen), (self.tile_m, self.D),
+                             (m_block, 0))
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         q_ring.arm(0, t.q_bytes)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=q_ring.barrier(0))
 
-        # K / V: (tile_n, D, n_tiles) of the KV head; rows >= Sk are zero-filled
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.D), (None, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.D), (None, 0))
+        # K / V: (tile_n, D, n_tiles) of the KV head; rows >= Sk are zero-filled (varlen: the next
+        # sequence's, masked)
+        gK = cute.local_tile(fsl.sequence_rows(mK, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
+                             (None, 0))
+        gV = cute.local_tile(fsl.sequence_rows(mV, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
+                             (None, 0))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        if n_max > 0:
+        if n_max > n_min:
             k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
-            for i in cutlass.range(n_max - 1, unroll=1):
+            for i in cutlass.range(n_max - n_min - 1, unroll=1):
                 n_block = n_max - 2 - i
                 k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
                 v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, 1)
-            v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, 0, 1)
+            v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_min, 1)
         return k_state, v_state
 
     @cute.jit
     def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                 sV: cute.Tensor, sO: cute.Tensor, q_ring: ring.TxRing, q_empty, pipe_k, pipe_v, read_k, read_v,
                 tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor, scale_log2: Float32, seqlen_q: Int32,
-                seqlen_k: Int32, m_block, head, batch, n_max, n_mask, j, mma_tidx, warp_idx):
+                seqlen_k: Int32, m_block, head, batch, n_max, n_mask, j, mma_tidx, warp_idx, off_q, n_min, n_lo,
+                window_left, window_right, mO_rows):
         """Consumer warpgroups, the CTA's ``j``-th tile: the KV loop (masked tiles first, then
-        unmasked), then the epilogue.  Returns the advanced ring states."""
+        unmasked, then a window's left-edge tiles), then the epilogue.  ``seqlen_q`` / ``seqlen_k``: the
+        sequence's lengths.  Returns the advanced ring states."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
         wg_first = wg * 128  # the warpgroup's slice of the tiled MMAs (operand fragments / descriptors)
         thr_qk = tiled_mma_qk.get_slice(mma_tidx)
@@ -355,27 +453,34 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
         tScS_mn = fs.acc_mn_view(thr_qk.partition_C(cS))
         t0ScS_mn = fs.acc_mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
-        mask = fs.TileMask(tScS_mn, t0ScS_mn, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+        if const_expr(self.window):
+            mask = fs.WindowTileMask(tScS_mn, t0ScS_mn, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, False,
+                                     window_left, window_right)
+        else:
+            mask = fs.TileMask(tScS_mn, t0ScS_mn, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
 
         if const_expr(not self.cfg.tile.dynamic):  # (dynamic: waited by the caller, to read the tile index)
             q_ring.wait(0, j)  # always: the epilogue may reuse the Q buffer, so the Q load must have landed
 
         read_k, read_v = self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
-                                                 softmax, pipe_k, pipe_v, read_k, read_v, mask, n_max, n_mask, wg)
+                                                 softmax, pipe_k, pipe_v, read_k, read_v, mask, n_max, n_mask, wg,
+                                                 n_min, n_lo)
 
         cute.arch.mbarrier_arrive(q_empty)  # every QK wgmma of this tile has retired: Q may be replaced
         self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sO, tma_o, mO, mLSE, tScS_mn, scale_log2,
-                      seqlen_q, m_block, head, batch, j, mma_tidx, warp_idx)
+                      seqlen_q, m_block, head, batch, j, mma_tidx, warp_idx, off_q, mO_rows)
         return read_k, read_v
 
     @cute.jit
     def epilogue(self, tiled_mma_pv: cute.TiledMma, thr_pv, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
                  softmax: OnlineSoftmax, sO: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
                  tScS_mn: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, m_block, head, batch, j, mma_tidx,
-                 warp_idx):
+                 warp_idx, off_q, mO_rows):
         """O / l -> input dtype -> sO (the Q buffer, or O's own when persistent) -> TMA store (rows >= Sq
         clipped); LSE per row.  The storing warp waits for the store to have read sO only before the
-        next tile overwrites it (and once at the end of the kernel)."""
+        next tile overwrites it (and once at the end of the kernel).  Varlen: the TMA store for a tile
+        wholly inside its sequence, predicated 16-byte stores from sO for the sequence's partial last
+        tile (rows past it belong to the next sequence)."""
         # ---- normalize, LSE (rows: the same per-thread rows as S, since both MMAs tile M alike)
         n_rows = cute.size(acc_O_mn, mode=[0])
         lse = cute.make_rmem_tensor((n_rows,), Float32)
@@ -390,7 +495,10 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
             for r in cutlass.range_constexpr(n_rows):
                 q = m_block * self.tile_m + tScS_mn[r, 0][0]
                 if q < seqlen_q:
-                    mLSE[batch, head, q] = lse[r]
+                    if const_expr(self.varlen):
+                        mLSE[head, off_q + q] = lse[r]
+                    else:
+                        mLSE[batch, head, q] = lse[r]
 
         # ---- O: registers -> smem (stmatrix; this warpgroup's rows of sO) -> TMA store
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
@@ -412,8 +520,24 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         cute.copy(tiled_r2s, tRS_rO, tRS_sO)
         cute.arch.fence_proxy("async.shared", space="cta")  # smem writes visible to the TMA unit
         cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
+        if const_expr(self.varlen):
+            rows = seqlen_q - m_block * self.tile_m
+            if rows >= self.tile_m:
+                self.store_o_tma(tma_o, mO, sO, m_block, head, batch, off_q, warp_idx)
+            else:
+                gO = cute.local_tile(fsl.sequence_rows(mO_rows, head, batch, off_q, True), (self.tile_m, self.D),
+                                     (m_block, 0))
+                fsl.store_rows_predicated(sO, gO, rows, mma_tidx, self.num_mma_threads, self.dtype)
+        else:
+            self.store_o_tma(tma_o, mO, sO, m_block, head, batch, off_q, warp_idx)
+
+    @cute.jit
+    def store_o_tma(self, tma_o: cute.CopyAtom, mO: cute.Tensor, sO: cute.Tensor, m_block, head, batch, off_q,
+                    warp_idx):
+        """One warp's TMA store of the O tile from ``sO`` (rows past the tensor clipped)."""
         if warp_idx == 4:
-            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.D), (m_block, 0))
+            gO = cute.local_tile(fsl.sequence_rows(mO, head, batch, off_q, self.varlen), (self.tile_m, self.D),
+                                 (m_block, 0))
             bSG_sO, bSG_gO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
                                                    cute.group_modes(gO, 0, 2))
             cute.copy(tma_o, bSG_sO, bSG_gO)
@@ -425,15 +549,39 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
 
 def forward_builder(cfg: FlashFwdConfig):
     """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled` /
-    :func:`~cute_kernels.common.jit.compile_now`: symbolic B, Sq, Sk, Hq, Hkv and a fresh symbolic
-    stride for every stride of every tensor (stride(-1) = 1; shared symbols would make the compiled
-    function demand equal strides)."""
+    :func:`~cute_kernels.common.jit.compile_now`: symbolic B, Sq, Sk, Hq, Hkv (varlen: total_q,
+    total_k and the cu_seqlens length) and a fresh symbolic stride for every stride of every tensor
+    (stride(-1) = 1; shared symbols would make the compiled function demand equal strides).  The
+    entry and its arguments per configuration:
+
+    * dense: ``(q, k, v, out, lse, counter, scale_log2)``;
+    * dense + window: ``(..., scale_log2, window_left, window_right)``;
+    * varlen: ``(q, k, v, out, lse, counter, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      scale_log2, window_left, window_right)`` (the window read only by a window config)."""
 
     def build():
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
         dt = to_cutlass(cfg.dtype)
         D = cfg.head_dim
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        mSched = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
+        k = FlashAttnFwdSm90(cfg)
+        if cfg.varlen:
+            Tq, Tk, Hq, Hkv, B1 = (cute.sym_int() for _ in range(5))
+
+            def strides3():
+                return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
+
+            mQ = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
+            mK = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
+            mV = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
+            mO = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
+            mLSE = make_fake_compact_tensor(cutlass.Float32, (Hq, Tq), stride_order=(1, 0), assumed_align=4)
+            mCuQ = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
+            mCuK = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
+            return k.call_varlen, (mQ, mK, mV, mO, mLSE, mSched, mCuQ, mCuK, Int32(1), Int32(1), Float32(1.0),
+                                   Int32(0), Int32(0), stream)
         B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
 
         def strides():
@@ -444,8 +592,8 @@ def forward_builder(cfg: FlashFwdConfig):
         mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
         mO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
         mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
-        mSched = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
-        k = FlashAttnFwdSm90(cfg)
-        return k, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), make_fake_stream(use_tvm_ffi_env_stream=True))
+        if cfg.window:
+            return k.call_window, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), Int32(0), Int32(0), stream)
+        return k, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), stream)
 
     return build

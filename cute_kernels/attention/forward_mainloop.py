@@ -1,7 +1,8 @@
 """The attention forward's KV loop with the softmax overlapped with the tensor cores (FlashAttention-3's
 schedule on Hopper), a mixin of :class:`~cute_kernels.attention.forward_kernel.FlashAttnFwdSm90`.
 
-Per consumer warpgroup, KV tiles n = n_max - 1 down to 0 (masked ones first):
+Per consumer warpgroup, KV tiles n = n_max - 1 down to n_min (0 unless a sliding window cuts the
+left; masked ones first, a window's masked left-edge tiles last):
 
 * first tile: S = Q K^T (wait), mask, softmax, P in 16 bits -- nothing to overlap with yet;
 * every further tile n: issue S(n) = Q K(n)^T, then O += P(n+1) V(n+1) (the previous tile's P, still
@@ -35,15 +36,16 @@ from . import forward_softmax as fs
 
 class OverlappedKVLoop:
     """Mixin: needs ``self.cfg`` (``mma_only``), ``dtype``, ``tile_m``, ``tile_n``, ``num_wg``,
-    ``pingpong``, ``rescale_before_pv``."""
+    ``pingpong``, ``rescale_before_pv``, ``window``."""
 
     @cute.jit
     def overlapped_kv_loop(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
                            tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
                            softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask: fs.TileMask,
-                           n_max, n_mask, wg):
-        """Every KV tile of this query tile into ``acc_O`` / ``softmax`` (see the module docstring).
-        Returns the advanced ring states."""
+                           n_max, n_mask, wg, n_min, n_lo):
+        """Every KV tile of this query tile into ``acc_O`` / ``softmax`` (see the module docstring):
+        ``n_min .. n_max - 1``, tiles ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0``
+        unless ``self.window``).  Returns the advanced ring states."""
         acc_shape = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         rP = cute.make_rmem_tensor(acc_shape, self.dtype)  # P of the previous tile
         tOrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
@@ -52,7 +54,7 @@ class OverlappedKVLoop:
             if wg == 0:
                 pass_turn(self.num_wg - 1, self.num_wg)  # the first turn: to warpgroup 0 from "the last"
 
-        if n_max > 0:
+        if n_max > n_min:
             read_k = self.first_tile(tiled_mma_qk, tSrQ, tSrK, softmax, pipe_k, read_k, mask, rP, corr, n_max - 1)
             # ---- the other masked tiles, then the unmasked ones
             for i in cutlass.range(cutlass.max(n_max - 1 - n_mask, 0), unroll=1):
@@ -60,10 +62,22 @@ class OverlappedKVLoop:
                                                       softmax, pipe_k, pipe_v, read_k, read_v, mask, rP, tOrP, corr,
                                                       n_max - 2 - i, wg, True)
             n_plain = cutlass.min(n_mask, n_max - 1)
-            for i in cutlass.range(n_plain, unroll=1):
-                read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
-                                                      softmax, pipe_k, pipe_v, read_k, read_v, mask, rP, tOrP, corr,
-                                                      n_plain - 1 - i, wg, False)
+            if const_expr(self.window):
+                for i in cutlass.range(cutlass.max(n_plain - n_lo, 0), unroll=1):
+                    read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O,
+                                                          acc_O_mn, softmax, pipe_k, pipe_v, read_k, read_v, mask, rP,
+                                                          tOrP, corr, n_plain - 1 - i, wg, False)
+                # ---- the window's left-edge tiles (masked), down to n_min
+                n_edge = cutlass.min(n_lo, n_max - 1)
+                for i in cutlass.range(cutlass.max(n_edge - n_min, 0), unroll=1):
+                    read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O,
+                                                          acc_O_mn, softmax, pipe_k, pipe_v, read_k, read_v, mask, rP,
+                                                          tOrP, corr, n_edge - 1 - i, wg, True)
+            else:
+                for i in cutlass.range(n_plain, unroll=1):
+                    read_k, read_v = self.overlapped_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O,
+                                                          acc_O_mn, softmax, pipe_k, pipe_v, read_k, read_v, mask, rP,
+                                                          tOrP, corr, n_plain - 1 - i, wg, False)
             read_v = self.last_pv(tiled_mma_pv, tOrVt, acc_O, acc_O_mn, pipe_v, read_v, tOrP, corr)
 
         if const_expr(self.pingpong):

@@ -6,7 +6,11 @@ the register A operand of the next wgmma (P).
 Index conventions (B, S, H, D tensors viewed as (S, D, H, B)):
 
 * query row ``q`` (0-based in the sequence) sees key ``k`` iff ``k < Sk`` and, when causal,
-  ``k <= q + Sk - Sq`` (bottom-right alignment, FlashAttention >= 2.1);
+  ``k <= q + Sk - Sq`` (bottom-right alignment, FlashAttention >= 2.1); with a sliding window
+  ``(left, right)``, iff ``p - left <= k <= p + right`` for ``p = q + Sk - Sq`` (causal is
+  ``(unbounded, 0)``);
+* with packed (variable-length) sequences all of this holds per sequence: ``Sq``, ``Sk`` are the
+  sequence's lengths and ``q``, ``k`` positions within it;
 * query tile ``m`` holds rows ``m * tile_m .. m * tile_m + tile_m - 1`` (rows >= Sq are computed on
   zero-filled Q and never stored); KV tile ``n`` holds keys ``n * tile_n ..``.
 
@@ -56,6 +60,51 @@ def kv_tile_range_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, ti
         n_max = min(n_max, -(-max(first_lim + tile_m, 0) // tile_n))
         n_full = min(n_full, max(first_lim + 1, 0) // tile_n)
     return n_max, min(n_full, n_max)
+
+
+#: a window side given as -1 (unbounded) reaches this far: beyond any length, and p + WINDOW_UNBOUNDED
+#: stays far from the int32 limit
+WINDOW_UNBOUNDED = 1 << 30
+
+
+@cute.jit
+def kv_tile_range_window(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                         tile_n: cutlass.Constexpr[int], window_left: Int32, window_right: Int32):
+    """``(n_min, n_max, n_lo, n_hi)`` for query tile ``m_block`` under a sliding window (row ``q`` at
+    position ``p = q + Sk - Sq`` sees keys ``p - window_left <= k <= p + window_right``, ``k < Sk``;
+    both sides >= 0, :data:`WINDOW_UNBOUNDED` for none): the tile visits KV tiles
+    ``n_min .. n_max - 1``; tiles ``n_lo .. n_hi - 1`` need no mask, ``n_hi .. n_max - 1`` (right edge,
+    key-length tail) and ``n_min .. n_lo - 1`` (left edge) do.  ``n_min <= n_lo <= n_hi <= n_max``;
+    ``n_min == n_max`` when no row of the tile sees a key.  Tiles wholly outside every row's window are
+    not in the range, so neither loaded nor computed."""
+    p_first = m_block * tile_m + seqlen_k - seqlen_q  # position of the tile's first row
+    p_last = p_first + tile_m - 1
+    n_max = cutlass.min((seqlen_k + tile_n - 1) // tile_n,
+                        (cutlass.max(p_last + window_right + 1, 0) + tile_n - 1) // tile_n)
+    n_min = cutlass.min(cutlass.max(p_first - window_left, 0) // tile_n, n_max)
+    # unmasked: every key of the tile >= the last row's lower bound and <= the first row's upper bound
+    n_hi = cutlass.min(seqlen_k // tile_n, cutlass.max(p_first + window_right + 1, 0) // tile_n)
+    n_hi = cutlass.max(cutlass.min(n_hi, n_max), n_min)
+    n_lo = (cutlass.max(p_last - window_left, 0) + tile_n - 1) // tile_n
+    n_lo = cutlass.max(cutlass.min(n_lo, n_hi), n_min)
+    return n_min, n_max, n_lo, n_hi
+
+
+def kv_tile_range_window_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int,
+                            window_left: int, window_right: int):
+    """:func:`kv_tile_range_window` in plain Python (tests check it against brute force); window sides
+    of -1 mean unbounded, as at the API."""
+    wl = WINDOW_UNBOUNDED if window_left < 0 else window_left
+    wr = WINDOW_UNBOUNDED if window_right < 0 else window_right
+    p_first = m_block * tile_m + seqlen_k - seqlen_q
+    p_last = p_first + tile_m - 1
+    n_max = min(-(-seqlen_k // tile_n), -(-max(p_last + wr + 1, 0) // tile_n))
+    n_min = min(max(p_first - wl, 0) // tile_n, n_max)
+    n_hi = min(seqlen_k // tile_n, max(p_first + wr + 1, 0) // tile_n)
+    n_hi = max(min(n_hi, n_max), n_min)
+    n_lo = -(-max(p_last - wl, 0) // tile_n)
+    n_lo = max(min(n_lo, n_hi), n_min)
+    return n_min, n_max, n_lo, n_hi
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,6 +223,25 @@ def apply_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m
             s_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] >= limit else s_mn[r, c]
 
 
+@cute.jit
+def apply_window_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m_block: Int32,
+                      n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                      tile_n: cutlass.Constexpr[int], window_left: Int32, window_right: Int32):
+    """:func:`apply_mask` for a sliding window (see :func:`kv_tile_range_window`): a score stays iff
+    ``p - window_left <= key <= p + window_right`` and ``key < Sk``; columns compared against per-row
+    limits as there (two compares per score)."""
+    col_off = tScS_mn[0, 0][1]
+    key0 = n_block * tile_n + col_off
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        p = m_block * tile_m + tScS_mn[r, 0][0] + seqlen_k - seqlen_q
+        hi = cutlass.min(seqlen_k - key0, p + window_right + 1 - key0)  # columns >= hi are masked
+        lo = p - window_left - key0  # columns < lo are masked
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            col = t0ScS_mn[0, c][1]
+            s = -Float32.inf if col >= hi else s_mn[r, c]
+            s_mn[r, c] = -Float32.inf if col < lo else s
+
+
 @dataclass(frozen=True)
 class TileMask:
     """:func:`apply_mask` bound to one CTA's query tile (coordinates, lengths, tile sizes)."""
@@ -211,3 +279,17 @@ def rescale_rows(acc_O_mn: cute.Tensor, corr: cute.Tensor):
     """Row r of O (the (rows, cols) view) times ``corr[r]``."""
     for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
         acc_O_mn[r, None].store(acc_O_mn[r, None].load() * corr[r])
+
+
+@dataclass(frozen=True)
+class WindowTileMask(TileMask):
+    """:func:`apply_window_mask` bound to one CTA's query tile (``causal`` unused: a causal window is
+    ``window_right == 0``)."""
+
+    window_left: Int32 = None
+    window_right: Int32 = None
+
+    @cute.jit
+    def apply(self, s_mn: cute.Tensor, n_block: Int32):
+        apply_window_mask(s_mn, self.tScS_mn, self.t0ScS_mn, self.m_block, n_block, self.seqlen_q, self.seqlen_k,
+                          self.tile_m, self.tile_n, self.window_left, self.window_right)

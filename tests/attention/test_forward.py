@@ -420,7 +420,7 @@ def test_public_surface():
 @pytest.mark.parametrize("spec,match", [
     (dict(dtype=torch.float32, head_dim=128, causal=True), "dtype"),
     (dict(dtype="bfloat16", head_dim=80, causal=True), "head_dim"),
-    (dict(dtype="bfloat16", head_dim=128, window=3), "unknown keys"),
+    (dict(dtype="bfloat16", head_dim=128, softcap=3.0), "unknown keys"),
 ])
 def test_warmup_bad_spec(spec, match):
     with jit.dry_run() as dry, pytest.raises(ValueError, match=match):

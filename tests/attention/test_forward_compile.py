@@ -176,3 +176,160 @@ def test_forward_compiles_without_spills(dtype, head_dim, causal):
     assert k.instructions["HGMMA"] == 3 * (head_dim // 16 + t.tile_n // 16), rep.summary()
     assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
     assert k.instructions["LDG"] == 0, rep.summary()  # everything is loaded by TMA
+
+
+# ------------------------------------------------------------------------------------------ windows, varlen
+def visible_window(q, k, Sq, Sk, left, right):
+    """Query q (position p = q + Sk - Sq) sees key k iff k < Sk and p - left <= k <= p + right (-1: unbounded)."""
+    p = q + Sk - Sq
+    return 0 <= k < Sk and (left < 0 or k >= p - left) and (right < 0 or k <= p + right)
+
+
+WINDOWS = [(-1, -1), (-1, 0), (0, 0), (3, 0), (0, 5), (7, 9), (16, -1), (-1, 16), (40, 40), (100, 0), (0, 100)]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=[f"w{l}_{r}" for l, r in WINDOWS])
+def test_kv_tile_range_window_brute_force(window):
+    """Every visible (q, k) of a real row lies in a visited tile; tiles n_lo .. n_hi - 1 hold only
+    visible pairs for every real row; tiles outside n_min .. n_max - 1 hold none, and the range is as
+    tight as tile granularity allows (its first and last tiles hold a visible pair of some row of the
+    tile, counting the rows past Sq the kernel computes and discards)."""
+    left, right = window
+    tm, tn = 16, 8
+    for Sq, Sk in itertools.product((1, 5, 16, 17, 33, 64), (1, 7, 8, 17, 40, 64)):
+        for m in range(-(-Sq // tm)):
+            n_min, n_max, n_lo, n_hi = fs.kv_tile_range_window_py(m, Sq, Sk, tm, tn, left, right)
+            assert 0 <= n_min <= n_lo <= n_hi <= n_max <= -(-Sk // tn), (Sq, Sk, m)
+            rows = range(m * tm, min((m + 1) * tm, Sq))
+            all_rows = range(m * tm, (m + 1) * tm)
+            for n in range(-(-Sk // tn) + 1):
+                keys = range(n * tn, (n + 1) * tn)
+                vis = [visible_window(q, k, Sq, Sk, left, right) for q in rows for k in keys]
+                if n >= n_max or n < n_min:
+                    assert not any(vis), (Sq, Sk, m, n)
+                if n_lo <= n < n_hi:
+                    assert all(vis), (Sq, Sk, m, n)
+            if n_max > n_min:
+                for n in (n_min, n_max - 1):
+                    assert any(visible_window(q, k, Sq, Sk, left, right) for q in all_rows
+                               for k in range(n * tn, (n + 1) * tn)), (Sq, Sk, m, n)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_range_reduces_to_causal_and_full(causal):
+    """(-1, -1) and (-1, 0) give the dense ranges: n_min = n_lo = 0, the same n_max and unmasked tiles."""
+    for Sq, Sk in itertools.product((1, 17, 33, 64), (1, 8, 17, 64)):
+        for m in range(-(-Sq // 16)):
+            n_max, n_mask = fs.kv_tile_range_py(m, Sq, Sk, 16, 8, causal)
+            assert fs.kv_tile_range_window_py(m, Sq, Sk, 16, 8, -1, 0 if causal else -1) == (0, n_max, 0, n_mask)
+
+
+def emulate_window_forward(q, k, v, left, right, tm, tn):
+    """The kernel's window walk in float64: tiles n_max - 1 .. n_hi masked, n_hi - 1 .. n_lo plain,
+    n_lo - 1 .. n_min masked (the first one always masked), the mask of apply_window_mask."""
+    Sq, D = q.shape
+    Sk = k.shape[0]
+    scale_log2 = D ** -0.5 * math.log2(math.e)
+    wl = fs.WINDOW_UNBOUNDED if left < 0 else left
+    wr = fs.WINDOW_UNBOUNDED if right < 0 else right
+    o = torch.zeros(Sq, D, dtype=torch.float64)
+    lse = torch.zeros(Sq, dtype=torch.float64)
+    for m in range(-(-Sq // tm)):
+        r0 = m * tm
+        rows = torch.arange(r0, r0 + tm)
+        qt = torch.zeros(tm, D, dtype=torch.float64)
+        qt[: min(tm, Sq - r0)] = q[r0 : r0 + tm].double()
+        n_min, n_max, n_lo, n_hi = fs.kv_tile_range_window_py(m, Sq, Sk, tm, tn, left, right)
+        mx = torch.full((tm,), -math.inf, dtype=torch.float64)
+        l = torch.zeros(tm, dtype=torch.float64)
+        acc = torch.zeros(tm, D, dtype=torch.float64)
+        order = list(range(n_max - 1, n_min - 1, -1))
+        for i, n in enumerate(order):
+            kt = torch.zeros(tn, D, dtype=torch.float64)
+            vt = torch.zeros(tn, D, dtype=torch.float64)
+            kt[: max(0, min(tn, Sk - n * tn))] = k[n * tn : (n + 1) * tn].double()
+            vt[: max(0, min(tn, Sk - n * tn))] = v[n * tn : (n + 1) * tn].double()
+            s = qt @ kt.T
+            if i == 0 or not (n_lo <= n < n_hi):
+                cols = n * tn + torch.arange(tn)
+                p = rows + Sk - Sq
+                hi = torch.minimum(torch.full((tm,), Sk), p + wr + 1)
+                lo = p - wl
+                s[(cols[None, :] >= hi[:, None]) | (cols[None, :] < lo[:, None])] = -math.inf
+            m_new = torch.maximum(mx, s.amax(1))
+            m_s = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new * scale_log2)
+            pr = torch.exp2(s * scale_log2 - m_s[:, None])
+            corr = torch.exp2(mx * scale_log2 - m_s)
+            l = l * corr + pr.sum(1)
+            acc = acc * corr[:, None] + pr @ vt
+            mx = m_new
+        m_s = torch.where(torch.isneginf(mx), torch.zeros_like(mx), mx * scale_log2)
+        inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
+        lse_t = torch.where(l > 0, (m_s + torch.log2(l)) * math.log(2.0), torch.full_like(l, -math.inf))
+        keep = min(tm, Sq - r0)
+        o[r0 : r0 + keep] = (acc * inv[:, None])[:keep]
+        lse[r0 : r0 + keep] = lse_t[:keep]
+    return o, lse
+
+
+@pytest.mark.parametrize("window", [(0, 0), (5, 0), (0, 7), (40, 3), (130, 130), (300, -1), (-1, 200), (1000, 1000)],
+                         ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (17, 300), (300, 17), (200, 200), (333, 777)])
+def test_emulated_window_walk_matches_reference(window, Sq, Sk):
+    """The kernel's window walk + masks, emulated at 128 x 128 tiles, equals masked attention (rows
+    that see nothing: O = 0, LSE = -inf)."""
+    g = torch.Generator().manual_seed(1)
+    D = 16
+    q, k, v = (torch.randn(n, D, generator=g, dtype=torch.float64) for n in (Sq, Sk, Sk))
+    o, lse = emulate_window_forward(q, k, v, *window, 128, 128)
+    left, right = window
+    vis = torch.tensor([[visible_window(i, j, Sq, Sk, left, right) for j in range(Sk)] for i in range(Sq)])
+    s = ((q @ k.T) * D ** -0.5).masked_fill(~vis, -math.inf)
+    ref_lse = torch.logsumexp(s, -1)
+    empty = torch.isneginf(ref_lse)
+    ref_o = torch.softmax(s, -1).nan_to_num(0.0) @ v
+    assert torch.equal(torch.isneginf(lse), empty)
+    assert torch.allclose(o, ref_o, atol=1e-10)
+    assert torch.allclose(lse[~empty], ref_lse[~empty], atol=1e-10)
+    assert (o[empty] == 0).all()
+
+
+# (varlen, window, causal): packed sequences with and without a window, dense windows
+EXT_CONFIGS = [(True, False, False), (True, False, True), (False, True, False), (True, True, False)]
+
+
+@pytest.mark.parametrize("head_dim", LA.FWD_HEAD_DIMS)
+@pytest.mark.parametrize("varlen,window,causal", EXT_CONFIGS,
+                         ids=["varlen", "varlen-causal", "window", "varlen-window"])
+def test_varlen_window_compile_without_spills(varlen, window, causal, head_dim):
+    """Varlen / window configurations compile for sm_90a with no local-memory traffic; varlen has
+    no persistent schedule; a window adds the left-edge loop (one more QK + PV body)."""
+    from cute_kernels.attention.forward_kernel import fwd_config, forward_builder
+    from cute_kernels.tools import inspect as ins
+
+    cfg = fwd_config("bfloat16", head_dim, causal, varlen=varlen, window=window)
+    assert cfg.varlen == varlen and cfg.window == window
+    assert not (varlen and cfg.tile.persistent)
+    rep = ins.inspect_builder(forward_builder(cfg))
+    assert len(rep.kernels) == 1
+    k = rep.kernels[0]
+    print(f"D={head_dim} varlen={varlen} window={window} causal={causal}: {rep.summary()}")
+    assert k.spills == 0, rep.summary()
+    assert k.stack_frame == 0, rep.summary()
+    bodies = 4 if window else 3
+    assert k.instructions["HGMMA"] == bodies * (head_dim // 16 + cfg.tile.tile_n // 16), rep.summary()
+    assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
+    if varlen:  # cu_seqlens (producer + consumers) and the partial tile's predicated stores
+        assert k.instructions["LDG"] > 0 and k.instructions["STG"] > 0, rep.summary()
+    else:
+        assert k.instructions["LDG"] == 0, rep.summary()
+
+
+def test_window_config_rules():
+    from cute_kernels.attention.forward_kernel import FlashFwdConfig, fwd_config
+
+    with pytest.raises(ValueError, match="folds causal"):
+        fwd_config("bfloat16", 128, True, window=True)
+    with pytest.raises(ValueError, match="persistent"):
+        FlashFwdConfig("bfloat16", 128, False, LA.fwd_tile("bfloat16", 128, False), varlen=True)
+    assert fwd_config("bfloat16", 128, False) != fwd_config("bfloat16", 128, False, window=True)

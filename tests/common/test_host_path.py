@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cute_kernels
 from cute_kernels.attention import decode as DE
 from cute_kernels.attention import forward as FW
+from cute_kernels.attention import forward_validate as FV
 from cute_kernels.attention import merge as ME
 from cute_kernels.common import jit
 from cute_kernels.gemm import host as GH
@@ -69,7 +70,7 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(DE, "_KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(DE, "get_decode_kernel", lambda cfg: Stub.fetch("decode", cfg))
     monkeypatch.setattr(DE, "_launchers", {})
-    monkeypatch.setattr(FW, "_check_devices", lambda named: None)
+    monkeypatch.setattr(FV, "_check_devices", lambda named: None)
     monkeypatch.setattr(FW, "get_forward_kernel", lambda cfg: Stub.fetch("flash", cfg))
     monkeypatch.setattr(FW, "_launchers", {})
     monkeypatch.setattr(ME, "_KERNEL_DEVICES", ("cuda", "cpu"))

@@ -1,0 +1,91 @@
+"""Per-sequence offsets and lengths of the attention forward kernel
+(:mod:`cute_kernels.attention.forward_kernel`), and the predicated O store of packed sequences.
+
+Dense tensors are (B, S, H, D): sequence ``b`` is batch slice ``b``, at offset 0, of length Sq / Sk.
+Packed (variable-length) tensors are (total, H, D) with ``cu_seqlens`` (B + 1,) int32 on the device:
+sequence ``b`` is rows ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1``.  The kernel views them as
+(total, D, H, 1) (the dense (S, D, H, B) with one batch) and offsets the TMA coordinates by the
+sequence's first row; rows a tile reads past the sequence's end belong to the next sequence (or are
+zero-filled past ``total``) and are masked (keys) or discarded (queries).
+
+Grid: ceil(max_seqlen_q / tile_m) query tiles per (head, sequence), one CTA each (no persistent
+schedule: a CTA's work would depend on the device's lengths); tiles past a sequence's end exit at
+once.  A tile wholly inside its sequence is stored by TMA, the sequence's partial last tile by
+:func:`store_rows_predicated` (a TMA store clips only at the tensor's end).
+
+The device values are never trusted: the first row is clamped to ``[0, total]``, the end to
+``[start, total]`` and the length to ``max_seqlen`` (the host's grid size), so bad ``cu_seqlens``
+give wrong numbers, never an access outside the tensors.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+
+
+@cute.jit
+def _clamped_sequence(cu_seqlens: cute.Tensor, batch: Int32, total: Int32, max_seqlen: Int32):
+    """(first row, length) of sequence ``batch``, clamped into the tensor and to ``max_seqlen``."""
+    start = cutlass.min(cutlass.max(cu_seqlens[batch], 0), total)
+    end = cutlass.min(cutlass.max(cu_seqlens[batch + 1], start), total)
+    return start, cutlass.min(end - start, max_seqlen)
+
+
+@cute.jit
+def sequence_bounds(batch: Int32, seqlen_q: Int32, seqlen_k: Int32, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q,
+                    max_seqlen_k, varlen: cutlass.Constexpr[bool]):
+    """``(offset_q, len_q, offset_k, len_k)`` of sequence ``batch``.  Dense: ``(0, seqlen_q, 0,
+    seqlen_k)``.  Varlen: ``seqlen_q`` / ``seqlen_k`` are the packed totals (the clamp bounds) and the
+    sequence's rows come from ``cu_seqlens`` (see the module docstring)."""
+    offset_q, len_q, offset_k, len_k = Int32(0), seqlen_q, Int32(0), seqlen_k
+    if const_expr(varlen):
+        offset_q, len_q = _clamped_sequence(mCuSeqlensQ, batch, seqlen_q, max_seqlen_q)
+        offset_k, len_k = _clamped_sequence(mCuSeqlensK, batch, seqlen_k, max_seqlen_k)
+    return offset_q, len_q, offset_k, len_k
+
+
+def sequence_rows(mX: cute.Tensor, head, batch, offset, varlen: bool) -> cute.Tensor:
+    """The (S, D) rows of one head of one sequence in an (S, D, H, B) tensor (a TMA coordinate tensor
+    or a real one): the batch slice (dense), or the single batch shifted by the sequence's first row
+    (varlen: row 0 of the result is row ``offset`` of the packed tensor)."""
+    if const_expr(varlen):
+        return cute.domain_offset((offset, 0), mX[None, None, head, 0])
+    return mX[None, None, head, batch]
+
+
+def thd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
+    """A packed (total, H, D) tensor as (total, D, H, 1): the dense kernel's (S, D, H, B) with one batch."""
+    s, d = t.layout.shape, t.layout.stride
+    return cute.make_tensor(t.iterator, cute.make_layout((s[0], s[2], s[1], 1), stride=(d[0], d[2], d[1], 0)))
+
+
+def _threads_per_row(vectors: int) -> int:
+    """Threads sharing one row of ``vectors`` 16-byte vectors: the largest power of two <= 16 dividing it."""
+    cols = 16
+    while vectors % cols:
+        cols //= 2
+    return cols
+
+
+@cute.jit
+def store_rows_predicated(sO: cute.Tensor, gO: cute.Tensor, rows: Int32, tidx: Int32,
+                          num_threads: cutlass.Constexpr[int], dtype: cutlass.Constexpr):
+    """Copy the first ``rows`` rows of the (tile_m, D) tile ``sO`` (shared memory, written and synced
+    by the caller) to ``gO`` with 16-byte vector stores; rows >= ``rows`` are not written (they belong
+    to the next packed sequence, which a TMA store would overwrite: it clips only at the tensor end).
+    ``num_threads`` threads ``tidx = 0 ..`` share the work."""
+    tile_m, D = cute.size(sO, mode=[0]), cute.size(sO, mode=[1])
+    vec = 128 // dtype.width
+    cols = _threads_per_row(D // vec)
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    thr_layout = cute.make_ordered_layout((num_threads // cols, cols), order=(1, 0))
+    tiled = cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, vec)))
+    thr = tiled.get_slice(tidx)
+    tOsO = thr.partition_S(sO)
+    tOgO = thr.partition_D(gO)
+    tOcO = thr.partition_S(cute.make_identity_tensor((tile_m, D)))
+    for m in cutlass.range_constexpr(cute.size(tOsO, mode=[1])):
+        if tOcO[0, m, 0][0] < rows:
+            cute.copy(atom, tOsO[None, m, None], tOgO[None, m, None])

@@ -1,0 +1,214 @@
+"""Host-side validation of :func:`cute_kernels.flash_attn`'s arguments (:mod:`.forward`): everything the
+host can check without the device's data, in a fixed order (types, ranks, shapes, dtypes, strides,
+pointer alignment, devices last), each error naming its argument; the window normalization; and the
+checked mode's reading of cu_seqlens (the only place their values reach the host)."""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Optional
+
+import torch
+
+from ..common.dtypes import HALF_TORCH
+
+#: Head dims the kernel runs (``layouts.attention.FWD_HEAD_DIMS``).
+HEAD_DIMS = (64, 96, 128, 256)
+_ALIGN_ELEMS = 8  # 16 bytes of a 16-bit element type: TMA boxes and 16-byte vector accesses
+
+
+# ------------------------------------------------------------------------------------------------
+# validation
+# ------------------------------------------------------------------------------------------------
+def _err(cls, msg):
+    raise cls(f"flash_attn: {msg}")
+
+
+def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> float:
+    """Every check the host can make without the device's data; raises ``TypeError`` / ``ValueError``
+    naming the argument, and returns the softmax scale (default 1/sqrt(D)).  ``check_ptrs=False``
+    skips the data-pointer alignment (fake tensors)."""
+    named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in named:
+        if t.dim() != 4:
+            what = "(batch, seqlen_q, heads_q, head_dim)" if name in ("q", "out") else "(batch, seqlen_k, heads_kv, head_dim)"
+            hint = " (3-d packed sequences need cu_seqlens_q and cu_seqlens_k)" if t.dim() == 3 else ""
+            _err(ValueError, f"{name} must be 4-d {what}, got shape {tuple(t.shape)}{hint}")
+    B = q.shape[0]
+    if q.shape[3] not in HEAD_DIMS:
+        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {q.shape[3]}")
+    if k.shape[0] != B:
+        _err(ValueError, f"k batch ({k.shape[0]}) must equal q batch ({B})")
+    return _check_rest(named, softmax_scale, check_ptrs)
+
+
+def _check_rest(named, softmax_scale, check_ptrs: bool, extra=()) -> float:
+    """The checks dense and packed tensors share (head dim, shapes, dtypes, strides, pointers, scale,
+    devices; ``extra``: more (name, tensor) pairs for the device check); the last two modes of q / k
+    are (heads, head_dim)."""
+    q, k, v = (t for _, t in named[:3])
+    out = named[3][1] if len(named) > 3 else None
+    Hq, D = q.shape[-2:]
+    if k.shape[-1] != D:
+        _err(ValueError, f"k head_dim ({k.shape[-1]}) must equal q head_dim ({D})")
+    if v.shape != k.shape:
+        _err(ValueError, f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} (head_dim of V = head_dim of Q)")
+    Hkv = k.shape[-2]
+    if Hkv < 1 or Hq % Hkv != 0:
+        _err(ValueError, f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) (GQA/MQA)")
+    if out is not None and out.shape != q.shape:
+        _err(ValueError, f"out shape {tuple(out.shape)} must equal q shape {tuple(q.shape)}")
+    if q.dtype not in HALF_TORCH:
+        _err(TypeError, f"q must be float16 or bfloat16, got {q.dtype}")
+    for name, t in named[1:]:
+        if t.dtype != q.dtype:
+            _err(TypeError, f"{name} dtype {t.dtype} must equal q dtype {q.dtype}")
+    for name, t in named:
+        if t.stride(-1) != 1:
+            _err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got strides {t.stride()}")
+        if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]):
+            _err(ValueError, f"{name} strides must be multiples of {_ALIGN_ELEMS} elements (16 bytes), "
+                             f"got strides {t.stride()}")
+    if out is not None and any(s == 0 and n > 1 for s, n in zip(out.stride(), out.shape)):
+        _err(ValueError, f"out has a stride of 0 (strides {out.stride()}, shape {tuple(out.shape)}): several "
+                         f"elements share memory (an expanded tensor cannot be written)")
+    if check_ptrs:
+        _check_ptrs(*(t for _, t in named))
+    scale = _scale(softmax_scale, D)
+    _check_devices(list(named) + list(extra))
+    return scale
+
+
+def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=None,
+                    softmax_scale=None, check_ptrs: bool = True) -> tuple[float, int, int]:
+    """:func:`validate` for packed sequences: q / out (total_q, Hq, D), k / v (total_k, Hkv, D),
+    cu_seqlens (B + 1,) contiguous int32, max_seqlen ints >= 0.  Returns (scale, max_seqlen_q,
+    max_seqlen_k).  The cu_seqlens values stay on the device (:func:`check_cu_seqlens` reads them in
+    checked mode)."""
+    named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
+    cus = [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)]
+    for name, t in named + cus:
+        if not isinstance(t, torch.Tensor):
+            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in named:
+        if t.dim() != 3:
+            what = "(total_q, heads_q, head_dim)" if name in ("q", "out") else "(total_k, heads_kv, head_dim)"
+            _err(ValueError, f"{name} must be 3-d {what} with cu_seqlens (packed sequences), got shape {tuple(t.shape)}")
+    for name, t in cus:
+        if t.dim() != 1 or t.shape[0] < 1:
+            _err(ValueError, f"{name} must be 1-d (batch + 1,), got shape {tuple(t.shape)}")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        _err(ValueError, f"cu_seqlens_k shape {tuple(cu_seqlens_k.shape)} must equal cu_seqlens_q shape "
+                         f"{tuple(cu_seqlens_q.shape)} (one entry per sequence + 1)")
+    for name, t in cus:
+        if t.dtype != torch.int32:
+            _err(TypeError, f"{name} must be int32, got {t.dtype}")
+        if t.shape[0] > 1 and t.stride(0) != 1:
+            _err(ValueError, f"{name} must be contiguous, got stride {t.stride(0)}")
+    mq = _max_seqlen(max_seqlen_q, "max_seqlen_q")
+    mk = _max_seqlen(max_seqlen_k, "max_seqlen_k")
+    if q.shape[-1] not in HEAD_DIMS:
+        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {q.shape[-1]}")
+    return _check_rest(named, softmax_scale, check_ptrs, extra=cus), mq, mk
+
+
+def _max_seqlen(value, name: str) -> int:
+    """A host int >= 0 (it sizes the grid: never a tensor, whose value would need a sync)."""
+    if value is None:
+        _err(ValueError, f"{name} is required with cu_seqlens (a host int: the longest sequence)")
+    if isinstance(value, (bool, torch.Tensor)):  # a tensor's value would need a device sync
+        _err(TypeError, f"{name} must be a Python int, got {type(value).__name__}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        _err(TypeError, f"{name} must be a Python int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        _err(ValueError, f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def check_window(window_size, causal: bool) -> tuple[bool, Optional[tuple[int, int]]]:
+    """``(causal, window)`` the kernel runs for the arguments: a window ``(left, right)`` of ints >= -1
+    (-1: unbounded); ``causal`` is ``(-1, 0)``, so causal with a window sets its right side to 0
+    (a right side > 0 with causal raises).  ``window`` is None when it bounds nothing beyond causal."""
+    if window_size is None:
+        window_size = (-1, -1)
+    if isinstance(window_size, torch.Tensor) or not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        _err(TypeError, f"window_size must be a (left, right) pair of ints, got {window_size!r}")
+    sides = []
+    for side, w in zip(("left", "right"), window_size):
+        if isinstance(w, bool) or isinstance(w, torch.Tensor):
+            _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
+        try:
+            w = operator.index(w)
+        except TypeError:
+            _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
+        if w < -1:
+            _err(ValueError, f"window_size {side} must be >= -1 (-1: unbounded), got {w}")
+        sides.append(int(w))
+    left, right = sides
+    causal = bool(causal)
+    if causal:
+        if right > 0:
+            _err(ValueError, f"window_size right must be 0 or -1 with causal=True (causal is (-1, 0)), got {right}")
+        right = 0
+    if right == 0 and left == -1:
+        return True, None
+    if left == -1 and right == -1:
+        return False, None
+    return False, (left, right)
+
+
+def check_cu_seqlens(cu_seqlens, total: int, max_seqlen: int, name: str) -> None:
+    """Checked mode: ``cu_seqlens`` non-decreasing from >= 0, its last entry <= the packed length and
+    no sequence longer than ``max_seqlen`` (synchronizes with the device)."""
+    c = cu_seqlens.detach().to("cpu", torch.int64)
+    which = "q" if name.endswith("_q") else "k"
+    if int(c[0]) < 0:
+        _err(ValueError, f"{name}[0] must be >= 0, got {int(c[0])}")
+    lens = c[1:] - c[:-1]
+    if lens.numel() and int(lens.min()) < 0:
+        b = int((lens < 0).nonzero()[0])
+        _err(ValueError, f"{name} must be non-decreasing: {name}[{b + 1}] = {int(c[b + 1])} < {name}[{b}] = {int(c[b])}")
+    if int(c[-1]) > total:
+        _err(ValueError, f"{name}[-1] = {int(c[-1])} exceeds the packed length {total} of {'q' if which == 'q' else 'k/v'}")
+    if lens.numel() and int(lens.max()) > max_seqlen:
+        b = int(lens.argmax())
+        _err(ValueError, f"sequence {b} has {int(lens[b])} {'queries' if which == 'q' else 'keys'} > "
+                         f"max_seqlen_{which} = {max_seqlen} ({name})")
+
+
+def _check_devices(named) -> None:
+    """Last: every other error is reported whatever the device."""
+    dev = named[0][1].device
+    for name, t in named:
+        if t.device.type != "cuda":
+            _err(ValueError, f"{name} is on {t.device}; flash_attn runs on CUDA tensors")
+        if t.device != dev:
+            _err(ValueError, f"{name} is on {t.device}, q on {dev}: all tensors must be on one device")
+
+
+def _scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, torch.Tensor):  # float() of a CUDA tensor would synchronize
+        _err(TypeError, "softmax_scale must be a Python number or None, not a tensor")
+    if isinstance(softmax_scale, (bool, str, bytes)):  # float("0.1") / float(True) would pass
+        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__} {softmax_scale!r}")
+    try:
+        s = float(softmax_scale)
+    except (TypeError, ValueError):
+        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(s) and s > 0):
+        _err(ValueError, f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    return s
+
+
+def _check_ptrs(*ts) -> None:
+    for name, t in zip(("q", "k", "v", "out"), ts):
+        if t.data_ptr() % 16:
+            _err(ValueError, f"{name} data pointer must be 16-byte aligned (offset {t.data_ptr() % 16})")
