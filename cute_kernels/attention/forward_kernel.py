@@ -168,11 +168,19 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
 
     @cute.jit
     def call_paged(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                   mSched: cute.Tensor, mCuSeqlensQ, max_seqlen_q: Int32, mBlockTable: cute.Tensor,
-                   mSeqUsedK: cute.Tensor, scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
+                   mSched: cute.Tensor, mBlockTable: cute.Tensor, mSeqUsedK: cute.Tensor, scale_log2: Float32,
+                   window_left: Int32, window_right: Int32, stream):
         """Paged k / v (num_pages, page_size, Hkv, D) with block_table (B, max_pages) and seqused_k (B,)
-        int32; q / out / LSE dense, or packed with cu_seqlens_q (varlen config; else None and
-        ``max_seqlen_q`` unused); the window sides are read only by a window config."""
+        int32, dense q / out / LSE; the window sides are read only by a window config."""
+        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, None, None, None, None,
+                              window_left, window_right, mBlockTable, mSeqUsedK)
+
+    @cute.jit
+    def call_paged_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                          mLSE: cute.Tensor, mSched: cute.Tensor, mCuSeqlensQ: cute.Tensor, max_seqlen_q: Int32,
+                          mBlockTable: cute.Tensor, mSeqUsedK: cute.Tensor, scale_log2: Float32, window_left: Int32,
+                          window_right: Int32, stream):
+        """:meth:`call_paged` with packed q / out (total_q, Hq, D), LSE (Hq, total_q), cu_seqlens_q."""
         self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, mCuSeqlensQ, None, max_seqlen_q,
                               None, window_left, window_right, mBlockTable, mSeqUsedK)
 
@@ -529,7 +537,7 @@ def forward_builder(cfg: FlashFwdConfig):
         mSched = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
         k = FlashAttnFwdSm90(cfg)
         if cfg.paged:
-            return fpg.paged_fake_args(k.call_paged, cfg, dt, mSched, stream)
+            return fpg.paged_fake_args(k, cfg, dt, mSched, stream)
         if cfg.varlen:
             Tq, Tk, Hq, Hkv, B1 = (cute.sym_int() for _ in range(5))
 

@@ -144,12 +144,12 @@ def produce_paged_kv(pipe_k, pipe_v, k_state, v_state, tma_k: cute.CopyAtom, tKg
     return k_state, v_state
 
 
-def paged_fake_args(entry, cfg, dt, mSched, stream):
-    """``(entry, fake args)`` of a paged config for ``entry`` = ``FlashAttnFwdSm90.call_paged``
-    (``(q, k, v, out, lse, counter, cu_seqlens_q | None, max_seqlen_q, block_table, seqused_k,
-    scale_log2, window_left, window_right)``): pools (num_pages, page_size, Hkv, D) with symbolic strides,
-    block_table (B, max_pages) row-major with a symbolic row stride, seqused_k (B,); q / out / LSE dense
-    or packed (cu_seqlens_q (B + 1,))."""
+def paged_fake_args(kernel, cfg, dt, mSched, stream):
+    """``(entry, fake args)`` of a paged config: ``kernel.call_paged`` ``(q, k, v, out, lse, counter,
+    block_table, seqused_k, scale_log2, window_left, window_right)`` for dense q, or
+    ``kernel.call_paged_varlen`` ``(q, k, v, out, lse, counter, cu_seqlens_q, max_seqlen_q, block_table,
+    seqused_k, scale_log2, window_left, window_right)``.  Pools (num_pages, page_size, Hkv, D) with
+    symbolic strides, block_table (B, max_pages) with a symbolic row stride, seqused_k (B,)."""
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 
     D = cfg.head_dim
@@ -172,5 +172,7 @@ def paged_fake_args(entry, cfg, dt, mSched, stream):
         mO = make_fake_tensor(dt, (B, S, Hq, D), st(4), assumed_align=16)
         mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, S), stride_order=(2, 1, 0), assumed_align=4)
         mCuQ = None
-    return entry, (mQ, mK, mV, mO, mLSE, mSched, mCuQ, Int32(1), mBT, mSeqUsedK, Float32(1.0), Int32(0), Int32(0),
-                   stream)
+    tail = (mBT, mSeqUsedK, Float32(1.0), Int32(0), Int32(0), stream)
+    if cfg.varlen:
+        return kernel.call_paged_varlen, (mQ, mK, mV, mO, mLSE, mSched, mCuQ, Int32(1)) + tail
+    return kernel.call_paged, (mQ, mK, mV, mO, mLSE, mSched) + tail
