@@ -10,6 +10,11 @@ size the grid (never the compile key; the lengths are never read on the host unl
 on, so graphs replay for any lengths up to them).  Sliding windows ``window_size=(left, right)`` for
 dense and packed inputs; their sides are run-time values.
 
+Paged K/V: k/v page pools (num_pages, page_size, Hkv, D) with ``block_table`` (B, max_pages) and
+``seqused_k`` (B,) int32 on the device (the ``decode_attn`` conventions), q dense or packed; the page
+size is part of the compile key (:mod:`.forward_paged`), the lengths and pages never reach the host
+unless checked mode is on.
+
 This module is everything the host does around the kernel:
 
 * validation of what the host can see, before any launch, in a fixed order (types, ranks, shapes,
