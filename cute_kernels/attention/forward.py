@@ -10,6 +10,11 @@ size the grid (never the compile key; the lengths are never read on the host unl
 on, so graphs replay for any lengths up to them).  Sliding windows ``window_size=(left, right)`` for
 dense and packed inputs; their sides are run-time values.
 
+Paged K/V: k/v page pools (num_pages, page_size, Hkv, D) with ``block_table`` (B, max_pages) and
+``seqused_k`` (B,) int32 on the device (the ``decode_attn`` conventions), q dense or packed; the page
+size is part of the compile key (:mod:`.forward_paged`), the lengths and pages never reach the host
+unless checked mode is on.
+
 This module is everything the host does around the kernel:
 
 * validation of what the host can see, before any launch, in a fixed order (types, ranks, shapes,
@@ -45,8 +50,8 @@ from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import forward_kernel
 from .forward_softmax import WINDOW_UNBOUNDED
-from .forward_validate import (HEAD_DIMS, _check_ptrs, _err, _scale, check_cu_seqlens, check_window,  # noqa: F401
-                               validate, validate_varlen)
+from .forward_validate import (HEAD_DIMS, _check_ptrs, _err, _scale, check_cu_seqlens, check_paged_values,  # noqa: F401
+                               check_window, validate, validate_paged, validate_varlen)
 
 __all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_cu_seqlens", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
@@ -58,16 +63,17 @@ __all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_c
 _PLANS: dict = {}
 
 
-def plan(dtype: torch.dtype, head_dim: int, causal: bool, varlen: bool = False, window: bool = False):
+def plan(dtype: torch.dtype, head_dim: int, causal: bool, varlen: bool = False, window: bool = False,
+         page_size: int = 0):
     """The kernel configuration (``FlashFwdConfig``) for these static facts (and the SM count of the
     device, the persistent grid's size); memoized.  Lengths, batch, heads, max_seqlen and the window's
     sides are not part of it: they are run-time values of the compiled kernel (a window config has
-    ``causal`` False: causal is its right side)."""
-    key = (dtype, head_dim, causal, varlen, window)
+    ``causal`` False: causal is its right side).  Paged K/V: the page size is (the TMA box height)."""
+    key = (dtype, head_dim, causal, varlen, window, page_size)
     cfg = _PLANS.get(key)
     if cfg is None:
         cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal and not window, _num_sms(),
-                                                      varlen=varlen, window=window)
+                                                      varlen=varlen, window=window, page_size=page_size)
     return cfg
 
 
@@ -87,11 +93,13 @@ def get_forward_kernel(cfg):
 def warmup_flash_attn(spec) -> None:
     """Compile (or load) the kernel a call would run, without a GPU: ``spec`` is a ``FlashFwdConfig``
     or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128 | 256, causal=bool, varlen=bool,
-    window=bool)`` (``window``: a sliding window of any sides; it takes causal in)."""
+    window=bool, page_size=int)`` (``window``: a sliding window of any sides; it takes causal in;
+    ``page_size``: paged K/V, 0 for none)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal", "varlen", "window"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "varlen", "window", "page_size"}
         if extra:
-            raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} (dtype, head_dim, causal, varlen, window)")
+            raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} "
+                             "(dtype, head_dim, causal, varlen, window, page_size)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = next((t for t, n in TORCH_TO_NAME.items() if n == dtype), dtype)
@@ -100,8 +108,11 @@ def warmup_flash_attn(spec) -> None:
         head_dim = int(spec.get("head_dim", 128))
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"warmup flash_attn: head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+        page_size = int(spec.get("page_size", 0))
+        if page_size and not (page_size % 16 == 0 and 16 <= page_size <= 256):
+            raise ValueError(f"warmup flash_attn: page_size must be 0 or a multiple of 16 from 16 to 256, got {page_size}")
         spec = plan(dtype, head_dim, bool(spec.get("causal", False)), bool(spec.get("varlen", False)),
-                    bool(spec.get("window", False)))
+                    bool(spec.get("window", False)), page_size)
     get_forward_kernel(spec)
 
 
@@ -162,6 +173,34 @@ def _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_s
     wl, wr = _window_args(window_left, window_right)
     fn(q, k, v, out, lse, tile_counter(q.device, False), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
        scale * LOG2_E, wl, wr)
+
+
+def _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q: int, out, lse, causal: bool,
+                  scale: float, window_left: int = -1, window_right: int = -1) -> None:
+    """Paged K/V (:mod:`.forward_paged`) for validated CUDA tensors: out / lse as the dense call's
+    (q dense) or the packed one's (``cu_seqlens_q`` given).  Nothing here reads block_table,
+    seqused_k or cu_seqlens_q: graphs replay for any lengths and pages."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        total_q, Hq, D = q.shape
+        if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0:
+            return
+    else:
+        B, Sq, Hq, D = q.shape
+        if B == 0 or Sq == 0 or Hq == 0:
+            return
+    window = window_left != -1 or window_right != -1
+    cfg = plan(q.dtype, D, causal, varlen=varlen, window=window, page_size=k.shape[1])
+    fn = get_forward_kernel(cfg)
+    if fn is None:
+        return
+    LAUNCHES["flash_attn"] += 1
+    wl, wr = _window_args(window_left, window_right)
+    counter = tile_counter(q.device, cfg.tile.dynamic)
+    if varlen:
+        fn(q, k, v, out, lse, counter, cu_seqlens_q, max_seqlen_q, block_table, seqused_k, scale * LOG2_E, wl, wr)
+    else:
+        fn(q, k, v, out, lse, counter, block_table, seqused_k, scale * LOG2_E, wl, wr)
 
 
 _COUNTERS: dict = {}
@@ -264,6 +303,22 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
     return q.new_empty(q.shape), _new_varlen_lse(q)
 
 
+@torch.library.custom_op("cute_kernels::flash_attn_paged_", mutates_args=("out", "lse"), device_types=None)
+def _flash_attn_paged_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
+                             seqused_k: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int,
+                             out: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale: float,
+                             window_left: int = -1, window_right: int = -1) -> None:
+    _check_ptrs(q, k, v, out)
+    _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, lse, causal, softmax_scale,
+                  window_left, window_right)
+
+
+@_flash_attn_paged_out_op.register_fake
+def _(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, lse, causal, softmax_scale,
+      window_left=-1, window_right=-1):
+    return None
+
+
 # ------------------------------------------------------------------------------------------------
 # the host fast path: a launcher per call metadata, made after a call with that metadata passed
 # validation and launched (issue 19: host time per call)
@@ -332,6 +387,8 @@ def flash_attn(
     max_seqlen_k: Optional[int] = None,
     window_size: tuple[int, int] = (-1, -1),
     checked: Optional[bool] = None,
+    block_table: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
 ):
     """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
 
@@ -363,14 +420,30 @@ def flash_attn(
             row's window are skipped.  ``causal`` is ``(-1, 0)``: with ``causal=True`` the right side
             is 0 (a right side > 0 raises).
         checked: with cu_seqlens, read them on the host and raise ValueError for a negative start, a
-            decreasing entry, a last entry past total, or a sequence longer than max_seqlen (this
-            synchronizes; not CUDA-graph capturable).  Default: env ``CUTE_KERNELS_CHECKED``.
+            decreasing entry, a last entry past total, or a sequence longer than max_seqlen; with
+            block_table, a seqused_k outside [0, max_pages * page_size] or a used page id outside
+            [0, num_pages) (this synchronizes; not CUDA-graph capturable).  Default: env
+            ``CUTE_KERNELS_CHECKED``.
+        block_table, seqused_k: paged K/V (the ``decode_attn`` conventions): k / v are page pools
+            (num_pages, page_size, Hkv, D), page_size a multiple of 16 from 16 to 256; block_table
+            (B, max_pages) int32 lists each sequence's pages (key j of sequence b is row
+            ``j % page_size`` of page ``block_table[b, j // page_size]``); seqused_k (B,) int32 the
+            number of keys of each sequence (the cached tokens, the new ones included).  q dense
+            (B, Sq, Hq, D) or packed with cu_seqlens_q / max_seqlen_q (cu_seqlens_k / max_seqlen_k
+            not allowed).  Causal and windows are bottom-right aligned per sequence (query i of Lq
+            sees keys j <= i + seqused_k - Lq), so chunked prefill attends to the cache and itself.
+            Out-of-range lengths and page ids are clamped on the device (wrong numbers, no
+            out-of-bounds access; ``checked`` raises).  Rows of a sequence's last page past its
+            length are read and masked: they must be finite, as the rows around packed sequences.
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
     argument before any launch; nothing synchronizes with the device (unless ``checked``); results are
     bitwise repeatable.  Unchecked calls never read cu_seqlens on the host: a CUDA graph captured
     with given max_seqlen replays correctly for any lengths up to them.
     """
+    if block_table is not None or seqused_k is not None:
+        return _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
+                                 max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k)
     if (cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None
             or max_seqlen_k is not None):
         return _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
@@ -444,6 +517,38 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
         out = q.new_empty(q.shape)
     lse = _new_varlen_lse(q)
     _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
+    return (out, lse) if return_lse else out
+
+
+def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                      max_seqlen_k, window_size, checked, block_table, seqused_k):
+    """:func:`flash_attn` with block_table / seqused_k (paged K/V; no host fast path)."""
+    if block_table is None:
+        _err(ValueError, "seqused_k is given without block_table (paged K/V needs both)")
+    if seqused_k is None:
+        _err(ValueError, "block_table is given without seqused_k (paged K/V needs both: the keys per sequence)")
+    if cu_seqlens_k is not None:
+        _err(ValueError, "cu_seqlens_k cannot be used with block_table (paged K/V lengths are seqused_k)")
+    if max_seqlen_k is not None:
+        _err(ValueError, "max_seqlen_k cannot be used with block_table (the capacity is block_table width x page_size)")
+    if cu_seqlens_q is None and max_seqlen_q is not None:
+        _err(ValueError, "max_seqlen_q is given without cu_seqlens_q (packed queries need both)")
+    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+    causal, window = check_window(window_size, causal)
+    scale, mq = validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, softmax_scale,
+                               check_ptrs=not tracing)
+    wl, wr = window if window is not None else (-1, -1)
+    if not tracing and _checked(checked):
+        if cu_seqlens_q is not None:
+            check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
+        check_paged_values(k, block_table, seqused_k)
+    if out is None:
+        out = q.new_empty(q.shape)
+    lse = _new_varlen_lse(q) if cu_seqlens_q is not None else _new_lse(q)
+    if tracing:
+        _flash_attn_paged_out_op(q, k, v, block_table, seqused_k, cu_seqlens_q, mq, out, lse, causal, scale, wl, wr)
+    else:
+        _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, mq, out, lse, causal, scale, wl, wr)
     return (out, lse) if return_lse else out
 
 

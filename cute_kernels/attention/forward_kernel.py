@@ -33,7 +33,10 @@ K/V rows >= Sk and Q rows >= Sq are zero-filled by the TMA unit: no out-of-bound
 Packed sequences (``FlashFwdConfig.varlen``) and sliding windows (``FlashFwdConfig.window``) are
 compile-time flags (the dense configurations compile to the same code): see
 :mod:`~cute_kernels.attention.forward_seqlen` (per-sequence rows, one CTA per tile, the partial last
-tile's predicated store) and :func:`~.forward_softmax.kv_tile_range_window` (KV walk bounded on both sides).
+tile's predicated store) and :func:`~.forward_softmax.kv_tile_range_window` (KV walk bounded on both sides).  Paged K/V
+(``FlashFwdConfig.page_size``, with dense or packed q) changes only the producer's K / V addressing
+and the key lengths (:mod:`~cute_kernels.attention.forward_paged`); the epilogue is
+:mod:`~cute_kernels.attention.forward_epilogue`.
 
 Schedule (:mod:`~cute_kernels.attention.forward_softmax` ``tile_coords``): causal tiles are ordered
 longest-first within L2 sections of heads, non-causal ones head-major.  One CTA per tile, or
@@ -51,20 +54,19 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
-from cutlass.tensor_utils import LayoutEnum
 
 from layouts import attention as LA
 
 from ..common import ring, tma
 from ..common import scheduler as sched
-from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
-from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
+from ..common.softmax import OnlineSoftmax
+from . import forward_paged as fpg
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
+from .forward_epilogue import FwdEpilogue
 from .forward_mainloop import OverlappedKVLoop
 
 
@@ -87,6 +89,8 @@ class FlashFwdConfig:
     varlen: bool = False
     #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
     window: bool = False
+    #: paged K/V (:mod:`.forward_paged`): the pool's page size (the TMA box height depends on it), 0 if not
+    page_size: int = 0
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
@@ -97,27 +101,29 @@ class FlashFwdConfig:
             raise ValueError("FlashFwdConfig: varlen runs one CTA per tile (no persistent schedule)")
         if self.window and self.causal:
             raise ValueError("FlashFwdConfig: a window config folds causal into its right side (causal=False)")
+        if self.page_size and not fpg.page_size_ok(self.page_size):
+            raise ValueError(f"FlashFwdConfig: page_size {self.page_size} must be a multiple of 16 in 16..256")
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
 
 
 def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varlen: bool = False,
-               window: bool = False) -> FlashFwdConfig:
+               window: bool = False, page_size: int = 0) -> FlashFwdConfig:
     """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
     :func:`layouts.attention.fwd_tile`).  Varlen: the same tile without the persistent schedules (a
     CTA's tile count would depend on the device's lengths; one CTA per tile, those past a sequence's
-    end exit at once).  Window: ``causal`` must be False (it is the window's right side)."""
+    end exit at once).  Window: ``causal`` must be False (it is the window's right side).  Paged K/V:
+    ``page_size`` > 0, dense or packed q (whose schedule it keeps)."""
     tile = LA.fwd_tile(dtype, head_dim, bool(causal))
     if varlen:
         tile = dataclasses.replace(tile, persistent=False, dynamic=False)
     return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=tile, num_sms=int(num_sms),
-                          varlen=bool(varlen), window=bool(window))
+                          varlen=bool(varlen), window=bool(window), page_size=int(page_size))
 
 
-def _bshd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
-    """(B, S, H, D) -> (S, D, H, B): the tile modes first, as the TMA atoms and local_tile take them."""
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-
-
-class FlashAttnFwdSm90(OverlappedKVLoop):
+class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
     """The kernel for one :class:`FlashFwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
 
     def __init__(self, cfg: FlashFwdConfig):
@@ -136,6 +142,9 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         self.rescale_before_pv = t.rescale_before_pv
         self.varlen = cfg.varlen
         self.window = cfg.window
+        self.paged = cfg.paged
+        self.page_size = cfg.page_size
+        self.box_rows = fpg.box_rows(cfg.page_size, t.tile_n) if cfg.paged else 0
 
     # ---------------------------------------------------------------- host entries (traced once)
     @cute.jit
@@ -161,17 +170,39 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                               max_seqlen_q, max_seqlen_k, window_left, window_right)
 
     @cute.jit
+    def call_paged(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                   mSched: cute.Tensor, mBlockTable: cute.Tensor, mSeqUsedK: cute.Tensor, scale_log2: Float32,
+                   window_left: Int32, window_right: Int32, stream):
+        """Paged k / v (num_pages, page_size, Hkv, D) with block_table (B, max_pages) and seqused_k (B,)
+        int32, dense q / out / LSE; the window sides are read only by a window config."""
+        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, None, None, None, None,
+                              window_left, window_right, mBlockTable, mSeqUsedK)
+
+    @cute.jit
+    def call_paged_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                          mLSE: cute.Tensor, mSched: cute.Tensor, mCuSeqlensQ: cute.Tensor, max_seqlen_q: Int32,
+                          mBlockTable: cute.Tensor, mSeqUsedK: cute.Tensor, scale_log2: Float32, window_left: Int32,
+                          window_right: Int32, stream):
+        """:meth:`call_paged` with packed q / out (total_q, Hq, D), LSE (Hq, total_q), cu_seqlens_q."""
+        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, mCuSeqlensQ, None, max_seqlen_q,
+                              None, window_left, window_right, mBlockTable, mSeqUsedK)
+
+    @cute.jit
     def setup_and_launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                          mLSE: cute.Tensor, mSched: cute.Tensor, scale_log2: Float32, stream, mCuSeqlensQ=None,
                          mCuSeqlensK=None, max_seqlen_q=None, max_seqlen_k=None, window_left=None,
-                         window_right=None):
+                         window_right=None, mBlockTable=None, mSeqUsedK=None):
         """The entries' common body: TMA atoms, shared storage, grid, launch (unused arguments: None)."""
         t = self.cfg.tile
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mO.element_type != self.dtype):
             raise TypeError(f"FlashAttnFwdSm90: q, k, v, out must all be {self.dtype}")
         mO_rows = None  # varlen: O as a tensor (the partial last tile's predicated stores)
-        if const_expr(self.varlen):
+        if const_expr(self.paged):
+            (seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, batch, mQ, mK, mV, mO, mO_rows) = fpg.paged_views(
+                mQ, mK, mV, mO, mBlockTable, mCuSeqlensQ, self.page_size, self.varlen)
+            max_seqlen_k = seqlen_k  # (the schedule's size hint)
+        elif const_expr(self.varlen):
             # seqlen_q / seqlen_k: the packed totals (the kernel's clamp bounds); B from cu_seqlens
             seqlen_q = mQ.shape[0]
             seqlen_k = mK.shape[0]
@@ -186,7 +217,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
             num_heads = mQ.shape[2]
             qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
             batch = mQ.shape[0]
-            mQ, mK, mV, mO = [_bshd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
+            mQ, mK, mV, mO = [fsl.bshd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
 
         sQ_layout = LA.make_fwd_smem_layout_q(t)
         sKV_layout = LA.make_fwd_smem_layout_kv(t)
@@ -195,8 +226,12 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
 
         tma_q, tma_mQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mQ, sQ_layout,
                                                     (self.tile_m, self.D))
-        tma_k, tma_mK = tma.make_tma_load(mK, sKV_layout, (self.tile_n, self.D))
-        tma_v, tma_mV = tma.make_tma_load(mV, sKV_layout, (self.tile_n, self.D))
+        if const_expr(self.paged):
+            tma_k, tma_mK = fpg.make_paged_tma_load(mK, sKV_layout, self.tile_n, self.D, self.box_rows)
+            tma_v, tma_mV = fpg.make_paged_tma_load(mV, sKV_layout, self.tile_n, self.D, self.box_rows)
+        else:
+            tma_k, tma_mK = tma.make_tma_load(mK, sKV_layout, (self.tile_n, self.D))
+            tma_v, tma_mV = tma.make_tma_load(mV, sKV_layout, (self.tile_n, self.D))
         tma_o, tma_mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout,
                                                     (self.tile_m, self.D))
 
@@ -227,7 +262,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, mSched, scale_log2,
             Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead), Int32(num_m_blocks), Int32(num_heads),
             Int32(batch), tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout, mO_rows, mCuSeqlensQ, mCuSeqlensK,
-            max_seqlen_q, max_seqlen_k, window_left, window_right,
+            max_seqlen_q, max_seqlen_k, window_left, window_right, mBlockTable, mSeqUsedK,
         ).launch(
             grid=[grid, 1, 1],
             block=[self.threads, 1, 1],
@@ -243,7 +278,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                num_m_blocks: Int32, num_heads: Int32, num_batch: Int32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, mO_rows, mCuSeqlensQ,
-               mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right):
+               mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mBlockTable, mSeqUsedK):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -294,9 +329,9 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                 tile = self.tile_of(0)
                 j = Int32(0)
                 while tile < num_tiles:
-                    m_block, head, batch, off_q, len_q, off_k, _, n_min, n_max, _, _ = self.tile_work(
+                    m_block, head, batch, off_q, len_q, off_k, len_k, n_min, n_max, _, _ = self.tile_work(
                         tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch, mCuSeqlensQ,
-                        mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right)
+                        mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mSeqUsedK)
                     if j > 0:
                         cute.arch.mbarrier_wait(q_empty, (j - 1) % 2)  # the previous tile's QK wgmmas are done
                     if const_expr(dynamic):
@@ -308,7 +343,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                     if active:
                         k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
                                                         pipe_v, k_state, v_state, m_block, head,
-                                                        head // qhead_per_kvhead, batch, n_max, off_q, off_k, n_min)
+                                                        head // qhead_per_kvhead, batch, n_max, off_q, off_k, n_min,
+                                                        len_k, mBlockTable)
                     j += 1
                     if const_expr(dynamic):
                         tile = sched.next_dynamic_tile(mSched, lane)
@@ -335,7 +371,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
             while tile < num_tiles:
                 m_block, head, batch, off_q, len_q, _, len_k, n_min, n_max, n_lo, n_mask = self.tile_work(
                     tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch, mCuSeqlensQ,
-                    mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right)
+                    mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mSeqUsedK)
                 active = True
                 if const_expr(self.varlen):
                     active = m_block * self.tile_m < len_q
@@ -366,7 +402,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
 
     @cute.jit
     def tile_work(self, tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
-                  mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right):
+                  mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mSeqUsedK=None):
         """Everything the producer and the consumers derive from tile index ``tile`` (both call this with
         the same arguments, so they agree on the KV tile count): ``(m_block, head, batch, offset_q,
         len_q, offset_k, len_k, n_min, n_max, n_lo, n_mask)`` -- the sequence's rows
@@ -375,7 +411,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         schedule_k = max_seqlen_k if const_expr(self.varlen) else seqlen_k  # (L2 sections: a size hint)
         m_block, head, batch = self.work_tile(tile, schedule_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch)
         off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK,
-                                                         max_seqlen_q, max_seqlen_k, self.varlen)
+                                                         max_seqlen_q, max_seqlen_k, self.varlen, mSeqUsedK)
         n_min, n_lo = 0, 0
         if const_expr(self.window):
             n_min, n_max, n_lo, n_mask = fs.kv_tile_range_window(m_block, len_q, len_k, self.tile_m, self.tile_n,
@@ -388,7 +424,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
     def produce(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                 tma_v: cute.CopyAtom, mV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
                 q_ring: ring.TxRing, pipe_k, pipe_v, k_state, v_state, m_block, head, head_kv, batch, n_max,
-                off_q, off_k, n_min):
+                off_q, off_k, n_min, len_k, mBlockTable):
         """Warp 0: Q once, then the KV tiles n = n_max - 1 down to n_min in the order the consumers read
         them: K(n_max - 1), then K(n - 1) before V(n) (the consumers issue S(n - 1) = Q K(n - 1)^T
         before O += P(n) V(n)), and V(n_min) last."""
@@ -402,23 +438,30 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
         q_ring.arm(0, t.q_bytes)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=q_ring.barrier(0))
 
-        # K / V: (tile_n, D, n_tiles) of the KV head; rows >= Sk are zero-filled (varlen: the next
-        # sequence's, masked)
-        gK = cute.local_tile(fsl.sequence_rows(mK, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
-                             (None, 0))
-        gV = cute.local_tile(fsl.sequence_rows(mV, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
-                             (None, 0))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
-        if n_max > n_min:
-            k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
-            for i in cutlass.range(n_max - n_min - 1, unroll=1):
-                n_block = n_max - 2 - i
-                k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
-                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, 1)
-            v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_min, 1)
+        if const_expr(self.paged):  # K / V boxes from the sequence's pages
+            tKsK, tKgK = fpg.partition_paged(tma_k, mK, sK, head_kv, self.box_rows, self.D)
+            tVsV, tVgV = fpg.partition_paged(tma_v, mV, sV, head_kv, self.box_rows, self.D)
+            k_state, v_state = fpg.produce_paged_kv(pipe_k, pipe_v, k_state, v_state, tma_k, tKgK, tKsK, tma_v,
+                                                    tVgV, tVsV, mBlockTable, batch, len_k, mK.shape[3], n_min,
+                                                    n_max, self.tile_n, self.box_rows, self.page_size)
+        else:
+            # K / V: (tile_n, D, n_tiles) of the KV head; rows >= Sk are zero-filled (varlen: the next
+            # sequence's, masked)
+            gK = cute.local_tile(fsl.sequence_rows(mK, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
+                                 (None, 0))
+            gV = cute.local_tile(fsl.sequence_rows(mV, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
+                                 (None, 0))
+            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            if n_max > n_min:
+                k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
+                for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                    n_block = n_max - 2 - i
+                    k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
+                    v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, 1)
+                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_min, 1)
         return k_state, v_state
 
     @cute.jit
@@ -471,78 +514,6 @@ class FlashAttnFwdSm90(OverlappedKVLoop):
                       seqlen_q, m_block, head, batch, j, mma_tidx, warp_idx, off_q, mO_rows)
         return read_k, read_v
 
-    @cute.jit
-    def epilogue(self, tiled_mma_pv: cute.TiledMma, thr_pv, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
-                 softmax: OnlineSoftmax, sO: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
-                 tScS_mn: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, m_block, head, batch, j, mma_tidx,
-                 warp_idx, off_q, mO_rows):
-        """O / l -> input dtype -> sO (the Q buffer, or O's own when persistent) -> TMA store (rows >= Sq
-        clipped); LSE per row.  The storing warp waits for the store to have read sO only before the
-        next tile overwrites it (and once at the end of the kernel).  Varlen: the TMA store for a tile
-        wholly inside its sequence, predicated 16-byte stores from sO for the sequence's partial last
-        tile (rows past it belong to the next sequence)."""
-        # ---- normalize, LSE (rows: the same per-thread rows as S, since both MMAs tile M alike)
-        n_rows = cute.size(acc_O_mn, mode=[0])
-        lse = cute.make_rmem_tensor((n_rows,), Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            l = quad_sum(softmax.row_sum[r])
-            inv = inv_or_zero(l)
-            lse[r] = lse_from_scaled(scaled_max(softmax.row_max[r], scale_log2), l)
-            acc_O_mn[r, None].store(acc_O_mn[r, None].load() * inv)
-
-        # ---- LSE: the quad leader (column 0) of each row, rows < Sq
-        if tScS_mn[0, 0][1] == 0:
-            for r in cutlass.range_constexpr(n_rows):
-                q = m_block * self.tile_m + tScS_mn[r, 0][0]
-                if q < seqlen_q:
-                    if const_expr(self.varlen):
-                        mLSE[head, off_q + q] = lse[r]
-                    else:
-                        mLSE[batch, head, q] = lse[r]
-
-        # ---- O: registers -> smem (stmatrix; this warpgroup's rows of sO) -> TMA store
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        if j > 0:  # the previous tile's store must have read sO
-            if warp_idx == 4:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
-        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
-        r2s_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma_pv))
-        thr_r2s = tiled_r2s.get_slice(mma_tidx)
-        tRS_sO = thr_r2s.partition_D(sO)
-        # the accumulators in the copy's value order ((values, copies)), moved into a tensor shaped
-        # like the copy's source (the same linear order: copy j takes values 8j .. 8j+7)
-        tRS_rO_acc = tiled_r2s.retile(rO)
-        tRS_rO = cute.make_tensor(tRS_rO_acc.iterator, cute.composition(
-            tRS_rO_acc.layout, cute.make_layout(cute.shape(thr_r2s.partition_S(sO)))))
-        cute.copy(tiled_r2s, tRS_rO, tRS_sO)
-        cute.arch.fence_proxy("async.shared", space="cta")  # smem writes visible to the TMA unit
-        cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
-        if const_expr(self.varlen):
-            rows = seqlen_q - m_block * self.tile_m
-            if rows >= self.tile_m:
-                self.store_o_tma(tma_o, mO, sO, m_block, head, batch, off_q, warp_idx)
-            else:
-                gO = cute.local_tile(fsl.sequence_rows(mO_rows, head, batch, off_q, True), (self.tile_m, self.D),
-                                     (m_block, 0))
-                fsl.store_rows_predicated(sO, gO, rows, mma_tidx, self.num_mma_threads, self.dtype)
-        else:
-            self.store_o_tma(tma_o, mO, sO, m_block, head, batch, off_q, warp_idx)
-
-    @cute.jit
-    def store_o_tma(self, tma_o: cute.CopyAtom, mO: cute.Tensor, sO: cute.Tensor, m_block, head, batch, off_q,
-                    warp_idx):
-        """One warp's TMA store of the O tile from ``sO`` (rows past the tensor clipped)."""
-        if warp_idx == 4:
-            gO = cute.local_tile(fsl.sequence_rows(mO, head, batch, off_q, self.varlen), (self.tile_m, self.D),
-                                 (m_block, 0))
-            bSG_sO, bSG_gO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
-                                                   cute.group_modes(gO, 0, 2))
-            cute.copy(tma_o, bSG_sO, bSG_gO)
-            cute.arch.cp_async_bulk_commit_group()
-
 
 # ---- compile entry ------------------------------------------------------------------------------
 
@@ -557,7 +528,8 @@ def forward_builder(cfg: FlashFwdConfig):
     * dense: ``(q, k, v, out, lse, counter, scale_log2)``;
     * dense + window: ``(..., scale_log2, window_left, window_right)``;
     * varlen: ``(q, k, v, out, lse, counter, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      scale_log2, window_left, window_right)`` (the window read only by a window config)."""
+      scale_log2, window_left, window_right)`` (the window read only by a window config);
+    * paged: :func:`~.forward_paged.paged_fake_args`."""
 
     def build():
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
@@ -567,6 +539,8 @@ def forward_builder(cfg: FlashFwdConfig):
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         mSched = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
         k = FlashAttnFwdSm90(cfg)
+        if cfg.paged:
+            return fpg.paged_fake_args(k, cfg, dt, mSched, stream)
         if cfg.varlen:
             Tq, Tk, Hq, Hkv, B1 = (cute.sym_int() for _ in range(5))
 
@@ -597,3 +571,4 @@ def forward_builder(cfg: FlashFwdConfig):
         return k, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), stream)
 
     return build
+

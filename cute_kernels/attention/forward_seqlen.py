@@ -35,14 +35,19 @@ def _clamped_sequence(cu_seqlens: cute.Tensor, batch: Int32, total: Int32, max_s
 
 @cute.jit
 def sequence_bounds(batch: Int32, seqlen_q: Int32, seqlen_k: Int32, mCuSeqlensQ, mCuSeqlensK, max_seqlen_q,
-                    max_seqlen_k, varlen: cutlass.Constexpr[bool]):
+                    max_seqlen_k, varlen: cutlass.Constexpr[bool], mSeqUsedK=None):
     """``(offset_q, len_q, offset_k, len_k)`` of sequence ``batch``.  Dense: ``(0, seqlen_q, 0,
     seqlen_k)``.  Varlen: ``seqlen_q`` / ``seqlen_k`` are the packed totals (the clamp bounds) and the
-    sequence's rows come from ``cu_seqlens`` (see the module docstring)."""
+    sequence's rows come from ``cu_seqlens`` (see the module docstring).  Paged K/V (``mSeqUsedK``
+    given, ``cu_seqlens_k`` unused): the keys are ``seqused_k[batch]`` clamped to ``[0, seqlen_k]``
+    (``seqlen_k``: the block table's capacity), at offset 0 of the sequence's pages."""
     offset_q, len_q, offset_k, len_k = Int32(0), seqlen_q, Int32(0), seqlen_k
     if const_expr(varlen):
         offset_q, len_q = _clamped_sequence(mCuSeqlensQ, batch, seqlen_q, max_seqlen_q)
-        offset_k, len_k = _clamped_sequence(mCuSeqlensK, batch, seqlen_k, max_seqlen_k)
+        if const_expr(mSeqUsedK is None):
+            offset_k, len_k = _clamped_sequence(mCuSeqlensK, batch, seqlen_k, max_seqlen_k)
+    if const_expr(mSeqUsedK is not None):
+        len_k = cutlass.min(cutlass.max(mSeqUsedK[batch], 0), seqlen_k)
     return offset_q, len_q, offset_k, len_k
 
 
@@ -53,6 +58,12 @@ def sequence_rows(mX: cute.Tensor, head, batch, offset, varlen: bool) -> cute.Te
     if const_expr(varlen):
         return cute.domain_offset((offset, 0), mX[None, None, head, 0])
     return mX[None, None, head, batch]
+
+
+def bshd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
+    """(B, S, H, D) -> (S, D, H, B): the tile modes first, as the TMA atoms and local_tile take them (a
+    paged cache (num_pages, page_size, H, D) becomes (page_size, D, H, num_pages))."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
 
 
 def thd_to_sdhb(t: cute.Tensor) -> cute.Tensor:

@@ -46,10 +46,11 @@ def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> 
     return _check_rest(named, softmax_scale, check_ptrs)
 
 
-def _check_rest(named, softmax_scale, check_ptrs: bool, extra=()) -> float:
+def _check_rest(named, softmax_scale, check_ptrs: bool, extra=(), ints=()) -> float:
     """The checks dense and packed tensors share (head dim, shapes, dtypes, strides, pointers, scale,
-    devices; ``extra``: more (name, tensor) pairs for the device check); the last two modes of q / k
-    are (heads, head_dim)."""
+    devices; ``extra``: more (name, tensor) pairs for the device check; ``ints``: (name, tensor) pairs
+    that must be int32 and contiguous in their last dim, checked with the dtypes / strides); the last
+    two modes of q / k are (heads, head_dim)."""
     q, k, v = (t for _, t in named[:3])
     out = named[3][1] if len(named) > 3 else None
     Hq, D = q.shape[-2:]
@@ -67,6 +68,12 @@ def _check_rest(named, softmax_scale, check_ptrs: bool, extra=()) -> float:
     for name, t in named[1:]:
         if t.dtype != q.dtype:
             _err(TypeError, f"{name} dtype {t.dtype} must equal q dtype {q.dtype}")
+    for name, t in ints:
+        if t.dtype != torch.int32:
+            _err(TypeError, f"{name} must be int32, got {t.dtype}")
+    for name, t in ints:
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            _err(ValueError, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     for name, t in named:
         if t.stride(-1) != 1:
             _err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got strides {t.stride()}")
@@ -212,3 +219,79 @@ def _check_ptrs(*ts) -> None:
     for name, t in zip(("q", "k", "v", "out"), ts):
         if t.data_ptr() % 16:
             _err(ValueError, f"{name} data pointer must be 16-byte aligned (offset {t.data_ptr() % 16})")
+
+
+# ------------------------------------------------------------------------------------------------
+# paged K/V
+# ------------------------------------------------------------------------------------------------
+#: paged K/V: page sizes (k / v dim 1) the kernel takes (:mod:`.forward_paged`)
+PAGE_SIZE_RULE = "a multiple of 16 from 16 to 256"
+#: paged K/V: the most keys a block table may address (block_table width x page_size), so that key
+#: positions plus a window side stay far from the int32 limit
+MAX_PAGED_CAPACITY = 1 << 30
+
+
+def validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out=None, softmax_scale=None,
+                   check_ptrs: bool = True) -> tuple[float, int]:
+    """:func:`validate` for paged K/V: k / v (num_pages, page_size, Hkv, D), block_table (B, max_pages)
+    and seqused_k (B,) int32; q / out dense (B, Sq, Hq, D), or packed (total_q, Hq, D) with
+    cu_seqlens_q (B + 1,) int32 and the host int max_seqlen_q.  Returns (scale, max_seqlen_q or 0).
+    Device values (lengths, page ids) stay on the device (:func:`check_paged_values`)."""
+    varlen = cu_seqlens_q is not None
+    named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
+    ints = [("block_table", block_table), ("seqused_k", seqused_k)] + ([("cu_seqlens_q", cu_seqlens_q)] if varlen else [])
+    for name, t in named + ints:
+        if not isinstance(t, torch.Tensor):
+            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    qdims = 3 if varlen else 4
+    for name, t in named:
+        want = qdims if name in ("q", "out") else 4
+        if t.dim() != want:
+            what = {3: "(total_q, heads_q, head_dim) with cu_seqlens_q", 4: "(batch, seqlen_q, heads_q, head_dim)"}[want] \
+                if name in ("q", "out") else "(num_pages, page_size, heads_kv, head_dim) with block_table"
+            _err(ValueError, f"{name} must be {want}-d {what}, got shape {tuple(t.shape)}")
+    for name, t, d in (("block_table", block_table, 2), ("seqused_k", seqused_k, 1), ("cu_seqlens_q", cu_seqlens_q, 1)):
+        if t is not None and t.dim() != d:
+            what = {"block_table": "(batch, max_pages)", "seqused_k": "(batch,)", "cu_seqlens_q": "(batch + 1,)"}[name]
+            _err(ValueError, f"{name} must be {d}-d {what}, got shape {tuple(t.shape)}")
+    if varlen and cu_seqlens_q.shape[0] < 1:
+        _err(ValueError, "cu_seqlens_q must be 1-d (batch + 1,), got shape (0,)")
+    B = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    if q.shape[-1] not in HEAD_DIMS:
+        _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {q.shape[-1]}")
+    if block_table.shape[0] != B:
+        _err(ValueError, f"block_table must be ({B}, max_pages) (one row per sequence), got shape "
+                         f"{tuple(block_table.shape)}")
+    if block_table.shape[1] < 1:
+        _err(ValueError, f"block_table needs at least one page column, got shape {tuple(block_table.shape)}")
+    if tuple(seqused_k.shape) != (B,):
+        _err(ValueError, f"seqused_k must be ({B},) (one length per sequence), got shape {tuple(seqused_k.shape)}")
+    if k.shape[0] < 1:
+        _err(ValueError, f"k has no pages (shape {tuple(k.shape)}): block_table ids have nothing to index")
+    page_size = k.shape[1]
+    if not (page_size % 16 == 0 and 16 <= page_size <= 256):
+        _err(ValueError, f"k page_size (dim 1) must be {PAGE_SIZE_RULE}, got {page_size}")
+    if block_table.shape[1] * page_size > MAX_PAGED_CAPACITY:
+        _err(ValueError, f"block_table width x page_size ({block_table.shape[1]} x {page_size}) must be at most "
+                         f"{MAX_PAGED_CAPACITY} keys")
+    mq = _max_seqlen(max_seqlen_q, "max_seqlen_q") if varlen else 0
+    return _check_rest(named, softmax_scale, check_ptrs, extra=ints, ints=ints), mq
+
+
+def check_paged_values(k, block_table, seqused_k) -> None:
+    """Checked mode: every ``seqused_k`` in ``[0, max_pages * page_size]`` and the page ids a sequence
+    uses (its first ``ceil(seqused_k / page_size)`` block-table entries) in ``[0, num_pages)``
+    (synchronizes with the device)."""
+    num_pages, page_size = k.shape[0], k.shape[1]
+    cap = block_table.shape[1] * page_size
+    lens = seqused_k.detach().to("cpu", torch.int64)
+    for b, n in enumerate(lens.tolist()):
+        if not 0 <= n <= cap:
+            _err(ValueError, f"seqused_k[{b}] = {n} must be in [0, {cap}] (block_table width x page_size)")
+    bt = block_table.detach().to("cpu", torch.int64)
+    for b, n in enumerate(lens.tolist()):
+        used = bt[b, : -(-n // page_size)]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
+            bad = [int(x) for x in used if not 0 <= int(x) < num_pages]
+            _err(ValueError, f"block_table[{b}] has page ids outside [0, {num_pages}) among the {used.numel()} "
+                             f"pages of its {n} keys: {bad[:8]}")

@@ -333,3 +333,38 @@ def test_window_config_rules():
     with pytest.raises(ValueError, match="persistent"):
         FlashFwdConfig("bfloat16", 128, False, LA.fwd_tile("bfloat16", 128, False), varlen=True)
     assert fwd_config("bfloat16", 128, False) != fwd_config("bfloat16", 128, False, window=True)
+
+
+# ------------------------------------------------------------------------------------------ paged K/V
+# (page_size, varlen, window, causal)
+PAGED_CONFIGS = [(ps, v, w, c) for ps in (16, 64, 256) for (v, w, c) in ((False, False, True), (True, True, False))]
+PAGED_CONFIGS += [(48, False, False, False), (48, True, False, True)]
+
+
+@pytest.mark.parametrize("head_dim", LA.FWD_HEAD_DIMS)
+@pytest.mark.parametrize("page_size,varlen,window,causal", PAGED_CONFIGS,
+                         ids=[f"ps{p}-{'varlen' if v else 'dense'}{'-window' if w else ''}{'-causal' if c else ''}"
+                              for p, v, w, c in PAGED_CONFIGS])
+def test_paged_compile_without_spills(page_size, varlen, window, causal, head_dim):
+    """Paged K/V configurations compile for sm_90a with no local-memory traffic (the producer's
+    block-table walk fits its registers); the same wgmma bodies as the contiguous kernel; every K/V
+    box is a TMA load; the block table and lengths are the only global loads besides cu_seqlens."""
+    from cute_kernels.attention import forward_paged as fpg
+    from cute_kernels.attention.forward_kernel import forward_builder, fwd_config
+    from cute_kernels.tools import inspect as ins
+
+    cfg = fwd_config("bfloat16", head_dim, causal, varlen=varlen, window=window, page_size=page_size)
+    assert cfg.paged and cfg.page_size == page_size
+    rep = ins.inspect_builder(forward_builder(cfg))
+    assert len(rep.kernels) == 1
+    k = rep.kernels[0]
+    rows = fpg.box_rows(page_size, cfg.tile.tile_n)
+    print(f"D={head_dim} page_size={page_size} box={rows} varlen={varlen} window={window} causal={causal}: "
+          f"{rep.summary()}")
+    assert k.spills == 0, rep.summary()
+    assert k.stack_frame == 0, rep.summary()
+    bodies = 4 if window else 3
+    assert k.instructions["HGMMA"] == bodies * (head_dim // 16 + cfg.tile.tile_n // 16), rep.summary()
+    assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
+    assert k.instructions["LDG"] > 0, rep.summary()  # block table, seqused_k
+    assert rows % 16 == 0 and page_size % rows == 0 and cfg.tile.tile_n % rows == 0

@@ -1,0 +1,93 @@
+"""The attention forward kernel's epilogue (a mixin of
+:class:`~cute_kernels.attention.forward_kernel.FlashAttnFwdSm90`): O normalized by the row sums, the
+natural-log LSE per row, O staged through shared memory (stmatrix) and stored by TMA, or, for the
+partial last tile of a packed sequence, by predicated vector stores (:mod:`.forward_seqlen`)."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync
+from cutlass.tensor_utils import LayoutEnum
+
+from ..common.barriers import NamedBarrierId
+from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
+from . import forward_seqlen as fsl
+
+
+class FwdEpilogue:
+    """Mixin: needs ``self.dtype``, ``tile_m``, ``D``, ``num_mma_threads``, ``varlen``."""
+
+    @cute.jit
+    def epilogue(self, tiled_mma_pv: cute.TiledMma, thr_pv, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
+                 softmax: OnlineSoftmax, sO: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
+                 tScS_mn: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, m_block, head, batch, j, mma_tidx,
+                 warp_idx, off_q, mO_rows):
+        """O / l -> input dtype -> sO (the Q buffer, or O's own when persistent) -> TMA store (rows >= Sq
+        clipped); LSE per row.  The storing warp waits for the store to have read sO only before the
+        next tile overwrites it (and once at the end of the kernel).  Varlen: the TMA store for a tile
+        wholly inside its sequence, predicated 16-byte stores from sO for the sequence's partial last
+        tile (rows past it belong to the next sequence)."""
+        # ---- normalize, LSE (rows: the same per-thread rows as S, since both MMAs tile M alike)
+        n_rows = cute.size(acc_O_mn, mode=[0])
+        lse = cute.make_rmem_tensor((n_rows,), Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            l = quad_sum(softmax.row_sum[r])
+            inv = inv_or_zero(l)
+            lse[r] = lse_from_scaled(scaled_max(softmax.row_max[r], scale_log2), l)
+            acc_O_mn[r, None].store(acc_O_mn[r, None].load() * inv)
+
+        # ---- LSE: the quad leader (column 0) of each row, rows < Sq
+        if tScS_mn[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(n_rows):
+                q = m_block * self.tile_m + tScS_mn[r, 0][0]
+                if q < seqlen_q:
+                    if const_expr(self.varlen):
+                        mLSE[head, off_q + q] = lse[r]
+                    else:
+                        mLSE[batch, head, q] = lse[r]
+
+        # ---- O: registers -> smem (stmatrix; this warpgroup's rows of sO) -> TMA store
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        if j > 0:  # the previous tile's store must have read sO
+            if warp_idx == 4:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
+        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
+        r2s_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
+        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma_pv))
+        thr_r2s = tiled_r2s.get_slice(mma_tidx)
+        tRS_sO = thr_r2s.partition_D(sO)
+        # the accumulators in the copy's value order ((values, copies)), moved into a tensor shaped
+        # like the copy's source (the same linear order: copy j takes values 8j .. 8j+7)
+        tRS_rO_acc = tiled_r2s.retile(rO)
+        tRS_rO = cute.make_tensor(tRS_rO_acc.iterator, cute.composition(
+            tRS_rO_acc.layout, cute.make_layout(cute.shape(thr_r2s.partition_S(sO)))))
+        cute.copy(tiled_r2s, tRS_rO, tRS_sO)
+        cute.arch.fence_proxy("async.shared", space="cta")  # smem writes visible to the TMA unit
+        cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
+        if const_expr(self.varlen):
+            rows = seqlen_q - m_block * self.tile_m
+            if rows >= self.tile_m:
+                self.store_o_tma(tma_o, mO, sO, m_block, head, batch, off_q, warp_idx)
+            else:
+                gO = cute.local_tile(fsl.sequence_rows(mO_rows, head, batch, off_q, True), (self.tile_m, self.D),
+                                     (m_block, 0))
+                fsl.store_rows_predicated(sO, gO, rows, mma_tidx, self.num_mma_threads, self.dtype)
+        else:
+            self.store_o_tma(tma_o, mO, sO, m_block, head, batch, off_q, warp_idx)
+
+    @cute.jit
+    def store_o_tma(self, tma_o: cute.CopyAtom, mO: cute.Tensor, sO: cute.Tensor, m_block, head, batch, off_q,
+                    warp_idx):
+        """One warp's TMA store of the O tile from ``sO`` (rows past the tensor clipped)."""
+        if warp_idx == 4:
+            gO = cute.local_tile(fsl.sequence_rows(mO, head, batch, off_q, self.varlen), (self.tile_m, self.D),
+                                 (m_block, 0))
+            bSG_sO, bSG_gO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, bSG_sO, bSG_gO)
+            cute.arch.cp_async_bulk_commit_group()
