@@ -3,6 +3,13 @@
 this folder's ``results/`` as the default output (the code: :mod:`cute_kernels.tools.bench.attention`).
 
     python profiles/bench_attention.py [--quick] [--only SUBSTR] [--shapes NAMES] [--tag T] [--out-dir DIR]
+
+``--varlen``: issue 18's benchmark instead -- packed variable-length sequences, a paged K/V cache and a
+sliding window against FlashAttention-4's ``flash_attn_varlen_func`` / ``flash_attn_func``, with our
+dense kernel at the same work (the code: :mod:`cute_kernels.tools.bench.attention_varlen`):
+
+    python profiles/bench_attention.py --varlen [--quick] [--only varlen,paged,window] [--repeats N]
+                                       [--tag T] [--out-dir DIR] [--list | --dry-run]   (the last two: no GPU)
 """
 
 from __future__ import annotations
@@ -13,8 +20,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from cute_kernels.tools.bench import attention
+from cute_kernels.tools.bench import attention, attention_varlen  # noqa: F401
 from cute_kernels.tools.bench.attention import SHAPES, build_impls, flops_bytes  # noqa: F401
 
 if __name__ == "__main__":
-    sys.exit(attention.main(["--out", os.path.join(HERE, "results"), *sys.argv[1:]], prog="bench_attention.py"))
+    argv = sys.argv[1:]
+    if "--varlen" in argv:
+        argv.remove("--varlen")
+        sys.exit(attention_varlen.main(["--out", os.path.join(HERE, "results"), *argv],
+                                       prog="bench_attention.py --varlen"))
+    sys.exit(attention.main(["--out", os.path.join(HERE, "results"), *argv], prog="bench_attention.py"))

@@ -21,6 +21,8 @@
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
 #   bench-attention  profiles/bench_attention.py (the forward vs cuDNN / FA2 SDPA / FA4, + its MMA bound) [BENCH_S]
+#   bench-attention-varlen  profiles/bench_attention.py --varlen (issue 18: packed / paged / windowed vs FA4,
+#                 our dense kernel at the same work; ~2-3 min cold)       [BENCH_VARLEN_S, BENCH_VARLEN_ARGS]
 #   bench-quick   cute-kernels bench all --quick (gemm, attention, decode, model; ~1 min each)       [QUICK_S]
 #   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s)
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]
@@ -55,6 +57,7 @@ for step in "$@"; do
     sweep-quick) CK_COMMIT=$commit py 300 profiles/sweep.py --quick --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | quiet | tee "$OUT/sweep.log" ;;
     bench-gemm) py "${BENCH_S:-400}" profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-attention) CK_COMMIT=$commit py "${BENCH_S:-400}" profiles/bench_attention.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-attention.log" ;;
+    bench-attention-varlen) CK_COMMIT=$commit py "${BENCH_VARLEN_S:-420}" profiles/bench_attention.py --varlen --out-dir "$OUT" ${BENCH_VARLEN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-attention-varlen.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-decode) py "${BENCH_S:-300}" profiles/bench_gemm.py --preset decode --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm-decode.log" ;;
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | quiet | tee "$OUT/gemm-raster-cand.log" ;;
