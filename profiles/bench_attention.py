@@ -8,8 +8,9 @@ this folder's ``results/`` as the default output (the code: :mod:`cute_kernels.t
 sliding window against FlashAttention-4's ``flash_attn_varlen_func`` / ``flash_attn_func``, with our
 dense kernel at the same work (the code: :mod:`cute_kernels.tools.bench.attention_varlen`):
 
-    python profiles/bench_attention.py --varlen [--quick] [--only varlen,paged,window] [--repeats N]
-                                       [--tag T] [--out-dir DIR] [--list | --dry-run]   (the last two: no GPU)
+    python profiles/bench_attention.py --varlen [--quick] [--only varlen,window,paged] [--repeats N]
+                                       [--unverified-paged] [--tag T] [--out-dir DIR]
+                                       [--list | --dry-run]   (these two: no GPU)
 """
 
 from __future__ import annotations

@@ -6,13 +6,16 @@ Cases (bf16, hq32 hkv8 d128, causal bottom-right; ``--quick``: smaller versions 
 1. ``varlen``: 32 packed sequences, lengths log-uniform in 1..8192 (``random.Random(0)``, recorded in
    the row), q and k/v packed with the same lengths.  Ours: ``flash_attn(cu_seqlens_q/k, max_seqlen_q/k)``;
    FA4: ``flash_attn_varlen_func`` with the same arguments.
-2. ``paged``: B = 8, 2048 new tokens each against 30,000 cached (``seqused_k`` = 32048, the new tokens
-   the last 2048 of the cache), pages of 64 in a shuffled order.  Ours: ``flash_attn(block_table=,
-   seqused_k=)`` with q dense (8, 2048, 32, 128), else q packed (the first form ours accepts; FA4 is
-   given the same form first); skipped with a note while ``flash_attn`` has no ``block_table``.  FA4:
-   ``flash_attn_varlen_func(page_table=, seqused_k=)``.
-3. ``window``: b2 s16384, ``window_size=(4096, 0)`` with causal, dense.  FA4: ``flash_attn_func(
+2. ``window``: b2 s16384, ``window_size=(4096, 0)`` with causal, dense.  FA4: ``flash_attn_func(
    window_size=(4096, 0), causal=True)``.
+3. ``paged`` (run last: the newest kernel; rows are written as they finish and a case that raises
+   becomes a ``failed`` row): B = 8, 2048 new tokens each against 30,000 cached (``seqused_k`` = 32048,
+   the new tokens the last 2048 of the cache), pages of 64 in a shuffled order.  Ours: ``flash_attn(
+   block_table=, seqused_k=)`` with q dense (8, 2048, 32, 128), else q packed (the first form ours
+   accepts; FA4 is given the same form first).  Skipped with a note while ``flash_attn`` has no
+   ``block_table``, or while the kernel is held back until its GPU tests pass
+   (``CUTE_KERNELS_UNVERIFIED_PAGED`` unset; ``--unverified-paged`` sets it).  FA4:
+   ``flash_attn_varlen_func(page_table=, seqused_k=)``.
 
 FLOPs count only the unmasked (query, key) pairs, exactly (:func:`visible_pairs`): 4 * D * Hq * pairs,
 query i of a sequence (Lq queries, Lk keys) at position p = i + Lk - Lq seeing keys
@@ -131,17 +134,18 @@ def log_uniform_lengths(n: int, lo: int, hi: int, seed: int = 0) -> list:
 
 
 def cases(quick: bool = False) -> list:
-    """The issue's three cases (``quick``: the same kinds, smaller)."""
+    """The issue's three cases (``quick``: the same kinds, smaller); the paged one last (its kernel is the
+    newest: a fault there cannot lose the other rows, written as each finishes)."""
     if quick:
         lens = tuple(log_uniform_lengths(8, 1, 2048, 0))
         return [Case("varlen_b8_logu1-2048_hq32_hkv8_d128_causal", "varlen", lens, lens),
-                Case("paged_b2_q512_k4608_p64_hq32_hkv8_d128_causal", "paged", (512,) * 2, (4608,) * 2, page=64),
-                Case("window1024_b1_hq32_hkv8_s4096_d128_causal", "dense", (4096,), (4096,), window=(1024, 0))]
+                Case("window1024_b1_hq32_hkv8_s4096_d128_causal", "dense", (4096,), (4096,), window=(1024, 0)),
+                Case("paged_b2_q512_k4608_p64_hq32_hkv8_d128_causal", "paged", (512,) * 2, (4608,) * 2, page=64)]
     lens = tuple(log_uniform_lengths(32, 1, 8192, 0))
     return [Case("varlen_b32_logu1-8192_hq32_hkv8_d128_causal", "varlen", lens, lens),
-            Case("paged_b8_q2048_k32048_p64_hq32_hkv8_d128_causal", "paged", (2048,) * 8, (32048,) * 8, page=64),
             Case("window4096_b2_hq32_hkv8_s16384_d128_causal", "dense", (16384,) * 2, (16384,) * 2,
-                 window=(4096, 0))]
+                 window=(4096, 0)),
+            Case("paged_b8_q2048_k32048_p64_hq32_hkv8_d128_causal", "paged", (2048,) * 8, (32048,) * 8, page=64)]
 
 
 def select(only: str = "", quick: bool = False) -> list:
@@ -470,6 +474,20 @@ def fa4_calls(case: Case, inp: dict, fa4, fa4v, prefer_packed_q: bool = False) -
     return [packed_q, dense_q] if prefer_packed_q else [dense_q, packed_q]
 
 
+def paged_gate() -> str:
+    """Why ours cannot run paged here ("" when it can): no ``block_table`` in ``flash_attn``, or the kernel
+    held back until its GPU tests pass (``forward.UNVERIFIED_PAGED_ENV`` unset; ``--unverified-paged``)."""
+    from ...attention import forward as FW
+
+    if not paged_supported():
+        return "flash_attn has no block_table / seqused_k in this version (paged K/V not merged yet)"
+    env = getattr(FW, "UNVERIFIED_PAGED_ENV", None)
+    if env and os.environ.get(env, "0") in ("0", "", "false", "off"):
+        return (f"the paged kernel is held back until its GPU tests pass ({env} unset; --unverified-paged sets it: "
+                "its output is still checked against float32 and FA4 before any timing)")
+    return ""
+
+
 def paged_supported() -> bool:
     """Whether this version's ``flash_attn`` takes a paged K/V cache (``block_table`` and ``seqused_k``)."""
     from ...attention.forward import flash_attn
@@ -523,10 +541,10 @@ def build(case: Case, notes: list) -> tuple:
         return got
 
     inp = problems["main"][1]
-    if case.mode == "paged" and not paged_supported():
-        notes.append(f"{OURS}: skipped, flash_attn has no block_table / seqused_k in this version (paged K/V "
-                     "not merged yet); fa4 timed alone, checked against the float32 reference")
-    got = add(OURS, "ours", "main", ours_calls(case, inp), fl, nb)
+    gate = paged_gate() if case.mode == "paged" else ""
+    if gate:
+        notes.append(f"{OURS}: skipped: {gate}; fa4 timed alone, checked against the float32 reference")
+    got = None if gate else add(OURS, "ours", "main", ours_calls(case, inp), fl, nb)
     packed = got is not None and "total_q" in got[0]
     if fa4 is None:
         notes.append(f"{PEER}: skipped, flash_attn.cute not importable ({why})")
@@ -602,10 +620,7 @@ def run_case(case: Case, bench, repeats: int, prog) -> dict:
     mm_fn, mm_flops = matmul_same_flops(fl)
     todo[MATMUL] = mm_fn
     times = time_rounds(todo, bench, repeats, tick=lambda n, s=case.name: prog.step(f"{s[:24]} {n}"))
-    params = {"mode": case.mode, "B": case.B, "Hq": case.Hq, "Hkv": case.Hkv, "D": case.D, "causal": case.causal,
-              "window": list(case.window), "page": case.page or None, "max_seqlen_q": case.max_q,
-              "max_seqlen_k": case.max_k, "total_q": sum(case.lens_q), "total_k": sum(case.lens_k)}
-    row = {"shape": case.name, "params": params, "lengths_q": list(case.lens_q), "lengths_k": list(case.lens_k),
+    row = {"shape": case.name, "params": case_params(case), "lengths_q": list(case.lens_q), "lengths_k": list(case.lens_k),
            "pairs_per_head": case_pairs(case), "flops": fl, "bytes": nb, "bound": "compute",
            "reference": "float32 on sampled rows" + (f"; full output vs {PEER}" if PEER in impls else ""),
            "impls": {}, "notes": notes, "ceiling": MATMUL, "ours": OURS if OURS in impls else None}
@@ -650,7 +665,8 @@ def run_case(case: Case, bench, repeats: int, prog) -> dict:
 def our_configs(case: Case) -> list:
     """The configurations of ours a case runs (what :func:`precompile` compiles): the kernel's plan for
     the case's static facts as ``flash_attn`` derives them (``check_window``), plus the dense causal
-    kernel of the varlen comparisons; the paged one only where ``plan`` takes ``paged`` (best effort)."""
+    kernel of the varlen comparisons; the paged one (q dense, its first form) where ``plan`` takes
+    ``page_size``."""
     import torch
 
     from ...attention import forward as FW
@@ -661,9 +677,9 @@ def our_configs(case: Case) -> list:
         return [FW.plan(bf16, case.D, causal, varlen=True, window=win is not None), FW.plan(bf16, case.D, case.causal)]
     if case.mode == "dense":
         return [FW.plan(bf16, case.D, causal, window=win is not None)]
-    if paged_supported() and "paged" in inspect.signature(FW.plan).parameters:
+    if paged_supported() and "page_size" in inspect.signature(FW.plan).parameters:
         try:
-            return [FW.plan(bf16, case.D, causal, paged=True)]
+            return [FW.plan(bf16, case.D, causal, window=win is not None, page_size=case.page)]
         except Exception as e:  # noqa: BLE001 - another plan signature: compiled at the first call instead
             print(f"paged plan not precompiled: {type(e).__name__}: {str(e)[:120]}", flush=True)
     return []
@@ -675,13 +691,37 @@ def precompile(selected) -> None:
     from ...attention import forward as FW
     from .timing import precompile_and_report
 
-    cfgs = {cfg for c in selected for cfg in our_configs(c)}
+    cfgs = {cfg for c in selected if not (c.mode == "paged" and paged_gate()) for cfg in our_configs(c)}
     if cfgs:
         precompile_and_report(FW.precompile, sorted(cfgs, key=repr))
 
 
-def run(selected, repeats: int = 3, quick: bool = False, roofs: bool = True) -> dict:
-    """Benchmark the cases; returns the results document (kind ``attention-varlen``)."""
+def _document(meta: dict, rows: list, roofs: dict) -> dict:
+    doc = results.document(KIND, meta, [dict(r) for r in rows], roofs, notes=[
+        "FLOPs: 4 * D * Hq * unmasked (query, key) pairs, counted exactly per sequence (bottom-right causal, "
+        "window [p - left, p + right], p = i + Lk - Lq).",
+        f"Correctness gate before timing: float32 reference on sampled rows (+ the {WORST_ROWS} rows of largest "
+        f"difference to FA4); a row off by more than {REF_ATOL} + {REF_RTOL} * max|ref row| means not timed."])
+    s = doc["summary"]
+    s["mismatches"] = [f"{r['shape']}:{n}" for r in doc["rows"] for n, v in r["impls"].items() if v.get("mismatch")]
+    s["wrong_outputs"] = [f"{r['shape']}:{n}" for r in doc["rows"] for n, v in r["impls"].items() if "error" in v]
+    s["failed_cases"] = [r["shape"] for r in doc["rows"] if r.get("failed")]
+    for r in doc["rows"]:
+        if r.get("rate_vs_dense"):
+            s["varlen_rate_vs_dense"] = r["rate_vs_dense"]
+    return doc
+
+
+def case_params(case: Case) -> dict:
+    return {"mode": case.mode, "B": case.B, "Hq": case.Hq, "Hkv": case.Hkv, "D": case.D, "causal": case.causal,
+            "window": list(case.window), "page": case.page or None, "max_seqlen_q": case.max_q,
+            "max_seqlen_k": case.max_k, "total_q": sum(case.lens_q), "total_k": sum(case.lens_k)}
+
+
+def run(selected, repeats: int = 3, quick: bool = False, roofs: bool = True, on_row=None) -> dict:
+    """Benchmark the cases; returns the results document (kind ``attention-varlen``).  ``on_row(doc)``
+    after each case with the document so far (the files are rewritten as rows finish); a case that
+    raises becomes a row with ``failed`` and its error in the notes, and the run goes on."""
     import torch
 
     from .ceiling import measure_roofs
@@ -691,6 +731,7 @@ def run(selected, repeats: int = 3, quick: bool = False, roofs: bool = True) -> 
     if not torch.cuda.is_available():
         raise RuntimeError("bench attention --varlen needs a CUDA device")
     bench, timer = make_bench(quick)
+    meta = results.run_meta(timer, repeats, quick=quick)
     measured = {}
     if roofs:
         print("measuring the roofs (read, copy, matmul)", flush=True)
@@ -702,7 +743,13 @@ def run(selected, repeats: int = 3, quick: bool = False, roofs: bool = True) -> 
     with Progress(sum(per_case.get(c.mode, 3) for c in selected) * repeats, "bench attention varlen") as prog:
         for case in selected:
             t0 = time.time()
-            row = run_case(case, bench, repeats, prog)
+            try:
+                row = run_case(case, bench, repeats, prog)
+            except Exception as e:  # noqa: BLE001 - one case failing (even a device fault) must not lose the others
+                row = {"shape": case.name, "params": case_params(case), "flops": flops_bytes(case)[0],
+                       "bytes": flops_bytes(case)[1], "bound": "compute", "impls": {}, "failed": True,
+                       "pairs_per_head": case_pairs(case), "lengths_q": list(case.lens_q),
+                       "lengths_k": list(case.lens_k), "notes": [f"FAILED: {type(e).__name__}: {str(e)[:400]}"]}
             rows.append(row)
             prog.note(f"{case.name} ({time.time() - t0:.0f} s): " + "  ".join(
                 f"{n}={v['median_us']:.0f}us/{v['tflops']:.0f}TF{'!' if v.get('mismatch') else ''}"
@@ -711,19 +758,9 @@ def run(selected, repeats: int = 3, quick: bool = False, roofs: bool = True) -> 
                 prog.note(f"    rate {k}: {x:.3f}")
             for nt in row["notes"]:
                 prog.note(f"    note: {nt}")
-    meta = results.run_meta(timer, repeats, quick=quick)
-    doc = results.document(KIND, meta, rows, measured, notes=[
-        "FLOPs: 4 * D * Hq * unmasked (query, key) pairs, counted exactly per sequence (bottom-right causal, "
-        "window [p - left, p + right], p = i + Lk - Lq).",
-        f"Correctness gate before timing: float32 reference on sampled rows (+ the {WORST_ROWS} rows of largest "
-        f"difference to FA4); a row off by more than {REF_ATOL} + {REF_RTOL} * max|ref row| means not timed."])
-    doc["summary"]["mismatches"] = [f"{r['shape']}:{n}" for r in rows for n, v in r["impls"].items() if v.get("mismatch")]
-    doc["summary"]["wrong_outputs"] = [f"{r['shape']}:{n}" for r in rows for n, v in r["impls"].items()
-                                       if "error" in v]
-    for r in rows:
-        if r.get("rate_vs_dense"):
-            doc["summary"]["varlen_rate_vs_dense"] = r["rate_vs_dense"]
-    return doc
+            if on_row is not None:
+                on_row(_document(meta, rows, measured))
+    return _document(meta, rows, measured)
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -817,6 +854,8 @@ def dry_run(selected) -> list:
                 calls = ours_calls(cc, inp) + ([dense_per_seq_call(cc, inp)] if cc.mode == "varlen" else [])
                 if not calls:
                     lines.append(f"{cc.name}: ours skipped (flash_attn has no block_table / seqused_k)")
+                elif cc.mode == "paged" and paged_gate():
+                    lines.append(f"{cc.name}: the real run skips ours unless --unverified-paged: {paged_gate()}")
                 errs = []
                 for form, run, get in calls:
                     try:
@@ -834,7 +873,7 @@ def dry_run(selected) -> list:
                 lines += [f"{cc.name}: not accepted: {e}" for e in errs]
             for cfg in our_configs(cc) if cc is c else []:
                 lines.append(f"{c.name}: precompiles head_dim={cfg.head_dim} causal={cfg.causal} varlen={cfg.varlen} "
-                             f"window={cfg.window}")
+                             f"window={cfg.window} page_size={getattr(cfg, 'page_size', 0)}")
     return lines
 
 
@@ -847,6 +886,9 @@ def build_parser(prog: str = "bench_attention.py --varlen") -> argparse.Argument
     ap.add_argument("--out", "--out-dir", dest="out", default=os.path.join("profiles", "results"),
                     help="folder for the JSON and markdown (default profiles/results)")
     ap.add_argument("--no-roofs", action="store_true", help="skip measuring the device's roofs (~10 s)")
+    ap.add_argument("--unverified-paged", action="store_true",
+                    help="run our paged kernel before its GPU tests have passed (sets CUTE_KERNELS_UNVERIFIED_PAGED=1; "
+                         "its output is checked against float32 and FA4 before timing; the paged case runs last)")
     ap.add_argument("--list", action="store_true", help="print the cases, their FLOPs and call forms; no GPU")
     ap.add_argument("--dry-run", action="store_true",
                     help="fake CUDA tensors of full size through flash_attn's validation; no GPU")
@@ -870,8 +912,14 @@ def main(argv: list | None = None, prog: str = "bench_attention.py --varlen") ->
     if not torch.cuda.is_available():
         print(f"{prog}: needs a CUDA device (--list and --dry-run run without one)")
         return 2
-    doc = run(selected, 1 if args.quick else args.repeats, args.quick, roofs=not args.no_roofs)
-    js, md = write(doc, args.out, args.tag or ("quick" if args.quick else ""))
+    if args.unverified_paged:
+        from ...attention import forward as FW
+
+        os.environ[getattr(FW, "UNVERIFIED_PAGED_ENV", "CUTE_KERNELS_UNVERIFIED_PAGED")] = "1"
+    tag = args.tag or ("quick" if args.quick else "")
+    doc = run(selected, 1 if args.quick else args.repeats, args.quick, roofs=not args.no_roofs,
+              on_row=lambda d: write(d, args.out, tag))
+    js, md = write(doc, args.out, tag)
     print(markdown(doc))
     print(f"wrote {js} and {md}")
     return 0
