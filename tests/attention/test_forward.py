@@ -128,14 +128,20 @@ def max_err_per_head(o, ref, rows=None):
 
 
 def check_against_reference(o, lse, q, k, v, causal, softmax_scale=None, what=""):
-    """Issue 16's criteria: per (batch, head) error within 2x torch's own 16-bit attention + 1e-4,
-    the last query tile alone too; LSE within 1e-3 where finite, -inf exactly where the row sees no
-    key; no NaN anywhere (the buffers were poisoned)."""
+    """Issue 16's criteria (:func:`check_result`) against the float32 reference and torch's own
+    16-bit attention."""
     ref, ref_lse = attention_reference(q, k, v, causal, softmax_scale)
-    o_torch = sdpa_16bit(q, k, v, causal, softmax_scale)
+    check_result(o, lse, ref, ref_lse, sdpa_16bit(q, k, v, causal, softmax_scale), what)
+
+
+def check_result(o, lse, ref, ref_lse, o_torch, what=""):
+    """A (B, S, H, D) result against the float32 reference (ref, ref_lse) and torch's 16-bit attention
+    o_torch: per (batch, head) error within 2x torch's + 1e-4, the last query tile alone too; LSE
+    within 1e-3 where finite, -inf exactly where the row sees no key (and O = 0 there); no NaN
+    anywhere (the buffers were poisoned)."""
     assert torch.isfinite(o).all(), f"{what}: NaN/inf in O (unwritten, 0/0 or overflow)"
     assert not torch.isnan(lse).any(), f"{what}: NaN in LSE"
-    Sq = q.shape[1]
+    Sq = o.shape[1]
     last = slice(((Sq - 1) // q_tile_rows()) * q_tile_rows(), Sq)
     for rows, name in ((None, "all rows"), (last, f"last q tile {last.start}:{last.stop}")):
         ours, theirs = max_err_per_head(o, ref, rows), max_err_per_head(o_torch, ref, rows)

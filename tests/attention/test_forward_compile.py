@@ -87,10 +87,12 @@ def test_tile_coords_cover_every_tile_once(causal):
             assert ms == (sorted(ms, reverse=True) if causal else sorted(ms)), hb
 
 
-def emulate_forward(q, k, v, causal, tm, tn):
-    """The kernel's algorithm on one (batch, head) in float64: per query tile the KV walk of
-    kv_tile_range (masked tiles first, from the last one down), the mask rule of apply_mask, the online
-    softmax (exp2, scaled max 0 for empty rows), deferred normalization, natural-log LSE."""
+def emulate_walk(q, k, v, tm, tn, walk):
+    """The kernel's algorithm on one (batch, head) in float64, for the KV walk ``walk(m, rows, Sq, Sk)``
+    of query tile m: the (tile n, mask) pairs in visiting order, mask None for a plain tile or a
+    function of the tile's key indices giving the (tm, tn) masked-out entries.  Zero-filled rows past
+    Sq / Sk (TMA), the online softmax (exp2, scaled max 0 for empty rows), deferred normalization,
+    natural-log LSE."""
     Sq, D = q.shape
     Sk = k.shape[0]
     scale_log2 = D ** -0.5 * math.log2(math.e)
@@ -101,22 +103,17 @@ def emulate_forward(q, k, v, causal, tm, tn):
         rows = torch.arange(r0, r0 + tm)
         qt = torch.zeros(tm, D, dtype=torch.float64)
         qt[: min(tm, Sq - r0)] = q[r0 : r0 + tm].double()  # zero-filled rows past Sq
-        n_max, n_mask = fs.kv_tile_range_py(m, Sq, Sk, tm, tn, causal)
         mx = torch.full((tm,), -math.inf, dtype=torch.float64)
         l = torch.zeros(tm, dtype=torch.float64)
         acc = torch.zeros(tm, D, dtype=torch.float64)
-        for n in list(range(n_max - 1, n_mask - 1, -1)) + list(range(n_mask - 1, -1, -1)):
+        for n, mask in walk(m, rows, Sq, Sk):
             kt = torch.zeros(tn, D, dtype=torch.float64)
             vt = torch.zeros(tn, D, dtype=torch.float64)
             kt[: max(0, min(tn, Sk - n * tn))] = k[n * tn : (n + 1) * tn].double()
             vt[: max(0, min(tn, Sk - n * tn))] = v[n * tn : (n + 1) * tn].double()
             s = qt @ kt.T
-            if n >= n_mask:  # apply_mask
-                cols = n * tn + torch.arange(tn)
-                limit = torch.full((tm,), Sk, dtype=torch.int64)
-                if causal:
-                    limit = torch.minimum(limit, rows + Sk - Sq + 1)
-                s[cols[None, :] >= limit[:, None]] = -math.inf
+            if mask is not None:
+                s[mask(n * tn + torch.arange(tn))] = -math.inf
             m_new = torch.maximum(mx, s.amax(1))
             m_s = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new * scale_log2)
             p = torch.exp2(s * scale_log2 - m_s[:, None])
@@ -131,6 +128,22 @@ def emulate_forward(q, k, v, causal, tm, tn):
         o[r0 : r0 + keep] = (acc * inv[:, None])[:keep]
         lse[r0 : r0 + keep] = lse_t[:keep]
     return o, lse
+
+
+def emulate_forward(q, k, v, causal, tm, tn):
+    """:func:`emulate_walk` with the dense walk of kv_tile_range (masked tiles first, from the last one
+    down) and the mask rule of apply_mask."""
+    def walk(m, rows, Sq, Sk):
+        n_max, n_mask = fs.kv_tile_range_py(m, Sq, Sk, tm, tn, causal)
+        limit = torch.full((tm,), Sk, dtype=torch.int64)
+        if causal:
+            limit = torch.minimum(limit, rows + Sk - Sq + 1)
+
+        def mask(cols):
+            return cols[None, :] >= limit[:, None]
+        return [(n, mask if n >= n_mask else None) for n in range(n_max - 1, -1, -1)]
+
+    return emulate_walk(q, k, v, tm, tn, walk)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -225,51 +238,23 @@ def test_window_range_reduces_to_causal_and_full(causal):
 
 
 def emulate_window_forward(q, k, v, left, right, tm, tn):
-    """The kernel's window walk in float64: tiles n_max - 1 .. n_hi masked, n_hi - 1 .. n_lo plain,
+    """:func:`emulate_walk` with the window walk: tiles n_max - 1 .. n_hi masked, n_hi - 1 .. n_lo plain,
     n_lo - 1 .. n_min masked (the first one always masked), the mask of apply_window_mask."""
-    Sq, D = q.shape
-    Sk = k.shape[0]
-    scale_log2 = D ** -0.5 * math.log2(math.e)
     wl = fs.WINDOW_UNBOUNDED if left < 0 else left
     wr = fs.WINDOW_UNBOUNDED if right < 0 else right
-    o = torch.zeros(Sq, D, dtype=torch.float64)
-    lse = torch.zeros(Sq, dtype=torch.float64)
-    for m in range(-(-Sq // tm)):
-        r0 = m * tm
-        rows = torch.arange(r0, r0 + tm)
-        qt = torch.zeros(tm, D, dtype=torch.float64)
-        qt[: min(tm, Sq - r0)] = q[r0 : r0 + tm].double()
+
+    def walk(m, rows, Sq, Sk):
         n_min, n_max, n_lo, n_hi = fs.kv_tile_range_window_py(m, Sq, Sk, tm, tn, left, right)
-        mx = torch.full((tm,), -math.inf, dtype=torch.float64)
-        l = torch.zeros(tm, dtype=torch.float64)
-        acc = torch.zeros(tm, D, dtype=torch.float64)
-        order = list(range(n_max - 1, n_min - 1, -1))
-        for i, n in enumerate(order):
-            kt = torch.zeros(tn, D, dtype=torch.float64)
-            vt = torch.zeros(tn, D, dtype=torch.float64)
-            kt[: max(0, min(tn, Sk - n * tn))] = k[n * tn : (n + 1) * tn].double()
-            vt[: max(0, min(tn, Sk - n * tn))] = v[n * tn : (n + 1) * tn].double()
-            s = qt @ kt.T
-            if i == 0 or not (n_lo <= n < n_hi):
-                cols = n * tn + torch.arange(tn)
-                p = rows + Sk - Sq
-                hi = torch.minimum(torch.full((tm,), Sk), p + wr + 1)
-                lo = p - wl
-                s[(cols[None, :] >= hi[:, None]) | (cols[None, :] < lo[:, None])] = -math.inf
-            m_new = torch.maximum(mx, s.amax(1))
-            m_s = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new * scale_log2)
-            pr = torch.exp2(s * scale_log2 - m_s[:, None])
-            corr = torch.exp2(mx * scale_log2 - m_s)
-            l = l * corr + pr.sum(1)
-            acc = acc * corr[:, None] + pr @ vt
-            mx = m_new
-        m_s = torch.where(torch.isneginf(mx), torch.zeros_like(mx), mx * scale_log2)
-        inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
-        lse_t = torch.where(l > 0, (m_s + torch.log2(l)) * math.log(2.0), torch.full_like(l, -math.inf))
-        keep = min(tm, Sq - r0)
-        o[r0 : r0 + keep] = (acc * inv[:, None])[:keep]
-        lse[r0 : r0 + keep] = lse_t[:keep]
-    return o, lse
+        p = rows + Sk - Sq
+        hi = torch.minimum(torch.full((tm,), Sk), p + wr + 1)
+        lo = p - wl
+
+        def mask(cols):
+            return (cols[None, :] >= hi[:, None]) | (cols[None, :] < lo[:, None])
+        order = range(n_max - 1, n_min - 1, -1)
+        return [(n, mask if i == 0 or not (n_lo <= n < n_hi) else None) for i, n in enumerate(order)]
+
+    return emulate_walk(q, k, v, tm, tn, walk)
 
 
 @pytest.mark.parametrize("window", [(0, 0), (5, 0), (0, 7), (40, 3), (130, 130), (300, -1), (-1, 200), (1000, 1000)],
