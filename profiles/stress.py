@@ -22,7 +22,8 @@ clusters; decode contiguous (TMA and cp.async loads) and paged (pages of 16 / 48
 counts 1 / several / more than tiles / auto, GQA and MQA, Sq 1..16 causal and not, zero and one-token
 lengths; merge_states (1 / 3 / 33 parts, empty parts, strided parts, fp32 / bf16 / fp16); the attention
 forward at head dims 64 / 96 / 128 / 256, causal and not, GQA, lengths 1 / 17 / 129 / 1000 in Q and K
-(rows that see no key), fp16, a (B, H, S, D) view.
+(rows that see no key), fp16, a (B, H, S, D) view; packed batches (empty and length-1 sequences, rows
+past the last sequence) and sliding windows, dense and packed.
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ def cases() -> list[dict]:
         FWD(2, 1000, 17, 2, 1, 256),
         FWD(1, 200, 77, 4, 1, 128, dtype="float16", layout="bhsd"),         # fp16, (B, H, S, D) views
         FWD(1, 300, 130, 8, 2, 64, causal=True, dtype="float16"),
+        # packed sequences (empty, length-1, off-tile; rows past the last sequence) and windows
+        FWD(4, 300, 300, 4, 2, 128, causal=True, lens=[[0, 5], [1, 1], [299, 300], [130, 17]], pad=3),
+        FWD(3, 200, 260, 4, 1, 64, lens=[[200, 0], [17, 260], [129, 129]], pad=1),
+        FWD(3, 129, 129, 2, 2, 96, causal=True, lens=[[129, 129], [1, 129], [64, 1]], window=(40, 0)),
+        FWD(2, 150, 300, 2, 1, 256, lens=[[150, 300], [3, 7]], window=(100, 20)),
+        FWD(2, 700, 1000, 4, 2, 128, causal=True, window=(129, 0)),
+        FWD(1, 300, 300, 4, 4, 64, window=(0, 0)),
     ]
     for i, c in enumerate(cs):
         c["seed"] = 1000 + i

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -60,8 +61,8 @@ DEFAULT_N = 120
 QUICK_N = 24
 #: distinct kernel configurations per op (full sweep, --quick); at ~2-5 s a compile (H200 host), the
 #: full list compiles in well under two minutes on 12 processes, under six serially
-BUDGET = {"gemm": 40, "decode_attn": 24, "merge_states": 8, "flash_attn": 16}
-QUICK_BUDGET = {"gemm": 12, "decode_attn": 8, "merge_states": 3, "flash_attn": 6}
+BUDGET = {"gemm": 40, "decode_attn": 24, "merge_states": 8, "flash_attn": 28}
+QUICK_BUDGET = {"gemm": 12, "decode_attn": 8, "merge_states": 3, "flash_attn": 8}
 
 #: (rtol, atol, row_tol) per output dtype.  rtol: twice the unit roundoff of one rounding to the output
 #: dtype (bf16 2^-8, fp16 2^-11; fp32 outputs are held to atol), times the magnitude of the terms (GEMM:
@@ -228,7 +229,7 @@ def gen_merge(rng: random.Random) -> dict:
 
 def flash_case(b, sq, sk, hq, hkv, d, **kw) -> dict:
     c = dict(op="flash_attn", b=b, sq=sq, sk=sk, hq=hq, hkv=hkv, d=d, causal=False, dtype="bfloat16",
-             layout="bshd", qscale=1.0, seed=0)
+             layout="bshd", qscale=1.0, seed=0, window=None, lens=None, pad=0)
     unknown = set(kw) - set(c)
     if unknown:
         raise ValueError(f"flash_case: unknown keys {sorted(unknown)}")
@@ -252,10 +253,22 @@ def gen_flash(rng: random.Random) -> dict:
             sq = (sq + 1) // 2
         else:
             sk = (sk + 1) // 2
-    return flash_case(b, sq, sk, g * hkv, hkv, d, causal=rng.random() < 0.5,
-                      dtype="bfloat16" if rng.random() < 0.7 else "float16",
-                      layout="bhsd" if rng.random() < 0.2 else "bshd", qscale=4.0 if rng.random() < 0.2 else 1.0,
-                      seed=rng.randrange(1 << 30))
+    causal = rng.random() < 0.5
+    kw = dict(causal=causal, dtype="bfloat16" if rng.random() < 0.7 else "float16",
+              layout="bhsd" if rng.random() < 0.2 else "bshd", qscale=4.0 if rng.random() < 0.2 else 1.0,
+              seed=rng.randrange(1 << 30))
+    if rng.random() < 0.25:  # a sliding window (causal: right side 0), sides from 0 to past the length
+        left = rng.choice((-1, 0, 1, rng.randrange(sk + 1), rng.randrange(2 * sk + 2)))
+        right = 0 if causal else rng.choice((-1, 0, 1, rng.randrange(sk + 1)))
+        if (left, right) != (-1, -1):
+            kw["window"] = (left, right)
+    if rng.random() < 0.3:  # packed sequences of up to (sq, sk) rows, empty and length-1 ones included
+        n = rng.choice((1, 2, 3, 5, 8))
+        lens = [[rng.choice((0, 1, rng.randrange(sq + 1), sq)), rng.choice((0, 1, rng.randrange(sk + 1), sk))]
+                for _ in range(n)]
+        kw.update(lens=lens, layout="bshd", pad=rng.choice((0, 1, 3)))
+        b = n
+    return flash_case(b, sq, sk, g * hkv, hkv, d, **kw)
 
 
 GENERATORS = {"gemm": gen_gemm, "decode_attn": gen_decode, "merge_states": gen_merge, "flash_attn": gen_flash}
@@ -461,8 +474,14 @@ def plan_case(c: dict) -> tuple[list, str]:
     if op == "flash_attn":
         from cute_kernels.attention import forward as FW
 
-        cfg = FW.plan(DT[c["dtype"]], c["d"], c["causal"])
-        return [("flash_attn_fwd", cfg)], f"tile {cfg.tile.tile_m}x{cfg.tile.tile_n}"
+        from cute_kernels.attention.forward_validate import check_window
+
+        causal, window = check_window(tuple(c["window"] or (-1, -1)), c["causal"])
+        cfg = FW.plan(DT[c["dtype"]], c["d"], causal, varlen=c["lens"] is not None, window=window is not None)
+        desc = f"tile {cfg.tile.tile_m}x{cfg.tile.tile_n}"
+        desc += " varlen" if c["lens"] is not None else ""
+        desc += " window" if window is not None else ""
+        return [("flash_attn_fwd", cfg)], desc
     if op == "merge_states":
         from cute_kernels.attention.merge import MergeConfig
 
@@ -551,6 +570,11 @@ def case_name(c: dict) -> str:
     s = (f"b{c['b']} sq{c['sq']} sk{c['sk']} hq{c['hq']}/{c['hkv']} d{c['d']} "
          f"{'causal' if c['causal'] else 'full'} {SHORT[c['dtype']]}")
     s += " bhsd" if c["layout"] == "bhsd" else ""
+    if c.get("window"):
+        s += " window({},{})".format(*c["window"])
+    if c.get("lens") is not None:
+        lens = c["lens"] if len(c["lens"]) <= 3 else c["lens"][:3] + ["..."]
+        s += f" packed{lens}" + (f" pad{c['pad']}" if c["pad"] else "")
     return s + (f" q*{c['qscale']:g}" if c["qscale"] != 1.0 else "")
 
 
@@ -703,10 +727,12 @@ def gemm_ref(a, b, alpha=1.0, beta=0.0, c=None):
     return ab + bc, ab.abs() + bc.abs(), scale + abs(beta) * rms(c)
 
 
-def attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+def attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, window=None):
     """float32 attention of one sequence: q (Sq, Hq, D), k / v (L, Hkv, D); bottom-right causal (query
     i sees keys j <= i + L - Sq), GQA (query head h reads K/V head h // (Hq / Hkv)).  Returns o (Sq, Hq,
-    D), |V|-weighted bound o_abs = P @ |V| (same shape) and lse (Hq, Sq); rows that see no key: 0 and -inf."""
+    D), |V|-weighted bound o_abs = P @ |V| (same shape) and lse (Hq, Sq); rows that see no key: 0 and -inf.
+    ``window`` (left, right), -1 unbounded: query i (at p = i + L - Sq) sees keys p - left .. p + right
+    (causal: right 0)."""
     Sq, Hq, D = q.shape
     L, Hkv = k.shape[0], k.shape[1]
     G = Hq // Hkv
@@ -716,8 +742,14 @@ def attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     if L == 0 or Sq == 0:
         return o, o_abs, lse
     mask = None
-    if causal:
-        mask = torch.arange(L, device=q.device)[None, :] > torch.arange(Sq, device=q.device)[:, None] + (L - Sq)
+    left, right = window or (-1, -1)
+    right = 0 if causal else right
+    pos = torch.arange(Sq, device=q.device)[:, None] + (L - Sq)
+    keys = torch.arange(L, device=q.device)[None, :]
+    if right >= 0:
+        mask = keys > pos + right
+    if left >= 0:
+        mask = (keys < pos - left) if mask is None else mask | (keys < pos - left)
     step = max(1, (1 << 25) // max(1, G * Sq * L))  # KV heads per chunk: scores stay <= 32M floats
     qf = q.float().view(Sq, Hkv, G, D)
     for h0 in range(0, Hkv, step):
@@ -876,6 +908,8 @@ def run_decode(c: dict, ref_dev: str = "cuda") -> dict:
 
 
 def run_flash(c: dict, ref_dev: str = "cuda") -> dict:
+    if c.get("lens") is not None:
+        return run_flash_packed(c, ref_dev)
     ck = _ck()
     dt = DT[c["dtype"]]
     g = _gen(ref_dev, c["seed"])
@@ -894,18 +928,58 @@ def run_flash(c: dict, ref_dev: str = "cuda") -> dict:
     qd, kd, vd = to_dev(q), to_dev(k), to_dev(v)
     out = torch.full((B, Hq, Sq, D) if bhsd else (B, Sq, Hq, D), NAN, dtype=dt, device=RUN_DEV)
     out = out.transpose(1, 2) if bhsd else out
-    o, lse = ck.flash_attn(qd, kd, vd, causal=c["causal"], out=out, return_lse=True)
+    window = tuple(c["window"]) if c.get("window") else None
+    o, lse = ck.flash_attn(qd, kd, vd, causal=c["causal"], out=out, return_lse=True, window_size=window or (-1, -1))
     _sync()
     ref = torch.zeros(B, Sq, Hq, D, device=ref_dev)
     ref_abs = torch.zeros_like(ref)
     ref_lse = torch.full((B, Hq, Sq), -math.inf, device=ref_dev)
     for b in range(B):
-        ref[b], ref_abs[b], ref_lse[b] = attn_ref(q[b], k[b], v[b], c["causal"], D ** -0.5)
+        ref[b], ref_abs[b], ref_lse[b] = attn_ref(q[b], k[b], v[b], c["causal"], D ** -0.5, window)
     tol = TOL["attn"][c["dtype"]]
     res = compare(o.to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], scale=ref_abs, rows=((-1, 1),))
     res["lse"] = compare_lse(lse.to(ref_dev), ref_lse, LSE_TOL["attn"])
     if o is not out:
         res.update(ok=False, msg="did not return out")
+    return res
+
+
+def run_flash_packed(c: dict, ref_dev: str = "cuda") -> dict:
+    """A packed (variable-length) batch: sequences of ``c["lens"]`` (query, key) rows back to back,
+    ``c["pad"]`` rows after the last one that belong to no sequence (NaN-poisoned in out: never
+    written); each sequence against its own float32 reference."""
+    ck = _ck()
+    dt = DT[c["dtype"]]
+    g = _gen(ref_dev, c["seed"])
+    Hq, Hkv, D, pad = c["hq"], c["hkv"], c["d"], c["pad"]
+    lq, lk = [a for a, _ in c["lens"]], [b for _, b in c["lens"]]
+    cu_q = [0] + list(itertools.accumulate(lq))
+    cu_k = [0] + list(itertools.accumulate(lk))
+    tq, tk = cu_q[-1] + pad, cu_k[-1] + pad
+    q = (torch.randn(tq, Hq, D, generator=g, device=ref_dev) * c["qscale"]).to(dt)
+    k = torch.randn(tk, Hkv, D, generator=g, device=ref_dev).to(dt)
+    v = torch.randn(tk, Hkv, D, generator=g, device=ref_dev).to(dt)
+    window = tuple(c["window"]) if c.get("window") else None
+    out = torch.full((tq, Hq, D), NAN, dtype=dt, device=RUN_DEV)
+    i32 = dict(dtype=torch.int32, device=RUN_DEV)
+    o, lse = ck.flash_attn(q.to(RUN_DEV), k.to(RUN_DEV), v.to(RUN_DEV), causal=c["causal"], out=out, return_lse=True,
+                           cu_seqlens_q=torch.tensor(cu_q, **i32), cu_seqlens_k=torch.tensor(cu_k, **i32),
+                           max_seqlen_q=max(lq), max_seqlen_k=max(lk), window_size=window or (-1, -1))
+    _sync()
+    n = cu_q[-1]
+    ref = torch.zeros(n, Hq, D, device=ref_dev)
+    ref_abs = torch.zeros_like(ref)
+    ref_lse = torch.full((Hq, n), -math.inf, device=ref_dev)
+    for b in range(len(lq)):
+        rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ref[rq], ref_abs[rq], ref_lse[:, rq] = attn_ref(q[rq], k[rk], v[rk], c["causal"], D ** -0.5, window)
+    tol = TOL["attn"][c["dtype"]]
+    res = compare(o[:n].to(ref_dev), ref, rtol=tol[0], atol=tol[1], row_tol=tol[2], scale=ref_abs, rows=((-1, 0),))
+    res["lse"] = compare_lse(lse[:, :n].to(ref_dev), ref_lse, LSE_TOL["attn"])
+    if o is not out:
+        res.update(ok=False, msg="did not return out")
+    elif pad and not torch.isnan(out[n:]).all():
+        res.update(ok=False, msg=f"wrote {int((~torch.isnan(out[n:])).sum())} elements into the {pad} rows past the sequences")
     return res
 
 
