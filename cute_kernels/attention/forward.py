@@ -2,37 +2,20 @@
 
 ``O = softmax(Q K^T * scale) V`` for q (B, Sq, Hq, D) against k/v (B, Sk, Hkv, D), never materializing
 the scores; the kernel (:mod:`.forward_kernel`) also writes the natural-log LSE of every row, which
-:func:`cute_kernels.merge_states` combines exactly across key splits.
+:func:`cute_kernels.merge_states` combines exactly across key splits.  Packed (variable-length)
+sequences: q (total_q, Hq, D) and k/v (total_k, Hkv, D) with ``cu_seqlens_q`` / ``cu_seqlens_k`` on the
+device and host ints ``max_seqlen_q`` / ``max_seqlen_k`` that size the grid.  Sliding windows
+``window_size=(left, right)``, dense or packed.  Paged K/V: page pools (num_pages, page_size, Hkv, D)
+with ``block_table`` and ``seqused_k`` on the device (the ``decode_attn`` conventions), q dense or
+packed.  Device values (lengths, pages) never reach the host unless checked mode is on, so CUDA
+graphs replay for any lengths up to the captured maxima.
 
-Packed (variable-length) sequences: q (total_q, Hq, D) and k/v (total_k, Hkv, D) with ``cu_seqlens_q``
-/ ``cu_seqlens_k`` (B + 1,) int32 on the device and host ints ``max_seqlen_q`` / ``max_seqlen_k`` that
-size the grid (never the compile key; the lengths are never read on the host unless checked mode is
-on, so graphs replay for any lengths up to them).  Sliding windows ``window_size=(left, right)`` for
-dense and packed inputs; their sides are run-time values.
-
-Paged K/V: k/v page pools (num_pages, page_size, Hkv, D) with ``block_table`` (B, max_pages) and
-``seqused_k`` (B,) int32 on the device (the ``decode_attn`` conventions), q dense or packed; the page
-size is part of the compile key (:mod:`.forward_paged`), the lengths and pages never reach the host
-unless checked mode is on.
-
-This module is everything the host does around the kernel:
-
-* validation of what the host can see, before any launch, in a fixed order (types, ranks, shapes,
-  dtypes, strides, pointer alignment, devices) so that every error names its argument and shape
-  errors are reported even for tensors on the wrong device;
-* empty problems without a launch: B == 0 or Sq == 0 or Hq == 0 give empty results, Sk == 0 gives
-  O = 0 and LSE = -inf (two fills on the current stream);
-* the plan: the compile configuration depends on (dtype, head dim, causal, varlen, window) only, never on lengths,
-  batch or heads (the kernel takes them as symbolic sizes), so a new length never recompiles;
-  configurations come from :func:`~.forward_kernel.fwd_config` and compile through
-  :func:`cute_kernels.common.jit.get_compiled` (memory + disk cache);
-* ``torch.library`` custom ops with fake implementations (``cute_kernels::flash_attn`` returns
-  (O, LSE); ``cute_kernels::flash_attn_`` writes into given buffers): eager calls skip the
-  dispatcher, ``torch.compile`` traces the ops.  Nothing synchronizes with the device, so calls are
-  CUDA-graph capturable (the stream is torch's current one).
-
-The kernel module is imported at the first compile, not at ``import cute_kernels``: validation,
-planning under :class:`~cute_kernels.common.jit.dry_run` and tracing need none of it.
+Here: validation (:mod:`.forward_validate`: every error names its argument, shape errors before
+device errors, nothing launched); empty problems without a launch; the plan (the compile key is the
+dtype, head dim, causal, packed, windowed and the page size: never lengths, batch or heads); the
+launches; ``torch.library`` custom ops with fake implementations for ``torch.compile`` (eager calls
+skip the dispatcher); and the host fast paths: a launcher per call metadata, made after a call with
+that metadata passed the checks and launched (dense and packed calls; paged calls are always checked).
 """
 
 from __future__ import annotations
@@ -46,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
+from ..common.scheduler import tile_counter  # (FW.tile_counter: the benches pass it to bare launches)
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import forward_kernel
@@ -211,26 +195,6 @@ def _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q: i
         fn(q, k, v, out, lse, counter, block_table, seqused_k, scale * LOG2_E, wl, wr)
 
 
-_COUNTERS: dict = {}
-_capturing, _current_stream = jit.stream_query()  # (torch's C entry points: tenths of a microsecond)
-
-
-def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
-    """The dynamic schedule's two-int32 global tile counter (zero before each launch; the kernel's
-    last CTA zeroes it again).  One per (device, stream), since two kernels running at once must not
-    share one; a fresh zeroed one per call while a CUDA graph is being captured (the graph then
-    zeroes it on every replay, and graphs replayed side by side do not share it).  Static schedules
-    never touch it: they get one per device."""
-    if not dynamic:
-        key = (device.index, None)
-    elif _capturing():
-        return torch.zeros(2, dtype=torch.int32, device=device)
-    else:
-        key = (device.index, _current_stream(device.index))
-    c = _COUNTERS.get(key)
-    if c is None:
-        c = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return c
 
 
 # ------------------------------------------------------------------------------------------------
@@ -249,8 +213,7 @@ def _(q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1)
 
 
 def _new_lse(q):
-    B, Sq, Hq, _ = q.shape
-    return q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 def _new_outputs(q):
@@ -355,26 +318,52 @@ def _prepare(key, q, k, causal: bool) -> None:
         return
     cfg = plan(q.dtype, D, causal)
     fn = get_forward_kernel(cfg)
-    if fn is None:
-        return
-    qshape, lshape, dtype, dev, dynamic, run = q.shape, (B, Hq, Sq), q.dtype, q.device, cfg.tile.dynamic, jit.direct(fn)
-    scratch = []  # the LSE nobody asked for (never read): made by the first call without return_lse
+    if fn is not None:
+        _launchers[key] = _launcher(fn, q, (B, Hq, Sq), cfg.tile.dynamic)
 
-    def launch(q, k, v, out, scale, want_lse):
+
+def _fast_scale(hit, softmax_scale):
+    """The scale a fast-path hit launches with; None when softmax_scale needs the checks (``_scale``
+    says what is wrong with it, or takes a numpy scalar)."""
+    if softmax_scale is None:
+        return hit.default_scale
+    ts = type(softmax_scale)
+    return softmax_scale if (ts is float or ts is int) and 0.0 < softmax_scale < math.inf else None
+
+
+def _launcher(fn, q, lshape, dynamic: bool, packed=None):
+    """The launcher of a compiled forward for calls shaped as ``q``: allocates out (unless given) and
+    the LSE (``lshape``; without return_lse a scratch one, made by the first such call and never read),
+    counts, launches.  ``packed``: (max_seqlen_q, max_seqlen_k, window_left, window_right) of a packed
+    launcher, whose calls also pass the two cu_seqlens."""
+    qshape, dtype, dev, run = q.shape, q.dtype, q.device, jit.direct(fn)
+    scratch = []
+
+    def outputs(out, want_lse):
         if out is None:
             out = _empty(qshape, dtype=dtype, device=dev)
         if want_lse:
-            lse = _empty(lshape, dtype=torch.float32, device=dev)
-        elif scratch:
-            lse = scratch[0]
-        else:
-            lse = _empty(lshape, dtype=torch.float32, device=dev)
-            scratch.append(lse)
-        LAUNCHES["flash_attn"] += 1
-        run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
-        return out, lse
-    launch.default_scale, launch.keep = 1.0 / math.sqrt(D), fn  # (fn owns run's CUDA library)
-    _launchers[key] = launch
+            return out, _empty(lshape, dtype=torch.float32, device=dev)
+        if not scratch:
+            scratch.append(_empty(lshape, dtype=torch.float32, device=dev))
+        return out, scratch[0]
+
+    if packed is None:
+        def launch(q, k, v, out, scale, want_lse):
+            out, lse = outputs(out, want_lse)
+            LAUNCHES["flash_attn"] += 1
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
+            return out, lse
+    else:
+        mq, mk, wl, wr = packed
+
+        def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, want_lse):
+            out, lse = outputs(out, want_lse)
+            LAUNCHES["flash_attn"] += 1
+            run(q, k, v, out, lse, tile_counter(dev, False), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E, wl, wr)
+            return out, lse
+    launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn  # (fn owns run's CUDA library)
+    return launch
 
 
 # ------------------------------------------------------------------------------------------------
@@ -469,15 +458,10 @@ def flash_attn(
                 hit = None
         except (AttributeError, TypeError):  # a non-tensor, an unhashable causal: validate says what
             key = hit = None
-        if hit is not None:
-            ts = type(softmax_scale)
-            if softmax_scale is None:
-                softmax_scale = hit.default_scale
-            elif not ((ts is float or ts is int) and 0.0 < softmax_scale < math.inf):
-                hit = None  # _scale says what is wrong with it (or takes a numpy scalar)
-            if hit is not None:
-                out, lse = hit(q, k, v, out, softmax_scale, return_lse)
-                return (out, lse) if return_lse else out
+        scale = None if hit is None else _fast_scale(hit, softmax_scale)
+        if scale is not None:
+            out, lse = hit(q, k, v, out, scale, return_lse)
+            return (out, lse) if return_lse else out
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
     causal, window = check_window(window_size, causal)
     scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
@@ -501,7 +485,24 @@ def flash_attn(
 
 def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                        max_seqlen_k, window_size, checked):
-    """:func:`flash_attn` with cu_seqlens (no host fast path: the checks below cost microseconds)."""
+    """:func:`flash_attn` with cu_seqlens: the fast path (:func:`_varlen_key`; unchecked calls only),
+    else the checks below, the launch, and a launcher for the call's metadata."""
+    key = None
+    if (checked is None or checked is False) and not _is_compiling():
+        try:
+            if (type(q) in _FAST_TYPES and type(k) in _FAST_TYPES and type(v) in _FAST_TYPES
+                    and type(cu_seqlens_q) in _FAST_TYPES and type(cu_seqlens_k) in _FAST_TYPES):
+                key = _varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal,
+                                  window_size)
+                hit = _launchers.get(key)
+            else:
+                hit = None
+        except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
+            key = hit = None
+        scale = None if hit is None or (checked is None and _checked(None)) else _fast_scale(hit, softmax_scale)
+        if scale is not None:
+            out, lse = hit(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, return_lse)
+            return (out, lse) if return_lse else out
     if cu_seqlens_q is None or cu_seqlens_k is None:
         given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k", "cu_seqlens_q")
         if cu_seqlens_q is None and cu_seqlens_k is None:
@@ -527,7 +528,37 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
         out = q.new_empty(q.shape)
     lse = _new_varlen_lse(q)
     _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
+    if key is not None:
+        _prepare_varlen(key, q, k, cu_seqlens_q, mq, mk, causal, wl, wr)
     return (out, lse) if return_lse else out
+
+
+def _varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal, window_size) -> tuple:
+    """A packed call's metadata, as :func:`_key` (plus the cu_seqlens tensors', the max_seqlen values and
+    window_size, with their types; an unhashable one raises TypeError): never the cu_seqlens values."""
+    return ("varlen", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+            v.shape, v.stride(), v.dtype, v.get_device(),
+            cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),
+            cu_seqlens_k.shape, cu_seqlens_k.stride(), cu_seqlens_k.dtype, cu_seqlens_k.get_device(),
+            (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())) & 15,
+            type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
+            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()),
+            type(causal), causal, type(window_size), window_size)
+
+
+def _prepare_varlen(key, q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, causal: bool, window_left: int,
+                    window_right: int) -> None:
+    """Cache a launcher for ``key`` after a packed call with that metadata launched the kernel (the
+    calls :func:`_launch_varlen` handles without a launch -- no query rows, no key rows -- keep the
+    checked path).  ``causal`` and the window sides as :func:`check_window` returned them."""
+    total_q, Hq, D = q.shape
+    if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0 or k.shape[0] == 0:
+        return
+    cfg = plan(q.dtype, D, causal, varlen=True, window=window_left != -1 or window_right != -1)
+    fn = get_forward_kernel(cfg)
+    if fn is not None:
+        _launchers[key] = _launcher(fn, q, (Hq, total_q), False,
+                                    (max_seqlen_q, max_seqlen_k, *_window_args(window_left, window_right)))
 
 
 def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

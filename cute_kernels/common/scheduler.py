@@ -1,11 +1,15 @@
 """Tile schedulers: the persistent (grid = min(tiles, SMs)) schedule of the DSL, and a dynamic
-persistent schedule (tiles handed out by a global atomic counter)."""
+persistent schedule (tiles handed out by a global atomic counter; :func:`tile_counter` keeps its
+buffers on the host side)."""
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
+import torch
+
+from . import jit
 
 
 def persistent_scheduler_params(num_tiles_mnl, cluster_mn: tuple[int, int], raster_swizzle: int,
@@ -46,3 +50,26 @@ def retire_dynamic_counter(mCounter: cute.Tensor, lane):
         if done == grid - 1:
             mCounter[0] = cutlass.Int32(0)
             mCounter[1] = cutlass.Int32(0)
+
+
+# ---- host side: the counter buffers ------------------------------------------------------------
+_COUNTERS: dict = {}
+_capturing, _current_stream = jit.stream_query()  # (torch's C entry points: tenths of a microsecond)
+
+
+def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
+    """The dynamic schedule's two-int32 global tile counter (zero before each launch; the kernel's
+    last CTA zeroes it again).  One per (device, stream), since two kernels running at once must not
+    share one; a fresh zeroed one per call while a CUDA graph is being captured (the graph then
+    zeroes it on every replay, and graphs replayed side by side do not share it).  Static schedules
+    never touch it: they get one per device."""
+    if not dynamic:
+        key = (device.index, None)
+    elif _capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    else:
+        key = (device.index, _current_stream(device.index))
+    c = _COUNTERS.get(key)
+    if c is None:
+        c = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return c

@@ -269,6 +269,46 @@ def test_flash_attn_hits_and_checks(stubbed):
     assert Stub.made == made
 
 
+def test_flash_attn_packed_hits_and_checks(stubbed, monkeypatch):
+    """Packed calls: a launcher per metadata (max_seqlen, window and causal included, never the
+    cu_seqlens values); anything else that differs is checked in full; checked mode reads the
+    lengths on every call, a cached key or not."""
+    q, k = torch.randn(40, 4, 64, dtype=BF), torch.randn(50, 2, 64, dtype=BF)
+    cu_q, cu_k = torch.tensor([0, 15, 40], dtype=torch.int32), torch.tensor([0, 20, 50], dtype=torch.int32)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=25, max_seqlen_k=30, causal=True)
+    with count_launches() as n:
+        FW.flash_attn(q, k, k, **kw)
+        made = Stub.made
+        for _ in range(3):
+            out, lse = FW.flash_attn(q, k, k, return_lse=True, **kw)
+    assert n["flash_attn"] == 4 and Stub.made == made and out.shape == q.shape and lse.shape == (4, 40)
+    (stub,) = {launcher_of(f) for f in FW._launchers.values()}
+    args = stub.calls[-1]
+    assert args[6] is cu_q and args[7] is cu_k and args[8:10] == (25, 30) and len(args) == 13
+    FW.flash_attn(q, k, k, **{**kw, "max_seqlen_q": 26})
+    FW.flash_attn(q, k, k, **{**kw, "window_size": (8, 0)})
+    assert len(FW._launchers) == 3
+    rejected(lambda: FW.flash_attn(q, k, k.half(), **kw), TypeError, "v dtype")
+    rejected(lambda: FW.flash_attn(q, k, k, **{**kw, "cu_seqlens_q": cu_q.long()}), (TypeError, ValueError),
+             "cu_seqlens_q")
+    rejected(lambda: FW.flash_attn(q, k, k, **{**kw, "max_seqlen_q": -1}), ValueError, "max_seqlen_q")
+    rejected(lambda: FW.flash_attn(q, k, k, softmax_scale=0.0, **kw), ValueError, "softmax_scale")
+    rejected(lambda: FW.flash_attn(q, k, k, **{**kw, "window_size": (-2, 0)}), ValueError, "window")
+    with count_launches() as n:  # an unhashable window_size: the checked path, every time
+        FW.flash_attn(q, k, k, **{**kw, "window_size": [8, 0]})
+    assert n["flash_attn"] == 1 and len(FW._launchers) == 3
+    too_long = torch.tensor([0, 30, 40], dtype=torch.int32)  # same metadata, a sequence past max_seqlen_q
+    with count_launches() as n:
+        FW.flash_attn(q, k, k, **{**kw, "cu_seqlens_q": too_long})  # unchecked: clamped on the device
+    assert n["flash_attn"] == 1
+    monkeypatch.setenv("CUTE_KERNELS_CHECKED", "1")
+    rejected(lambda: FW.flash_attn(q, k, k, **{**kw, "cu_seqlens_q": too_long}), ValueError, "max_seqlen_q")
+    monkeypatch.setenv("CUTE_KERNELS_CHECKED", "0")
+    rejected(lambda: FW.flash_attn(q, k, k, checked=True, **{**kw, "cu_seqlens_q": too_long}), ValueError,
+             "max_seqlen_q")
+    assert Stub.made == made + 5  # two per new key (its launch, its launcher), one for the unhashable window
+
+
 # --------------------------------------------------------------------------------------- merge_states
 @pytest.mark.parametrize("shape", [(3, 2, 1, 4, 64), (3, 4, 64), (3, 64)])
 def test_merge_hits_and_checks(stubbed, shape):
