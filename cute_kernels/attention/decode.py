@@ -265,7 +265,6 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softm
 _is_compiling = torch.compiler.is_compiling
 _empty = torch.empty
 _F32 = torch.float32
-_capturing, _current_stream = jit.stream_query()
 #: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
 _FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 #: call metadata (:func:`_key`) -> launcher (:func:`_launcher`)
@@ -345,22 +344,17 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
         pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
         lse_off = P * B * Sq * Hq * D  # the partial LSEs follow the partial outputs in a workspace
 
-        parts: dict = {}  # stream -> (o_part, lse_part), as the GEMM's split-K workspaces
-        on_cuda = dev.type == "cuda"  # (the CPU tests' stub kernel has no streams)
+        parts: dict = {}  # (device, stream) -> (o_part, lse_part), as the GEMM's split-K workspaces
+
+        def new_parts():
+            return _empty(pshape, dtype=_F32, device=dev), _empty(plshape, dtype=_F32, device=dev)
 
         def launch(q, k, v, s, bt, out, ws, scale, want_lse):
             if out is None:
                 out = _empty(qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             if ws is None:
-                if on_cuda and _capturing():  # a graph owns fresh partials (graphs replayed side by side share none)
-                    o_part, lse_part = _empty(pshape, dtype=_F32, device=dev), _empty(plshape, dtype=_F32, device=dev)
-                else:
-                    sid = _current_stream(dev.index) if on_cuda else None
-                    pair = parts.get(sid)
-                    if pair is None:
-                        pair = parts[sid] = (_empty(pshape, dtype=_F32, device=dev), _empty(plshape, dtype=_F32, device=dev))
-                    o_part, lse_part = pair
+                o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
             else:
                 off = ws.storage_offset()
                 o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)

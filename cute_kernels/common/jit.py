@@ -139,6 +139,26 @@ def stream_query():
             lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
+_capturing, _current_stream = stream_query()
+
+
+def stream_buffers(cache: dict, device, make: Callable[[], Any]):
+    """Buffers that launches on one stream may share (they run in order): ``make()`` once per (device,
+    stream), kept in ``cache``; while a CUDA graph is being captured a fresh ``make()`` every call (the
+    graph keeps it, so graphs replayed side by side share none).  A non-CUDA device (the CPU tests'
+    stub kernels) has no streams: one per device."""
+    if device.type != "cuda":
+        key = (device, None)
+    elif _capturing():
+        return make()
+    else:
+        key = (device, _current_stream(device.index))
+    buf = cache.get(key)
+    if buf is None:
+        buf = cache[key] = make()
+    return buf
+
+
 def full_key(name: str, config: Hashable) -> tuple:
     """The cache key: kernel, its configuration, and the target's facts."""
     return (name, config, current_arch().key())

@@ -53,23 +53,20 @@ def retire_dynamic_counter(mCounter: cute.Tensor, lane):
 
 
 # ---- host side: the counter buffers ------------------------------------------------------------
-_COUNTERS: dict = {}
-_capturing, _current_stream = jit.stream_query()  # (torch's C entry points: tenths of a microsecond)
+_COUNTERS: dict = {}  # the dynamic schedule's, per (device, stream)
+_STATIC: dict = {}  # a placeholder per device for static schedules (never touched)
 
 
 def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
     """The dynamic schedule's two-int32 global tile counter (zero before each launch; the kernel's
     last CTA zeroes it again).  One per (device, stream), since two kernels running at once must not
     share one; a fresh zeroed one per call while a CUDA graph is being captured (the graph then
-    zeroes it on every replay, and graphs replayed side by side do not share it).  Static schedules
-    never touch it: they get one per device."""
+    zeroes it on every replay, and graphs replayed side by side do not share it):
+    :func:`~cute_kernels.common.jit.stream_buffers`.  Static schedules never touch it: they get one
+    per device."""
     if not dynamic:
-        key = (device.index, None)
-    elif _capturing():
-        return torch.zeros(2, dtype=torch.int32, device=device)
-    else:
-        key = (device.index, _current_stream(device.index))
-    c = _COUNTERS.get(key)
-    if c is None:
-        c = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return c
+        c = _STATIC.get(device)
+        if c is None:
+            c = _STATIC[device] = torch.zeros(2, dtype=torch.int32, device=device)
+        return c
+    return jit.stream_buffers(_COUNTERS, device, lambda: torch.zeros(2, dtype=torch.int32, device=device))

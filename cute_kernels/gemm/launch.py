@@ -128,9 +128,6 @@ def compiled(cfg, ab_dtype: str, d_dtype: str, c_dtype: str, swapped: bool = Fal
     return jit.get_compiled(FAMILY[type(cfg)], key, lambda: fake_args(cfg, ab_dtype, d_dtype, c_dtype, swapped))
 
 
-_capturing, _current_stream = jit.stream_query()
-
-
 class WorkspaceLauncher:
     """Calls a last-CTA-fixup kernel like the others, adding its workspace (fp32 partials + int32
     counters), cached per (device, stream): the kernel leaves the counters at 0 and launches on one
@@ -140,15 +137,9 @@ class WorkspaceLauncher:
         self.fn, self.ws_numel, self.n_counters, self.cache = fn, ws_numel, n_counters, {}
 
     def workspace(self, device) -> tuple[torch.Tensor, torch.Tensor]:
-        if _capturing():
-            return (torch.empty(self.ws_numel, dtype=torch.float32, device=device),
-                    torch.zeros(self.n_counters, dtype=torch.int32, device=device))
-        key = (device, _current_stream(device.index))
-        buf = self.cache.get(key)
-        if buf is None:
-            buf = self.cache[key] = (torch.empty(self.ws_numel, dtype=torch.float32, device=device),
-                                     torch.zeros(self.n_counters, dtype=torch.int32, device=device))
-        return buf
+        return jit.stream_buffers(self.cache, device, lambda: (
+            torch.empty(self.ws_numel, dtype=torch.float32, device=device),
+            torch.zeros(self.n_counters, dtype=torch.int32, device=device)))
 
     def __call__(self, a, b, d, c, alpha, beta):
         ws, cnt = self.workspace(a.device)
