@@ -5,6 +5,7 @@
 #   all-tests     every GPU test, 8 workers (pytest-xdist): ~205 s cold compile cache, ~80 s warm  [TESTS_S]
 #   gemm-tests    tests/gemm, 8 workers                                                             [GEMM_TESTS_S]
 #   attn-tests    tests/attention, 8 workers                                                        [ATTN_TESTS_S]
+#   paged-tests   tests/attention/test_forward_paged.py, 8 workers                                   [PAGED_TESTS_S]
 #   gemm-k        tests/gemm -k "$PYTEST_K", 8 workers                                              [PYTEST_S]
 #   stress        profiles/stress.py: a warm-up run (kernels compiled in parallel), then the same cases under
 #                 compute-sanitizer memcheck, racecheck, synccheck (each < 100 s warm); all in stress.log
@@ -40,7 +41,7 @@ py() { timeout "$1" python3 "${@:2}"; }
 quiet() { grep -v "Warning:\|warnings.warn"; }
 gpu_tests() {  # gpu_tests SECONDS LOG PATH... [pytest args]: GPU tests on 8 workers, the tail into $OUT/LOG
   local s=$1 log=$2; shift 2
-  py "$s" -m pytest -q -m gpu -n 8 -p no:cacheprovider "$@" 2>&1 | grep -v Warning | tail -n 60 | tee "$OUT/$log"
+  py "$s" -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:warnings --tb=short "$@" 2>&1 | tail -n 150 | tee "$OUT/$log"
 }
 for step in "$@"; do
   echo "=== $step $(date -u +%T)" | tee -a "$OUT/session.log"
@@ -48,6 +49,7 @@ for step in "$@"; do
     all-tests) gpu_tests "${TESTS_S:-540}" gpu-tests.log tests ;;
     gemm-tests) gpu_tests "${GEMM_TESTS_S:-400}" gemm-tests.log tests/gemm ;;
     attn-tests) gpu_tests "${ATTN_TESTS_S:-300}" attn-tests.log tests/attention ;;
+    paged-tests) gpu_tests "${PAGED_TESTS_S:-240}" paged-tests.log tests/attention/test_forward_paged.py ;;
     gemm-k) gpu_tests "${PYTEST_S:-300}" gemm-k.log tests/gemm -k "$PYTEST_K" ;;
     stress|sanitize) { py "${STRESS_WARM_S:-400}" profiles/stress.py --precompile ${STRESS_ARGS:-} 2>&1 | quiet
                 for tool in ${STRESS_TOOLS:-memcheck racecheck synccheck}; do echo "--- compute-sanitizer --tool $tool $(date -u +%T)"

@@ -21,8 +21,8 @@ multiples of 16 from 16 to 256 (``g`` >= 16).
 Device values are never trusted: the length is clamped to ``[0, max_pages * page_size]``
 (:func:`~.forward_seqlen.sequence_bounds`) and every page id to ``[0, num_pages)``, so bad values give
 wrong numbers, never an access outside the pool or the block table.  Block-table entries past a
-sequence's last used page are never read: a box wholly past the length is addressed past the end of
-its page, which the TMA unit zero-fills.  Rows of a sequence's last page past its length are loaded
+sequence's last used page are never read: a box wholly past the length is addressed one page past
+the pool, which the TMA unit zero-fills.  Rows of a sequence's last page past its length are loaded
 (a box is ``g`` rows) and masked; like the rows past a packed sequence (:mod:`.forward_seqlen`),
 they must hold finite values, since a zero weight times a NaN value is NaN.
 """
@@ -102,16 +102,18 @@ def produce_paged_tile(pipe, state, atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX
                        page_size: cutlass.Constexpr[int]):
     """KV tile ``n_block`` of sequence ``batch`` into the ring's next slot: ``tile_n / rows`` boxes
     signalling the slot's barrier (armed for the whole tile by ``producer_acquire``).  A box at or
-    past ``len_k`` reads no block-table entry and is addressed one box past the end of page 0, which
-    the TMA unit zero-fills (the same transaction bytes).  Returns the advanced state."""
+    past ``len_k`` reads no block-table entry and is addressed at page ``num_pages``, one past the
+    pool, which the TMA unit zero-fills (the same transaction bytes).  Not one box past the end of a
+    page: when a box is the whole page, the box mode has extent 1 and stride 0, so box index 1 would
+    alias row 0 of the page.  Returns the advanced state."""
     pipe.producer_acquire(state)
     bar = pipe.producer_get_barrier(state)
     # one box at a time: unrolled, the block-table loads of every box are hoisted and live together,
     # more than the producer's 24 registers hold
     for i in cutlass.range(tile_n // rows, unroll=1):
         row = n_block * tile_n + i * rows
-        page = Int32(0)
-        box = Int32(page_size // rows)  # past the page: zero-filled
+        page = Int32(num_pages)  # one page past the pool: the TMA unit zero-fills the whole box
+        box = Int32(0)
         if row < len_k:
             page_idx = row // page_size
             page = cutlass.min(cutlass.max(mBlockTable[batch, page_idx], 0), num_pages - 1)

@@ -41,11 +41,13 @@ def make_paged(lens_k, page_size, Hkv, D, dtype=torch.bfloat16, device="cpu", se
     seqused_k, ks, vs)`` with ``ks[b]`` / ``vs[b]`` (L_b, Hkv, D) the sequence's keys.  Rows of a last
     page past the length hold ``tail`` (finite, large: masking must remove them), pages no sequence
     uses hold ``unused`` (NaN to check they are never read), block-table columns past a sequence's
-    pages hold out-of-range ids (never read)."""
+    pages hold out-of-range ids (never read).  Pages 0 and ``num_pages - 1`` are always unused: an
+    address that falls back to page 0 (or the last page) by mistake reads NaN."""
+    assert extra_pages >= 2
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // page_size) for n in lens_k]
     num_pages = sum(need) + extra_pages
-    perm = torch.randperm(num_pages, generator=g)
+    perm = 1 + torch.randperm(num_pages - 2, generator=g)
     width = max(need + [1]) + extra_cols
     kp = torch.full((num_pages, page_size, Hkv, D), unused)
     vp = torch.full((num_pages, page_size, Hkv, D), unused)
@@ -371,11 +373,11 @@ def test_gpu_chunked_prefill_equals_one_prefill(page_size, D):
     ref, ref_lse = flash_attn(q, k, v, causal=True, return_lse=True)
     pages = -(-L // page_size)
     for bounds, exact in (((0, 384, 768, L), True), ((0, 300, 701, L), False)):
-        perm = torch.randperm(pages + 2, device="cuda")
-        order = perm[:pages].int()
-        # rows past the length of the last page: finite (the documented contract); unused pages NaN
+        order = (1 + torch.randperm(pages, device="cuda")).int()
+        # rows past the length of the last page: finite (the documented contract); the unused pages
+        # (0 and the last, where a wrong address would most likely fall) NaN
         kp = torch.zeros(pages + 2, page_size, Hkv, D, device="cuda").bfloat16()
-        kp[perm[pages:]] = NAN
+        kp[[0, pages + 1]] = NAN
         vp = kp.clone()
         bt = order[None].contiguous()
         outs, lses = [], []
