@@ -9,7 +9,7 @@ sliding window against FlashAttention-4's ``flash_attn_varlen_func`` / ``flash_a
 dense kernel at the same work (the code: :mod:`cute_kernels.tools.bench.attention_varlen`):
 
     python profiles/bench_attention.py --varlen [--quick] [--only varlen,window,paged] [--repeats N]
-                                       [--unverified-paged] [--tag T] [--out-dir DIR]
+                                       [--tag T] [--out-dir DIR]
                                        [--list | --dry-run]   (these two: no GPU)
 """
 

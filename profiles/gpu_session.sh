@@ -24,7 +24,6 @@
 #   bench-attention  profiles/bench_attention.py (the forward vs cuDNN / FA2 SDPA / FA4, + its MMA bound) [BENCH_S]
 #   bench-attention-varlen  profiles/bench_attention.py --varlen (issue 18: packed / windowed / paged vs FA4,
 #                 our dense kernel at the same work; ~2-3 min cold)       [BENCH_VARLEN_S, BENCH_VARLEN_ARGS]
-#                 (BENCH_VARLEN_ARGS=--unverified-paged times our paged kernel before its GPU tests pass)
 #   bench-quick   cute-kernels bench all --quick (gemm, attention, decode, model; ~1 min each)       [QUICK_S]
 #   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s)
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]

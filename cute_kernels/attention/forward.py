@@ -159,10 +159,6 @@ def _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_s
        scale * LOG2_E, wl, wr)
 
 
-#: the paged kernel runs only with this set until its GPU tests have passed (it has only compiled)
-UNVERIFIED_PAGED_ENV = "CUTE_KERNELS_UNVERIFIED_PAGED"
-
-
 def _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q: int, out, lse, causal: bool,
                   scale: float, window_left: int = -1, window_right: int = -1) -> None:
     """Paged K/V (:mod:`.forward_paged`) for validated CUDA tensors: out / lse as the dense call's
@@ -182,10 +178,6 @@ def _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q: i
     fn = get_forward_kernel(cfg)
     if fn is None:
         return
-    if os.environ.get(UNVERIFIED_PAGED_ENV, "0") in ("0", "", "false", "off"):
-        raise NotImplementedError(
-            "flash_attn: the paged K/V kernel (block_table) compiles but has not passed its GPU tests yet; "
-            f"set {UNVERIFIED_PAGED_ENV}=1 to run it anyway (tests/attention/test_forward_paged.py does)")
     LAUNCHES["flash_attn"] += 1
     wl, wr = _window_args(window_left, window_right)
     counter = tile_counter(q.device, cfg.tile.dynamic)
@@ -432,8 +424,6 @@ def flash_attn(
             Out-of-range lengths and page ids are clamped on the device (wrong numbers, no
             out-of-bounds access; ``checked`` raises).  Rows of a sequence's last page past its
             length are read and masked: they must be finite, as the rows around packed sequences.
-            Not yet run on a GPU: a launch raises NotImplementedError unless env
-            ``CUTE_KERNELS_UNVERIFIED_PAGED=1`` (validation and checked mode work regardless).
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
     argument before any launch; nothing synchronizes with the device (unless ``checked``); results are

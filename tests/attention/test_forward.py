@@ -136,7 +136,9 @@ def check_against_reference(o, lse, q, k, v, causal, softmax_scale=None, what=""
 
 def check_result(o, lse, ref, ref_lse, o_torch, what=""):
     """A (B, S, H, D) result against the float32 reference (ref, ref_lse) and torch's 16-bit attention
-    o_torch: per (batch, head) error within 2x torch's + 1e-4, the last query tile alone too; LSE
+    o_torch: per (batch, head) error within 2x torch's + 1e-4 or one unit of O's dtype at the head's
+    largest |ref| (a few-element head can leave torch's error near zero by luck; a rounding step is
+    not a fault), the last query tile alone too; LSE
     within 1e-3 where finite, -inf exactly where the row sees no key (and O = 0 there); no NaN
     anywhere (the buffers were poisoned)."""
     assert torch.isfinite(o).all(), f"{what}: NaN/inf in O (unwritten, 0/0 or overflow)"
@@ -145,7 +147,8 @@ def check_result(o, lse, ref, ref_lse, o_torch, what=""):
     last = slice(((Sq - 1) // q_tile_rows()) * q_tile_rows(), Sq)
     for rows, name in ((None, "all rows"), (last, f"last q tile {last.start}:{last.stop}")):
         ours, theirs = max_err_per_head(o, ref, rows), max_err_per_head(o_torch, ref, rows)
-        bad = ours > 2 * theirs + 1e-4
+        one_unit = torch.finfo(o.dtype).eps * max_err_per_head(torch.zeros_like(o), ref, rows)
+        bad = ours > torch.maximum(2 * theirs + 1e-4, one_unit)
         assert not bad.any(), (f"{what} ({name}): max|O - ref| {ours[bad].tolist()[:4]} > 2 x torch's "
                                f"{theirs[bad].tolist()[:4]} + 1e-4 at (batch, head) {bad.nonzero().tolist()[:4]}")
     empty = torch.isneginf(ref_lse)

@@ -23,11 +23,6 @@ from cute_kernels.testing import count_launches
 from test_forward_varlen import check_window_result, cu_seqlens, window_reference
 
 
-@pytest.fixture(autouse=True)
-def _run_the_unverified_paged_kernel(monkeypatch):
-    """The paged kernel launches only with this set until these GPU tests have passed once."""
-    monkeypatch.setenv(FW.UNVERIFIED_PAGED_ENV, "1")
-
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 NAN = float("nan")
@@ -448,16 +443,3 @@ def test_gpu_paged_cuda_graph_replays_shorter_lengths():
         eo, el = flash_attn(q, kp, vp, block_table=bt, seqused_k=sk, causal=True, return_lse=True)
         assert torch.equal(out, eo) and torch.equal(res["lse"], el), lens
 
-
-def test_paged_launch_needs_the_unverified_flag(monkeypatch):
-    """Without the flag, a valid paged call stops before any launch with a NotImplementedError."""
-    monkeypatch.delenv(FW.UNVERIFIED_PAGED_ENV, raising=False)
-    q = torch.randn(1, 16, 2, 64, dtype=torch.bfloat16)
-    k = torch.randn(2, 16, 2, 64, dtype=torch.bfloat16)
-    bt = torch.tensor([[0, 1]], dtype=torch.int32)
-    used = torch.tensor([20], dtype=torch.int32)
-    monkeypatch.setattr(FW, "get_forward_kernel", lambda cfg: (lambda *a: None))
-    monkeypatch.setattr(FW, "validate_paged", lambda q, *a, **kw: (0.125, 16))
-    with count_launches() as n, pytest.raises(NotImplementedError, match=FW.UNVERIFIED_PAGED_ENV):
-        flash_attn(q, k, k, block_table=bt, seqused_k=used)
-    assert n.as_dict() == {}

@@ -13,8 +13,7 @@ Cases (bf16, hq32 hkv8 d128, causal bottom-right; ``--quick``: smaller versions 
    the new tokens the last 2048 of the cache), pages of 64 in a shuffled order.  Ours: ``flash_attn(
    block_table=, seqused_k=)`` with q dense (8, 2048, 32, 128), else q packed (the first form ours
    accepts; FA4 is given the same form first).  Skipped with a note while ``flash_attn`` has no
-   ``block_table``, or while the kernel is held back until its GPU tests pass
-   (``CUTE_KERNELS_UNVERIFIED_PAGED`` unset; ``--unverified-paged`` sets it).  FA4:
+   ``block_table`` (an older version: the A/B runs).  FA4:
    ``flash_attn_varlen_func(page_table=, seqused_k=)``.
 
 FLOPs count only the unmasked (query, key) pairs, exactly (:func:`visible_pairs`): 4 * D * Hq * pairs,
@@ -439,8 +438,6 @@ def dry_run(selected) -> list:
                 calls = ours_calls(cc, inp) + ([dense_per_seq_call(cc, inp)] if cc.mode == "varlen" else [])
                 if not calls:
                     lines.append(f"{cc.name}: ours skipped (flash_attn has no block_table / seqused_k)")
-                elif cc.mode == "paged" and paged_gate():
-                    lines.append(f"{cc.name}: the real run skips ours unless --unverified-paged: {paged_gate()}")
                 errs = []
                 for form, run, get in calls:
                     try:
@@ -471,9 +468,6 @@ def build_parser(prog: str = "bench_attention.py --varlen") -> argparse.Argument
     ap.add_argument("--out", "--out-dir", dest="out", default=os.path.join("profiles", "results"),
                     help="folder for the JSON and markdown (default profiles/results)")
     ap.add_argument("--no-roofs", action="store_true", help="skip measuring the device's roofs (~10 s)")
-    ap.add_argument("--unverified-paged", action="store_true",
-                    help="run our paged kernel before its GPU tests have passed (sets CUTE_KERNELS_UNVERIFIED_PAGED=1; "
-                         "its output is checked against float32 and FA4 before timing; the paged case runs last)")
     ap.add_argument("--list", action="store_true", help="print the cases, their FLOPs and call forms; no GPU")
     ap.add_argument("--dry-run", action="store_true",
                     help="fake CUDA tensors of full size through flash_attn's validation; no GPU")
@@ -497,10 +491,6 @@ def main(argv: list | None = None, prog: str = "bench_attention.py --varlen") ->
     if not torch.cuda.is_available():
         print(f"{prog}: needs a CUDA device (--list and --dry-run run without one)")
         return 2
-    if args.unverified_paged:
-        from ...attention import forward as FW
-
-        os.environ[getattr(FW, "UNVERIFIED_PAGED_ENV", "CUTE_KERNELS_UNVERIFIED_PAGED")] = "1"
     tag = args.tag or ("quick" if args.quick else "")
     doc = run(selected, 1 if args.quick else args.repeats, args.quick, roofs=not args.no_roofs,
               on_row=lambda d: write(d, args.out, tag))

@@ -5,7 +5,6 @@ kernel per sequence) and FlashAttention-4's (``flash_attn_varlen_func`` / ``flas
 from __future__ import annotations
 
 import inspect
-import os
 
 from .attention_varlen_cases import Case
 
@@ -127,16 +126,9 @@ def fa4_calls(case: Case, inp: dict, fa4, fa4v, prefer_packed_q: bool = False) -
 
 
 def paged_gate() -> str:
-    """Why ours cannot run paged here ("" when it can): no ``block_table`` in ``flash_attn``, or the kernel
-    held back until its GPU tests pass (``forward.UNVERIFIED_PAGED_ENV`` unset; ``--unverified-paged``)."""
-    from ...attention import forward as FW
-
+    """Why ours cannot run paged here ("" when it can): no ``block_table`` in this version's ``flash_attn``."""
     if not paged_supported():
         return "flash_attn has no block_table / seqused_k in this version (paged K/V not merged yet)"
-    env = getattr(FW, "UNVERIFIED_PAGED_ENV", None)
-    if env and os.environ.get(env, "0") in ("0", "", "false", "off"):
-        return (f"the paged kernel is held back until its GPU tests pass ({env} unset; --unverified-paged sets it: "
-                "its output is still checked against float32 and FA4 before any timing)")
     return ""
 
 
