@@ -155,7 +155,7 @@ def _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_s
         return
     LAUNCHES["flash_attn"] += 1
     wl, wr = _window_args(window_left, window_right)
-    fn(q, k, v, out, lse, tile_counter(q.device, False), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
        scale * LOG2_E, wl, wr)
 
 
@@ -352,7 +352,7 @@ def _launcher(fn, q, lshape, dynamic: bool, packed=None):
         def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, want_lse):
             out, lse = outputs(out, want_lse)
             LAUNCHES["flash_attn"] += 1
-            run(q, k, v, out, lse, tile_counter(dev, False), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E, wl, wr)
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E, wl, wr)
             return out, lse
     launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn  # (fn owns run's CUDA library)
     return launch
@@ -547,7 +547,7 @@ def _prepare_varlen(key, q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: in
     cfg = plan(q.dtype, D, causal, varlen=True, window=window_left != -1 or window_right != -1)
     fn = get_forward_kernel(cfg)
     if fn is not None:
-        _launchers[key] = _launcher(fn, q, (Hq, total_q), False,
+        _launchers[key] = _launcher(fn, q, (Hq, total_q), cfg.tile.dynamic,
                                     (max_seqlen_q, max_seqlen_k, *_window_args(window_left, window_right)))
 
 

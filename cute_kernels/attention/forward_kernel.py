@@ -48,7 +48,6 @@ intra-warpgroup overlap and ping-pong is :mod:`~cute_kernels.attention.forward_m
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -85,7 +84,7 @@ class FlashFwdConfig:
     #: the MMA bound of the benchmark (profiles/bench_attention.py): P = S in 16 bits, no mask and no
     #: softmax, so only the two GEMMs and the data movement remain; its output is not attention
     mma_only: bool = False
-    #: packed (total, H, D) sequences with cu_seqlens (:mod:`.forward_seqlen`); one CTA per tile
+    #: packed (total, H, D) sequences with cu_seqlens (:mod:`.forward_seqlen`)
     varlen: bool = False
     #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
     window: bool = False
@@ -97,8 +96,6 @@ class FlashFwdConfig:
             raise ValueError(f"FlashFwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
         if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
             raise ValueError(f"FlashFwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
-        if self.varlen and self.tile.persistent:
-            raise ValueError("FlashFwdConfig: varlen runs one CTA per tile (no persistent schedule)")
         if self.window and self.causal:
             raise ValueError("FlashFwdConfig: a window config folds causal into its right side (causal=False)")
         if self.page_size and not fpg.page_size_ok(self.page_size):
@@ -112,13 +109,10 @@ class FlashFwdConfig:
 def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varlen: bool = False,
                window: bool = False, page_size: int = 0) -> FlashFwdConfig:
     """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
-    :func:`layouts.attention.fwd_tile`).  Varlen: the same tile without the persistent schedules (a
-    CTA's tile count would depend on the device's lengths; one CTA per tile, those past a sequence's
-    end exit at once).  Window: ``causal`` must be False (it is the window's right side).  Paged K/V:
+    :func:`layouts.attention.fwd_tile`).  Varlen: the same tile and schedule, over the sequences' real
+    query tiles (:mod:`.forward_seqlen`).  Window: ``causal`` must be False (it is the window's right side).  Paged K/V:
     ``page_size`` > 0, dense or packed q (whose schedule it keeps)."""
     tile = LA.fwd_tile(dtype, head_dim, bool(causal))
-    if varlen:
-        tile = dataclasses.replace(tile, persistent=False, dynamic=False)
     return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=tile, num_sms=int(num_sms),
                           varlen=bool(varlen), window=bool(window), page_size=int(page_size))
 
@@ -255,6 +249,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         rows_q = max_seqlen_q if const_expr(self.varlen) else seqlen_q
         num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
         num_tiles = num_m_blocks * num_heads * batch
+        if const_expr(self.varlen):  # the real count is the kernel's (fsl.varlen_num_tiles); this bounds it
+            num_tiles = cutlass.min(num_tiles, fsl.varlen_grid_bound(seqlen_q, batch, num_heads, self.tile_m))
         grid = num_tiles
         if const_expr(t.persistent):
             grid = cutlass.min(num_tiles, self.cfg.num_sms)
@@ -315,8 +311,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         # with the dynamic schedule, bid and then whatever the global counter hands the producer, which
         # passes each tile index to the consumers through sTile (written before the Q barrier is armed,
         # read after it completes).  Work is computed after setmaxnreg in each branch: values live
-        # across the register release would spill at the producer's 24 registers.
-        num_tiles = num_m_blocks * num_heads * num_batch
+        # across the register release would spill at the producer's 24 registers.  Varlen: each warp
+        # counts the real tiles (tiles past them end the loops; the grid is only a bound).
         sTile = storage.tile_slot.get_tensor(cute.make_layout(2))
         dynamic = const_expr(t.dynamic)
         if wg_idx == 0:
@@ -326,6 +322,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 lane = cute.arch.lane_idx()
+                num_tiles = self.num_tiles(num_m_blocks, num_heads, num_batch, mCuSeqlensQ, seqlen_q, max_seqlen_q)
                 tile = self.tile_of(0)
                 j = Int32(0)
                 while tile < num_tiles:
@@ -337,14 +334,10 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                     if const_expr(dynamic):
                         if lane == 0:
                             sTile[0] = tile  # released to the consumers by the Q barrier's arrive
-                    active = True
-                    if const_expr(self.varlen):  # a tile past its sequence's end: nothing to do (one tile per CTA)
-                        active = m_block * self.tile_m < len_q
-                    if active:
-                        k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
-                                                        pipe_v, k_state, v_state, m_block, head,
-                                                        head // qhead_per_kvhead, batch, n_max, off_q, off_k, n_min,
-                                                        len_k, mBlockTable)
+                    k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
+                                                    pipe_v, k_state, v_state, m_block, head,
+                                                    head // qhead_per_kvhead, batch, n_max, off_q, off_k, n_min,
+                                                    len_k, mBlockTable)
                     j += 1
                     if const_expr(dynamic):
                         tile = sched.next_dynamic_tile(mSched, lane)
@@ -363,6 +356,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
             read_k = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             read_v = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             j = Int32(0)
+            num_tiles = self.num_tiles(num_m_blocks, num_heads, num_batch, mCuSeqlensQ, seqlen_q, max_seqlen_q)
             if const_expr(dynamic):
                 q_ring.wait(0, j)
                 tile = sTile[0]
@@ -372,14 +366,10 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                 m_block, head, batch, off_q, len_q, _, len_k, n_min, n_max, n_lo, n_mask = self.tile_work(
                     tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch, mCuSeqlensQ,
                     mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mSeqUsedK)
-                active = True
-                if const_expr(self.varlen):
-                    active = m_block * self.tile_m < len_q
-                if active:
-                    read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
-                                                  pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, len_q, len_k,
-                                                  m_block, head, batch, n_max, n_mask, j, tidx - 128, warp_idx,
-                                                  off_q, n_min, n_lo, window_left, window_right, mO_rows)
+                read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
+                                              pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, len_q, len_k,
+                                              m_block, head, batch, n_max, n_mask, j, tidx - 128, warp_idx,
+                                              off_q, n_min, n_lo, window_left, window_right, mO_rows)
                 j += 1
                 if const_expr(dynamic):
                     q_ring.wait(0, j)
@@ -395,10 +385,11 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         return j * cute.arch.grid_dim()[0] + cute.arch.block_idx()[0]
 
     @cute.jit
-    def work_tile(self, tile, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch):
-        """(query tile, head, batch) of tile ``tile`` of the order :func:`~.forward_softmax.tile_coords`."""
-        return fs.tile_coords(tile, num_m_blocks, num_heads, num_batch, seqlen_k,
-                              qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes, self.causal)
+    def num_tiles(self, num_m_blocks, num_heads, num_batch, mCuSeqlensQ, seqlen_q, max_seqlen_q):
+        """The tiles of the launch: the grid's (dense), the sequences' real ones (varlen; warp-wide)."""
+        if const_expr(self.varlen):
+            return fsl.varlen_num_tiles(mCuSeqlensQ, num_batch, num_heads, seqlen_q, max_seqlen_q, self.tile_m)
+        return num_m_blocks * num_heads * num_batch
 
     @cute.jit
     def tile_work(self, tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
@@ -408,8 +399,12 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         len_q, offset_k, len_k, n_min, n_max, n_lo, n_mask)`` -- the sequence's rows
         (:func:`~.forward_seqlen.sequence_bounds`) and its KV tiles: ``n_min .. n_max - 1`` visited,
         ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0`` without a window)."""
-        schedule_k = max_seqlen_k if const_expr(self.varlen) else seqlen_k  # (L2 sections: a size hint)
-        m_block, head, batch = self.work_tile(tile, schedule_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch)
+        if const_expr(self.varlen):  # warp-wide (every lane of the calling warps)
+            m_block, head, batch = fsl.varlen_tile_coords(tile, mCuSeqlensQ, num_batch, num_heads, seqlen_q,
+                                                          max_seqlen_q, self.tile_m, self.causal)
+        else:
+            m_block, head, batch = fs.tile_coords(tile, num_m_blocks, num_heads, num_batch, seqlen_k,
+                                                  qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes, self.causal)
         off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK,
                                                          max_seqlen_q, max_seqlen_k, self.varlen, mSeqUsedK)
         n_min, n_lo = 0, 0

@@ -8,9 +8,14 @@ sequence ``b`` is rows ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1``.  The kernel v
 sequence's first row; rows a tile reads past the sequence's end belong to the next sequence (or are
 zero-filled past ``total``) and are masked (keys) or discarded (queries).
 
-Grid: ceil(max_seqlen_q / tile_m) query tiles per (head, sequence), one CTA each (no persistent
-schedule: a CTA's work would depend on the device's lengths); tiles past a sequence's end exit at
-once.  A tile wholly inside its sequence is stored by TMA, the sequence's partial last tile by
+Schedule: only the query tiles that exist are numbered -- ``tile = mt * H + head`` with ``mt`` the
+sequences' query tiles one after another (sequence 0's, then 1's ...; causal: the last, longest tile
+of a sequence first) -- and each warp that needs a tile's coordinates finds them with a warp-wide
+prefix sum of the tiles per sequence (:func:`varlen_tile_coords`, 32 sequences per step).  The host
+sizes the grid by a bound it knows without reading the lengths, ``(ceil(total_q / tile_m) + B) * H``
+(each sequence wastes less than one tile); the kernel counts the real tiles itself
+(:func:`varlen_num_tiles`), so the persistent and dynamic schedules of the dense kernel run varlen
+unchanged.  A tile wholly inside its sequence is stored by TMA, the sequence's partial last tile by
 :func:`store_rows_predicated` (a TMA store clips only at the tensor's end).
 
 The device values are never trusted: the first row is clamped to ``[0, total]``, the end to
@@ -49,6 +54,92 @@ def sequence_bounds(batch: Int32, seqlen_q: Int32, seqlen_k: Int32, mCuSeqlensQ,
     if const_expr(mSeqUsedK is not None):
         len_k = cutlass.min(cutlass.max(mSeqUsedK[batch], 0), seqlen_k)
     return offset_q, len_q, offset_k, len_k
+
+
+@cute.jit
+def _query_tiles(mCuSeqlensQ: cute.Tensor, batch: Int32, num_batch: Int32, total: Int32, max_seqlen: Int32,
+                 tile_m: cutlass.Constexpr[int]):
+    """Query tiles of sequence ``batch`` (its clamped length over ``tile_m``); 0 past the last sequence."""
+    tiles = Int32(0)
+    if batch < num_batch:
+        _, length = _clamped_sequence(mCuSeqlensQ, batch, total, max_seqlen)
+        tiles = (length + tile_m - 1) // tile_m
+    return tiles
+
+
+@cute.jit
+def _warp_inclusive_sum(x: Int32, lane: Int32):
+    """Lane i gets x(0) + ... + x(i) over the warp (every lane must call)."""
+    for i in cutlass.range_constexpr(5):
+        y = cute.arch.shuffle_sync_up(x, 1 << i)
+        if lane >= (1 << i):
+            x = x + y
+    return x
+
+
+@cute.jit
+def varlen_num_tiles(mCuSeqlensQ: cute.Tensor, num_batch: Int32, num_heads: Int32, total: Int32,
+                     max_seqlen: Int32, tile_m: cutlass.Constexpr[int]):
+    """Warp-wide (every lane calls; all get the result): the packed problem's tiles, sum over the
+    sequences of their query tiles, times the heads."""
+    lane = cute.arch.lane_idx()
+    count = Int32(0)
+    for b0 in cutlass.range(0, num_batch, 32, unroll=1):
+        tiles = _query_tiles(mCuSeqlensQ, b0 + lane, num_batch, total, max_seqlen, tile_m)
+        count = count + cute.arch.shuffle_sync(_warp_inclusive_sum(tiles, lane), 31)
+    return count * num_heads
+
+
+@cute.jit
+def varlen_tile_coords(tile: Int32, mCuSeqlensQ: cute.Tensor, num_batch: Int32, num_heads: Int32, total: Int32,
+                       max_seqlen: Int32, tile_m: cutlass.Constexpr[int], longest_first: cutlass.Constexpr[bool]):
+    """Warp-wide: ``(m_block, head, batch)`` of tile ``tile < varlen_num_tiles(...)`` (the module
+    docstring's order; ``longest_first``: a sequence's query tiles last to first).  Each step takes 32
+    sequences: lane i the tiles of one, an inclusive prefix sum, and the first lane whose sum passes
+    the tile's rank is its sequence (a ballot's population count)."""
+    lane = cute.arch.lane_idx()
+    mt = tile // num_heads
+    head = tile - mt * num_heads
+    m_block, batch = Int32(0), Int32(0)
+    base = Int32(0)  # query tiles of the sequences before this step's
+    b0 = Int32(0)
+    limit = num_batch
+    while b0 < limit:
+        tiles = _query_tiles(mCuSeqlensQ, b0 + lane, num_batch, total, max_seqlen, tile_m)
+        incl = _warp_inclusive_sum(tiles, lane)
+        step = cute.arch.shuffle_sync(incl, 31)
+        rank = mt - base
+        if rank < step:  # warp-uniform: the tile's sequence is in this step
+            first = cute.arch.popc(cute.arch.vote_ballot_sync(incl <= rank))
+            tiles_b = cute.arch.shuffle_sync(tiles, first)
+            local = rank - (cute.arch.shuffle_sync(incl, first) - tiles_b)
+            batch = b0 + first
+            m_block = local
+            if const_expr(longest_first):
+                m_block = tiles_b - 1 - local
+            limit = Int32(0)
+        base = base + step
+        b0 = b0 + 32
+    return m_block, head, batch
+
+
+def varlen_tile_coords_py(tile: int, lens_q: list, num_heads: int, tile_m: int, longest_first: bool):
+    """:func:`varlen_tile_coords` in plain Python (lengths already clamped); the tests check it walks
+    every (m_block, head, batch) of the real tiles exactly once."""
+    mt, head = divmod(tile, num_heads)
+    for b, n in enumerate(lens_q):
+        tiles = -(-n // tile_m)
+        if mt < tiles:
+            return (tiles - 1 - mt if longest_first else mt), head, b
+        mt -= tiles
+    raise IndexError(f"tile {tile} past the {sum(-(-n // tile_m) for n in lens_q) * num_heads} tiles")
+
+
+def varlen_grid_bound(total_q: int, num_batch: int, num_heads: int, tile_m: int) -> int:
+    """The host's bound on the tiles of a packed problem without reading its lengths: each sequence's
+    last tile is partial at most, so ``sum(ceil(L_b / tile_m)) <= ceil(total_q / tile_m) + B``.
+    Python ints or the host entry's traced values alike."""
+    return ((total_q + tile_m - 1) // tile_m + num_batch) * num_heads
 
 
 def sequence_rows(mX: cute.Tensor, head, batch, offset, varlen: bool) -> cute.Tensor:

@@ -287,14 +287,15 @@ EXT_CONFIGS = [(True, False, False), (True, False, True), (False, True, False), 
 @pytest.mark.parametrize("varlen,window,causal", EXT_CONFIGS,
                          ids=["varlen", "varlen-causal", "window", "varlen-window"])
 def test_varlen_window_compile_without_spills(varlen, window, causal, head_dim):
-    """Varlen / window configurations compile for sm_90a with no local-memory traffic; varlen has
-    no persistent schedule; a window adds the left-edge loop (one more QK + PV body)."""
+    """Varlen / window configurations compile for sm_90a with no local-memory traffic; varlen keeps
+    the dense tile's schedule (persistent, dynamic when causal); a window adds the left-edge loop
+    (one more QK + PV body)."""
     from cute_kernels.attention.forward_kernel import fwd_config, forward_builder
     from cute_kernels.tools import inspect as ins
 
     cfg = fwd_config("bfloat16", head_dim, causal, varlen=varlen, window=window)
     assert cfg.varlen == varlen and cfg.window == window
-    assert not (varlen and cfg.tile.persistent)
+    assert cfg.tile == fwd_config("bfloat16", head_dim, causal, window=window).tile
     rep = ins.inspect_builder(forward_builder(cfg))
     assert len(rep.kernels) == 1
     k = rep.kernels[0]
@@ -315,8 +316,8 @@ def test_window_config_rules():
 
     with pytest.raises(ValueError, match="folds causal"):
         fwd_config("bfloat16", 128, True, window=True)
-    with pytest.raises(ValueError, match="persistent"):
-        FlashFwdConfig("bfloat16", 128, False, LA.fwd_tile("bfloat16", 128, False), varlen=True)
+    with pytest.raises(ValueError, match="does not match"):
+        FlashFwdConfig("bfloat16", 128, False, LA.fwd_tile("bfloat16", 64, False), varlen=True)
     assert fwd_config("bfloat16", 128, False) != fwd_config("bfloat16", 128, False, window=True)
 
 

@@ -269,7 +269,7 @@ def test_varlen_and_window_plans():
         with jit.dry_run() as dry:
             FW._launch_varlen(q, k, v, cq, ck, mq, mq, out, lse, False, 0.1)
         seen.update(dry.seen)
-    assert seen == {("flash_attn_fwd", want)} and want.varlen and not want.tile.persistent
+    assert seen == {("flash_attn_fwd", want)} and want.varlen and want.tile == FW.plan(torch.bfloat16, 128, False).tile
     cfgs = set()
     for window in ((3, 0), (100, 7), (0, -1)):
         q, k, v = make_qkv(1, 33, 40, 4, 2, 128)
@@ -278,6 +278,29 @@ def test_varlen_and_window_plans():
         cfgs.update(c for _, c in dry.seen)
     assert len(cfgs) == 1 and next(iter(cfgs)).window and not next(iter(cfgs)).causal
     assert FW.plan(torch.bfloat16, 128, True, window=True) == FW.plan(torch.bfloat16, 128, False, window=True)
+
+
+@pytest.mark.parametrize("longest_first", [False, True])
+def test_varlen_tile_order_walks_every_tile_once(longest_first):
+    """The kernel's packed tile order (:func:`forward_seqlen.varlen_tile_coords`, its Python twin):
+    every (m_block, head, sequence) of the real tiles exactly once, heads fastest, a sequence's tiles
+    last to first when longest_first, and never more tiles than the host's grid bound."""
+    from cute_kernels.attention import forward_seqlen as fsl
+
+    rng = torch.Generator().manual_seed(0)
+    for lens in ([1], [0, 0, 5], [128, 129, 0, 1, 255, 256, 257], torch.randint(0, 700, (75,), generator=rng).tolist()):
+        for H, tm in ((1, 128), (3, 192), (8, 64)):
+            tiles = sum(-(-n // tm) for n in lens) * H
+            assert tiles <= fsl.varlen_grid_bound(sum(lens), len(lens), H, tm)
+            got = [fsl.varlen_tile_coords_py(t, lens, H, tm, longest_first) for t in range(tiles)]
+            want = {(m, h, b) for b, n in enumerate(lens) for m in range(-(-n // tm)) for h in range(H)}
+            assert len(got) == len(set(got)) and set(got) == want
+            assert [h for _, h, _ in got] == [t % H for t in range(tiles)]
+            for t in range(H, tiles):
+                (m0, _, b0), (m1, _, b1) = got[t - H], got[t]
+                assert b1 > b0 or (m1 == (m0 - 1 if longest_first else m0 + 1) and b1 == b0)
+            with pytest.raises(IndexError):
+                fsl.varlen_tile_coords_py(tiles, lens, H, tm, longest_first)
 
 
 def test_varlen_empty_problems_launch_nothing():
@@ -408,6 +431,8 @@ VARLEN_LENGTHS = [  # (lengths q, lengths k)
     ([17, 191, 192, 193, 0, 1], [400, 17, 257, 193, 5, 1]),
     ([1013, 509, 2, 257], [1013, 1021, 64, 31]),
     ([2048, 1, 4097], [2048, 4097, 1]),
+    # 70 sequences: three 32-sequence steps of the tile lookup, empty ones at and across step edges
+    ([(i * 37) % 300 if i % 31 else 0 for i in range(70)], [(i * 53) % 400 + (i % 3) for i in range(70)]),
 ]
 
 
