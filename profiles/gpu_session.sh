@@ -6,6 +6,7 @@
 #   gemm-tests    tests/gemm, 8 workers                                                             [GEMM_TESTS_S]
 #   attn-tests    tests/attention, 8 workers                                                        [ATTN_TESTS_S]
 #   paged-tests   tests/attention/test_forward_paged.py, 8 workers                                   [PAGED_TESTS_S]
+#   attn-k        tests/attention -k "$PYTEST_K", 8 workers                                          [PYTEST_S]
 #   gemm-k        tests/gemm -k "$PYTEST_K", 8 workers                                              [PYTEST_S]
 #   stress        profiles/stress.py: a warm-up run (kernels compiled in parallel), then the same cases under
 #                 compute-sanitizer memcheck, racecheck, synccheck (each < 100 s warm); all in stress.log
@@ -49,6 +50,7 @@ for step in "$@"; do
     gemm-tests) gpu_tests "${GEMM_TESTS_S:-400}" gemm-tests.log tests/gemm ;;
     attn-tests) gpu_tests "${ATTN_TESTS_S:-300}" attn-tests.log tests/attention ;;
     paged-tests) gpu_tests "${PAGED_TESTS_S:-240}" paged-tests.log tests/attention/test_forward_paged.py ;;
+    attn-k) gpu_tests "${PYTEST_S:-300}" attn-k.log tests/attention -k "$PYTEST_K" ;;
     gemm-k) gpu_tests "${PYTEST_S:-300}" gemm-k.log tests/gemm -k "$PYTEST_K" ;;
     stress|sanitize) { py "${STRESS_WARM_S:-400}" profiles/stress.py --precompile ${STRESS_ARGS:-} 2>&1 | quiet
                 for tool in ${STRESS_TOOLS:-memcheck racecheck synccheck}; do echo "--- compute-sanitizer --tool $tool $(date -u +%T)"

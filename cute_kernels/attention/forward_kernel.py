@@ -110,9 +110,12 @@ def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varl
                window: bool = False, page_size: int = 0) -> FlashFwdConfig:
     """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
     :func:`layouts.attention.fwd_tile`).  Varlen: the same tile and schedule, over the sequences' real
-    query tiles (:mod:`.forward_seqlen`).  Window: ``causal`` must be False (it is the window's right side).  Paged K/V:
+    query tiles (:mod:`.forward_seqlen`).  Window: ``causal`` must be False (it is the window's right
+    side); its tiles are uneven, so it takes causal's schedule (dynamic, longest first).  Paged K/V:
     ``page_size`` > 0, dense or packed q (whose schedule it keeps)."""
     tile = LA.fwd_tile(dtype, head_dim, bool(causal))
+    if window:  # uneven tiles, as causal: the dynamic schedule where the tile is persistent
+        tile = LA.fwd_tile(dtype, head_dim, True)
     return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=tile, num_sms=int(num_sms),
                           varlen=bool(varlen), window=bool(window), page_size=int(page_size))
 
@@ -139,6 +142,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         self.paged = cfg.paged
         self.page_size = cfg.page_size
         self.box_rows = fpg.box_rows(cfg.page_size, t.tile_n) if cfg.paged else 0
+        # tiles of causal and windowed problems differ in work: walk them last (longest) to first
+        self.longest_first = cfg.causal or cfg.window
 
     # ---------------------------------------------------------------- host entries (traced once)
     @cute.jit
@@ -401,10 +406,11 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0`` without a window)."""
         if const_expr(self.varlen):  # warp-wide (every lane of the calling warps)
             m_block, head, batch = fsl.varlen_tile_coords(tile, mCuSeqlensQ, num_batch, num_heads, seqlen_q,
-                                                          max_seqlen_q, self.tile_m, self.causal)
+                                                          max_seqlen_q, self.tile_m, self.longest_first)
         else:
             m_block, head, batch = fs.tile_coords(tile, num_m_blocks, num_heads, num_batch, seqlen_k,
-                                                  qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes, self.causal)
+                                                  qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes,
+                                                  self.longest_first)
         off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK,
                                                          max_seqlen_q, max_seqlen_k, self.varlen, mSeqUsedK)
         n_min, n_lo = 0, 0
