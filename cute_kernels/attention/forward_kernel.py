@@ -32,16 +32,17 @@ K/V rows >= Sk and Q rows >= Sq are zero-filled by the TMA unit: no out-of-bound
 
 Packed sequences (``FlashFwdConfig.varlen``) and sliding windows (``FlashFwdConfig.window``) are
 compile-time flags (the dense configurations compile to the same code): see
-:mod:`~cute_kernels.attention.forward_seqlen` (per-sequence rows, one CTA per tile, the partial last
-tile's predicated store) and :func:`~.forward_softmax.kv_tile_range_window` (KV walk bounded on both sides).  Paged K/V
+:mod:`~cute_kernels.attention.forward_seqlen` (per-sequence rows, the packed tile order, the partial
+last tile's predicated store) and :func:`~.forward_softmax.kv_tile_range_window` (KV walk bounded on both sides).  Paged K/V
 (``FlashFwdConfig.page_size``, with dense or packed q) changes only the producer's K / V addressing
 and the key lengths (:mod:`~cute_kernels.attention.forward_paged`); the epilogue is
 :mod:`~cute_kernels.attention.forward_epilogue`.
 
-Schedule (:mod:`~cute_kernels.attention.forward_softmax` ``tile_coords``): causal tiles are ordered
-longest-first within L2 sections of heads, non-causal ones head-major.  One CTA per tile, or
-persistent CTAs (``FwdTile.persistent``) that walk the order with a fixed stride or, for causal
-(``FwdTile.dynamic``), take their next tile from a global counter
+Schedule (:mod:`~cute_kernels.attention.forward_softmax` ``tile_coords``): causal and windowed tiles
+are ordered longest-first within L2 sections of heads, the others head-major; packed sequences
+number only their real tiles (``forward_seqlen.varlen_tile_coords``).  One CTA per tile, or
+persistent CTAs (``FwdTile.persistent``) that walk the order with a fixed stride or, for causal and
+windows (``FwdTile.dynamic``), take their next tile from a global counter
 (:func:`~cute_kernels.common.scheduler.next_dynamic_tile`).  The consumers' KV loop with its
 intra-warpgroup overlap and ping-pong is :mod:`~cute_kernels.attention.forward_mainloop`.
 """
