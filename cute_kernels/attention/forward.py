@@ -35,7 +35,7 @@ from ..testing import LAUNCHES
 from . import forward_kernel
 from .forward_softmax import WINDOW_UNBOUNDED
 from .forward_validate import (HEAD_DIMS, _check_ptrs, _err, _scale, check_cu_seqlens, check_paged_values,  # noqa: F401
-                               check_window, validate, validate_paged, validate_varlen)
+                               check_unsupported, check_window, validate, validate_paged, validate_varlen)
 
 __all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_cu_seqlens", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
@@ -378,6 +378,9 @@ def flash_attn(
     checked: Optional[bool] = None,
     block_table: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ):
     """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
 
@@ -424,12 +427,15 @@ def flash_attn(
             Out-of-range lengths and page ids are clamped on the device (wrong numbers, no
             out-of-bounds access; ``checked`` raises).  Rows of a sequence's last page past its
             length are read and masked: they must be finite, as the rows around packed sequences.
+        dropout_p, softcap, alibi_slopes: FlashAttention's; only 0 / 0 / None (a ValueError otherwise).
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
     argument before any launch; nothing synchronizes with the device (unless ``checked``); results are
     bitwise repeatable.  Unchecked calls never read cu_seqlens on the host: a CUDA graph captured
     with given max_seqlen replays correctly for any lengths up to them.
     """
+    if alibi_slopes is not None or type(dropout_p) is not float or type(softcap) is not float or dropout_p or softcap:
+        check_unsupported(dropout_p, softcap, alibi_slopes)
     if block_table is not None or seqused_k is not None:
         return _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
                                  max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k)

@@ -25,6 +25,18 @@ def _err(cls, msg):
     raise cls(f"flash_attn: {msg}")
 
 
+def check_unsupported(dropout_p, softcap, alibi_slopes) -> None:
+    """The FlashAttention arguments this forward does not implement: accepted at their neutral values
+    (0, 0, None), anything else a ``ValueError`` (``TypeError`` for a non-number) naming the argument."""
+    for name, value, what in (("dropout_p", dropout_p, "dropout"), ("softcap", softcap, "score softcapping")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _err(TypeError, f"{name} must be a float, got {type(value).__name__}")
+        if value != 0:
+            _err(ValueError, f"{name}={value!r}: {what} is not supported (an inference forward); pass 0")
+    if alibi_slopes is not None:
+        _err(ValueError, "alibi_slopes: ALiBi is not supported; pass None")
+
+
 def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> float:
     """Every check the host can make without the device's data; raises ``TypeError`` / ``ValueError``
     naming the argument, and returns the softmax scale (default 1/sqrt(D)).  ``check_ptrs=False``

@@ -225,6 +225,14 @@ BAD_INPUTS = [  # (make kwargs, exception, message pattern naming the argument)
     ("scale-nan", lambda: _base(softmax_scale=NAN), ValueError, "softmax_scale"),
     ("scale-string", lambda: _base(softmax_scale="big"), TypeError, "softmax_scale"),
     ("scale-tensor", lambda: _base(softmax_scale=torch.tensor(0.1)), TypeError, "softmax_scale must be a Python number"),
+    ("dropout", lambda: _base(dropout_p=0.1), ValueError, r"dropout_p=0.1: dropout is not supported"),
+    ("dropout-string", lambda: _base(dropout_p="0.1"), TypeError, "dropout_p must be a float"),
+    ("dropout-tensor", lambda: _base(dropout_p=torch.tensor(0.0)), TypeError, "dropout_p must be a float"),
+    ("softcap", lambda: _base(softcap=30.0), ValueError, "softcap=30.0: score softcapping is not supported"),
+    ("alibi", lambda: _base(alibi_slopes=torch.ones(8)), ValueError, "alibi_slopes: ALiBi is not supported"),
+    ("alibi-packed", lambda: _base(alibi_slopes=torch.ones(8), cu_seqlens_q=torch.zeros(3, dtype=torch.int32)),
+     ValueError, "alibi_slopes"),
+    ("neutral-extras", lambda: _base(dropout_p=0, softcap=0.0, alibi_slopes=None), ValueError, "q is on cpu"),
     ("cpu-tensors", lambda: _base(), ValueError, r"q is on cpu; flash_attn runs on CUDA tensors"),
 ]
 
