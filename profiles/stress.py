@@ -23,7 +23,7 @@ counts 1 / several / more than tiles / auto, GQA and MQA, Sq 1..16 causal and no
 lengths; merge_states (1 / 3 / 33 parts, empty parts, strided parts, fp32 / bf16 / fp16); the attention
 forward at head dims 64 / 96 / 128 / 256, causal and not, GQA, lengths 1 / 17 / 129 / 1000 in Q and K
 (rows that see no key), fp16, a (B, H, S, D) view; packed batches (empty and length-1 sequences, rows
-past the last sequence) and sliding windows, dense and packed.
+past the last sequence), sliding windows, dense and packed, and paged K/V (pages of 16 / 48 / 64).
 """
 
 from __future__ import annotations
@@ -114,6 +114,10 @@ def cases() -> list[dict]:
         FWD(2, 150, 300, 2, 1, 256, lens=[[150, 300], [3, 7]], window=(100, 20)),
         FWD(2, 700, 1000, 4, 2, 128, causal=True, window=(129, 0)),
         FWD(1, 300, 300, 4, 4, 64, window=(0, 0)),
+        # paged K/V (shuffled pages, unused ones NaN) under packed queries: a box per page, several per tile
+        FWD(4, 200, 300, 4, 2, 128, causal=True, lens=[[0, 5], [1, 1], [200, 300], [130, 17]], pad=2, page=16),
+        FWD(3, 150, 260, 4, 1, 64, lens=[[150, 0], [17, 260], [129, 129]], page=64),
+        FWD(2, 129, 400, 2, 2, 256, causal=True, lens=[[129, 400], [5, 7]], window=(100, 0), page=48),
     ]
     for i, c in enumerate(cs):
         c["seed"] = 1000 + i

@@ -229,7 +229,7 @@ def gen_merge(rng: random.Random) -> dict:
 
 def flash_case(b, sq, sk, hq, hkv, d, **kw) -> dict:
     c = dict(op="flash_attn", b=b, sq=sq, sk=sk, hq=hq, hkv=hkv, d=d, causal=False, dtype="bfloat16",
-             layout="bshd", qscale=1.0, seed=0, window=None, lens=None, pad=0)
+             layout="bshd", qscale=1.0, seed=0, window=None, lens=None, pad=0, page=0)
     unknown = set(kw) - set(c)
     if unknown:
         raise ValueError(f"flash_case: unknown keys {sorted(unknown)}")
@@ -268,6 +268,9 @@ def gen_flash(rng: random.Random) -> dict:
                 for _ in range(n)]
         kw.update(lens=lens, layout="bshd", pad=rng.choice((0, 1, 3)))
         b = n
+        side = random.Random(kw["seed"])  # (its own stream: the other cases of a seed stay as they were)
+        if side.random() < 0.4:  # the keys in a paged cache: shuffled pages, unused ones NaN
+            kw["page"] = side.choice((16, 48, 64, 256))
     return flash_case(b, sq, sk, g * hkv, hkv, d, **kw)
 
 
@@ -477,9 +480,11 @@ def plan_case(c: dict) -> tuple[list, str]:
         from cute_kernels.attention.forward_validate import check_window
 
         causal, window = check_window(tuple(c["window"] or (-1, -1)), c["causal"])
-        cfg = FW.plan(DT[c["dtype"]], c["d"], causal, varlen=c["lens"] is not None, window=window is not None)
+        cfg = FW.plan(DT[c["dtype"]], c["d"], causal, varlen=c["lens"] is not None, window=window is not None,
+                      page_size=c.get("page", 0))
         desc = f"tile {cfg.tile.tile_m}x{cfg.tile.tile_n}"
         desc += " varlen" if c["lens"] is not None else ""
+        desc += f" paged{c['page']}" if c.get("page") else ""
         desc += " window" if window is not None else ""
         return [("flash_attn_fwd", cfg)], desc
     if op == "merge_states":
@@ -575,6 +580,7 @@ def case_name(c: dict) -> str:
     if c.get("lens") is not None:
         lens = c["lens"] if len(c["lens"]) <= 3 else c["lens"][:3] + ["..."]
         s += f" packed{lens}" + (f" pad{c['pad']}" if c["pad"] else "")
+        s += f" pages of {c['page']}" if c.get("page") else ""
     return s + (f" q*{c['qscale']:g}" if c["qscale"] != 1.0 else "")
 
 
@@ -947,7 +953,8 @@ def run_flash(c: dict, ref_dev: str = "cuda") -> dict:
 def run_flash_packed(c: dict, ref_dev: str = "cuda") -> dict:
     """A packed (variable-length) batch: sequences of ``c["lens"]`` (query, key) rows back to back,
     ``c["pad"]`` rows after the last one that belong to no sequence (NaN-poisoned in out: never
-    written); each sequence against its own float32 reference."""
+    written); each sequence against its own float32 reference.  ``c["page"]``: the keys in a paged
+    cache instead (:func:`paged_pools`), q still packed."""
     ck = _ck()
     dt = DT[c["dtype"]]
     g = _gen(ref_dev, c["seed"])
@@ -962,9 +969,14 @@ def run_flash_packed(c: dict, ref_dev: str = "cuda") -> dict:
     window = tuple(c["window"]) if c.get("window") else None
     out = torch.full((tq, Hq, D), NAN, dtype=dt, device=RUN_DEV)
     i32 = dict(dtype=torch.int32, device=RUN_DEV)
-    o, lse = ck.flash_attn(q.to(RUN_DEV), k.to(RUN_DEV), v.to(RUN_DEV), causal=c["causal"], out=out, return_lse=True,
-                           cu_seqlens_q=torch.tensor(cu_q, **i32), cu_seqlens_k=torch.tensor(cu_k, **i32),
-                           max_seqlen_q=max(lq), max_seqlen_k=max(lk), window_size=window or (-1, -1))
+    kv = dict(cu_seqlens_k=torch.tensor(cu_k, **i32), max_seqlen_k=max(lk))
+    kd, vd = k.to(RUN_DEV), v.to(RUN_DEV)
+    if c.get("page"):
+        kd, vd, bt = paged_pools(k, v, cu_k, c["page"], g)
+        kv = dict(block_table=bt, seqused_k=torch.tensor(lk, **i32))
+    o, lse = ck.flash_attn(q.to(RUN_DEV), kd, vd, causal=c["causal"], out=out, return_lse=True,
+                           cu_seqlens_q=torch.tensor(cu_q, **i32), max_seqlen_q=max(lq),
+                           window_size=window or (-1, -1), **kv)
     _sync()
     n = cu_q[-1]
     ref = torch.zeros(n, Hq, D, device=ref_dev)
@@ -981,6 +993,28 @@ def run_flash_packed(c: dict, ref_dev: str = "cuda") -> dict:
     elif pad and not torch.isnan(out[n:]).all():
         res.update(ok=False, msg=f"wrote {int((~torch.isnan(out[n:])).sum())} elements into the {pad} rows past the sequences")
     return res
+
+
+def paged_pools(k, v, cu_k, page, g):
+    """Packed keys (total_k, Hkv, D) as page pools on the run device: each sequence's rows in
+    shuffled pages (pages 0 and last never used, NaN like every unused page; rows of a last page
+    past its length 0), the block table's unused entries -1 (never read).  Returns (k, v, table)."""
+    lk = [b - a for a, b in zip(cu_k[:-1], cu_k[1:])]
+    need = [-(-n // page) for n in lk]
+    num = sum(need) + 2
+    order = (1 + torch.randperm(num - 2, generator=g, device=g.device)).tolist()
+    pools = [torch.full((num, page) + tuple(k.shape[1:]), NAN, dtype=k.dtype, device=k.device) for _ in (k, v)]
+    table = torch.full((len(lk), max(need + [1])), -1, dtype=torch.int32)
+    nxt = 0
+    for b, n in enumerate(lk):
+        for p in range(need[b]):
+            pid, rows = order[nxt], slice(cu_k[b] + p * page, cu_k[b] + min((p + 1) * page, n))
+            nxt += 1
+            table[b, p] = pid
+            for pool, src in zip(pools, (k, v)):
+                pool[pid].zero_()
+                pool[pid, : rows.stop - rows.start] = src[rows]
+    return pools[0].to(RUN_DEV), pools[1].to(RUN_DEV), table.to(RUN_DEV)
 
 
 def run_merge(c: dict, ref_dev: str = "cuda") -> dict:

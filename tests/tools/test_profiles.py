@@ -53,6 +53,7 @@ def test_scripts_import_only_existing_siblings():
 
 
 # ---------------------------------------------------------------------------- stress.py / sweep.py (issue 19)
+import itertools  # noqa: E402
 import importlib  # noqa: E402
 import math  # noqa: E402
 import subprocess  # noqa: E402
@@ -256,9 +257,15 @@ class _Fake:
         return out
 
     def flash_attn(self, q, k, v, causal=False, out=None, return_lse=False, window_size=(-1, -1),
-                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                   block_table=None, seqused_k=None):
         window = None if tuple(window_size) == (-1, -1) else tuple(window_size)
         scale = q.shape[-1] ** -0.5
+        if block_table is not None:  # paged: gather each sequence's keys from its pages
+            ps, used = k.shape[1], seqused_k.tolist()
+            ids = [block_table[b, : -(-n // ps)].long() for b, n in enumerate(used)]
+            k, v = (torch.cat([t[i].reshape(-1, *t.shape[2:])[:n] for i, n in zip(ids, used)]) for t in (k, v))
+            cu_seqlens_k = torch.tensor([0] + list(itertools.accumulate(used)))
         if cu_seqlens_q is not None:  # packed: per sequence; rows past the last one left alone
             cq, ckv = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
             lse = torch.full((q.shape[1], q.shape[0]), float("nan"))
@@ -322,6 +329,7 @@ def test_stress_covers_every_kernel_and_mode():
     assert {c["page"] for c in dec} >= {0, 16, 64, 256} and any(c["sq"] > 1 and c["causal"] for c in dec)
     fw = [c for c in cs if c["op"] == "flash_attn"]
     assert {(c["d"], c["causal"]) for c in fw} == {(d, k) for d in (64, 96, 128, 256) for k in (False, True)}
+    assert {16, 48, 64} <= {c["page"] for c in fw} and any(c["page"] and c["window"] for c in fw)
     assert {1, 17, 129, 1000} <= {c["sq"] for c in fw} and {17, 129, 1000} <= {c["sk"] for c in fw}
     assert sum(c["op"] == "merge_states" for c in cs) >= 3
     assert len(st.select(st.cases(), ["gemm"], None)) == sum(c["op"] == "gemm" for c in cs)
