@@ -76,8 +76,9 @@ def representative_builders() -> list[tuple[str, Callable]]:
         from ..attention import forward_kernel as FK
 
         for label, D, causal in (("bf16 d128 causal", 128, True), ("bf16 d128", 128, False), ("bf16 d64", 64, False)):
-            out.append((f"flash_attn forward {label} (TMA K/V rings, 2 consumer warpgroups, P from registers)",
-                        FK.forward_builder(FK.fwd_config("bfloat16", D, causal))))
+            cfg = FK.fwd_config("bfloat16", D, causal)
+            out.append((f"flash_attn forward {label} (TMA K/V rings, {cfg.tile.consumer_warpgroups} consumer "
+                        "warpgroups, P from registers)", FK.forward_builder(cfg)))
     except ImportError as e:  # pragma: no cover - attention modules missing
         out.append((f"attention kernels unavailable: {e}", None))
     return out
