@@ -26,7 +26,6 @@ host (this synchronizes).
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
@@ -271,20 +270,6 @@ _FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _launchers: dict = {}
 #: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
 _KERNEL_DEVICES = ("cuda",)
-# CUTE_KERNELS_CHECKED is read on every call (tests set it mid-process), from os.environ's backing
-# dict: os.environ.get encodes the key on each call (~0.5 us)
-_ENV = getattr(os.environ, "_data", None)
-_ENV_CHECKED = os.environ.encodekey("CUTE_KERNELS_CHECKED") if _ENV is not None and hasattr(
-    os.environ, "encodekey") else None
-
-
-def _checked_env() -> bool:
-    """``checked_default(None)``: the variable is usually unset, which one dict lookup tells."""
-    if _ENV_CHECKED is not None and _ENV_CHECKED not in _ENV:
-        return False
-    return _plan_mod.checked_default(None)
-
-
 def _key(q, k, v, s, bt, out, ws, num_splits, causal) -> tuple:
     """Everything :func:`~.decode_plan.validate` and the plan read from a call: shapes, strides, dtypes
     and devices (``get_device()``: -1 for every non-CUDA device, which never has a launcher) of every
@@ -420,7 +405,7 @@ def decode_attn(
                 hit = None
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        if hit is not None and (checked is False or not _checked_env()):
+        if hit is not None and (checked is False or not _plan_mod.checked_env()):
             ts = type(softmax_scale)
             if softmax_scale is None:
                 softmax_scale = hit.default_scale

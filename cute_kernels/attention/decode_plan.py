@@ -94,9 +94,25 @@ def workspace_numel(num_splits: int, batch: int, seqlen_q: int, heads_q: int, he
 
 
 def checked_default(checked: Optional[bool]) -> bool:
+    """``checked``, or env ``CUTE_KERNELS_CHECKED`` when None (decode_attn and flash_attn alike)."""
     if checked is not None:
         return bool(checked)
     return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
+
+
+# CUTE_KERNELS_CHECKED is read on every call (tests set it mid-process), from os.environ's backing
+# dict: os.environ.get encodes the key on each call (~0.5 us)
+_ENV = getattr(os.environ, "_data", None)
+_ENV_CHECKED = os.environ.encodekey("CUTE_KERNELS_CHECKED") if _ENV is not None and hasattr(
+    os.environ, "encodekey") else None
+
+
+def checked_env() -> bool:
+    """``checked_default(None)`` for the host fast paths: the variable is usually unset, which one
+    dict lookup tells."""
+    if _ENV_CHECKED is not None and _ENV_CHECKED not in _ENV:
+        return False
+    return checked_default(None)
 
 
 def check_num_splits(num_splits, who: str = "decode_attn") -> Optional[int]:

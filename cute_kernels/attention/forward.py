@@ -21,7 +21,6 @@ that metadata passed the checks and launched (dense and packed calls; paged call
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
@@ -33,6 +32,7 @@ from ..common.scheduler import tile_counter  # (FW.tile_counter: the benches pas
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import forward_kernel
+from .decode_plan import checked_default, checked_env
 from .forward_softmax import WINDOW_UNBOUNDED
 from .forward_validate import (HEAD_DIMS, _check_ptrs, _err, _scale, check_cu_seqlens, check_paged_values,  # noqa: F401
                                check_unsupported, check_window, validate, validate_paged, validate_varlen)
@@ -495,7 +495,7 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
                 hit = None
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        scale = None if hit is None or (checked is None and _checked(None)) else _fast_scale(hit, softmax_scale)
+        scale = None if hit is None or (checked is None and checked_env()) else _fast_scale(hit, softmax_scale)
         if scale is not None:
             out, lse = hit(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, return_lse)
             return (out, lse) if return_lse else out
@@ -510,7 +510,7 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
     scale, mq, mk = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
                                     softmax_scale, check_ptrs=not tracing)
     wl, wr = window if window is not None else (-1, -1)
-    if not tracing and _checked(checked):
+    if not tracing and checked_default(checked):
         check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
         check_cu_seqlens(cu_seqlens_k, k.shape[0], mk, "cu_seqlens_k")
     if tracing:
@@ -575,7 +575,7 @@ def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlen
     scale, mq = validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, softmax_scale,
                                check_ptrs=not tracing)
     wl, wr = window if window is not None else (-1, -1)
-    if not tracing and _checked(checked):
+    if not tracing and checked_default(checked):
         if cu_seqlens_q is not None:
             check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
         check_paged_values(k, block_table, seqused_k)
@@ -588,9 +588,3 @@ def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlen
         _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, mq, out, lse, causal, scale, wl, wr)
     return (out, lse) if return_lse else out
 
-
-def _checked(checked: Optional[bool]) -> bool:
-    """``checked``, or env ``CUTE_KERNELS_CHECKED`` when None (the decode_attn convention)."""
-    if checked is not None:
-        return bool(checked)
-    return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
