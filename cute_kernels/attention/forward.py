@@ -34,8 +34,9 @@ from ..testing import LAUNCHES
 from . import forward_kernel
 from .decode_plan import checked_default, checked_env
 from .forward_softmax import WINDOW_UNBOUNDED
-from .forward_validate import (HEAD_DIMS, _check_ptrs, _err, _scale, check_cu_seqlens, check_paged_values,  # noqa: F401
-                               check_unsupported, check_window, validate, validate_paged, validate_varlen)
+from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _scale, check_cu_seqlens,  # noqa: F401
+                               check_paged_values, check_unsupported, check_window, page_size_ok, validate,
+                               validate_paged, validate_varlen)
 
 __all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_cu_seqlens", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
@@ -93,8 +94,8 @@ def warmup_flash_attn(spec) -> None:
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"warmup flash_attn: head_dim must be one of {HEAD_DIMS}, got {head_dim}")
         page_size = int(spec.get("page_size", 0))
-        if page_size and not (page_size % 16 == 0 and 16 <= page_size <= 256):
-            raise ValueError(f"warmup flash_attn: page_size must be 0 or a multiple of 16 from 16 to 256, got {page_size}")
+        if page_size and not page_size_ok(page_size):
+            raise ValueError(f"warmup flash_attn: page_size must be 0 or {PAGE_SIZE_RULE}, got {page_size}")
         spec = plan(dtype, head_dim, bool(spec.get("causal", False)), bool(spec.get("varlen", False)),
                     bool(spec.get("window", False)), page_size)
     get_forward_kernel(spec)

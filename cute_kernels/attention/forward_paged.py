@@ -37,14 +37,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from . import forward_seqlen as fsl
-
-#: page sizes the forward takes: multiples of 16 (the TMA box, a whole number of swizzle atoms)
-PAGE_SIZE_MULTIPLE = 16
-MAX_PAGE_SIZE = 256
-
-
-def page_size_ok(page_size: int) -> bool:
-    return page_size % PAGE_SIZE_MULTIPLE == 0 and PAGE_SIZE_MULTIPLE <= page_size <= MAX_PAGE_SIZE
+from .forward_validate import page_size_ok  # noqa: F401  (the page sizes the forward takes)
 
 
 def box_rows(page_size: int, tile_n: int) -> int:

@@ -236,8 +236,15 @@ def _check_ptrs(*ts) -> None:
 # ------------------------------------------------------------------------------------------------
 # paged K/V
 # ------------------------------------------------------------------------------------------------
-#: paged K/V: page sizes (k / v dim 1) the kernel takes (:mod:`.forward_paged`)
-PAGE_SIZE_RULE = "a multiple of 16 from 16 to 256"
+#: paged K/V: page sizes (k / v dim 1) the kernel takes: multiples of 16 (its TMA box, a whole number
+#: of swizzle atoms; :mod:`.forward_paged`) up to 256
+PAGE_SIZE_MULTIPLE = 16
+MAX_PAGE_SIZE = 256
+PAGE_SIZE_RULE = f"a multiple of {PAGE_SIZE_MULTIPLE} from {PAGE_SIZE_MULTIPLE} to {MAX_PAGE_SIZE}"
+
+
+def page_size_ok(page_size: int) -> bool:
+    return page_size % PAGE_SIZE_MULTIPLE == 0 and PAGE_SIZE_MULTIPLE <= page_size <= MAX_PAGE_SIZE
 #: paged K/V: the most keys a block table may address (block_table width x page_size), so that key
 #: positions plus a window side stay far from the int32 limit
 MAX_PAGED_CAPACITY = 1 << 30
@@ -281,7 +288,7 @@ def validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, 
     if k.shape[0] < 1:
         _err(ValueError, f"k has no pages (shape {tuple(k.shape)}): block_table ids have nothing to index")
     page_size = k.shape[1]
-    if not (page_size % 16 == 0 and 16 <= page_size <= 256):
+    if not page_size_ok(page_size):
         _err(ValueError, f"k page_size (dim 1) must be {PAGE_SIZE_RULE}, got {page_size}")
     if block_table.shape[1] * page_size > MAX_PAGED_CAPACITY:
         _err(ValueError, f"block_table width x page_size ({block_table.shape[1]} x {page_size}) must be at most "
