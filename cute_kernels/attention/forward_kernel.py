@@ -197,27 +197,16 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mO.element_type != self.dtype):
             raise TypeError(f"FlashAttnFwdSm90: q, k, v, out must all be {self.dtype}")
-        mO_rows = None  # varlen: O as a tensor (the partial last tile's predicated stores)
+        # q / out dense (B, Sq, Hq, D) or packed (total_q, Hq, D); k / v dense, packed, or page pools
+        # (num_pages, page_size, Hkv, D): the heads are dim -2 of all of them
+        seqlen_q, num_heads, batch, mQ, mO, mO_rows = fsl.q_views(mQ, mO, mCuSeqlensQ, self.varlen)
+        qhead_per_kvhead = num_heads // mK.shape[-2]
         if const_expr(self.paged):
-            (seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, batch, mQ, mK, mV, mO, mO_rows) = fpg.paged_views(
-                mQ, mK, mV, mO, mBlockTable, mCuSeqlensQ, self.page_size, self.varlen)
-            max_seqlen_k = seqlen_k  # (the schedule's size hint)
-        elif const_expr(self.varlen):
-            # seqlen_q / seqlen_k: the packed totals (the kernel's clamp bounds); B from cu_seqlens
-            seqlen_q = mQ.shape[0]
-            seqlen_k = mK.shape[0]
-            num_heads = mQ.shape[1]
-            qhead_per_kvhead = mQ.shape[1] // mK.shape[1]
-            batch = mCuSeqlensQ.shape[0] - 1
-            mQ, mK, mV, mO = [fsl.thd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
-            mO_rows = mO
+            seqlen_k = mBlockTable.shape[1] * self.page_size  # the block table's capacity (the length clamp)
         else:
-            seqlen_q = mQ.shape[1]
-            seqlen_k = mK.shape[1]
-            num_heads = mQ.shape[2]
-            qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
-            batch = mQ.shape[0]
-            mQ, mK, mV, mO = [fsl.bshd_to_sdhb(x) for x in (mQ, mK, mV, mO)]
+            seqlen_k = mK.shape[-3]  # (varlen: the packed total, the clamp bound)
+        kv_view = fsl.thd_to_sdhb if const_expr(self.varlen and not self.paged) else fsl.bshd_to_sdhb
+        mK, mV = kv_view(mK), kv_view(mV)
 
         sQ_layout = LA.make_fwd_smem_layout_q(t)
         sKV_layout = LA.make_fwd_smem_layout_kv(t)
@@ -443,9 +432,6 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         if const_expr(self.paged):  # K / V boxes from the sequence's pages
             tKsK, tKgK = fpg.partition_paged(tma_k, mK, sK, head_kv, self.box_rows, self.D)
             tVsV, tVgV = fpg.partition_paged(tma_v, mV, sV, head_kv, self.box_rows, self.D)
-            k_state, v_state = fpg.produce_paged_kv(pipe_k, pipe_v, k_state, v_state, tma_k, tKgK, tKsK, tma_v,
-                                                    tVgV, tVsV, mBlockTable, batch, len_k, mK.shape[3], n_min,
-                                                    n_max, self.tile_n, self.box_rows, self.page_size)
         else:
             # K / V: (tile_n, D, n_tiles) of the KV head; rows >= Sk are zero-filled (varlen: the next
             # sequence's, masked)
@@ -457,14 +443,32 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                                                cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                                cute.group_modes(gV, 0, 2))
-            if n_max > n_min:
-                k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, 1)
-                for i in cutlass.range(n_max - n_min - 1, unroll=1):
-                    n_block = n_max - 2 - i
-                    k_state = tma.tma_produce_tiles(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, 1)
-                    v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, 1)
-                v_state = tma.tma_produce_tiles(pipe_v, v_state, tma_v, tVgV, tVsV, n_min, 1)
+        num_pages = mK.shape[3]  # (paged: the pool's pages; dense: unused)
+        if n_max > n_min:
+            k_state = self.load_kv_tile(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, num_pages, mBlockTable, batch,
+                                        len_k)
+            for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                n_block = n_max - 2 - i
+                k_state = self.load_kv_tile(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, num_pages, mBlockTable,
+                                            batch, len_k)
+                v_state = self.load_kv_tile(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, num_pages,
+                                            mBlockTable, batch, len_k)
+            v_state = self.load_kv_tile(pipe_v, v_state, tma_v, tVgV, tVsV, n_min, num_pages, mBlockTable, batch,
+                                        len_k)
         return k_state, v_state
+
+    @cute.jit
+    def load_kv_tile(self, pipe, state, atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, n_block,
+                     num_pages, mBlockTable, batch, len_k):
+        """KV tile ``n_block`` into the ring's next slot: one TMA copy, or (paged) a box per page slice
+        (:func:`~.forward_paged.produce_paged_tile`; the last four arguments are read only then).
+        Returns the advanced ring state."""
+        if const_expr(self.paged):
+            state = fpg.produce_paged_tile(pipe, state, atom, tXgX, tXsX, mBlockTable, batch, n_block, len_k,
+                                           num_pages, self.tile_n, self.box_rows, self.page_size)
+        else:
+            state = tma.tma_produce_tiles(pipe, state, atom, tXgX, tXsX, n_block, 1)
+        return state
 
     @cute.jit
     def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,

@@ -1,5 +1,6 @@
 """Paged K/V for the attention forward kernel (:mod:`cute_kernels.attention.forward_kernel`): the
-views, the TMA atoms and the producer's K / V tile loads when k / v are a page pool.
+TMA atoms, the partitions and the producer's K / V tile loads when k / v are a page pool (the
+kernel's KV walk calls :func:`produce_paged_tile` per tile).
 
 Layout (the ``decode_attn`` conventions): k / v are (num_pages, page_size, Hkv, D); ``block_table``
 (B, max_pages) int32 lists each sequence's pages in order, so key ``j`` of sequence ``b`` is row
@@ -33,40 +34,15 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
-from . import forward_seqlen as fsl
 from .forward_validate import page_size_ok  # noqa: F401  (the page sizes the forward takes)
 
 
 def box_rows(page_size: int, tile_n: int) -> int:
     """Rows of one TMA box: ``gcd(page_size, tile_n)`` (a multiple of 16 that divides both)."""
     return math.gcd(page_size, tile_n)
-
-
-def paged_views(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mBlockTable: cute.Tensor,
-                mCuSeqlensQ, page_size: int, varlen: bool):
-    """The kernel's views of paged inputs (inside the ``@cute.jit`` host entry): q / out dense (B, Sq,
-    Hq, D) or packed (total_q, Hq, D) as (S, D, H, B); the pools (num_pages, page_size, Hkv, D) as
-    (page_size, D, Hkv, num_pages).  Returns ``(seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, batch,
-    mQ, mK, mV, mO, mO_rows)``; ``seqlen_k`` is the block table's capacity (the length clamp)."""
-    mO_rows = None
-    if const_expr(varlen):
-        seqlen_q = mQ.shape[0]
-        num_heads = mQ.shape[1]
-        batch = mCuSeqlensQ.shape[0] - 1
-        mQ, mO = fsl.thd_to_sdhb(mQ), fsl.thd_to_sdhb(mO)
-        mO_rows = mO
-    else:
-        seqlen_q = mQ.shape[1]
-        num_heads = mQ.shape[2]
-        batch = mQ.shape[0]
-        mQ, mO = fsl.bshd_to_sdhb(mQ), fsl.bshd_to_sdhb(mO)
-    seqlen_k = mBlockTable.shape[1] * page_size
-    qhead_per_kvhead = num_heads // mK.shape[2]
-    mK, mV = fsl.bshd_to_sdhb(mK), fsl.bshd_to_sdhb(mV)
-    return seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, batch, mQ, mK, mV, mO, mO_rows
 
 
 def make_paged_tma_load(mKV: cute.Tensor, sKV_layout, tile_n: int, head_dim: int, rows: int):
@@ -115,28 +91,6 @@ def produce_paged_tile(pipe, state, atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX
     pipe.producer_commit(state)
     state.advance()
     return state
-
-
-@cute.jit
-def produce_paged_kv(pipe_k, pipe_v, k_state, v_state, tma_k: cute.CopyAtom, tKgK: cute.Tensor,
-                     tKsK: cute.Tensor, tma_v: cute.CopyAtom, tVgV: cute.Tensor, tVsV: cute.Tensor,
-                     mBlockTable: cute.Tensor, batch, len_k, num_pages, n_min, n_max,
-                     tile_n: cutlass.Constexpr[int], rows: cutlass.Constexpr[int],
-                     page_size: cutlass.Constexpr[int]):
-    """The producer's K / V walk of :meth:`~.forward_kernel.FlashAttnFwdSm90.produce` over pages:
-    K(n_max - 1), then K(n - 1) before V(n), V(n_min) last.  Returns the advanced ring states."""
-    if n_max > n_min:
-        k_state = produce_paged_tile(pipe_k, k_state, tma_k, tKgK, tKsK, mBlockTable, batch, n_max - 1, len_k,
-                                     num_pages, tile_n, rows, page_size)
-        for i in cutlass.range(n_max - n_min - 1, unroll=1):
-            n_block = n_max - 2 - i
-            k_state = produce_paged_tile(pipe_k, k_state, tma_k, tKgK, tKsK, mBlockTable, batch, n_block, len_k,
-                                         num_pages, tile_n, rows, page_size)
-            v_state = produce_paged_tile(pipe_v, v_state, tma_v, tVgV, tVsV, mBlockTable, batch, n_block + 1,
-                                         len_k, num_pages, tile_n, rows, page_size)
-        v_state = produce_paged_tile(pipe_v, v_state, tma_v, tVgV, tVsV, mBlockTable, batch, n_min, len_k,
-                                     num_pages, tile_n, rows, page_size)
-    return k_state, v_state
 
 
 def paged_fake_args(kernel, cfg, dt, mSched, stream):

@@ -151,6 +151,18 @@ def sequence_rows(mX: cute.Tensor, head, batch, offset, varlen: bool) -> cute.Te
     return mX[None, None, head, batch]
 
 
+def q_views(mQ: cute.Tensor, mO: cute.Tensor, mCuSeqlensQ, varlen: bool):
+    """The kernel's views of q / out, dense (B, Sq, Hq, D) or packed (total_q, Hq, D), as (S, D, H, B):
+    ``(seqlen_q, num_heads, batch, mQ, mO, mO_rows)``, with ``seqlen_q`` the packed total (the clamp
+    bound) and ``batch`` from cu_seqlens_q when packed, and ``mO_rows`` the packed out view (the
+    partial last tile's predicated stores; None when dense)."""
+    seqlen_q, num_heads = mQ.shape[-3], mQ.shape[-2]
+    if const_expr(varlen):
+        mO = thd_to_sdhb(mO)
+        return seqlen_q, num_heads, mCuSeqlensQ.shape[0] - 1, thd_to_sdhb(mQ), mO, mO
+    return seqlen_q, num_heads, mQ.shape[0], bshd_to_sdhb(mQ), bshd_to_sdhb(mO), None
+
+
 def bshd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
     """(B, S, H, D) -> (S, D, H, B): the tile modes first, as the TMA atoms and local_tile take them (a
     paged cache (num_pages, page_size, H, D) becomes (page_size, D, H, num_pages))."""
