@@ -307,14 +307,7 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
     graphs too) may share it."""
     B, Sq, Hq, D = qshape
     lshape = (B, Hq, Sq)
-    scratch = []  # made by the first call without want_lse
-
-    def lse_for(want_lse):
-        if want_lse:
-            return _empty(lshape, dtype=_F32, device=dev)
-        if not scratch:
-            scratch.append(_empty(lshape, dtype=_F32, device=dev))
-        return scratch[0]
+    lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
 
     if P == 1:
         def launch(q, k, v, s, bt, out, ws, scale, want_lse):

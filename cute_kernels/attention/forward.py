@@ -330,20 +330,13 @@ def _launcher(fn, q, lshape, dynamic: bool, packed=None):
     counts, launches.  ``packed``: (max_seqlen_q, max_seqlen_k, window_left, window_right) of a packed
     launcher, whose calls also pass the two cu_seqlens."""
     qshape, dtype, dev, run = q.shape, q.dtype, q.device, jit.direct(fn)
-    scratch = []
-
-    def outputs(out, want_lse):
-        if out is None:
-            out = _empty(qshape, dtype=dtype, device=dev)
-        if want_lse:
-            return out, _empty(lshape, dtype=torch.float32, device=dev)
-        if not scratch:
-            scratch.append(_empty(lshape, dtype=torch.float32, device=dev))
-        return out, scratch[0]
+    lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
 
     if packed is None:
         def launch(q, k, v, out, scale, want_lse):
-            out, lse = outputs(out, want_lse)
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = lse_for(want_lse)
             LAUNCHES["flash_attn"] += 1
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
             return out, lse
@@ -351,7 +344,9 @@ def _launcher(fn, q, lshape, dynamic: bool, packed=None):
         mq, mk, wl, wr = packed
 
         def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, want_lse):
-            out, lse = outputs(out, want_lse)
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = lse_for(want_lse)
             LAUNCHES["flash_attn"] += 1
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E, wl, wr)
             return out, lse

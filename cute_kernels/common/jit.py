@@ -159,6 +159,22 @@ def stream_buffers(cache: dict, device, make: Callable[[], Any]):
     return buf
 
 
+def fresh_or_scratch(empty: Callable, shape, dtype, device) -> Callable[[bool], Any]:
+    """``get(fresh)``: ``empty(shape, dtype=dtype, device=device)`` when ``fresh``, else one scratch
+    tensor made by the first such call and returned to every later one -- for an output a kernel must
+    write but no caller reads (a launcher's LSE when the call did not ask for it): calls on any stream,
+    and CUDA graphs, may share it."""
+    scratch = []
+
+    def get(fresh: bool):
+        if fresh:
+            return empty(shape, dtype=dtype, device=device)
+        if not scratch:
+            scratch.append(empty(shape, dtype=dtype, device=device))
+        return scratch[0]
+    return get
+
+
 def full_key(name: str, config: Hashable) -> tuple:
     """The cache key: kernel, its configuration, and the target's facts."""
     return (name, config, current_arch().key())
