@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
+
+from cute_kernels.common import jit
+from cute_kernels.testing import count_launches
 
 #: relative tolerance per output dtype: twice the unit roundoff of one rounding to that dtype (bf16 keeps 8
 #: significant bits: u = 2^-8; fp16 11 bits: u = 2^-11); fp32 outputs are held to the absolute term.
@@ -204,3 +208,13 @@ def check_unaligned_out(run, **kw):
     run(a, b, out=out, **kw)
     check_gemm(out, a, b)
     assert torch.isnan(big[:, n]).all(), "wrote past the view"
+
+
+def assert_raises_before_any_launch(exc, match: str, fn, *args, **kwargs) -> None:
+    """``fn(*args, **kwargs)`` raises ``exc`` with a message matching ``match``, and nothing was
+    planned, compiled or launched on the way."""
+    stats = dict(jit.stats)
+    with count_launches() as n, jit.dry_run() as dry:
+        with pytest.raises(exc, match=match):
+            fn(*args, **kwargs)
+    assert n.total() == 0 and dry.seen == [] and jit.stats == stats

@@ -20,6 +20,7 @@ from cute_kernels.attention import forward as FW
 from cute_kernels.attention.forward import flash_attn
 from cute_kernels.common import jit
 from cute_kernels.testing import count_launches
+from _check import assert_raises_before_any_launch
 from test_forward_varlen import check_window_result, cu_seqlens, window_reference
 
 
@@ -173,11 +174,7 @@ BAD_PAGED = [
 @pytest.mark.parametrize("over,exc,match", [c[1:] for c in BAD_PAGED], ids=[c[0] for c in BAD_PAGED])
 def test_paged_bad_inputs_raise_before_any_launch(over, exc, match):
     kw = _paged_kw(**over)
-    stats = dict(jit.stats)
-    with count_launches() as n, jit.dry_run() as dry:
-        with pytest.raises(exc, match=match):
-            flash_attn(kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
-    assert n.total() == 0 and dry.seen == [] and jit.stats == stats
+    assert_raises_before_any_launch(exc, match, flash_attn, kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
 
 
 BAD_PAGED_VARLEN = [
@@ -198,10 +195,7 @@ def test_paged_varlen_bad_inputs_raise_before_any_launch(over, exc, match):
     base = dict(q=_bf(8, 4, 64), cu_seqlens_q=cu_seqlens([3, 5]), max_seqlen_q=5)
     base.update(over)
     kw = _paged_kw(**base)
-    with count_launches() as n, jit.dry_run() as dry:
-        with pytest.raises(exc, match=match):
-            flash_attn(kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
-    assert n.total() == 0 and dry.seen == []
+    assert_raises_before_any_launch(exc, match, flash_attn, kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
 
 
 @pytest.mark.parametrize("page_size", [16, 32, 48, 64, 80, 128, 144, 256])

@@ -22,6 +22,7 @@ from cute_kernels.attention import forward as FW
 from cute_kernels.attention.forward import flash_attn
 from cute_kernels.common import jit
 from cute_kernels.testing import count_launches
+from _check import assert_raises_before_any_launch
 from test_forward import attention_reference, check_result, make_qkv
 
 HAS_CUDA = torch.cuda.is_available()
@@ -192,11 +193,7 @@ BAD_VARLEN = [
 @pytest.mark.parametrize("over,exc,match", [c[1:] for c in BAD_VARLEN], ids=[c[0] for c in BAD_VARLEN])
 def test_varlen_bad_inputs_raise_before_any_launch(over, exc, match):
     kw = _varlen_kw(**over)
-    stats = dict(jit.stats)
-    with count_launches() as n, jit.dry_run() as dry:
-        with pytest.raises(exc, match=match):
-            flash_attn(kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
-    assert n.total() == 0 and dry.seen == [] and jit.stats == stats
+    assert_raises_before_any_launch(exc, match, flash_attn, kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw)
 
 
 BAD_DENSE_WINDOW = [
@@ -211,10 +208,7 @@ BAD_DENSE_WINDOW = [
 @pytest.mark.parametrize("window,causal,exc,match", [c[1:] for c in BAD_DENSE_WINDOW], ids=[c[0] for c in BAD_DENSE_WINDOW])
 def test_dense_window_bad_inputs(window, causal, exc, match):
     q, k, v = make_qkv(2, 5, 7, 4, 2, 64)
-    with count_launches() as n, jit.dry_run() as dry:
-        with pytest.raises(exc, match=match):
-            flash_attn(q, k, v, causal=causal, window_size=window)
-    assert n.total() == 0 and dry.seen == []
+    assert_raises_before_any_launch(exc, match, flash_attn, q, k, v, causal=causal, window_size=window)
 
 
 def test_rank_3_q_without_cu_seqlens_says_so():
