@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import json
 import os
 import statistics
 import time
@@ -388,16 +387,9 @@ def markdown(doc: dict) -> str:
 
 
 def write(doc: dict, out_dir, tag: str = "") -> tuple:
-    """``attention-varlen[-TAG]-DATE-COMMIT.json`` and ``.md`` into ``out_dir``; returns their paths."""
-    from pathlib import Path
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    base = out / results.stem(doc["kind"], doc["meta"], tag)
-    js, md = Path(f"{base}.json"), Path(f"{base}.md")
-    js.write_text(json.dumps(doc, indent=1, default=results._jsonable) + "\n")
-    md.write_text(markdown(doc))
-    return js, md
+    """``attention-varlen[-TAG]-DATE-COMMIT.json`` and ``.md`` (:func:`markdown`) into ``out_dir``;
+    returns their paths."""
+    return results.write(doc, out_dir, tag, to_markdown=markdown)
 
 
 def describe(selected) -> str:

@@ -229,14 +229,15 @@ def stem(kind: str, meta: dict, tag: str = "") -> str:
     return f"{kind}{'-' + tag if tag else ''}-{meta['date']}-{meta['commit']}"
 
 
-def write(doc: dict, out_dir: str | os.PathLike, tag: str = "") -> tuple[Path, Path]:
-    """Write ``<stem>.json`` and ``<stem>.md`` into ``out_dir`` (created); returns their paths."""
+def write(doc: dict, out_dir: str | os.PathLike, tag: str = "", to_markdown=None) -> tuple[Path, Path]:
+    """Write ``<stem>.json`` and ``<stem>.md`` into ``out_dir`` (created); returns their paths.
+    ``to_markdown``: a benchmark's own rendering (default :func:`markdown`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = out / stem(doc["kind"], doc["meta"], tag)
     js, md = Path(f"{base}.json"), Path(f"{base}.md")
     js.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
-    md.write_text(markdown(doc))
+    md.write_text((to_markdown or markdown)(doc))
     return js, md
 
 
