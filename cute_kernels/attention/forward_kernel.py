@@ -114,9 +114,8 @@ def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varl
     query tiles (:mod:`.forward_seqlen`).  Window: ``causal`` must be False (it is the window's right
     side); its tiles are uneven, so it takes causal's schedule (dynamic, longest first).  Paged K/V:
     ``page_size`` > 0, dense or packed q (whose schedule it keeps)."""
-    tile = LA.fwd_tile(dtype, head_dim, bool(causal))
-    if window:  # uneven tiles, as causal: the dynamic schedule where the tile is persistent
-        tile = LA.fwd_tile(dtype, head_dim, True)
+    # a window's tiles are uneven, as causal ones: its schedule (dynamic where the tile is persistent)
+    tile = LA.fwd_tile(dtype, head_dim, bool(causal) or bool(window))
     return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=tile, num_sms=int(num_sms),
                           varlen=bool(varlen), window=bool(window), page_size=int(page_size))
 
