@@ -170,24 +170,34 @@ def test_emulated_walk_matches_reference(causal, Sq, Sk):
 
 
 # ------------------------------------------------------------------------------------------ compile
-@pytest.mark.parametrize("dtype,head_dim,causal", CONFIGS)
-def test_forward_compiles_without_spills(dtype, head_dim, causal):
-    from cute_kernels.attention.forward_kernel import FlashFwdConfig, forward_builder, fwd_config
+def compile_clean(cfg, window: bool = False):
+    """Compile ``cfg`` for sm_90a and check what every forward config must show: one kernel, no
+    local-memory traffic or stack, the wgmma bodies of the KV loop -- the first tile's QK, the masked
+    and the unmasked loops (QK + PV each), the last PV, a window's left-edge loop one more:
+    (3 or 4) x (D/16 QK k-blocks + tile_n/16 PV k-blocks) -- and TMA loads and stores.  Returns the
+    report and its kernel."""
+    from cute_kernels.attention.forward_kernel import forward_builder
     from cute_kernels.tools import inspect as ins
 
-    cfg = fwd_config(dtype, head_dim, causal)
-    assert isinstance(cfg, FlashFwdConfig)
-    hash(cfg)
     rep = ins.inspect_builder(forward_builder(cfg))
     assert len(rep.kernels) == 1
     k = rep.kernels[0]
     assert k.spills == 0, rep.summary()
     assert k.stack_frame == 0, rep.summary()
-    # first tile's QK, the masked and the unmasked loops (QK + PV each), the last PV:
-    # 3 x (D/16 QK k-blocks + tile_n/16 PV k-blocks)
-    t = cfg.tile
-    assert k.instructions["HGMMA"] == 3 * (head_dim // 16 + t.tile_n // 16), rep.summary()
+    bodies = 4 if window else 3
+    assert k.instructions["HGMMA"] == bodies * (cfg.head_dim // 16 + cfg.tile.tile_n // 16), rep.summary()
     assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
+    return rep, k
+
+
+@pytest.mark.parametrize("dtype,head_dim,causal", CONFIGS)
+def test_forward_compiles_without_spills(dtype, head_dim, causal):
+    from cute_kernels.attention.forward_kernel import FlashFwdConfig, fwd_config
+
+    cfg = fwd_config(dtype, head_dim, causal)
+    assert isinstance(cfg, FlashFwdConfig)
+    hash(cfg)
+    rep, k = compile_clean(cfg)
     assert k.instructions["LDG"] == 0, rep.summary()  # everything is loaded by TMA
 
 
@@ -290,21 +300,13 @@ def test_varlen_window_compile_without_spills(varlen, window, causal, head_dim):
     """Varlen / window configurations compile for sm_90a with no local-memory traffic; varlen keeps
     the dense tile's schedule (persistent, dynamic when causal); a window adds the left-edge loop
     (one more QK + PV body)."""
-    from cute_kernels.attention.forward_kernel import fwd_config, forward_builder
-    from cute_kernels.tools import inspect as ins
+    from cute_kernels.attention.forward_kernel import fwd_config
 
     cfg = fwd_config("bfloat16", head_dim, causal, varlen=varlen, window=window)
     assert cfg.varlen == varlen and cfg.window == window
     assert cfg.tile == fwd_config("bfloat16", head_dim, causal, window=window).tile
-    rep = ins.inspect_builder(forward_builder(cfg))
-    assert len(rep.kernels) == 1
-    k = rep.kernels[0]
+    rep, k = compile_clean(cfg, window)
     print(f"D={head_dim} varlen={varlen} window={window} causal={causal}: {rep.summary()}")
-    assert k.spills == 0, rep.summary()
-    assert k.stack_frame == 0, rep.summary()
-    bodies = 4 if window else 3
-    assert k.instructions["HGMMA"] == bodies * (head_dim // 16 + cfg.tile.tile_n // 16), rep.summary()
-    assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
     if varlen:  # cu_seqlens (producer + consumers) and the partial tile's predicated stores
         assert k.instructions["LDG"] > 0 and k.instructions["STG"] > 0, rep.summary()
     else:
@@ -336,21 +338,13 @@ def test_paged_compile_without_spills(page_size, varlen, window, causal, head_di
     block-table walk fits its registers); the same wgmma bodies as the contiguous kernel; every K/V
     box is a TMA load; the block table and lengths are the only global loads besides cu_seqlens."""
     from cute_kernels.attention import forward_paged as fpg
-    from cute_kernels.attention.forward_kernel import forward_builder, fwd_config
-    from cute_kernels.tools import inspect as ins
+    from cute_kernels.attention.forward_kernel import fwd_config
 
     cfg = fwd_config("bfloat16", head_dim, causal, varlen=varlen, window=window, page_size=page_size)
     assert cfg.paged and cfg.page_size == page_size
-    rep = ins.inspect_builder(forward_builder(cfg))
-    assert len(rep.kernels) == 1
-    k = rep.kernels[0]
+    rep, k = compile_clean(cfg, window)
     rows = fpg.box_rows(page_size, cfg.tile.tile_n)
     print(f"D={head_dim} page_size={page_size} box={rows} varlen={varlen} window={window} causal={causal}: "
           f"{rep.summary()}")
-    assert k.spills == 0, rep.summary()
-    assert k.stack_frame == 0, rep.summary()
-    bodies = 4 if window else 3
-    assert k.instructions["HGMMA"] == bodies * (head_dim // 16 + cfg.tile.tile_n // 16), rep.summary()
-    assert k.instructions["UTMALDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
     assert k.instructions["LDG"] > 0, rep.summary()  # block table, seqused_k
     assert rows % 16 == 0 and page_size % rows == 0 and cfg.tile.tile_n % rows == 0
