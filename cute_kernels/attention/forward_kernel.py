@@ -319,10 +319,12 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                 num_tiles = self.num_tiles(num_m_blocks, num_heads, num_batch, mCuSeqlensQ, seqlen_q, max_seqlen_q)
                 tile = self.tile_of(0)
                 j = Int32(0)
+                scan_b0, scan_base = Int32(0), Int32(0)  # varlen: where the last tile's sequence was found
                 while tile < num_tiles:
-                    m_block, head, batch, off_q, len_q, off_k, len_k, n_min, n_max, _, _ = self.tile_work(
-                        tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch, mCuSeqlensQ,
-                        mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mSeqUsedK)
+                    m_block, head, batch, off_q, len_q, off_k, len_k, n_min, n_max, _, _, scan_b0, scan_base = (
+                        self.tile_work(tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
+                                       mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                                       scan_b0, scan_base, mSeqUsedK))
                     if j > 0:
                         cute.arch.mbarrier_wait(q_empty, (j - 1) % 2)  # the previous tile's QK wgmmas are done
                     if const_expr(dynamic):
@@ -356,10 +358,12 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                 tile = sTile[0]
             else:
                 tile = self.tile_of(0)
+            scan_b0, scan_base = Int32(0), Int32(0)
             while tile < num_tiles:
-                m_block, head, batch, off_q, len_q, _, len_k, n_min, n_max, n_lo, n_mask = self.tile_work(
-                    tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch, mCuSeqlensQ,
-                    mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mSeqUsedK)
+                m_block, head, batch, off_q, len_q, _, len_k, n_min, n_max, n_lo, n_mask, scan_b0, scan_base = (
+                    self.tile_work(tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
+                                   mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                                   scan_b0, scan_base, mSeqUsedK))
                 read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
                                               pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, len_q, len_k,
                                               m_block, head, batch, n_max, n_mask, j, tidx - 128, warp_idx,
@@ -387,15 +391,18 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
 
     @cute.jit
     def tile_work(self, tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
-                  mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mSeqUsedK=None):
+                  mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, scan_b0, scan_base,
+                  mSeqUsedK=None):
         """Everything the producer and the consumers derive from tile index ``tile`` (both call this with
         the same arguments, so they agree on the KV tile count): ``(m_block, head, batch, offset_q,
-        len_q, offset_k, len_k, n_min, n_max, n_lo, n_mask)`` -- the sequence's rows
+        len_q, offset_k, len_k, n_min, n_max, n_lo, n_mask, scan_b0, scan_base)`` -- the sequence's rows
         (:func:`~.forward_seqlen.sequence_bounds`) and its KV tiles: ``n_min .. n_max - 1`` visited,
-        ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0`` without a window)."""
+        ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0`` without a window); varlen: where
+        the sequence lookup resumes for the CTA's next (larger) tile (passed through otherwise)."""
         if const_expr(self.varlen):  # warp-wide (every lane of the calling warps)
-            m_block, head, batch = fsl.varlen_tile_coords(tile, mCuSeqlensQ, num_batch, num_heads, seqlen_q,
-                                                          max_seqlen_q, self.tile_m, self.longest_first)
+            m_block, head, batch, scan_b0, scan_base = fsl.varlen_tile_coords(
+                tile, mCuSeqlensQ, num_batch, num_heads, seqlen_q, max_seqlen_q, self.tile_m, self.longest_first,
+                scan_b0, scan_base)
         else:
             m_block, head, batch = fs.tile_coords(tile, num_m_blocks, num_heads, num_batch, seqlen_k,
                                                   qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes,
@@ -408,7 +415,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                                                                  window_left, window_right)
         else:
             n_max, n_mask = fs.kv_tile_range(m_block, len_q, len_k, self.tile_m, self.tile_n, self.causal)
-        return m_block, head, batch, off_q, len_q, off_k, len_k, n_min, n_max, n_lo, n_mask
+        return m_block, head, batch, off_q, len_q, off_k, len_k, n_min, n_max, n_lo, n_mask, scan_b0, scan_base
 
     @cute.jit
     def produce(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,

@@ -25,6 +25,8 @@ give wrong numbers, never an access outside the tensors.
 
 from __future__ import annotations
 
+import itertools
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
@@ -92,17 +94,21 @@ def varlen_num_tiles(mCuSeqlensQ: cute.Tensor, num_batch: Int32, num_heads: Int3
 
 @cute.jit
 def varlen_tile_coords(tile: Int32, mCuSeqlensQ: cute.Tensor, num_batch: Int32, num_heads: Int32, total: Int32,
-                       max_seqlen: Int32, tile_m: cutlass.Constexpr[int], longest_first: cutlass.Constexpr[bool]):
-    """Warp-wide: ``(m_block, head, batch)`` of tile ``tile < varlen_num_tiles(...)`` (the module
-    docstring's order; ``longest_first``: a sequence's query tiles last to first).  Each step takes 32
-    sequences: lane i the tiles of one, an inclusive prefix sum, and the first lane whose sum passes
-    the tile's rank is its sequence (a ballot's population count)."""
+                       max_seqlen: Int32, tile_m: cutlass.Constexpr[int], longest_first: cutlass.Constexpr[bool],
+                       scan_b0: Int32, scan_base: Int32):
+    """Warp-wide: ``(m_block, head, batch, scan_b0, scan_base)`` of tile ``tile <
+    varlen_num_tiles(...)`` (the module docstring's order; ``longest_first``: a sequence's query tiles
+    last to first).  Each step takes 32 sequences: lane i the tiles of one, an inclusive prefix sum,
+    and the first lane whose sum passes the tile's rank is its sequence (a ballot's population count).
+    The scan starts at sequence ``scan_b0`` (a multiple of 32) with ``scan_base`` query tiles before
+    it, and returns where it found this tile: a CTA's tiles only grow, so it passes them back for its
+    next tile and walks the sequences once in all, not once per tile (start at 0, 0)."""
     lane = cute.arch.lane_idx()
     mt = tile // num_heads
     head = tile - mt * num_heads
     m_block, batch = Int32(0), Int32(0)
-    base = Int32(0)  # query tiles of the sequences before this step's
-    b0 = Int32(0)
+    base = scan_base  # query tiles of the sequences before this step's
+    b0 = scan_b0
     limit = num_batch
     while b0 < limit:
         tiles = _query_tiles(mCuSeqlensQ, b0 + lane, num_batch, total, max_seqlen, tile_m)
@@ -117,21 +123,31 @@ def varlen_tile_coords(tile: Int32, mCuSeqlensQ: cute.Tensor, num_batch: Int32, 
             m_block = local
             if const_expr(longest_first):
                 m_block = tiles_b - 1 - local
+            scan_b0, scan_base = b0, base
             limit = Int32(0)
         base = base + step
         b0 = b0 + 32
-    return m_block, head, batch
+    return m_block, head, batch, scan_b0, scan_base
 
 
-def varlen_tile_coords_py(tile: int, lens_q: list, num_heads: int, tile_m: int, longest_first: bool):
-    """:func:`varlen_tile_coords` in plain Python (lengths already clamped); the tests check it walks
-    every (m_block, head, batch) of the real tiles exactly once."""
+def varlen_tile_coords_py(tile: int, lens_q: list, num_heads: int, tile_m: int, longest_first: bool,
+                          scan: tuple = (0, 0)):
+    """:func:`varlen_tile_coords` in plain Python, step for step (lengths already clamped): returns
+    ``(m_block, head, batch, scan)``; the tests check it walks every (m_block, head, batch) of the real
+    tiles exactly once, from a fresh scan and resuming one."""
     mt, head = divmod(tile, num_heads)
-    for b, n in enumerate(lens_q):
-        tiles = -(-n // tile_m)
-        if mt < tiles:
-            return (tiles - 1 - mt if longest_first else mt), head, b
-        mt -= tiles
+    b0, base = scan
+    while b0 < len(lens_q):
+        tiles = [-(-n // tile_m) for n in lens_q[b0:b0 + 32]]
+        incl = list(itertools.accumulate(tiles))
+        rank = mt - base
+        if rank < incl[-1]:
+            first = sum(s <= rank for s in incl)
+            local = rank - (incl[first] - tiles[first])
+            m_block = tiles[first] - 1 - local if longest_first else local
+            return m_block, head, b0 + first, (b0, base)
+        base += incl[-1]
+        b0 += 32
     raise IndexError(f"tile {tile} past the {sum(-(-n // tile_m) for n in lens_q) * num_heads} tiles")
 
 

@@ -278,7 +278,9 @@ def test_varlen_and_window_plans():
 def test_varlen_tile_order_walks_every_tile_once(longest_first):
     """The kernel's packed tile order (:func:`forward_seqlen.varlen_tile_coords`, its Python twin):
     every (m_block, head, sequence) of the real tiles exactly once, heads fastest, a sequence's tiles
-    last to first when longest_first, and never more tiles than the host's grid bound."""
+    last to first when longest_first, and never more tiles than the host's grid bound; a CTA's walk
+    (growing tiles: a fixed stride, or whatever a counter hands out) resuming each lookup where the
+    last one found its tile gets the same coordinates as fresh lookups."""
     from cute_kernels.attention import forward_seqlen as fsl
 
     rng = torch.Generator().manual_seed(0)
@@ -286,7 +288,7 @@ def test_varlen_tile_order_walks_every_tile_once(longest_first):
         for H, tm in ((1, 128), (3, 192), (8, 64)):
             tiles = sum(-(-n // tm) for n in lens) * H
             assert tiles <= fsl.varlen_grid_bound(sum(lens), len(lens), H, tm)
-            got = [fsl.varlen_tile_coords_py(t, lens, H, tm, longest_first) for t in range(tiles)]
+            got = [fsl.varlen_tile_coords_py(t, lens, H, tm, longest_first)[:3] for t in range(tiles)]
             want = {(m, h, b) for b, n in enumerate(lens) for m in range(-(-n // tm)) for h in range(H)}
             assert len(got) == len(set(got)) and set(got) == want
             assert [h for _, h, _ in got] == [t % H for t in range(tiles)]
@@ -295,6 +297,18 @@ def test_varlen_tile_order_walks_every_tile_once(longest_first):
                 assert b1 > b0 or (m1 == (m0 - 1 if longest_first else m0 + 1) and b1 == b0)
             with pytest.raises(IndexError):
                 fsl.varlen_tile_coords_py(tiles, lens, H, tm, longest_first)
+            for stride in (1, 5, 132):
+                for first in range(min(stride, tiles)):
+                    walk = list(range(first, tiles, stride))
+                    scan = (0, 0)
+                    for t in walk:
+                        m, h, b, scan = fsl.varlen_tile_coords_py(t, lens, H, tm, longest_first, scan)
+                        assert (m, h, b) == got[t] and scan[0] % 32 == 0 and scan[0] <= b
+            counter = sorted(set(torch.randint(0, tiles, (min(tiles, 40),), generator=rng).tolist()))
+            scan = (0, 0)
+            for t in counter:  # a dynamic schedule's growing, irregular tiles
+                m, h, b, scan = fsl.varlen_tile_coords_py(t, lens, H, tm, longest_first, scan)
+                assert (m, h, b) == got[t]
 
 
 def test_varlen_empty_problems_launch_nothing():

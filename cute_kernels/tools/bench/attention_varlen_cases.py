@@ -84,10 +84,20 @@ def cases(quick: bool = False) -> list:
             Case("paged_b8_q2048_k32048_p64_hq32_hkv8_d128_causal", "paged", (2048,) * 8, (32048,) * 8, page=64)]
 
 
+def extra_cases() -> list:
+    """Cases beyond the issue's, run only when ``--only`` names them: many short packed sequences
+    (1024, log-uniform 1..512), where finding a tile's sequence is a larger share of the work."""
+    lens = tuple(log_uniform_lengths(1024, 1, 512, 0))
+    return [Case("manyshort_b1024_logu1-512_hq32_hkv8_d128_causal", "varlen", lens, lens)]
+
+
 def select(only: str = "", quick: bool = False) -> list:
-    """The cases whose name contains one of the comma-separated substrings of ``only`` (all when empty)."""
+    """The cases whose name contains one of the comma-separated substrings of ``only`` (the issue's
+    cases when empty; :func:`extra_cases` only by name)."""
     keys = [s.strip() for s in only.split(",") if s.strip()]
-    return [c for c in cases(quick) if not keys or any(k in c.name for k in keys)]
+    if not keys:
+        return cases(quick)
+    return [c for c in cases(quick) + extra_cases() if any(k in c.name for k in keys)]
 
 
 # ---------------------------------------------------------------------------------------- FLOPs
