@@ -118,7 +118,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace
     cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal)
     fn = get_decode_kernel(cfg)
     if q.stride(-1) != 1 or any(s % 8 != 0 for s in q.stride()[:-1]) or q.data_ptr() % 16 != 0:
-        q = q.contiguous()
+        q = q.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy (contiguous() keeps a misaligned one)
     scale_log2 = float(softmax_scale) * LOG2_E
     if P == 1:
         LAUNCHES["decode_attn"] += 1
@@ -271,17 +271,19 @@ _launchers: dict = {}
 #: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
 _KERNEL_DEVICES = ("cuda",)
 def _key(q, k, v, s, bt, out, ws, num_splits, causal) -> tuple:
-    """Everything :func:`~.decode_plan.validate` and the plan read from a call: shapes, strides, dtypes
-    and devices (``get_device()``: -1 for every non-CUDA device, which never has a launcher) of every
-    tensor, the 16-byte alignment of the data pointers, the types of the optional tensors (a fake one
-    never hits), num_splits (with its type: True is not 1 here) and causal."""
-    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-            v.shape, v.stride(), v.dtype, v.get_device(), s.shape, s.stride(), s.dtype, s.get_device(),
-            (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())
-             | (0 if ws is None else ws.data_ptr())) & 15,
-            None if bt is None else (type(bt), bt.shape, bt.stride(), bt.dtype, bt.get_device()),
-            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()),
-            None if ws is None else (type(ws), ws.shape, ws.stride(), ws.dtype, ws.get_device()),
+    """What :func:`~.decode_plan.validate` and the plan read from a call that the compiled function's own
+    argument checks (:func:`~cute_kernels.common.jit.direct`) leave open: q's shape, dtype and device
+    (``get_device()``: -1 for every non-CUDA device, which never has a launcher), k's shape, the
+    strides of q, k, v, the block table and the workspace (the partial states are views of its
+    storage), the int tensors' dtypes (the compiled function takes uint32 for int32), the block
+    table's shape, the workspace's size, the types of the optional tensors (a fake one never hits),
+    num_splits (with its type: True is not 1 here) and causal.  The rest -- the other dtypes and
+    devices, v's, out's and the lengths' shapes, out's and the lengths' contiguity, 16-byte alignment
+    -- the compiled function checks on every call."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(), s.dtype,
+            None if bt is None else (type(bt), bt.shape, bt.stride(), bt.dtype),
+            None if out is None else type(out),
+            None if ws is None else (type(ws), ws.shape, ws.stride()),
             type(num_splits), num_splits, causal)
 
 
@@ -299,7 +301,8 @@ def _prepare(key, q, k_cache, block_table, num_splits, causal) -> None:
 
 def _launcher(fn, keep, P, qshape, dtype, dev):
     """``launch(q, k, v, seqlens, block_table, out, workspace, scale, want_lse) -> (out, lse)``:
-    allocates out (unless given) and the LSE, then launches.  With P > 1 the partial outputs and LSEs
+    allocates out (unless given) and the LSE, then launches and counts (a call the compiled function
+    refuses raises uncounted).  With P > 1 the partial outputs and LSEs
     are views of the given workspace, else the launcher's own per stream (calls on one stream are
     ordered, so each reuses them: two allocations fewer per call) or, while a CUDA graph is being
     captured, fresh ones that the graph keeps.  Without ``want_lse`` the kernel writes the LSE
@@ -314,8 +317,8 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
             if out is None:
                 out = _empty(qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
-            LAUNCHES["decode_attn"] += 1
             fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
+            LAUNCHES["decode_attn"] += 1
             return out, lse
     else:
         pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
@@ -336,8 +339,8 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
             else:
                 off = ws.storage_offset()
                 o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
-            LAUNCHES["decode_attn"] += 1
             fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E)
+            LAUNCHES["decode_attn"] += 1
             return out, lse
     launch.default_scale = D ** -0.5
     launch.keep = keep  # the compiled object owns fn's CUDA library
@@ -405,8 +408,13 @@ def decode_attn(
             elif not ((ts is float or ts is int) and 0.0 < softmax_scale < math.inf):
                 hit = None  # the checked path says what is wrong with it (or takes a numpy scalar)
             if hit is not None:
-                o, lse = hit(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, softmax_scale, return_lse)
-                return (o, lse) if return_lse else o
+                try:
+                    o, lse = hit(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, softmax_scale,
+                                 return_lse)
+                except Exception:  # the compiled function refused an argument: the checks below name it
+                    pass
+                else:
+                    return (o, lse) if return_lse else o
     # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)

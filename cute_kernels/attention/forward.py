@@ -295,13 +295,14 @@ _launchers: dict = {}
 
 
 def _key(q, k, v, out, causal) -> tuple:
-    """Everything :func:`validate` and the plan read (the scale aside): shapes, strides, dtypes and
-    devices (``get_device()``: -1 for every non-CUDA device, which never has a launcher), the 16-byte
-    alignment of the data pointers, out's type (a fake one never hits) and causal."""
-    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-            v.shape, v.stride(), v.dtype, v.get_device(),
-            (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())) & 15,
-            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()), causal)
+    """What :func:`validate` and the plan read that the compiled function's own argument checks
+    (:func:`~cute_kernels.common.jit.direct`) leave open: q's shape, dtype and device
+    (``get_device()``: -1 for every non-CUDA device, which never has a launcher), k's shape (the GQA
+    ratio), every stride (those of size-1 dims and out's zero strides included), out's type (a fake one
+    never hits) and causal.  The rest -- k / v / out dtypes and devices, v's and out's shapes, 16-byte
+    alignment -- the compiled function checks on every call."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
+            None if out is None else (type(out), out.stride()), causal)
 
 
 def _prepare(key, q, k, causal: bool) -> None:
@@ -327,7 +328,7 @@ def _fast_scale(hit, softmax_scale):
 def _launcher(fn, q, lshape, dynamic: bool, packed=None):
     """The launcher of a compiled forward for calls shaped as ``q``: allocates out (unless given) and
     the LSE (``lshape``; without return_lse a scratch one, made by the first such call and never read),
-    counts, launches.  ``packed``: (max_seqlen_q, max_seqlen_k, window_left, window_right) of a packed
+    launches, counts (a call the compiled function refuses raises uncounted).  ``packed``: (max_seqlen_q, max_seqlen_k, window_left, window_right) of a packed
     launcher, whose calls also pass the two cu_seqlens."""
     qshape, dtype, dev, run = q.shape, q.dtype, q.device, jit.direct(fn)
     lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
@@ -337,8 +338,8 @@ def _launcher(fn, q, lshape, dynamic: bool, packed=None):
             if out is None:
                 out = _empty(qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
-            LAUNCHES["flash_attn"] += 1
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
+            LAUNCHES["flash_attn"] += 1
             return out, lse
     else:
         mq, mk, wl, wr = packed
@@ -347,8 +348,8 @@ def _launcher(fn, q, lshape, dynamic: bool, packed=None):
             if out is None:
                 out = _empty(qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
-            LAUNCHES["flash_attn"] += 1
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E, wl, wr)
+            LAUNCHES["flash_attn"] += 1
             return out, lse
     launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn  # (fn owns run's CUDA library)
     return launch
@@ -452,8 +453,12 @@ def flash_attn(
             key = hit = None
         scale = None if hit is None else _fast_scale(hit, softmax_scale)
         if scale is not None:
-            out, lse = hit(q, k, v, out, scale, return_lse)
-            return (out, lse) if return_lse else out
+            try:
+                o, lse = hit(q, k, v, out, scale, return_lse)
+            except Exception:  # the compiled function refused an argument: the checks below name it
+                pass
+            else:
+                return (o, lse) if return_lse else o
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
     causal, window = check_window(window_size, causal)
     scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
@@ -493,8 +498,12 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
             key = hit = None
         scale = None if hit is None or (checked is None and checked_env()) else _fast_scale(hit, softmax_scale)
         if scale is not None:
-            out, lse = hit(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, return_lse)
-            return (out, lse) if return_lse else out
+            try:
+                o, lse = hit(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, return_lse)
+            except Exception:  # the compiled function refused an argument: the checks below name it
+                pass
+            else:
+                return (o, lse) if return_lse else o
     if cu_seqlens_q is None or cu_seqlens_k is None:
         given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k", "cu_seqlens_q")
         if cu_seqlens_q is None and cu_seqlens_k is None:
@@ -526,16 +535,13 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
 
 
 def _varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal, window_size) -> tuple:
-    """A packed call's metadata, as :func:`_key` (plus the cu_seqlens tensors', the max_seqlen values and
-    window_size, with their types; an unhashable one raises TypeError): never the cu_seqlens values."""
-    return ("varlen", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-            v.shape, v.stride(), v.dtype, v.get_device(),
-            cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),
-            cu_seqlens_k.shape, cu_seqlens_k.stride(), cu_seqlens_k.dtype, cu_seqlens_k.get_device(),
-            (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())) & 15,
+    """A packed call's metadata, as :func:`_key` (plus cu_seqlens_q's shape, both cu_seqlens dtypes --
+    the compiled function takes uint32 for int32 --, the max_seqlen values and window_size, with their
+    types; an unhashable one raises TypeError): never the cu_seqlens values."""
+    return ("varlen", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
+            cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_k.dtype,
             type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
-            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()),
-            type(causal), causal, type(window_size), window_size)
+            None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
 
 
 def _prepare_varlen(key, q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, causal: bool, window_left: int,

@@ -406,11 +406,13 @@ _launchers: dict = {}
 
 
 def _key(o_parts, lse_parts) -> tuple:
-    """Everything the checks and the launch decision read: shapes, strides, dtypes, devices
-    (``get_device()``: -1 for every non-CUDA device, which never has a launcher) and o_parts' data
-    pointer's 16-byte alignment (the LSEs are read one float at a time)."""
-    return (o_parts.shape, o_parts.stride(), o_parts.dtype, o_parts.get_device(), lse_parts.shape,
-            lse_parts.stride(), lse_parts.dtype, lse_parts.get_device(), o_parts.data_ptr() & 15)
+    """What the checks and the launch decision read that the compiled function's own argument checks
+    (:func:`~cute_kernels.common.jit.direct`) leave open: o_parts' shape, strides, dtype and device
+    (``get_device()``: -1 for every non-CUDA device, which never has a launcher) and lse_parts' shape
+    and strides (fewer row dims are viewed before the call, and a view of another shape can succeed).
+    The rest -- lse_parts' dtype and device, 16-byte alignment -- the compiled function checks on
+    every call."""
+    return (o_parts.shape, o_parts.stride(), o_parts.dtype, o_parts.get_device(), lse_parts.shape, lse_parts.stride())
 
 
 def _prepare(key, o_parts: torch.Tensor, lse_parts: torch.Tensor) -> None:
@@ -429,14 +431,14 @@ def _prepare(key, o_parts: torch.Tensor, lse_parts: torch.Tensor) -> None:
 
 def _launcher(fn, keep, P, rest, D, dtype, dev):
     """``launch(o_parts, lse_parts) -> (o, lse)``: allocate both outputs, launch (5-d o_parts as they
-    are, fewer row dims as views with size-1 dims in front)."""
+    are, fewer row dims as views with size-1 dims in front), count (a refused call raises uncounted)."""
     f32 = torch.float32
     oshape, lshape = (*rest, D), rest
     if len(rest) == 3:
         def launch(o_parts, lse_parts):
             o, lse = _empty(oshape, dtype=dtype, device=dev), _empty(lshape, dtype=f32, device=dev)
-            LAUNCHES["merge_states"] += 1
             fn(o_parts, lse_parts, o, lse)
+            LAUNCHES["merge_states"] += 1
             return o, lse
     else:
         rows = (1,) * (3 - len(rest)) + rest
@@ -444,8 +446,8 @@ def _launcher(fn, keep, P, rest, D, dtype, dev):
 
         def launch(o_parts, lse_parts):
             o, lse = _empty(oshape, dtype=dtype, device=dev), _empty(lshape, dtype=f32, device=dev)
-            LAUNCHES["merge_states"] += 1
             fn(o_parts.view(op5), lse_parts.view(lp4), o.view(o4), lse.view(l3))
+            LAUNCHES["merge_states"] += 1
             return o, lse
     launch.keep = keep  # the compiled object owns fn's CUDA library
     return launch
@@ -473,7 +475,10 @@ def merge_states(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.
         except (AttributeError, TypeError):
             key = hit = None
         if hit is not None:
-            return hit(o_parts, lse_parts)
+            try:
+                return hit(o_parts, lse_parts)
+            except Exception:  # the compiled function refused an argument: the checks below name it
+                pass
     _check_states(o_parts, lse_parts)
     if key is None or o_parts.device.type not in _KERNEL_DEVICES or isinstance(o_parts, FakeTensor):
         return _merge_states_op(o_parts, lse_parts)  # torch.compile, fake / CPU / meta tensors

@@ -111,12 +111,25 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+# What the TVM-FFI entry of every compiled kernel checks of each tensor argument against the fake
+# tensors it was compiled with, raising ValueError / TypeError before any launch: rank, dtype (an int
+# parameter takes signed or unsigned of its width), device type, one device index for all tensors,
+# the assumed data-pointer alignment, static sizes and sizes shared by several tensors (one symbol),
+# static strides and stride divisibility -- strides of size-1 dims excepted.  A host fast path keys
+# its launchers on the rest (the plan's inputs, strides, anything the kernel assumes but cannot
+# check) and counts a launch only once the call returned.
+
+
 def direct(fn):
     """The cheapest callable equivalent to ``fn``, a function :func:`get_compiled` returned: a kernel
     compiled in this process is a DSL object whose Python ``__call__`` adapts keyword arguments before
     calling the TVM-FFI function underneath; a kernel loaded from the disk cache is that TVM-FFI
     function already.  Host fast paths call the result with every argument positionally (as they
-    call a loaded kernel) and keep ``fn`` referenced too (it owns the loaded CUDA library)."""
+    call a loaded kernel) and keep ``fn`` referenced too (it owns the loaded CUDA library).
+
+    Fast-path keys rely on what that TVM-FFI function checks of its arguments itself, before it
+    launches anything (the comment above): a launcher's call it refuses raises, launches nothing,
+    and the op then takes its checked path, which names the argument."""
     get = getattr(fn, "__tvm_ffi_object__", None)
     exe = getattr(fn, "execution_args", None)
     if get is None or exe is None or getattr(exe, "has_pointer_address_arg_specs", True):

@@ -1,9 +1,12 @@
 """The host fast paths (issue 19: host time per call), on the CPU with the kernels stubbed.
 
-Every public op keeps a launcher per call *metadata* (shapes, strides, dtypes, devices, the data
-pointers' 16-byte alignment, flags), made only after a call with exactly that metadata passed every
-check and launched.  Checked here, with CPU tensors standing in for CUDA ones (the ops' device checks
-opened to the CPU, the compiled kernels replaced by recording stubs):
+Every public op keeps a launcher per call *metadata* (shapes, strides, dtypes, devices, flags), made
+only after a call with that metadata passed every check and launched; the attention ops leave to the
+compiled function's own argument checks what it checks itself (``jit.direct``: other tensors' dtypes
+and devices, shared sizes, alignment) and take the checked path when it refuses.  Checked here, with
+CPU tensors standing in for CUDA ones (the ops' device checks opened to the CPU, the compiled kernels
+replaced by recording stubs that refuse as the compiled function does; the real ones:
+tests/attention/test_host_path_gpu.py):
 
 * a hit launches without re-planning or fetching the kernel again (repeated calls never recompile);
 * the fast path cannot skip validation: a call that differs from a cached one only in a stride, a
@@ -39,15 +42,31 @@ OVERHEAD_BOUND_US = 15.0
 
 class Stub:
     """A compiled kernel stand-in: records its arguments.  :meth:`fetch` is the stubbed compile-cache
-    getter: one Stub per key (as the memory cache), ``Stub.made`` counts the fetches."""
+    getter: one Stub per key (as the memory cache), ``Stub.made`` counts the fetches.
+
+    Like the compiled function's TVM-FFI entry (``jit.direct``), it refuses a call whose tensors
+    differ from its first call's in dtype, device or rank, or whose 16-byte-aligned data pointers
+    are not any more, with a ValueError before recording anything: the fast paths leave those checks
+    to it.  (Shared sizes are the real entry's too; tests/attention/test_host_path_gpu.py covers them.)"""
 
     made = 0
     _cache: dict = {}
 
     def __init__(self, *key):
-        self.key, self.calls = key, []
+        self.key, self.calls, self.spec = key, [], None
+
+    @staticmethod
+    def _facts(args):
+        return [(t.dtype, t.device, t.dim(), t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
+                for t in args]
 
     def __call__(self, *args):
+        facts = self._facts(args)
+        if self.spec is None:
+            self.spec = facts
+        for i, (want, got) in enumerate(zip(self.spec, facts)):
+            if want is not None and (got is None or got[:3] != want[:3] or (want[3] and not got[3])):
+                raise ValueError(f"Mismatched argument #{i}: {got}, expected {want}")
         self.calls.append(args)
 
     @classmethod
@@ -230,6 +249,10 @@ def test_decode_hit_with_other_metadata_is_checked(stubbed, monkeypatch):
     rejected(lambda: DE.decode_attn(q, k, v, cache_seqlens=s, softmax_scale=torch.tensor(0.1)), TypeError)
     padded = torch.empty(2, 40, 2, 68, dtype=BF)[..., :64]  # rows 136 bytes apart
     rejected(lambda: DE.decode_attn(q, padded, v, cache_seqlens=s), ValueError, "16-byte aligned")
+    # a misaligned q is valid: the launcher's kernel refuses it, the checked path copies it (no new launcher)
+    with count_launches() as n:
+        DE.decode_attn(misaligned(tuple(q.shape)), k, v, cache_seqlens=s)
+    assert n["decode_attn"] == 1 and len(DE._launchers) == 1
     # checked mode (the environment variable, read on every call) validates lengths on a cached key
     bad = torch.full((2,), 99, dtype=torch.int32)
     DE.decode_attn(q, k, v, cache_seqlens=bad)  # unchecked: clamped, runs
