@@ -14,13 +14,12 @@ Here: validation (:mod:`.forward_validate`: every error names its argument, shap
 device errors, nothing launched); empty problems without a launch; the plan (the compile key is the
 dtype, head dim, causal, packed, windowed and the page size: never lengths, batch or heads); the
 launches; ``torch.library`` custom ops with fake implementations for ``torch.compile`` (eager calls
-skip the dispatcher); and the host fast paths: a launcher per call metadata, made after a call with
-that metadata passed the checks and launched (dense and packed calls; paged calls are always checked).
+skip the dispatcher); and the host fast paths (:mod:`.forward_host`): a launcher per call metadata,
+made after a call with that metadata passed the checks and launched.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -31,9 +30,9 @@ from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
 from ..common.scheduler import tile_counter  # (FW.tile_counter: the benches pass it to bare launches)
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
+from . import forward_host as fh
 from . import forward_kernel
 from .decode_plan import checked_default, checked_env
-from .forward_softmax import WINDOW_UNBOUNDED
 from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _scale, check_cu_seqlens,  # noqa: F401
                                check_paged_values, check_unsupported, check_window, page_size_ok, validate,
                                validate_paged, validate_varlen)
@@ -110,11 +109,6 @@ def precompile(configs, processes: Optional[int] = None) -> list[str]:
     return jit.precompile_configs(get_forward_kernel, configs, processes)
 
 
-def _window_args(window_left: int, window_right: int) -> tuple[int, int]:
-    """API window sides (-1: unbounded) as the kernel takes them (>= 0)."""
-    return (WINDOW_UNBOUNDED if window_left < 0 else window_left), (WINDOW_UNBOUNDED if window_right < 0 else window_right)
-
-
 def _launch(q, k, v, out, lse, causal: bool, scale: float, window_left: int = -1, window_right: int = -1) -> None:
     """Write out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 for validated CUDA tensors; a window
     ``(window_left, window_right)`` other than (-1, -1) as :func:`check_window` returns it."""
@@ -133,7 +127,7 @@ def _launch(q, k, v, out, lse, causal: bool, scale: float, window_left: int = -1
     LAUNCHES["flash_attn"] += 1
     if window:
         fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E,
-           *_window_args(window_left, window_right))
+           *fh.window_args(window_left, window_right))
     else:
         fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E)
 
@@ -155,7 +149,7 @@ def _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_s
     if fn is None:
         return
     LAUNCHES["flash_attn"] += 1
-    wl, wr = _window_args(window_left, window_right)
+    wl, wr = fh.window_args(window_left, window_right)
     fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
        scale * LOG2_E, wl, wr)
 
@@ -180,7 +174,7 @@ def _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q: i
     if fn is None:
         return
     LAUNCHES["flash_attn"] += 1
-    wl, wr = _window_args(window_left, window_right)
+    wl, wr = fh.window_args(window_left, window_right)
     counter = tile_counter(q.device, cfg.tile.dynamic)
     if varlen:
         fn(q, k, v, out, lse, counter, cu_seqlens_q, max_seqlen_q, block_table, seqused_k, scale * LOG2_E, wl, wr)
@@ -284,75 +278,60 @@ def _(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, lse, cau
 
 
 # ------------------------------------------------------------------------------------------------
-# the host fast path: a launcher per call metadata, made after a call with that metadata passed
-# validation and launched (issue 19: host time per call)
+# the host fast path (:mod:`.forward_host`): launchers made after a call launched the kernel
 # ------------------------------------------------------------------------------------------------
 _is_compiling = torch.compiler.is_compiling
-_empty = torch.empty
-#: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
-_FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
-_launchers: dict = {}
+_FAST = fh.FAST_TYPES
+_launchers = fh.launchers
 
 
-def _key(q, k, v, out, causal) -> tuple:
-    """What :func:`validate` and the plan read that the compiled function's own argument checks
-    (:func:`~cute_kernels.common.jit.direct`) leave open: q's shape, dtype and device
-    (``get_device()``: -1 for every non-CUDA device, which never has a launcher), k's shape (the GQA
-    ratio), every stride (those of size-1 dims and out's zero strides included), out's type (a fake one
-    never hits) and causal.  The rest -- k / v / out dtypes and devices, v's and out's shapes, 16-byte
-    alignment -- the compiled function checks on every call."""
-    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
-            None if out is None else (type(out), out.stride()), causal)
-
-
-def _prepare(key, q, k, causal: bool) -> None:
-    """Cache a launcher for ``key`` after a call with that metadata launched the kernel."""
+def _prepare(key, q, k, causal: bool, window_left: int, window_right: int) -> None:
+    """Cache a launcher for ``key`` after a dense call with that metadata launched the kernel (calls
+    :func:`_launch` handles without one -- no query row, no key -- keep the checked path)."""
     B, Sq, Hq, D = q.shape
     if B == 0 or Sq == 0 or Hq == 0 or k.shape[1] == 0:
         return
-    cfg = plan(q.dtype, D, causal)
+    window = (window_left, window_right)
+    cfg = plan(q.dtype, D, causal, window=window != (-1, -1))
     fn = get_forward_kernel(cfg)
     if fn is not None:
-        _launchers[key] = _launcher(fn, q, (B, Hq, Sq), cfg.tile.dynamic)
+        _launchers[key] = fh.make_launcher(fn, q, (B, Hq, Sq), cfg.tile.dynamic, "dense", window)
 
 
-def _fast_scale(hit, softmax_scale):
-    """The scale a fast-path hit launches with; None when softmax_scale needs the checks (``_scale``
-    says what is wrong with it, or takes a numpy scalar)."""
-    if softmax_scale is None:
-        return hit.default_scale
-    ts = type(softmax_scale)
-    return softmax_scale if (ts is float or ts is int) and 0.0 < softmax_scale < math.inf else None
+def _prepare_varlen(key, q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, causal: bool, window_left: int,
+                    window_right: int) -> None:
+    """:func:`_prepare` of a packed call (``causal`` and the window as :func:`check_window` returned them)."""
+    total_q, Hq, D = q.shape
+    if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0 or k.shape[0] == 0:
+        return
+    window = (window_left, window_right)
+    cfg = plan(q.dtype, D, causal, varlen=True, window=window != (-1, -1))
+    fn = get_forward_kernel(cfg)
+    if fn is not None:
+        _launchers[key] = fh.make_launcher(fn, q, (Hq, total_q), cfg.tile.dynamic, "packed", window,
+                                           (max_seqlen_q, max_seqlen_k))
 
 
-def _launcher(fn, q, lshape, dynamic: bool, packed=None):
-    """The launcher of a compiled forward for calls shaped as ``q``: allocates out (unless given) and
-    the LSE (``lshape``; without return_lse a scratch one, made by the first such call and never read),
-    launches, counts (a call the compiled function refuses raises uncounted).  ``packed``: (max_seqlen_q, max_seqlen_k, window_left, window_right) of a packed
-    launcher, whose calls also pass the two cu_seqlens."""
-    qshape, dtype, dev, run = q.shape, q.dtype, q.device, jit.direct(fn)
-    lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
-
-    if packed is None:
-        def launch(q, k, v, out, scale, want_lse):
-            if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
-            run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
-            LAUNCHES["flash_attn"] += 1
-            return out, lse
+def _prepare_paged(key, q, k, cu_seqlens_q, max_seqlen_q: int, causal: bool, window_left: int,
+                   window_right: int) -> None:
+    """:func:`_prepare` of a paged call, q dense or packed."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        total_q, Hq, D = q.shape
+        if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0:
+            return
+        lshape = (Hq, total_q)
     else:
-        mq, mk, wl, wr = packed
-
-        def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, want_lse):
-            if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
-            run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E, wl, wr)
-            LAUNCHES["flash_attn"] += 1
-            return out, lse
-    launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn  # (fn owns run's CUDA library)
-    return launch
+        B, Sq, Hq, D = q.shape
+        if B == 0 or Sq == 0 or Hq == 0:
+            return
+        lshape = (B, Hq, Sq)
+    window = (window_left, window_right)
+    cfg = plan(q.dtype, D, causal, varlen=varlen, window=window != (-1, -1), page_size=k.shape[1])
+    fn = get_forward_kernel(cfg)
+    if fn is not None:
+        _launchers[key] = fh.make_launcher(fn, q, lshape, cfg.tile.dynamic, "paged_packed" if varlen else "paged",
+                                           window, (max_seqlen_q,) if varlen else ())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -441,17 +420,16 @@ def flash_attn(
         return _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, window_size, checked)
     key = None
-    dense_window = not (type(window_size) is tuple and window_size == (-1, -1))
-    if not _is_compiling() and not dense_window:  # the fast path (_key); anything unusual takes the checks below
+    if not _is_compiling():  # the fast path (forward_host); anything unusual takes the checks below
         try:
-            if type(q) in _FAST_TYPES and type(k) in _FAST_TYPES and type(v) in _FAST_TYPES:
-                key = _key(q, k, v, out, causal)
+            if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST:
+                key = fh.dense_key(q, k, v, out, causal, window_size)
                 hit = _launchers.get(key)
             else:
                 hit = None
-        except (AttributeError, TypeError):  # a non-tensor, an unhashable causal: validate says what
+        except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        scale = None if hit is None else _fast_scale(hit, softmax_scale)
+        scale = None if hit is None else fh.fast_scale(hit, softmax_scale)
         if scale is not None:
             try:
                 o, lse = hit(q, k, v, out, scale, return_lse)
@@ -475,31 +453,31 @@ def flash_attn(
     else:
         lse = _new_lse(q)
     _launch(q, k, v, out, lse, causal, scale, wl, wr)  # eager: no dispatcher
-    if key is not None and window is None:
-        _prepare(key, q, k, causal)
+    if key is not None:
+        _prepare(key, q, k, causal, wl, wr)
     return (out, lse) if return_lse else out
 
 
 def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                        max_seqlen_k, window_size, checked):
-    """:func:`flash_attn` with cu_seqlens: the fast path (:func:`_varlen_key`; unchecked calls only),
+    """:func:`flash_attn` with cu_seqlens: the fast path (:func:`.forward_host.packed_key`; unchecked calls only),
     else the checks below, the launch, and a launcher for the call's metadata."""
     key = None
     if (checked is None or checked is False) and not _is_compiling():
         try:
-            if (type(q) in _FAST_TYPES and type(k) in _FAST_TYPES and type(v) in _FAST_TYPES
-                    and type(cu_seqlens_q) in _FAST_TYPES and type(cu_seqlens_k) in _FAST_TYPES):
-                key = _varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal,
-                                  window_size)
+            if (type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and type(cu_seqlens_q) in _FAST
+                    and type(cu_seqlens_k) in _FAST):
+                key = fh.packed_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal,
+                                    window_size)
                 hit = _launchers.get(key)
             else:
                 hit = None
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        scale = None if hit is None or (checked is None and checked_env()) else _fast_scale(hit, softmax_scale)
+        scale = None if hit is None or (checked is None and checked_env()) else fh.fast_scale(hit, softmax_scale)
         if scale is not None:
             try:
-                o, lse = hit(q, k, v, cu_seqlens_q, cu_seqlens_k, out, scale, return_lse)
+                o, lse = hit(q, k, v, out, scale, return_lse, cu_seqlens_q, cu_seqlens_k)
             except Exception:  # the compiled function refused an argument: the checks below name it
                 pass
             else:
@@ -534,34 +512,34 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
     return (out, lse) if return_lse else out
 
 
-def _varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal, window_size) -> tuple:
-    """A packed call's metadata, as :func:`_key` (plus cu_seqlens_q's shape, both cu_seqlens dtypes --
-    the compiled function takes uint32 for int32 --, the max_seqlen values and window_size, with their
-    types; an unhashable one raises TypeError): never the cu_seqlens values."""
-    return ("varlen", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
-            cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_k.dtype,
-            type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
-            None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
-
-
-def _prepare_varlen(key, q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, causal: bool, window_left: int,
-                    window_right: int) -> None:
-    """Cache a launcher for ``key`` after a packed call with that metadata launched the kernel (the
-    calls :func:`_launch_varlen` handles without a launch -- no query rows, no key rows -- keep the
-    checked path).  ``causal`` and the window sides as :func:`check_window` returned them."""
-    total_q, Hq, D = q.shape
-    if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0 or k.shape[0] == 0:
-        return
-    cfg = plan(q.dtype, D, causal, varlen=True, window=window_left != -1 or window_right != -1)
-    fn = get_forward_kernel(cfg)
-    if fn is not None:
-        _launchers[key] = _launcher(fn, q, (Hq, total_q), cfg.tile.dynamic,
-                                    (max_seqlen_q, max_seqlen_k, *_window_args(window_left, window_right)))
-
-
 def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                       max_seqlen_k, window_size, checked, block_table, seqused_k):
-    """:func:`flash_attn` with block_table / seqused_k (paged K/V; no host fast path)."""
+    """:func:`flash_attn` with block_table / seqused_k (paged K/V): the fast path
+    (:func:`.forward_host.paged_key`; unchecked calls only), else the checks below, the launch, and a
+    launcher for the call's metadata."""
+    key = None
+    if (checked is None or checked is False) and not _is_compiling() and cu_seqlens_k is None and max_seqlen_k is None:
+        try:
+            if (type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and type(block_table) in _FAST
+                    and type(seqused_k) in _FAST):
+                key = fh.paged_key(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, causal,
+                                   window_size)
+                hit = _launchers.get(key)
+            else:
+                hit = None
+        except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
+            key = hit = None
+        scale = None if hit is None or (checked is None and checked_env()) else fh.fast_scale(hit, softmax_scale)
+        if scale is not None:
+            try:
+                if cu_seqlens_q is None:
+                    o, lse = hit(q, k, v, out, scale, return_lse, block_table, seqused_k)
+                else:
+                    o, lse = hit(q, k, v, out, scale, return_lse, cu_seqlens_q, block_table, seqused_k)
+            except Exception:  # the compiled function refused an argument: the checks below name it
+                pass
+            else:
+                return (o, lse) if return_lse else o
     if block_table is None:
         _err(ValueError, "seqused_k is given without block_table (paged K/V needs both)")
     if seqused_k is None:
@@ -588,5 +566,7 @@ def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlen
         _flash_attn_paged_out_op(q, k, v, block_table, seqused_k, cu_seqlens_q, mq, out, lse, causal, scale, wl, wr)
     else:
         _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, mq, out, lse, causal, scale, wl, wr)
+        if key is not None:
+            _prepare_paged(key, q, k, cu_seqlens_q, mq, causal, wl, wr)
     return (out, lse) if return_lse else out
 

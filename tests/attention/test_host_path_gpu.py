@@ -1,6 +1,6 @@
 """The host fast paths on the GPU, against the real compiled functions (issue 19: host time per call).
 
-A launcher's key (``_key`` of each op) leaves out what the compiled function's TVM-FFI entry checks
+A launcher's key (``forward_host.*_key``, ``decode._key``, ``merge._key``) leaves out what the compiled function's TVM-FFI entry checks
 itself before launching (``cute_kernels.common.jit.direct``): the other tensors' dtypes and devices,
 sizes shared by several tensors, data-pointer alignment.  Each test makes a launcher, then makes calls
 whose key *is* that launcher's (asserted, so the fast path is really taken) and that differ in one
@@ -21,11 +21,13 @@ import torch
 
 from cute_kernels.attention import decode as DE
 from cute_kernels.attention import forward as FW
+from cute_kernels.attention import forward_host as FH
 from cute_kernels.attention import merge as ME
 from cute_kernels.common import jit
 from cute_kernels.testing import count_launches
 from _check import RTOL, assert_close_elementwise
 from test_forward import check_against_reference, make_qkv
+from test_forward_varlen import check_window_result
 
 pytestmark = pytest.mark.gpu
 BF = torch.bfloat16
@@ -67,7 +69,7 @@ def test_flash_attn_dense_refusals():
     L = FW._launchers
 
     def key(q=q, k=k, v=v, out=out, causal=False):
-        return FW._key(q, k, v, out, causal)
+        return FH.dense_key(q, k, v, out, causal, (-1, -1))
 
     v_b1 = torch.randn(B - 1, S, Hkv, D, dtype=BF, device="cuda")  # the strides of v, another batch
     cases = [
@@ -111,7 +113,7 @@ def test_flash_attn_packed_refusals():
     L = FW._launchers
 
     def key(k=k, v=v, cu_k=cu):
-        return FW._varlen_key(q, k, v, cu, cu_k, 130, 130, None, True, (-1, -1))
+        return FH.packed_key(q, k, v, cu, cu_k, 130, 130, None, True, (-1, -1))
 
     cu_short = torch.tensor([0, 37, total], dtype=torch.int32, device="cuda")
     with no_compiles():
@@ -128,6 +130,43 @@ def test_flash_attn_packed_refusals():
             qs, ks, vs = (t[s0:s0 + n][None] for t in (q, k, v))
             check_against_reference(o[s0:s0 + n][None], lse[:, s0:s0 + n][None], qs, ks, vs, True,
                                     what=f"packed sequence {b} after refusals")
+
+
+def test_flash_attn_window_and_paged_refusals():
+    B, Sq, Hq, Hkv, D, page = 2, 40, 4, 2, 128, 64
+    q, k, v = make_qkv(B, Sq, 100, Hq, Hkv, D, device="cuda", seed=5)
+    for _ in range(2):
+        FW.flash_attn(q, k, v, causal=True, window_size=(16, 0))
+    L = FW._launchers
+    with no_compiles():
+        refused(L, FH.dense_key(q, k, v.half(), None, True, (16, 0)),
+                lambda: FW.flash_attn(q, k, v.half(), causal=True, window_size=(16, 0)), TypeError, "v dtype")
+    g = torch.Generator().manual_seed(6)
+    pool_k = torch.randn(6, page, Hkv, D, generator=g).to(BF).cuda()
+    pool_v = torch.randn(6, page, Hkv, D, generator=g).to(BF).cuda()
+    bt = torch.tensor([[4, 1], [2, 0]], dtype=torch.int32, device="cuda")
+    used = torch.tensor([100, 41], dtype=torch.int32, device="cuda")
+    kw = dict(block_table=bt, seqused_k=used, causal=True)
+    for _ in range(2):
+        FW.flash_attn(q, pool_k, pool_v, **kw)
+
+    def key(v=pool_v, used=used):
+        return FH.paged_key(q, pool_k, v, bt, used, None, None, None, True, (-1, -1))
+
+    with no_compiles():
+        refused(L, key(v=pool_v.half()), lambda: FW.flash_attn(q, pool_k, pool_v.half(), **kw), TypeError, "v dtype")
+        refused(L, key(v=misaligned_like(pool_v)), lambda: FW.flash_attn(q, pool_k, misaligned_like(pool_v), **kw),
+                ValueError, "v data pointer must be 16-byte aligned")
+        refused(L, key(used=used[:1]), lambda: FW.flash_attn(q, pool_k, pool_v, **{**kw, "seqused_k": used[:1]}),
+                ValueError, "seqused_k must be")
+        o, lse = FW.flash_attn(q, pool_k, pool_v, return_lse=True, **kw)
+        ow, lw = FW.flash_attn(q, k, v, causal=True, window_size=(16, 0), return_lse=True)
+    for b in range(B):  # each sequence's keys gathered from its pages
+        n = int(used[b])
+        kb = pool_k[bt[b].long()].reshape(-1, Hkv, D)[:n][None]
+        vb = pool_v[bt[b].long()].reshape(-1, Hkv, D)[:n][None]
+        check_against_reference(o[b:b + 1], lse[b:b + 1], q[b:b + 1], kb, vb, True, what=f"paged sequence {b}")
+    check_window_result(ow, lw, q, k, v, True, (16, 0), what="window after a refusal")
 
 
 # ---------------------------------------------------------------------------------------- decode_attn

@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cute_kernels
 from cute_kernels.attention import decode as DE
 from cute_kernels.attention import forward as FW
+from cute_kernels.attention import forward_host as FH
 from cute_kernels.attention import forward_validate as FV
 from cute_kernels.attention import merge as ME
 from cute_kernels.common import jit
@@ -330,6 +331,51 @@ def test_flash_attn_packed_hits_and_checks(stubbed, monkeypatch):
     rejected(lambda: FW.flash_attn(q, k, k, checked=True, **{**kw, "cu_seqlens_q": too_long}), ValueError,
              "max_seqlen_q")
     assert Stub.made == made + 5  # two per new key (its launch, its launcher), one for the unhashable window
+
+
+def test_flash_attn_window_and_paged_hits(stubbed):
+    """Windowed dense calls and paged calls (q dense or packed) have launchers too: the window sides,
+    the block table and seqused_k reach the kernel in its order; a refused hit is checked in full."""
+    q, k = torch.randn(2, 16, 4, 64, dtype=BF), torch.randn(2, 24, 2, 64, dtype=BF)
+    with count_launches() as n:
+        for _ in range(3):
+            FW.flash_attn(q, k, k, causal=True, window_size=(8, 0))
+    assert n["flash_attn"] == 3 and len(FW._launchers) == 1
+    (stub,) = {launcher_of(f) for f in FW._launchers.values()}
+    assert len(stub.calls[-1]) == 9 and stub.calls[-1][7:] == (8, 0)
+    FW.flash_attn(q, k, k, causal=True, window_size=(4, 0))
+    assert len(FW._launchers) == 2
+    with count_launches() as n:  # an unhashable window_size: the checked path, every time
+        FW.flash_attn(q, k, k, causal=True, window_size=[8, 0])
+    assert n["flash_attn"] == 1 and len(FW._launchers) == 2
+    rejected(lambda: FW.flash_attn(q, k, k.half(), causal=True, window_size=(8, 0)), TypeError, "v dtype")
+
+    pool = torch.randn(7, 16, 2, 64, dtype=BF)
+    bt = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32)
+    used = torch.tensor([20, 9], dtype=torch.int32)
+    kw = dict(block_table=bt, seqused_k=used, causal=True)
+    made = Stub.made
+    with count_launches() as n:
+        for _ in range(3):
+            out, lse = FW.flash_attn(q, pool, pool, return_lse=True, **kw)
+    assert n["flash_attn"] == 3 and out.shape == q.shape and lse.shape == (2, 4, 16)
+    assert Stub.made == made + 2 and len(FW._launchers) == 3  # one fetch to launch, one for the launcher
+    args = launcher_of(FW._launchers[FH.paged_key(q, pool, pool, bt, used, None, None, None, True, (-1, -1))]).calls[-1]
+    assert len(args) == 11 and args[6] is bt and args[7] is used
+    qp = torch.randn(30, 4, 64, dtype=BF)
+    cu = torch.tensor([0, 12, 30], dtype=torch.int32)
+    pk = dict(kw, cu_seqlens_q=cu, max_seqlen_q=18)
+    with count_launches() as n:
+        for _ in range(3):
+            FW.flash_attn(qp, pool, pool, **pk)
+    assert n["flash_attn"] == 3 and len(FW._launchers) == 4
+    args = launcher_of(FW._launchers[FH.paged_key(qp, pool, pool, bt, used, cu, 18, None, True, (-1, -1))]).calls[-1]
+    assert len(args) == 13 and args[6] is cu and args[7] == 18 and args[8] is bt and args[9] is used
+    rejected(lambda: FW.flash_attn(q, pool, pool.half(), **kw), TypeError, "v dtype")
+    rejected(lambda: FW.flash_attn(q, pool, pool, **{**kw, "block_table": bt.long()}), TypeError, "block_table")
+    rejected(lambda: FW.flash_attn(q, pool, pool, **{**kw, "seqused_k": used.long()}), TypeError, "seqused_k")
+    rejected(lambda: FW.flash_attn(q, pool, pool, checked=True, **{**kw, "seqused_k": used + 100}), ValueError,
+             "seqused_k")
 
 
 # --------------------------------------------------------------------------------------- merge_states

@@ -1,0 +1,141 @@
+"""The host fast path of ``flash_attn`` (issue 19: host time per call).
+
+A launcher per call *metadata*, made after a call with that metadata passed the checks
+(:mod:`.forward_validate`) and launched; a later call with the same metadata allocates its outputs and
+calls the compiled function, nothing else.  A key holds what validation and the plan read that the
+compiled function's own argument checks leave open (:func:`~cute_kernels.common.jit.direct`): q's
+shape, dtype and device; k's shape (the GQA ratio, the page size); every stride (those of size-1 dims
+and an out's zero strides included); the int tensors' shapes where the kernel does not tie them to q,
+and their dtypes (the compiled function takes uint32 for int32); the host scalars (max_seqlen, window,
+causal) with their types; the optional tensors' types (a fake one never hits).  Never a device value
+(lengths, page ids), never a tensor's identity.  A hit the compiled function refuses raises before it
+launches and counts nothing; :func:`~.forward.flash_attn` then takes its checked path, which names the
+argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..common import jit
+from ..common.scheduler import tile_counter
+from ..common.softmax import LOG2_E
+from ..testing import LAUNCHES
+from .forward_softmax import WINDOW_UNBOUNDED
+
+_empty = torch.empty
+#: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
+FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+#: call metadata (the ``*_key`` functions) -> launcher (:func:`make_launcher`)
+launchers: dict = {}
+
+
+def window_args(window_left: int, window_right: int) -> tuple[int, int]:
+    """API window sides (-1: unbounded) as the kernel takes them (>= 0)."""
+    return (WINDOW_UNBOUNDED if window_left < 0 else window_left), (WINDOW_UNBOUNDED if window_right < 0 else window_right)
+
+
+# ------------------------------------------------------------------------------------------- keys
+def dense_key(q, k, v, out, causal, window_size) -> tuple:
+    """A dense call's metadata (the module doc); an unhashable argument raises TypeError."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
+            None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
+
+
+def packed_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal, window_size) -> tuple:
+    """A packed call's metadata: :func:`dense_key`'s, cu_seqlens_q's shape (the kernel ties cu_seqlens_k's
+    to it), both cu_seqlens dtypes and the max_seqlen values: never the cu_seqlens values."""
+    return ("packed", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
+            cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_k.dtype,
+            type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
+            None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
+
+
+def paged_key(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, causal, window_size) -> tuple:
+    """A paged call's metadata: :func:`dense_key`'s (k's shape: pages and page size), the block table's
+    shape, stride and dtype (the kernel ties seqused_k's shape to it), seqused_k's dtype, and for packed
+    queries cu_seqlens_q's type, shape and dtype (which the kernel does not tie to the batch) and
+    max_seqlen_q: never the lengths or page ids."""
+    return ("paged", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
+            block_table.shape, block_table.stride(), block_table.dtype, seqused_k.dtype,
+            None if cu_seqlens_q is None else (type(cu_seqlens_q), cu_seqlens_q.shape, cu_seqlens_q.dtype),
+            type(max_seqlen_q), max_seqlen_q,
+            None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
+
+
+def fast_scale(hit, softmax_scale):
+    """The scale a hit launches with; None when softmax_scale needs the checks (they say what is wrong
+    with it, or take a numpy scalar)."""
+    if softmax_scale is None:
+        return hit.default_scale
+    ts = type(softmax_scale)
+    return softmax_scale if (ts is float or ts is int) and 0.0 < softmax_scale < math.inf else None
+
+
+# ---------------------------------------------------------------------------------------- launchers
+def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_seqlens=()):
+    """The launcher of a compiled forward ``fn`` for calls shaped as ``q``: allocates out (unless
+    given) and the LSE (``lshape``; without return_lse a scratch one, made by the first such call and
+    never read), launches, counts.  ``mode`` and the device tensors a launch passes after
+    ``(q, k, v, out, scale, want_lse)``, in the kernel's order (:func:`~.forward_kernel.forward_builder`):
+
+    * ``"dense"``: none (a window other than (-1, -1): the window entry);
+    * ``"packed"``: ``cu_seqlens_q, cu_seqlens_k`` (``max_seqlens``: (max_seqlen_q, max_seqlen_k));
+    * ``"paged"``: ``block_table, seqused_k``;
+    * ``"paged_packed"``: ``cu_seqlens_q, block_table, seqused_k`` (``max_seqlens``: (max_seqlen_q,))."""
+    qshape, dtype, dev, run = q.shape, q.dtype, q.device, jit.direct(fn)
+    lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
+    wl, wr = window_args(*window)
+
+    if mode == "dense" and tuple(window) == (-1, -1):
+        def launch(q, k, v, out, scale, want_lse):
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = lse_for(want_lse)
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
+            LAUNCHES["flash_attn"] += 1
+            return out, lse
+    elif mode == "dense":
+        def launch(q, k, v, out, scale, want_lse):
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = lse_for(want_lse)
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E, wl, wr)
+            LAUNCHES["flash_attn"] += 1
+            return out, lse
+    elif mode == "packed":
+        mq, mk = max_seqlens
+
+        def launch(q, k, v, out, scale, want_lse, cu_seqlens_q, cu_seqlens_k):
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = lse_for(want_lse)
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E,
+                wl, wr)
+            LAUNCHES["flash_attn"] += 1
+            return out, lse
+    elif mode == "paged":
+        def launch(q, k, v, out, scale, want_lse, block_table, seqused_k):
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = lse_for(want_lse)
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), block_table, seqused_k, scale * LOG2_E, wl, wr)
+            LAUNCHES["flash_attn"] += 1
+            return out, lse
+    elif mode == "paged_packed":
+        (mq,) = max_seqlens
+
+        def launch(q, k, v, out, scale, want_lse, cu_seqlens_q, block_table, seqused_k):
+            if out is None:
+                out = _empty(qshape, dtype=dtype, device=dev)
+            lse = lse_for(want_lse)
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, mq, block_table, seqused_k,
+                scale * LOG2_E, wl, wr)
+            LAUNCHES["flash_attn"] += 1
+            return out, lse
+    else:
+        raise ValueError(f"make_launcher: unknown mode {mode!r}")
+    launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn  # (fn owns run's CUDA library)
+    return launch
