@@ -2,7 +2,10 @@
 
 1. Host time per call: tiny problems (GPU work of a few microseconds), N back-to-back calls per round,
    the median over rounds of the wall time per call (the device is synchronized between rounds, never
-   inside one).  For each op, side by side:
+   inside one).  Every round times every variant once, the order rotated round by round, and the
+   overhead over bare is the median of the per-round differences: the device machine's host drifts
+   by microseconds between blocks of rounds, which unpaired medians took for differences between
+   variants.  For each op, side by side:
 
    * the public op (``gemm``, ``decode_attn``, ``flash_attn``, ``merge_states``), allocating its
      outputs and with ``out=`` where it takes one;
@@ -50,25 +53,39 @@ TARGET_FIRST_CALL_MS = 50.0
 
 
 # ------------------------------------------------------------------------------------------ timing
-def host_us(fn, calls: int, rounds: int) -> dict:
-    """Median (and min) over ``rounds`` of the wall time per call of ``calls`` back-to-back calls; the
-    time the final synchronize waited (the GPU's backlog: large means the GPU, not the host, set
-    the pace of the round)."""
+def host_us(variants: dict, calls: int, rounds: int) -> dict:
+    """Per variant: the median (and min) over ``rounds`` of the wall time per call of ``calls``
+    back-to-back calls, every round timing each variant once, in an order rotated round by round (so
+    a drift of the host's speed reaches every variant alike); the per-round times (for paired
+    differences); the time the final synchronize waited (the GPU's backlog: large means the GPU, not
+    the host, set the pace).  A variant that raises is dropped, its error in ``failed``."""
     import torch
 
-    for _ in range(calls):
-        fn()
+    live, failed = dict(variants), {}
+    for name, fn in list(live.items()):
+        try:
+            for _ in range(calls):
+                fn()
+        except Exception as e:  # noqa: BLE001 - one variant failing must not lose the others
+            failed[name] = f"{type(e).__name__}: {str(e)[:120]}"
+            del live[name]
     torch.cuda.synchronize()
-    per, sync = [], []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        per.append((t1 - t0) / calls * 1e6)
-        sync.append((time.perf_counter() - t1) * 1e6)
-    return {"median_us": statistics.median(per), "min_us": min(per), "sync_wait_us": statistics.median(sync)}
+    per = {name: [] for name in live}
+    sync = {name: [] for name in live}
+    names = list(live)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = live[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            per[name].append((t1 - t0) / calls * 1e6)
+            sync[name].append((time.perf_counter() - t1) * 1e6)
+    res = {name: {"median_us": statistics.median(per[name]), "min_us": min(per[name]), "rounds_us": per[name],
+                  "sync_wait_us": statistics.median(sync[name])} for name in names}
+    return res, failed
 
 
 # ---------------------------------------------------------------------------------- the problems
@@ -112,8 +129,11 @@ def gemm_cases(dev):
         def bare_alloc(raw=raw, ws=ws, shape=(m, n)):
             raw(*args(torch.empty(shape, device=dev, dtype=torch.bfloat16)), *ws, 1.0, 0.0)
 
+        la, lo = GH._launchers[GH._key(a, b, None, None, 0.0, None)], GH._launchers[GH._key(a, b, d, None, 0.0, None)]
         out.append((f"gemm {m}x{n}x{k}", {
             "key": lambda a=a, b=b, d=d: GH._launchers.get(GH._key(a, b, d, None, 0.0, None)),
+            "launcher": lambda a=a, b=b, la=la: la(a, b, None, None, 1.0, 0.0),
+            "launcher_out": lambda a=a, b=b, d=d, lo=lo: lo(a, b, d, None, 1.0, 0.0),
             "public": lambda a=a, b=b: gemm(a, b),
             "public_out": lambda a=a, b=b, d=d: gemm(a, b, out=d),
             "bare": bare, "bare_alloc": bare_alloc,
@@ -195,8 +215,12 @@ def decode_cases(dev):
 
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         sd = _sdpa(qt, kt, vt, Hq, Hkv, notes)
+        la = DE._launchers[DE._key(q, k, v, s, None, None, None, splits, True)]
+        lo = DE._launchers[DE._key(q, k, v, s, None, o, None, splits, True)]
         variants = {
             "key": lambda splits=splits: DE._launchers.get(DE._key(q, k, v, s, None, o, None, splits, True)),
+            "launcher": lambda la=la: la(q, k, v, s, None, None, None, D ** -0.5, False),
+            "launcher_out": lambda lo=lo: lo(q, k, v, s, None, o, None, D ** -0.5, False),
             "public": lambda splits=splits: decode_attn(q, k, v, cache_seqlens=s, num_splits=splits),
             "public_out": lambda splits=splits: decode_attn(q, k, v, cache_seqlens=s, num_splits=splits, out=o),
             "bare": bare, "bare_alloc": bare_alloc, "bare_alloc_out": bare_alloc_out,
@@ -235,7 +259,11 @@ def flash_cases(dev):
 
     notes = []
     sd = _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), H, H, notes)
+    la = FW._launchers[FH.dense_key(q, k, v, None, False, (-1, -1))]
+    lo = FW._launchers[FH.dense_key(q, k, v, o, False, (-1, -1))]
     variants = {"key": lambda: FW._launchers.get(FH.dense_key(q, k, v, o, False, (-1, -1))),
+                "launcher": lambda: la(q, k, v, None, D ** -0.5, False),
+                "launcher_out": lambda: lo(q, k, v, o, D ** -0.5, False),
                 "public": lambda: flash_attn(q, k, v), "public_out": lambda: flash_attn(q, k, v, out=o),
                 "bare": bare, "bare_alloc": bare_alloc, "bare_alloc_out": bare}
     if sd is not None:
@@ -255,13 +283,14 @@ def merge_cases(dev):
     lp = torch.randn(P, B, S, H, device=dev)
     merge_states(op, lp)
     raw = jit.direct(ME.get_merge_kernel(ME.MergeConfig("float32", "float32", D)))
+    la = ME._launchers[ME._key(op, lp)]
     o, lo = torch.empty(B, S, H, D, device=dev), torch.empty(B, S, H, device=dev)
 
     def bare_alloc():
         raw(op, lp, torch.empty(B, S, H, D, device=dev), torch.empty(B, S, H, device=dev))
 
     return [(f"merge_states P{P} (B{B}, S{S}, H{H}, D{D}) fp32", {
-        "key": lambda: ME._launchers.get(ME._key(op, lp)),
+        "key": lambda: ME._launchers.get(ME._key(op, lp)), "launcher": lambda: la(op, lp),
         "public": lambda: merge_states(op, lp), "bare": lambda: raw(op, lp, o, lo), "bare_alloc": bare_alloc,
         "torch": lambda: ME.merge_states_torch(op, lp)}, ["torch: merge_states_torch, the reference"])]
 
@@ -280,13 +309,9 @@ def measure_host(dev, calls, rounds, ops):
             print(f"{op}: setup failed: {type(e).__name__}: {e}", file=sys.stderr)
             continue
         for name, variants, notes in cases:
-            times = {}
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):  # (no effect outside SDPA)
-                for var, fn in variants.items():
-                    try:
-                        times[var] = host_us(fn, calls, rounds)
-                    except Exception as e:  # noqa: BLE001
-                        notes.append(f"{var} failed: {type(e).__name__}: {str(e)[:120]}")
+                times, failed = host_us(variants, calls, rounds)
+            notes += [f"{var} failed: {err}" for var, err in failed.items()]
             torch.cuda.synchronize()
             rows.append({"op": op, "case": name, "notes": notes, "us": times, **verdicts(op, times)})
     return rows
@@ -301,16 +326,17 @@ def references(op) -> dict:
 
 
 def verdicts(op, times) -> dict:
-    """Per public variant: overhead over its bare reference (target <= 3 us) and the ratio to the
-    PyTorch counterpart (target <= 1)."""
+    """Per public variant: overhead over its bare reference (target <= 3 us; the median of the paired
+    per-round differences) and the ratio to the PyTorch counterpart (target <= 1)."""
     med = {k: v["median_us"] for k, v in times.items()}
     res = {}
     for var, (bare_key, torch_key) in references(op).items():
         if var not in med:
             continue
         r = {"us": med[var], "bare_ref": bare_key, "torch_ref": torch_key}
-        if bare_key in med:
-            r.update(over_bare_us=med[var] - med[bare_key], ok_vs_bare=med[var] <= med[bare_key] + TARGET_VS_BARE_US)
+        if bare_key in med:  # paired: the median of the per-round differences (same rounds, same drift)
+            over = statistics.median(a - b for a, b in zip(times[var]["rounds_us"], times[bare_key]["rounds_us"]))
+            r.update(over_bare_us=over, ok_vs_bare=over <= TARGET_VS_BARE_US)
         if torch_key in med:
             r.update(vs_torch=med[var] / med[torch_key], ok_vs_torch=med[var] <= med[torch_key])
         res[var] = r
@@ -413,18 +439,18 @@ def markdown(rows, first) -> str:
     def f(x):
         return "" if x is None else f"{x:.1f}"
 
-    out = ["| case | variant | us/call | bare | bare ref | torch | over bare ref | key | vs torch | ok |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    out = ["| case | variant | us/call | launcher | bare | bare ref | torch | over bare ref | key | vs torch | ok |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['case']} | error: {r['error'][:80]} | | | | | | | | |")
+            out.append(f"| {r['case']} | error: {r['error'][:80]} | | | | | | | | | |")
             continue
         us = {k: v["median_us"] for k, v in r["us"].items()}
         for var, v in r["verdict"].items():
             ok = v.get("ok_vs_bare", True) and v.get("ok_vs_torch", True)
             ratio = "" if "vs_torch" not in v else "%.2fx" % v["vs_torch"]
             out.append(f"| {r['case']} | {'out=' if var == 'public_out' else 'alloc'} | {f(v['us'])} | "
-                       f"{f(us.get('bare'))} | {f(us.get(v['bare_ref']))} | {f(us.get(v['torch_ref']))} | "
+                       f"{f(us.get('launcher_out' if var == 'public_out' else 'launcher'))} | {f(us.get('bare'))} | {f(us.get(v['bare_ref']))} | {f(us.get(v['torch_ref']))} | "
                        f"{f(v.get('over_bare_us'))} | {f(us.get('key'))} | {ratio} | {'yes' if ok else 'NO'} |")
     if first:
         out += ["", "| op | import s | cold first call ms (compiles) | warm first call ms (disk hits) | second call ms | ok |",
