@@ -45,6 +45,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..gemm import gemm
+from . import sdpa as _sdpa
 from .sdpa import _is_hopper, route
 
 __all__ = ["register", "attention_forward", "mask_function", "patch_linear", "unpatch_linear",
@@ -221,21 +223,30 @@ def register() -> None:
 # ------------------------------------------------------------------------------------------- linear
 _HALF = (torch.float16, torch.bfloat16)
 _ORIG = "_cute_kernels_orig_forward"
+_WT = "_cute_kernels_weight_t"  # the weight's (K, N) transpose view, made once per weight
+_is_compiling = torch.compiler.is_compiling
 
 
 def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` on ``cute_kernels.gemm`` (the weight read as a column-major B, no copy) for
-    16-bit CUDA inputs of the weight's dtype on Hopper without grad; ``F.linear`` otherwise."""
+    16-bit CUDA inputs of the weight's dtype on Hopper without grad; ``F.linear`` otherwise.  Every
+    step of a decode loop runs this once per linear: the tests are the cheap ones (device indices,
+    not ``torch.device`` objects; the Hopper check cached per index) and the transpose view is kept
+    on the module while it is a view of the current weight's memory."""
     w = self.weight
-    if (x.device.type != "cuda" or w.device != x.device or x.dtype != w.dtype or x.dim() < 1
-            or x.shape[-1] != w.shape[1] or x.numel() == 0
-            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-            or not _is_hopper(x.device)):
+    dev = x.get_device()  # -1: CPU, meta
+    if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or x.dim() < 1 or x.shape[-1] != w.shape[1]
+            or x.numel() == 0 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            or not (_sdpa._HOPPER.get(dev) or _is_hopper(x.device))):
         return F.linear(x, w, self.bias)
-    from ..gemm import gemm
-
-    out = gemm(x.reshape(-1, w.shape[1]), w.t())
-    return out.reshape(*x.shape[:-1], w.shape[0])
+    if _is_compiling():  # traced: no module state
+        wt = w.t()
+    else:
+        wt = self.__dict__.get(_WT)
+        if wt is None or wt._base is not w or wt.data_ptr() != w.data_ptr():  # a new weight, or new memory
+            wt = self.__dict__[_WT] = w.t()
+    out = gemm(x.reshape(-1, w.shape[1]), wt)
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 def patch_linear(model: nn.Module, *, require_cuda: bool = True) -> int:
@@ -263,6 +274,7 @@ def unpatch_linear(model: nn.Module) -> int:
         if not hasattr(mod, _ORIG):
             continue
         orig = mod.__dict__.pop(_ORIG)
+        mod.__dict__.pop(_WT, None)
         if orig is None:
             del mod.forward
         else:

@@ -33,6 +33,7 @@ from transformers.masking_utils import (  # noqa: E402
 from cute_kernels.attention import decode as D  # noqa: E402
 from cute_kernels.attention import forward as FW  # noqa: E402
 from cute_kernels.integrations import hf  # noqa: E402
+from cute_kernels.testing import count_launches  # noqa: E402
 from cute_kernels.integrations import sdpa as S  # noqa: E402
 
 gpu = pytest.mark.gpu
@@ -272,6 +273,39 @@ GPU_CASES = [  # (cache, head_dim, patch linears)
     ("static", 128, True),
     ("dynamic", 128, True),
 ]
+
+
+@gpu
+def test_patched_linear_follows_its_weight():
+    """The patched forward keeps the weight's transpose view between calls: a weight replaced by a new
+    Parameter, rebound with ``.data =``, or written in place must still be the one used (elementwise
+    against F.linear in float32), and unpatching drops the view."""
+    g = torch.Generator().manual_seed(7)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16).cuda()
+
+    lin = nn.Linear(256, 384, bias=False).to(torch.bfloat16).cuda().requires_grad_(False)
+    assert hf.patch_linear(lin) == 1
+    x = rand(3, 1, 256)
+
+    def check(what):
+        with count_launches() as n:
+            y = lin(x)
+        assert n["gemm"] == 1, what
+        ref = F.linear(x.float(), lin.weight.float())
+        assert y.shape == (3, 1, 384) and torch.allclose(y.float(), ref, atol=3e-2, rtol=2e-2), what
+
+    check("first call")
+    check("second call (the kept view)")
+    lin.weight = nn.Parameter(rand(384, 256), requires_grad=False)
+    check("a new Parameter")
+    lin.weight.data = rand(384, 256)
+    check("weight.data rebound")
+    with torch.no_grad():
+        lin.weight.copy_(rand(384, 256))
+    check("written in place")
+    assert hf.unpatch_linear(lin) == 1 and "_cute_kernels_weight_t" not in lin.__dict__
 
 
 @gpu
