@@ -309,13 +309,13 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
     into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA
     graphs too) may share it."""
     B, Sq, Hq, D = qshape
-    lshape = (B, Hq, Sq)
+    lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
     lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
 
     if P == 1:
         def launch(q, k, v, s, bt, out, ws, scale, want_lse):
             if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
+                out = _empty(*osize, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
             LAUNCHES["decode_attn"] += 1
@@ -328,11 +328,11 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
         parts: dict = {}  # (device, stream) -> (o_part, lse_part), as the GEMM's split-K workspaces
 
         def new_parts():
-            return _empty(pshape, dtype=_F32, device=dev), _empty(plshape, dtype=_F32, device=dev)
+            return _empty(*pshape, dtype=_F32, device=dev), _empty(*plshape, dtype=_F32, device=dev)
 
         def launch(q, k, v, s, bt, out, ws, scale, want_lse):
             if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
+                out = _empty(*osize, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             if ws is None:
                 o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)

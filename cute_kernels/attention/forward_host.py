@@ -85,14 +85,14 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     * ``"packed"``: ``cu_seqlens_q, cu_seqlens_k`` (``max_seqlens``: (max_seqlen_q, max_seqlen_k));
     * ``"paged"``: ``block_table, seqused_k``;
     * ``"paged_packed"``: ``cu_seqlens_q, block_table, seqused_k`` (``max_seqlens``: (max_seqlen_q,))."""
-    qshape, dtype, dev, run = q.shape, q.dtype, q.device, jit.direct(fn)
+    qshape, dtype, dev, run = jit.size_args(q.shape), q.dtype, q.device, jit.direct(fn)
     lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
     wl, wr = window_args(*window)
 
     if mode == "dense" and tuple(window) == (-1, -1):
         def launch(q, k, v, out, scale, want_lse):
             if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
+                out = _empty(*qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
             LAUNCHES["flash_attn"] += 1
@@ -100,7 +100,7 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     elif mode == "dense":
         def launch(q, k, v, out, scale, want_lse):
             if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
+                out = _empty(*qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E, wl, wr)
             LAUNCHES["flash_attn"] += 1
@@ -110,7 +110,7 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
 
         def launch(q, k, v, out, scale, want_lse, cu_seqlens_q, cu_seqlens_k):
             if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
+                out = _empty(*qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E,
                 wl, wr)
@@ -119,7 +119,7 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     elif mode == "paged":
         def launch(q, k, v, out, scale, want_lse, block_table, seqused_k):
             if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
+                out = _empty(*qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), block_table, seqused_k, scale * LOG2_E, wl, wr)
             LAUNCHES["flash_attn"] += 1
@@ -129,7 +129,7 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
 
         def launch(q, k, v, out, scale, want_lse, cu_seqlens_q, block_table, seqused_k):
             if out is None:
-                out = _empty(qshape, dtype=dtype, device=dev)
+                out = _empty(*qshape, dtype=dtype, device=dev)
             lse = lse_for(want_lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, mq, block_table, seqused_k,
                 scale * LOG2_E, wl, wr)

@@ -433,10 +433,10 @@ def _launcher(fn, keep, P, rest, D, dtype, dev):
     """``launch(o_parts, lse_parts) -> (o, lse)``: allocate both outputs, launch (5-d o_parts as they
     are, fewer row dims as views with size-1 dims in front), count (a refused call raises uncounted)."""
     f32 = torch.float32
-    oshape, lshape = (*rest, D), rest
+    oshape, lshape = jit.size_args((*rest, D)), jit.size_args(rest)
     if len(rest) == 3:
         def launch(o_parts, lse_parts):
-            o, lse = _empty(oshape, dtype=dtype, device=dev), _empty(lshape, dtype=f32, device=dev)
+            o, lse = _empty(*oshape, dtype=dtype, device=dev), _empty(*lshape, dtype=f32, device=dev)
             fn(o_parts, lse_parts, o, lse)
             LAUNCHES["merge_states"] += 1
             return o, lse
@@ -445,7 +445,7 @@ def _launcher(fn, keep, P, rest, D, dtype, dev):
         op5, lp4, o4, l3 = (P, *rows, D), (P, *rows), (*rows, D), rows
 
         def launch(o_parts, lse_parts):
-            o, lse = _empty(oshape, dtype=dtype, device=dev), _empty(lshape, dtype=f32, device=dev)
+            o, lse = _empty(*oshape, dtype=dtype, device=dev), _empty(*lshape, dtype=f32, device=dev)
             fn(o_parts.view(op5), lse_parts.view(lp4), o.view(o4), lse.view(l3))
             LAUNCHES["merge_states"] += 1
             return o, lse

@@ -234,19 +234,19 @@ def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
 def _launcher(p, fn, ws, dev):
     """The launcher of one plan: allocate the output (on ``dev``), count, call ``fn`` (with the
     workspace of ``ws``, a :class:`.launch.WorkspaceLauncher`, when there is one)."""
-    shape, dtype, has_c = p.shape, p.out_dtype, p.has_c
+    shape, dtype, has_c = jit.size_args(p.shape), p.out_dtype, p.has_c
 
     if ws is None:
         def launch_(a, b, out, c, alpha, beta):
             if out is None:
-                out = _empty(shape, dtype=dtype, device=dev)
+                out = _empty(*shape, dtype=dtype, device=dev)
             LAUNCHES["gemm"] += 1
             fn(a, b, out, c if has_c else out, float(alpha), float(beta))
             return out
     else:
         def launch_(a, b, out, c, alpha, beta):
             if out is None:
-                out = _empty(shape, dtype=dtype, device=dev)
+                out = _empty(*shape, dtype=dtype, device=dev)
             w, cnt = ws.workspace(dev)
             LAUNCHES["gemm"] += 1
             fn(a, b, out, c if has_c else out, w, cnt, float(alpha), float(beta))
