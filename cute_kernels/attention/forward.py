@@ -32,7 +32,7 @@ from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import forward_host as fh
 from . import forward_kernel
-from .decode_plan import checked_default, checked_env
+from .decode_plan import checked_default
 from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _scale, check_cu_seqlens,  # noqa: F401
                                check_paged_values, check_unsupported, check_window, page_size_ok, validate,
                                validate_paged, validate_varlen)
@@ -282,7 +282,8 @@ def _(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, lse, cau
 # ------------------------------------------------------------------------------------------------
 _is_compiling = torch.compiler.is_compiling
 _FAST = fh.FAST_TYPES
-_launchers = fh.launchers
+#: call metadata (the ``forward_host`` keys) -> launcher (:func:`.forward_host.make_launcher`)
+_launchers: dict = {}
 
 
 def _prepare(key, q, k, causal: bool, window_left: int, window_right: int) -> None:
@@ -464,24 +465,11 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
     else the checks below, the launch, and a launcher for the call's metadata."""
     key = None
     if (checked is None or checked is False) and not _is_compiling():
-        try:
-            if (type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and type(cu_seqlens_q) in _FAST
-                    and type(cu_seqlens_k) in _FAST):
-                key = fh.packed_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal,
-                                    window_size)
-                hit = _launchers.get(key)
-            else:
-                hit = None
-        except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
-            key = hit = None
-        scale = None if hit is None or (checked is None and checked_env()) else fh.fast_scale(hit, softmax_scale)
-        if scale is not None:
-            try:
-                o, lse = hit(q, k, v, out, scale, return_lse, cu_seqlens_q, cu_seqlens_k)
-            except Exception:  # the compiled function refused an argument: the checks below name it
-                pass
-            else:
-                return (o, lse) if return_lse else o
+        key, hit = fh.lookup(_launchers, fh.packed_key, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                             max_seqlen_k, out, causal, window_size), (q, k, v, cu_seqlens_q, cu_seqlens_k))
+        res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, cu_seqlens_q, cu_seqlens_k)
+        if res is not None:
+            return res
     if cu_seqlens_q is None or cu_seqlens_k is None:
         given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k", "cu_seqlens_q")
         if cu_seqlens_q is None and cu_seqlens_k is None:
@@ -519,27 +507,12 @@ def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlen
     launcher for the call's metadata."""
     key = None
     if (checked is None or checked is False) and not _is_compiling() and cu_seqlens_k is None and max_seqlen_k is None:
-        try:
-            if (type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and type(block_table) in _FAST
-                    and type(seqused_k) in _FAST):
-                key = fh.paged_key(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, causal,
-                                   window_size)
-                hit = _launchers.get(key)
-            else:
-                hit = None
-        except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
-            key = hit = None
-        scale = None if hit is None or (checked is None and checked_env()) else fh.fast_scale(hit, softmax_scale)
-        if scale is not None:
-            try:
-                if cu_seqlens_q is None:
-                    o, lse = hit(q, k, v, out, scale, return_lse, block_table, seqused_k)
-                else:
-                    o, lse = hit(q, k, v, out, scale, return_lse, cu_seqlens_q, block_table, seqused_k)
-            except Exception:  # the compiled function refused an argument: the checks below name it
-                pass
-            else:
-                return (o, lse) if return_lse else o
+        key, hit = fh.lookup(_launchers, fh.paged_key, (q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
+                             out, causal, window_size), (q, k, v, block_table, seqused_k))
+        tensors = (block_table, seqused_k) if cu_seqlens_q is None else (cu_seqlens_q, block_table, seqused_k)
+        res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, *tensors)
+        if res is not None:
+            return res
     if block_table is None:
         _err(ValueError, "seqused_k is given without block_table (paged K/V needs both)")
     if seqused_k is None:

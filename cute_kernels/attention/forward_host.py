@@ -23,13 +23,12 @@ from ..common import jit
 from ..common.scheduler import tile_counter
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
+from .decode_plan import checked_env
 from .forward_softmax import WINDOW_UNBOUNDED
 
 _empty = torch.empty
 #: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
 FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
-#: call metadata (the ``*_key`` functions) -> launcher (:func:`make_launcher`)
-launchers: dict = {}
 
 
 def window_args(window_left: int, window_right: int) -> tuple[int, int]:
@@ -72,6 +71,36 @@ def fast_scale(hit, softmax_scale):
         return hit.default_scale
     ts = type(softmax_scale)
     return softmax_scale if (ts is float or ts is int) and 0.0 < softmax_scale < math.inf else None
+
+
+def lookup(launchers: dict, make_key, args: tuple, tensors: tuple):
+    """``(key, launcher or None)`` of a call in ``launchers`` (key -> :func:`make_launcher`'s launcher):
+    ``make_key(*args)`` when every one of ``tensors`` is a plain tensor, else ``(None, None)`` (so is a
+    non-tensor or an unhashable argument: the checks say what)."""
+    try:
+        for t in tensors:
+            if type(t) not in FAST_TYPES:
+                return None, None
+        key = make_key(*args)
+        return key, launchers.get(key)
+    except (AttributeError, TypeError):
+        return None, None
+
+
+def run_hit(hit, checked, softmax_scale, return_lse: bool, q, k, v, out, *device_tensors):
+    """A packed or paged call's result from its launcher ``hit``, or None when the checked path must
+    run instead: no launcher, checked mode (``checked`` None: the environment), a scale the checks must
+    see, or a call the compiled function refused (it launched nothing)."""
+    if hit is None or (checked is None and checked_env()):
+        return None
+    scale = fast_scale(hit, softmax_scale)
+    if scale is None:
+        return None
+    try:
+        o, lse = hit(q, k, v, out, scale, return_lse, *device_tensors)
+    except Exception:  # the compiled function refused an argument: the checked path names it
+        return None
+    return (o, lse) if return_lse else o
 
 
 # ---------------------------------------------------------------------------------------- launchers
