@@ -223,29 +223,21 @@ def register() -> None:
 # ------------------------------------------------------------------------------------------- linear
 _HALF = (torch.float16, torch.bfloat16)
 _ORIG = "_cute_kernels_orig_forward"
-_WT = "_cute_kernels_weight_t"  # the weight's (K, N) transpose view, made once per weight
-_is_compiling = torch.compiler.is_compiling
 
 
 def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` on ``cute_kernels.gemm`` (the weight read as a column-major B, no copy) for
     16-bit CUDA inputs of the weight's dtype on Hopper without grad; ``F.linear`` otherwise.  Every
     step of a decode loop runs this once per linear: the tests are the cheap ones (device indices,
-    not ``torch.device`` objects; the Hopper check cached per index) and the transpose view is kept
-    on the module while it is a view of the current weight's memory."""
+    not ``torch.device`` objects; the Hopper check cached per index).  The transpose view is made on
+    every call: a kept one could outlive ``weight.data = ...`` (same object, same memory, new shape)."""
     w = self.weight
     dev = x.get_device()  # -1: CPU, meta
     if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or x.dim() < 1 or x.shape[-1] != w.shape[1]
             or x.numel() == 0 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
             or not (_sdpa._HOPPER.get(dev) or _is_hopper(x.device))):
         return F.linear(x, w, self.bias)
-    if _is_compiling():  # traced: no module state
-        wt = w.t()
-    else:
-        wt = self.__dict__.get(_WT)
-        if wt is None or wt._base is not w or wt.data_ptr() != w.data_ptr():  # a new weight, or new memory
-            wt = self.__dict__[_WT] = w.t()
-    out = gemm(x.reshape(-1, w.shape[1]), wt)
+    out = gemm(x.reshape(-1, w.shape[1]), w.t())
     return out.view(*x.shape[:-1], w.shape[0])
 
 
@@ -274,7 +266,6 @@ def unpatch_linear(model: nn.Module) -> int:
         if not hasattr(mod, _ORIG):
             continue
         orig = mod.__dict__.pop(_ORIG)
-        mod.__dict__.pop(_WT, None)
         if orig is None:
             del mod.forward
         else:
