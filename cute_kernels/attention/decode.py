@@ -302,10 +302,10 @@ def _prepare(key, q, k_cache, block_table, num_splits, causal) -> None:
 def _launcher(fn, keep, P, qshape, dtype, dev):
     """``launch(q, k, v, seqlens, block_table, out, workspace, scale, want_lse) -> (out, lse)``:
     allocates out (unless given) and the LSE, then launches and counts (a call the compiled function
-    refuses raises uncounted).  With P > 1 the partial outputs and LSEs
-    are views of the given workspace, else the launcher's own per stream (calls on one stream are
-    ordered, so each reuses them: two allocations fewer per call) or, while a CUDA graph is being
-    captured, fresh ones that the graph keeps.  Without ``want_lse`` the kernel writes the LSE
+    refuses raises uncounted).  With P > 1 the partial outputs and LSEs are views of the given
+    workspace, else the launcher's own per stream (calls on one stream are ordered, so each reuses
+    them: two allocations fewer per call) or, while a CUDA graph is being captured, fresh ones that
+    the graph keeps.  Without ``want_lse`` the kernel writes the LSE
     into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA
     graphs too) may share it."""
     B, Sq, Hq, D = qshape
