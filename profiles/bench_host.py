@@ -12,7 +12,8 @@
    * ``bare``: the compiled kernel(s) the op runs for that call, called directly with prepared
      arguments (every buffer allocated beforehand) -- the floor of a launch through TVM-FFI;
    * ``bare+alloc``: the same plus the ``torch.empty`` calls the op itself makes for that variant
-     (its outputs, the split decode's partial states);
+     (its outputs, the split decode's partial states), sizes passed positionally (the fastest form:
+     a tuple or a ``torch.Size`` costs more to parse);
    * the PyTorch counterpart: ``torch.matmul`` (``out=`` for gemm's ``out=``), SDPA on the cuDNN backend
      (the backend chosen once, outside the timed loop) for decode_attn / flash_attn, the torch
      reference merge for merge_states.
@@ -126,8 +127,8 @@ def gemm_cases(dev):
         def bare(raw=raw, prepared=prepared, ws=ws):
             raw(*prepared, *ws, 1.0, 0.0)
 
-        def bare_alloc(raw=raw, ws=ws, shape=(m, n)):
-            raw(*args(torch.empty(shape, device=dev, dtype=torch.bfloat16)), *ws, 1.0, 0.0)
+        def bare_alloc(raw=raw, ws=ws, shape=(m, n)):  # positional sizes: the fastest torch.empty form
+            raw(*args(torch.empty(*shape, device=dev, dtype=torch.bfloat16)), *ws, 1.0, 0.0)
 
         la, lo = GH._launchers[GH._key(a, b, None, None, 0.0, None)], GH._launchers[GH._key(a, b, d, None, 0.0, None)]
         out.append((f"gemm {m}x{n}x{k}", {
