@@ -422,6 +422,8 @@ def decode_attn(
     B, Sq, Hq, D = q.shape
     scale = _plan_mod.resolve_scale(softmax_scale, D)
     num_splits = _plan_mod.check_num_splits(num_splits)
+    _plan_mod.check_flag(causal, "causal", "decode_attn")
+    _plan_mod.check_flag(checked, "checked", "decode_attn", allow_none=True)
     if not compiling and _plan_mod.checked_default(checked):
         _plan_mod.check_device_values(k_cache, cache_seqlens, block_table)
     if not compiling and workspace is not None:

@@ -93,10 +93,20 @@ def workspace_numel(num_splits: int, batch: int, seqlen_q: int, heads_q: int, he
     return num_splits * batch * seqlen_q * heads_q * (head_dim + 1)
 
 
-def checked_default(checked: Optional[bool]) -> bool:
-    """``checked``, or env ``CUTE_KERNELS_CHECKED`` when None (decode_attn and flash_attn alike)."""
+def check_flag(value, name: str, who: str, allow_none: bool = False) -> None:
+    """TypeError unless ``value`` is a bool (or None with ``allow_none``): a string or a tensor would
+    otherwise pass as its truth value, and a tensor would enter a compile key by its identity."""
+    if not (type(value) is bool or (allow_none and value is None)):
+        what = "a bool or None" if allow_none else "a bool"
+        raise TypeError(f"{who}: {name} must be {what}, got {type(value).__name__} {value!r}")
+
+
+def checked_default(checked: Optional[bool], who: str = "decode_attn") -> bool:
+    """``checked`` (a bool or None: TypeError otherwise), or env ``CUTE_KERNELS_CHECKED`` when None
+    (decode_attn and flash_attn alike)."""
     if checked is not None:
-        return bool(checked)
+        check_flag(checked, "checked", who, allow_none=True)
+        return checked
     return os.environ.get("CUTE_KERNELS_CHECKED", "0") not in ("0", "", "false", "off")
 
 

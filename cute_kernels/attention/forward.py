@@ -32,7 +32,7 @@ from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import forward_host as fh
 from . import forward_kernel
-from .decode_plan import checked_default
+from .decode_plan import check_flag, checked_default
 from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _scale, check_cu_seqlens,  # noqa: F401
                                check_paged_values, check_unsupported, check_window, page_size_ok, validate,
                                validate_paged, validate_varlen)
@@ -440,6 +440,7 @@ def flash_attn(
                 return (o, lse) if return_lse else o
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
     causal, window = check_window(window_size, causal)
+    check_flag(checked, "checked", "flash_attn", allow_none=True)
     scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
     wl, wr = window if window is not None else (-1, -1)
     if tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
@@ -481,7 +482,7 @@ def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqle
     scale, mq, mk = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
                                     softmax_scale, check_ptrs=not tracing)
     wl, wr = window if window is not None else (-1, -1)
-    if not tracing and checked_default(checked):
+    if not tracing and checked_default(checked, "flash_attn"):
         check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
         check_cu_seqlens(cu_seqlens_k, k.shape[0], mk, "cu_seqlens_k")
     if tracing:
@@ -528,7 +529,7 @@ def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlen
     scale, mq = validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, softmax_scale,
                                check_ptrs=not tracing)
     wl, wr = window if window is not None else (-1, -1)
-    if not tracing and checked_default(checked):
+    if not tracing and checked_default(checked, "flash_attn"):
         if cu_seqlens_q is not None:
             check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
         check_paged_values(k, block_table, seqused_k)

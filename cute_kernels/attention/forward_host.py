@@ -37,8 +37,17 @@ def window_args(window_left: int, window_right: int) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------------- keys
+def _no_key(causal) -> None:
+    """Raise TypeError (no key, the checked path) for a causal that is not a bool: a tensor would key
+    a launcher by its identity, one more per call."""
+    raise TypeError(f"fast path: causal of type {type(causal).__name__}")
+
+
 def dense_key(q, k, v, out, causal, window_size) -> tuple:
-    """A dense call's metadata (the module doc); an unhashable argument raises TypeError."""
+    """A dense call's metadata (the module doc); an unhashable argument, or a causal that is not a
+    bool, raises TypeError."""
+    if type(causal) is not bool:
+        _no_key(causal)
     return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
             None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
 
@@ -46,6 +55,8 @@ def dense_key(q, k, v, out, causal, window_size) -> tuple:
 def packed_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal, window_size) -> tuple:
     """A packed call's metadata: :func:`dense_key`'s, cu_seqlens_q's shape (the kernel ties cu_seqlens_k's
     to it), both cu_seqlens dtypes and the max_seqlen values: never the cu_seqlens values."""
+    if type(causal) is not bool:
+        _no_key(causal)
     return ("packed", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
             cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_k.dtype,
             type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
@@ -57,6 +68,8 @@ def paged_key(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, 
     shape, stride and dtype (the kernel ties seqused_k's shape to it), seqused_k's dtype, and for packed
     queries cu_seqlens_q's type, shape and dtype (which the kernel does not tie to the batch) and
     max_seqlen_q: never the lengths or page ids."""
+    if type(causal) is not bool:
+        _no_key(causal)
     return ("paged", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
             block_table.shape, block_table.stride(), block_table.dtype, seqused_k.dtype,
             None if cu_seqlens_q is None else (type(cu_seqlens_q), cu_seqlens_q.shape, cu_seqlens_q.dtype),

@@ -170,7 +170,8 @@ def check_window(window_size, causal: bool) -> tuple[bool, Optional[tuple[int, i
             _err(ValueError, f"window_size {side} must be >= -1 (-1: unbounded), got {w}")
         sides.append(int(w))
     left, right = sides
-    causal = bool(causal)
+    if type(causal) is not bool:  # a string or a tensor would pass as its truth value
+        _err(TypeError, f"causal must be a bool, got {type(causal).__name__} {causal!r}")
     if causal:
         if right > 0:
             _err(ValueError, f"window_size right must be 0 or -1 with causal=True (causal is (-1, 0)), got {right}")

@@ -16,6 +16,7 @@ from cute_kernels.attention import MergeConfig, explain, merge_state, merge_stat
 from cute_kernels.attention.decode import decode_attn, decode_attn_reference
 from cute_kernels.attention.decode_plan import check_num_splits, resolve_scale
 from cute_kernels.common import jit
+from cute_kernels.testing import count_launches
 
 
 def make_inputs(B=2, Sq=1, Hq=8, Hkv=2, D=64, lens=(5, 9), Lmax=None, seed=0):
@@ -84,6 +85,21 @@ def test_num_splits_accepted():
     q, k, v, s = make_inputs()
     ref = decode_attn_reference(q, k, v, s)[0].to(q.dtype)
     assert torch.equal(decode_attn(q, k, v, cache_seqlens=s, num_splits=2), ref)
+
+
+# --------------------------------------------------------------------------------- causal, checked
+@pytest.mark.parametrize("name,value,match", [
+    ("causal", "yes", "causal must be a bool, got str"), ("causal", torch.tensor(True), "causal must be a bool, got Tensor"),
+    ("causal", 1, "causal must be a bool, got int"), ("causal", None, "causal must be a bool, got NoneType"),
+    ("checked", "no", "checked must be a bool or None, got str"), ("checked", 0, "checked must be a bool or None"),
+])
+def test_flags_must_be_bools(name, value, match):
+    """A string or a tensor would pass as its truth value (a tensor causal would also enter the compile
+    key by its identity: a compile per call); nothing runs."""
+    q, k, v, s = make_inputs()
+    with count_launches() as n, pytest.raises(TypeError, match=f"decode_attn: {match}"):
+        decode_attn(q, k, v, cache_seqlens=s, **{name: value})
+    assert n.total() == 0
 
 
 # ---------------------------------------------------------------------------------------- page ids

@@ -232,6 +232,10 @@ BAD_INPUTS = [  # (make kwargs, exception, message pattern naming the argument)
     ("alibi", lambda: _base(alibi_slopes=torch.ones(8)), ValueError, "alibi_slopes: ALiBi is not supported"),
     ("alibi-packed", lambda: _base(alibi_slopes=torch.ones(8), cu_seqlens_q=torch.zeros(3, dtype=torch.int32)),
      ValueError, "alibi_slopes"),
+    ("causal-string", lambda: _base(causal="yes"), TypeError, "causal must be a bool, got str"),
+    ("causal-tensor", lambda: _base(causal=torch.tensor(True)), TypeError, "causal must be a bool, got Tensor"),
+    ("causal-int", lambda: _base(causal=1), TypeError, "causal must be a bool, got int"),
+    ("checked-string", lambda: _base(checked="no"), TypeError, "checked must be a bool or None"),
     ("neutral-extras", lambda: _base(dropout_p=0, softcap=0.0, alibi_slopes=None), ValueError, "q is on cpu"),
     ("cpu-tensors", lambda: _base(), ValueError, r"q is on cpu; flash_attn runs on CUDA tensors"),
 ]
