@@ -138,7 +138,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     used by later calls, tuned or not); see :mod:`cute_kernels.gemm.tune`.
     """
     ta, tb = type(alpha), type(beta)
-    if (ta is float or ta is int) and (tb is float or tb is int) and not tune and not _is_compiling():
+    if (ta is float or ta is int) and (tb is float or tb is int) and tune is False and not _is_compiling():
         # the fast path (module doc); anything unusual goes to _run, which checks it
         try:
             hit = (_launchers.get(_key(a, b, out, c, beta, out_dtype))
@@ -150,6 +150,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
         return _run(a, b, out, c, alpha, beta, out_dtype)
     if ta not in _PLAIN_SCALARS or tb not in _PLAIN_SCALARS:
         check_scalars(alpha, beta)
+    if type(tune) is not bool:  # a string would pass as its truth value
+        raise TypeError(f"gemm: tune must be a bool, got {type(tune).__name__} {tune!r}")
     if tune:  # validate before timing any candidate
         check_operands(a, b, out, c, out_dtype)
         if beta != 0.0 and c is None:

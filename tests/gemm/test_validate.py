@@ -80,6 +80,15 @@ def test_tune_validates_before_running_candidates():
     assert jit.stats == before
 
 
+@pytest.mark.parametrize("tune", ["yes", "", 1, 0, None])
+def test_tune_must_be_a_bool(tune):
+    """A string (or an int, or None) is not taken for its truth value: "" used to run untuned, "yes" tuned."""
+    before = dict(jit.stats)
+    with pytest.raises(TypeError, match=f"gemm: tune must be a bool, got {type(tune).__name__}"):
+        gemm(_t(8, 16), _t(16, 8), tune=tune)
+    assert jit.stats == before
+
+
 @pytest.mark.parametrize("spec,exc,match", [
     (dict(m=64, n=64, k=64, mm=3), ValueError, r"unknown gemm key\(s\) \['mm'\]"),
     (dict(m=64, n=64, k=64, tile_n=128, foo=1), ValueError, r"\['foo', 'tile_n'\]"),
