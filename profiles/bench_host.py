@@ -54,12 +54,13 @@ TARGET_FIRST_CALL_MS = 50.0
 
 
 # ------------------------------------------------------------------------------------------ timing
-def host_us(variants: dict, calls: int, rounds: int) -> dict:
+def host_us(variants: dict, calls: int, rounds: int) -> tuple[dict, dict]:
     """Per variant: the median (and min) over ``rounds`` of the wall time per call of ``calls``
     back-to-back calls, every round timing each variant once, in an order rotated round by round (so
     a drift of the host's speed reaches every variant alike); the per-round times (for paired
     differences); the time the final synchronize waited (the GPU's backlog: large means the GPU, not
-    the host, set the pace).  A variant that raises is dropped, its error in ``failed``."""
+    the host, set the pace).  Returns ``(times, failed)``: a variant that raises is dropped, its error
+    in ``failed``."""
     import torch
 
     live, failed = dict(variants), {}

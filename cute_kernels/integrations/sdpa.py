@@ -84,7 +84,10 @@ R_STRIDES = ("strides the kernels cannot take (head dim not contiguous, other st
 
 def _is_hopper(device: torch.device) -> bool:
     """The device is sm_90 (the kernels are sm_90a).  Without a usable CUDA runtime (fake CUDA tensors
-    on a CPU machine) the tensors are taken as Hopper's: nothing is launched there."""
+    on a CPU machine) the tensors are taken as Hopper's: nothing is launched there.  A device already
+    found to be Hopper's answers from the cache first: callers run this per call (every patched linear)."""
+    if _HOPPER.get(device.index):  # (True only once found so; a CPU or meta device has index None)
+        return True
     if device.type == "meta" or torch.compiler.is_compiling() or not torch.cuda.is_available():
         return True
     idx = device.index if device.index is not None else torch.cuda.current_device()
