@@ -30,6 +30,12 @@ from cute_kernels.testing import count_launches
 #: significant bits: u = 2^-8; fp16 11 bits: u = 2^-11); fp32 outputs are held to the absolute term.
 RTOL = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -20, torch.float64: 2.0 ** -40}
 
+
+def misaligned(shape, dtype=torch.bfloat16, device="cpu") -> torch.Tensor:
+    """A contiguous (uninitialized) tensor whose data pointer is 2 bytes past a 16-byte boundary."""
+    n = math.prod(shape)
+    return torch.empty(n + 16, dtype=dtype, device=device)[1:1 + n].view(shape)
+
 #: absolute tolerance as a fraction of the problem's typical output magnitude
 #: ``sqrt(K) * rms(a) * rms(b)`` (+ |beta| rms(c)): room for the fp32 accumulation order of the tensor
 #: cores and the split-K reductions (estimated <= 2e-4 of it at K = 32768), ~10x below the smallest error

@@ -25,7 +25,7 @@ from cute_kernels.attention import forward_host as FH
 from cute_kernels.attention import merge as ME
 from cute_kernels.common import jit
 from cute_kernels.testing import count_launches
-from _check import RTOL, assert_close_elementwise
+from _check import RTOL, assert_close_elementwise, misaligned
 from test_forward import check_against_reference, make_qkv
 from test_forward_varlen import check_window_result
 
@@ -35,11 +35,7 @@ BF = torch.bfloat16
 
 def misaligned_like(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` (same shape, dtype, device, contiguous strides) 2 bytes past a 16-byte boundary."""
-    n = t.numel()
-    buf = torch.empty(n + 16, dtype=t.dtype, device=t.device)
-    out = buf[1:1 + n].view(t.shape)
-    out.copy_(t)
-    return out
+    return misaligned(tuple(t.shape), t.dtype, t.device).copy_(t)
 
 
 def refused(launchers: dict, key: tuple, call, exc, match: str) -> None:

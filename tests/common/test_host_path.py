@@ -35,6 +35,7 @@ from cute_kernels.gemm import host as GH
 from cute_kernels.gemm import launch as GL
 from cute_kernels.gemm import plan as GP
 from cute_kernels.testing import count_launches
+from _check import misaligned
 
 BF = torch.bfloat16
 #: generous: the stubbed per-call overhead is a few microseconds on a quiet machine
@@ -105,12 +106,6 @@ def rejected(call, exc=(ValueError, TypeError), match=None):
     with count_launches() as n, pytest.raises(exc, match=match):
         call()
     assert n.total() == 0, n
-
-
-def misaligned(shape, dtype=BF):
-    """A contiguous tensor whose data pointer is 2 bytes past a 16-byte boundary."""
-    n = math.prod(shape)
-    return torch.empty(n + 16, dtype=dtype)[1:1 + n].view(shape)
 
 
 def launcher_of(fn):

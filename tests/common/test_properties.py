@@ -43,6 +43,7 @@ import cute_kernels
 from cute_kernels.attention import forward as FW
 from cute_kernels.common import jit
 from cute_kernels.testing import count_launches
+from _check import misaligned
 
 BF, FP, F32 = torch.bfloat16, torch.float16, torch.float32
 HALF = (FP, BF)
@@ -116,12 +117,6 @@ def head_strided(shape, dtype=BF, device="cuda"):
 def padded_rows(shape, pad=4, dtype=BF, device="cuda"):
     """``shape`` with its last dim contiguous but rows ``shape[-1] + pad`` elements apart."""
     return with_strides(shape, contiguous_strides(shape, shape[-1] + pad), dtype, device)
-
-
-def misaligned(shape, dtype=BF):
-    """A contiguous CPU tensor whose data pointer is 2 bytes past a 16-byte boundary."""
-    n = math.prod(shape)
-    return torch.empty(n + 16, dtype=dtype)[1:1 + n].view(shape)
 
 
 def overlapping(shape, dtype=BF, device="cuda"):
