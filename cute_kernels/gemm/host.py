@@ -1,12 +1,13 @@
 """The public entry points of the Hopper GEMM: ``gemm`` (and its ``torch.compile`` custom op),
 ``explain`` (what a call would run, on any machine) and ``warmup_gemm`` (compile ahead of time).
 
-Hot path (issue 19, host time per call): the call's metadata (:func:`_key`: shapes, strides, dtypes,
-devices, the data pointers' 16-byte alignment, out_dtype, beta != 0) -> a dict lookup of a prepared
-launcher -> output allocation and the compiled TVM-FFI function, called with the torch tensors as they
-are (it re-views torch's operand order itself; the transposed skinny plan's entry too).  A launcher is
-made only after a call with exactly that metadata passed every check and was planned
-(:func:`.plan.plan`), so a hit skips nothing a miss would check; nothing is keyed on a tensor's identity.
+Hot path (issue 19, host time per call): the call's metadata (:func:`_key`: what the plan reads that
+the compiled function's own argument checks leave open) -> a dict lookup of a prepared launcher ->
+output allocation and the compiled TVM-FFI function, called with the torch tensors as they are (it
+re-views torch's operand order itself; the transposed skinny plan's entry too).  A launcher is made
+only after a call with that metadata passed every check and was planned (:func:`.plan.plan`); a hit
+the compiled function refuses launches nothing and takes the checked path, which names the argument.
+Nothing is keyed on a tensor's identity.
 Launchers go with the plans they were made from (:func:`.plan.clear_plans`, which the tuner calls).
 Modules: :mod:`.validate`, :mod:`.heuristics`, :mod:`.plan`, :mod:`.launch`, :mod:`.tune`, and the
 kernels in :mod:`.kernel`, :mod:`.epilogue`, :mod:`.splitk_kernel` and :mod:`.cpasync_kernel`.
@@ -146,7 +147,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
         except (AttributeError, TypeError):  # not tensors, an unhashable out_dtype: the checked path says what
             hit = None
         if hit is not None:
-            return hit(a, b, out, c, alpha, beta)
+            try:
+                return hit(a, b, out, c, alpha, beta)
+            except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
+                _plan_mod.check_operands(a, b, out, c, out_dtype)
+                return run(a, b, out, c, alpha, beta, out_dtype)
         return _run(a, b, out, c, alpha, beta, out_dtype)
     if ta not in _PLAIN_SCALARS or tb not in _PLAIN_SCALARS:
         check_scalars(alpha, beta)
@@ -172,16 +177,18 @@ _launchers: dict = {}
 
 
 def _key(a, b, out, c, beta, out_dtype) -> tuple:
-    """Everything validation and planning read from a call (of tensors ``a`` and ``b``): shapes,
-    strides, dtypes, devices of every tensor, the data pointers' 16-byte alignment (c's is never
-    read: the kernels take C with any alignment), out_dtype, beta != 0, and the types of out / c (a
-    fake one never hits).  Raises AttributeError / TypeError for non-tensor out / c.  Devices as
-    ``get_device()`` (an int, cheaper than a ``torch.device``): -1 for every non-CUDA device, which
-    never has a launcher (validation rejects it)."""
-    return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
+    """What validation and the plan read from a call (of tensors ``a`` and ``b``) that the compiled
+    function's own argument checks (:func:`~cute_kernels.common.jit.direct`) leave open: a's and b's
+    shapes (the plan's buckets), a's dtype and device (``get_device()``: -1 for every non-CUDA device,
+    which never has a launcher), the strides of a, b, out and c (majors; size-1 dims; c's are any),
+    the data pointers' 16-byte alignment (TMA or cp.async; c's is never read), out's and c's dtypes
+    and types (a fake one never hits), out_dtype and beta != 0.  The compiled function checks b's
+    dtype, every device, and out's and c's shapes (sizes shared with a and b) on each call.  Raises
+    AttributeError / TypeError for non-tensor out / c."""
+    return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(),
             (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) & 15, out_dtype, beta != 0.0,
-            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device()),
-            None if c is None else (type(c), c.shape, c.stride(), c.dtype, c.get_device()))
+            None if out is None else (type(out), out.stride(), out.dtype),
+            None if c is None else (type(c), c.stride(), c.dtype))
 
 
 class _PlanCache(dict):
@@ -207,7 +214,11 @@ def _run(a, b, out, c, alpha, beta, out_dtype):
         _plan_mod.check_operands(a, b, out, c, out_dtype)
         return run(a, b, out, c, alpha, beta, out_dtype)
     if hit is not None:
-        return hit(a, b, out, c, alpha, beta)
+        try:
+            return hit(a, b, out, c, alpha, beta)
+        except Exception:  # refused (nothing ran): the checks below name the argument
+            _plan_mod.check_operands(a, b, out, c, out_dtype)
+            return run(a, b, out, c, alpha, beta, out_dtype)
     res = run(a, b, out, c, alpha, beta, out_dtype)
     _prepare(key, a, b, out, c, beta, out_dtype)
     return res
@@ -234,24 +245,25 @@ def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
 
 
 def _launcher(p, fn, ws, dev):
-    """The launcher of one plan: allocate the output (on ``dev``), count, call ``fn`` (with the
-    workspace of ``ws``, a :class:`.launch.WorkspaceLauncher`, when there is one)."""
+    """The launcher of one plan: allocate the output (on ``dev``), call ``fn`` (with the
+    workspace of ``ws``, a :class:`.launch.WorkspaceLauncher`, when there is one), count once it returned
+    (a call the compiled function refuses raises before launching anything)."""
     shape, dtype, has_c = jit.size_args(p.shape), p.out_dtype, p.has_c
 
     if ws is None:
         def launch_(a, b, out, c, alpha, beta):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
-            LAUNCHES["gemm"] += 1
             fn(a, b, out, c if has_c else out, float(alpha), float(beta))
+            LAUNCHES["gemm"] += 1
             return out
     else:
         def launch_(a, b, out, c, alpha, beta):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
             w, cnt = ws.workspace(dev)
-            LAUNCHES["gemm"] += 1
             fn(a, b, out, c if has_c else out, w, cnt, float(alpha), float(beta))
+            LAUNCHES["gemm"] += 1
             return out
     launch_.plan = p  # (its launcher holds the compiled object that owns fn's CUDA library)
     return launch_
