@@ -150,8 +150,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
             try:
                 return hit(a, b, out, c, alpha, beta)
             except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
-                _plan_mod.check_operands(a, b, out, c, out_dtype)
-                return run(a, b, out, c, alpha, beta, out_dtype)
+                return _checked_run(a, b, out, c, alpha, beta, out_dtype)
         return _run(a, b, out, c, alpha, beta, out_dtype)
     if ta not in _PLAIN_SCALARS or tb not in _PLAIN_SCALARS:
         check_scalars(alpha, beta)
@@ -211,17 +210,22 @@ def _run(a, b, out, c, alpha, beta, out_dtype):
         key = _key(a, b, out, c, beta, out_dtype)
         hit = _launchers.get(key)
     except (AttributeError, TypeError):  # the checks' own message (an unhashable out_dtype included)
-        _plan_mod.check_operands(a, b, out, c, out_dtype)
-        return run(a, b, out, c, alpha, beta, out_dtype)
+        return _checked_run(a, b, out, c, alpha, beta, out_dtype)
     if hit is not None:
         try:
             return hit(a, b, out, c, alpha, beta)
-        except Exception:  # refused (nothing ran): the checks below name the argument
-            _plan_mod.check_operands(a, b, out, c, out_dtype)
-            return run(a, b, out, c, alpha, beta, out_dtype)
+        except Exception:  # refused (nothing ran): the checks name the argument
+            return _checked_run(a, b, out, c, alpha, beta, out_dtype)
     res = run(a, b, out, c, alpha, beta, out_dtype)
     _prepare(key, a, b, out, c, beta, out_dtype)
     return res
+
+
+def _checked_run(a, b, out, c, alpha, beta, out_dtype):
+    """``plan.run`` behind the operand checks, no launcher: calls the fast path cannot key (not
+    tensors, an unhashable out_dtype) or whose launcher the compiled function refused."""
+    _plan_mod.check_operands(a, b, out, c, out_dtype)
+    return run(a, b, out, c, alpha, beta, out_dtype)
 
 
 def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
