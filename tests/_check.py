@@ -18,6 +18,7 @@ named in the failure message when they hold bad elements.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -224,3 +225,20 @@ def assert_raises_before_any_launch(exc, match: str, fn, *args, **kwargs) -> Non
         with pytest.raises(exc, match=match):
             fn(*args, **kwargs)
     assert n.total() == 0 and dry.seen == [] and jit.stats == stats
+
+
+def refused(launchers: dict, key: tuple, call, exc, match: str) -> None:
+    """A host fast-path case: ``key`` has a launcher in ``launchers`` (so ``call`` really hits it), and
+    ``call`` raises ``exc`` matching ``match`` -- the checked path's error -- launching nothing."""
+    assert key in launchers, "the case must take the fast path (its key must have a launcher)"
+    with count_launches() as n, pytest.raises(exc, match=match):
+        call()
+    assert n.total() == 0, n
+
+
+@contextlib.contextmanager
+def no_compiles():
+    """Asserts that nothing compiled inside the block."""
+    before = jit.stats["compiles"]
+    yield
+    assert jit.stats["compiles"] == before, "a fast-path call compiled"

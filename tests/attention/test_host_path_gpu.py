@@ -13,7 +13,6 @@ tests/common/test_host_path.py.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
@@ -23,9 +22,8 @@ from cute_kernels.attention import decode as DE
 from cute_kernels.attention import forward as FW
 from cute_kernels.attention import forward_host as FH
 from cute_kernels.attention import merge as ME
-from cute_kernels.common import jit
 from cute_kernels.testing import count_launches
-from _check import RTOL, assert_close_elementwise, misaligned
+from _check import RTOL, assert_close_elementwise, misaligned, no_compiles, refused
 from test_forward import check_against_reference, make_qkv
 from test_forward_varlen import check_window_result
 
@@ -36,22 +34,6 @@ BF = torch.bfloat16
 def misaligned_like(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` (same shape, dtype, device, contiguous strides) 2 bytes past a 16-byte boundary."""
     return misaligned(tuple(t.shape), t.dtype, t.device).copy_(t)
-
-
-def refused(launchers: dict, key: tuple, call, exc, match: str) -> None:
-    """``call`` hits the launcher of ``key`` and raises ``exc`` matching ``match``, launching nothing."""
-    assert key in launchers, "the case must take the fast path (its key must have a launcher)"
-    with count_launches() as n, pytest.raises(exc, match=match):
-        call()
-    assert n.total() == 0, n
-
-
-@contextlib.contextmanager
-def no_compiles():
-    """Asserts that nothing compiled inside the block."""
-    before = jit.stats["compiles"]
-    yield
-    assert jit.stats["compiles"] == before, "a fast-path call compiled"
 
 
 # ----------------------------------------------------------------------------------------- flash_attn

@@ -15,11 +15,10 @@ import pytest
 import torch
 
 import cute_kernels
-from cute_kernels.common import jit
 from cute_kernels.gemm import host as GH
 from cute_kernels.gemm import plan as GP
 from cute_kernels.testing import count_launches
-from _check import check_gemm
+from _check import check_gemm, no_compiles, refused
 
 pytestmark = pytest.mark.gpu
 BF = torch.bfloat16
@@ -48,13 +47,6 @@ def rows_less(t: torch.Tensor) -> torch.Tensor:
     return t[..., :-1, :]
 
 
-def refused(key, call, exc, match: str) -> None:
-    assert key in GH._launchers, "the case must take the fast path (its key must have a launcher)"
-    with count_launches() as n, pytest.raises(exc, match=match):
-        call()
-    assert n.total() == 0, n
-
-
 @pytest.mark.parametrize("mnkl", list(SHAPES), ids=lambda s: "x".join(map(str, s)))
 def test_gemm_refusals(mnkl):
     m, n, k, batch = mnkl
@@ -72,24 +64,24 @@ def test_gemm_refusals(mnkl):
     def key(a=a, b=b, out=out, c=None, beta=0.0):
         return GH._key(a, b, out, c, beta, None)
 
-    before = jit.stats["compiles"]
+    L = GH._launchers
     cases = [  # (overrides, exception, message)
         (dict(b=b.half()), TypeError, "a and b must have the same dtype"),
         (dict(b=b.cpu()), ValueError, "b is on cpu"),
         (dict(out=out.cpu()), ValueError, "out is on cpu"),
         (dict(out=rows_less(out)), ValueError, "out has shape"),
     ]
-    for over, exc, match in cases:
-        args = {"a": a, "b": b, "out": out, **over}
-        refused(key(**args), lambda x=args: cute_kernels.gemm(x["a"], x["b"], out=x["out"]), exc, match)
-    refused(key(b=b.half(), out=None), lambda: cute_kernels.gemm(a, b.half()), TypeError, "same dtype")
-    for bad_c, match in ((rows_less(c), "c has shape"), (c.cpu(), "c is on cpu")):
-        refused(key(out=None, c=bad_c, beta=0.5), lambda x=bad_c: cute_kernels.gemm(a, b, c=x, beta=0.5),
-                ValueError, match)
-    out.fill_(float("nan"))
-    with count_launches() as cnt:
-        res_out, res, res_c = calls()
-    assert jit.stats["compiles"] == before, "a fast-path call compiled"
+    with no_compiles():
+        for over, exc, match in cases:
+            args = {"a": a, "b": b, "out": out, **over}
+            refused(L, key(**args), lambda x=args: cute_kernels.gemm(x["a"], x["b"], out=x["out"]), exc, match)
+        refused(L, key(b=b.half(), out=None), lambda: cute_kernels.gemm(a, b.half()), TypeError, "same dtype")
+        for bad_c, match in ((rows_less(c), "c has shape"), (c.cpu(), "c is on cpu")):
+            refused(L, key(out=None, c=bad_c, beta=0.5), lambda x=bad_c: cute_kernels.gemm(a, b, c=x, beta=0.5),
+                    ValueError, match)
+        out.fill_(float("nan"))
+        with count_launches() as cnt:
+            res_out, res, res_c = calls()
     assert cnt.as_dict() == want.as_dict() and cnt["gemm"] >= 3 and res_out is out
     check_gemm(out, a, b, what="out= after refusals")
     check_gemm(res, a, b, what="allocated after refusals")
