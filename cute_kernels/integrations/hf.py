@@ -25,10 +25,37 @@ The attention function takes HF's (B, H, S, D) tensors and views them as (B, S, 
   cache holding exactly the valid keys).  When the key tensor is longer than the query (a prefill
   into a ``StaticCache``, or a chunk after earlier ones) the valid length is read from the positions
   on the host (one sync per layer of such a prefill) and the keys sliced to it.
-- Falls back to HF's sdpa (``transformers.integrations.sdpa_attention``) with one warning per
-  reason: a non-None mask, dropout, inputs requiring grad, CPU / non-Hopper / non-16-bit tensors,
-  head dims or strides the kernels lack, softcapping, attention sinks, position biases.  A fallback
-  with no mask from a longer cache gets an explicit bottom-right causal mask built on the device.
+- Everything else falls back, with one warning per reason, to a path that honours every argument the
+  layer passes (:func:`fallback_path` says which):
+
+  - HF's sdpa (``transformers.integrations.sdpa_attention``) when the layer's keywords are ones it
+    honours: a non-None mask, dropout, inputs requiring grad, CPU / non-Hopper / non-16-bit tensors,
+    head dims or strides the kernels lack, ``position_bias``;
+  - the model's own eager attention (``eager_attention_forward`` of the layer's modeling module) for
+    anything HF's sdpa ignores or refuses: softcapping (``softcap``), attention sinks (``s_aux``,
+    ``sinks``), ``output_attentions=True`` (it returns the weights), and any keyword not in the list
+    below.  A boolean mask is turned into the additive form eager attention adds to the scores.
+
+  Either fallback with no mask gets an explicit mask where the kernels' own would differ from the
+  fallback's: bottom-right causal over the valid keys (a query shorter than the keys; eager attention
+  always, as it applies no causality of its own), block-diagonal for packed sequences.
+
+Keywords the attention function receives (transformers 5.17-5.24, every modeling file's call of the
+attention interface) and the path that honours each:
+
+- ``scaling``, ``is_causal``: every path.
+- ``dropout`` (> 0): HF's sdpa (``dropout_p``).
+- ``position_ids``, ``cache_position``: read for the valid key lengths; no other effect.
+- ``sliding_window``: the mask (HF's mask function builds the window into it); with no mask and more
+  keys than the window, ValueError.
+- ``cu_seq_lens_q/k``, ``max_length_q/k``: the fallback, with an explicit block-diagonal mask (batch 1).
+- ``position_bias``: HF's sdpa (added to the scores).
+- ``softcap``, ``s_aux``, ``sinks``: the model's eager attention.
+- ``output_attentions=True``: the model's eager attention (it returns the weights).
+- ``use_cache``, ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
+  ``seq_idx``, ``deterministic``: no effect on attention.
+- anything else (``indices``, ``block_indices``, ...): the model's eager attention, with a warning
+  naming it.
 
 Under tracing (torch.compile, CUDA-graph capture) a given 2-D ``attention_mask`` cannot be inspected,
 so the dense mask is built and HF's sdpa runs: transformers compiles ``StaticCache`` decoding on CUDA by
@@ -48,7 +75,7 @@ import torch.nn.functional as F
 from ..gemm import gemm
 from .sdpa import _is_hopper, route
 
-__all__ = ["register", "attention_forward", "mask_function", "patch_linear", "unpatch_linear",
+__all__ = ["register", "attention_forward", "mask_function", "fallback_path", "patch_linear", "unpatch_linear",
            "hf_stats", "reset_stats", "NAME", "DECODE_MAX_Q"]
 
 #: The name the functions are registered under (``attn_implementation=NAME``).
@@ -60,7 +87,8 @@ hf_stats = {"flash_attn": 0, "decode_attn": 0, "fallback": 0}
 _WARNED: set = set()
 
 R_MASK = "the attention mask is not purely causal (padding, sliding window, packed sequences or a custom mask)"
-R_KWARG = "the layer asks for softcapping, attention sinks or a position bias"
+R_POSITION_BIAS = "the layer passes a position bias"
+R_PACKED = "packed sequences (cu_seq_lens_q / cu_seq_lens_k)"
 R_POSITIONS = "query positions are inconsistent with the key length"
 R_CAUSAL = "causal with more queries than keys"
 
@@ -72,10 +100,48 @@ def reset_stats() -> None:
     _WARNED.clear()
 
 
-def _warn_once(reason: str) -> None:
-    if not torch.compiler.is_compiling() and reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(f"cute_kernels attention: running transformers' sdpa attention: {reason}", stacklevel=4)
+#: Keywords that do not change the attention output (``position_ids`` / ``cache_position`` are read
+#: for the valid lengths).
+NO_EFFECT = frozenset({"position_ids", "cache_position", "use_cache", "output_hidden_states",
+                       "output_router_logits", "num_items_in_batch", "seq_idx", "deterministic"})
+#: Keywords HF's sdpa honours beyond the mask, dropout, scaling and is_causal arguments.
+SDPA_HONOURS = frozenset({"position_bias"})
+#: Packed-sequence keywords: honoured by an explicit block-diagonal mask on either fallback.
+PACKED = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"})
+#: Handled here: the window is in the mask (see :func:`attention_forward`).
+WINDOW = "sliding_window"
+SDPA, EAGER = "sdpa", "eager"
+_FALLBACK_NAMES = {SDPA: "transformers' sdpa attention", EAGER: "the model's eager attention"}
+
+
+def _warn_once(path: str, reason: str) -> None:
+    if not torch.compiler.is_compiling() and (path, reason) not in _WARNED:
+        _WARNED.add((path, reason))
+        warnings.warn(f"cute_kernels attention: running {_FALLBACK_NAMES[path]}: {reason}", stacklevel=4)
+
+
+def fallback_path(kwargs: dict) -> tuple[str, str] | None:
+    """The fallback a layer's keywords need: ``(EAGER, reason)`` when one of them is something HF's sdpa
+    does not honour (softcapping, sinks, ``output_attentions=True``, any keyword not listed in the
+    module doc), ``(SDPA, reason)`` for a position bias or packed sequences, None when the kernels
+    can honour them all.  Keywords whose value is None (or False) ask for nothing."""
+    sdpa_reason = None
+    for name, val in kwargs.items():
+        if val is None or val is False or name in NO_EFFECT or name == WINDOW:
+            continue
+        if name in SDPA_HONOURS:
+            sdpa_reason = R_POSITION_BIAS
+        elif name in PACKED:
+            sdpa_reason = sdpa_reason or R_PACKED
+        elif name == "softcap":
+            return EAGER, "the layer asks for softcapping (softcap)"
+        elif name in ("s_aux", "sinks"):
+            return EAGER, f"the layer passes attention sinks ({name})"
+        elif name == "output_attentions":
+            return EAGER, "output_attentions=True (eager attention returns the weights)"
+        else:
+            return EAGER, f"the layer passes {name!r}, which the kernels and HF's sdpa do not implement"
+    return None if sdpa_reason is None else (SDPA, sdpa_reason)
 
 
 # --------------------------------------------------------------------------------------------- mask
@@ -136,45 +202,98 @@ def _need_lengths(key) -> None:
                          "is unknown; use attn_implementation='sdpa' or a DynamicCache with this model")
 
 
-def _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
-    """HF's sdpa attention; with no mask and a causal query shorter than the keys, an explicit
-    bottom-right mask over the valid keys (HF's sdpa would align it top-left / read past the end)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device) -> torch.Tensor:
+    """(1, 1, q_len, kv_len) boolean mask of packed sequences: query i of sequence s sees the keys of
+    sequence s (bottom-right causal when ``causal``); rows past the last sequence see nothing."""
+    cu_q = kwargs.get("cu_seq_lens_q")
+    cu_k = kwargs.get("cu_seq_lens_k", cu_q)
+    cu_q = cu_k if cu_q is None else cu_q
+    cu_q, cu_k = cu_q.to(device=device, dtype=torch.int64), cu_k.to(device=device, dtype=torch.int64)
+    qi, kj = torch.arange(q_len, device=device), torch.arange(kv_len, device=device)
+    sq = torch.bucketize(qi, cu_q[1:], right=True)  # the sequence of each row (n: past the last)
+    sk = torch.bucketize(kj, cu_k[1:], right=True)
+    n = cu_q.numel() - 1
+    sqc, skc = sq.clamp(max=max(n - 1, 0)), sk.clamp(max=max(n - 1, 0))
+    mask = (sq[:, None] == sk[None, :]) & (sq[:, None] < n)
+    if causal:  # key offset <= query offset + (len_k - len_q) of the sequence
+        shift = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
+        mask &= (kj - cu_k[skc])[None, :] <= (qi - cu_q[sqc] + shift[sqc])[:, None]
+    return mask[None, None]
 
-    _warn_once(reason)
+
+def _causal_mask(kwargs, key, batch: int, q_len: int, kv_len: int) -> torch.Tensor:
+    """(batch, 1, q_len, kv_len) boolean bottom-right causal mask over each sequence's valid keys
+    (the last position + 1, else all ``kv_len``): query i of sequence b sees keys j <= len_b - q_len + i."""
+    lens = _valid_lengths(kwargs, batch, kv_len, key.device)
+    if lens is None:
+        _need_lengths(key)
+        lens = torch.full((batch,), kv_len, dtype=torch.int64, device=key.device)
+    kpos = torch.arange(kv_len, device=key.device)
+    qpos = torch.arange(q_len, device=key.device)
+    return kpos[None, None, None, :] <= (lens[:, None, None, None] - q_len + qpos[None, None, :, None])
+
+
+def _eager_function(module):
+    """The ``eager_attention_forward`` of the layer's modeling module (it implements what the model's
+    layers pass: softcapping, sinks, ...)."""
+    import sys
+
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        raise ValueError(f"cute_kernels attention: {type(module).__qualname__} passes arguments that neither the "
+                         f"kernels nor HF's sdpa implement, and its module {type(module).__module__} has no "
+                         "eager_attention_forward to fall back to; load the model with attn_implementation='eager'")
+    return fn
+
+
+def _fallback(path, reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
+    """Run ``path`` (HF's sdpa or the model's eager attention) with every argument the layer passed.
+    With no mask: an explicit block-diagonal mask for packed sequences; a bottom-right causal one
+    where the fallback's own causality would differ (HF's sdpa aligns a shorter query top-left and
+    reads past a static buffer's valid keys; eager attention applies none)."""
+    _warn_once(path, reason)
     hf_stats["fallback"] += 1
     q_len, kv_len = query.shape[2], key.shape[2]
-    if attention_mask is None and is_causal and kv_len > q_len:
-        lens = _valid_lengths(kwargs, query.shape[0], kv_len, key.device)
-        if lens is None:
-            _need_lengths(key)
-            lens = torch.full((query.shape[0],), kv_len, dtype=torch.int64, device=key.device)
-        kpos = torch.arange(kv_len, device=key.device)
-        qpos = torch.arange(q_len, device=key.device)
-        # query i of sequence b sees keys j <= lens[b] - q_len + i
-        attention_mask = kpos[None, None, None, :] <= (lens[:, None, None, None] - q_len + qpos[None, None, :, None])
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=is_causal, **kwargs)
+    if attention_mask is None:
+        if any(kwargs.get(k) is not None for k in ("cu_seq_lens_q", "cu_seq_lens_k")):
+            attention_mask = _packed_mask(kwargs, q_len, kv_len, is_causal, query.device)
+        elif is_causal and (kv_len > q_len or (path == EAGER and q_len > 1)):
+            attention_mask = _causal_mask(kwargs, key, query.shape[0], q_len, kv_len)
+    if path == SDPA:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    fn = _eager_function(module)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # eager adds the mask to the scores
+        attention_mask = torch.where(attention_mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
+    return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
     """The ``AttentionInterface`` entry (HF's signature): query (B, Hq, Sq, D), key/value
     (B, Hkv, Sk, D) (a ``StaticCache``'s whole buffer or a ``DynamicCache``'s valid keys).  Returns
-    ``(attn_output (B, Sq, Hq, D), None)``; routing in the module doc."""
+    ``(attn_output (B, Sq, Hq, D), weights or None)``; routing in the module doc."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal)
     args = (module, query, key, value, attention_mask, dropout, scaling, causal, kwargs)
+    window = kwargs.get(WINDOW)
+    if window is not None and attention_mask is None and key.shape[2] > window:
+        raise ValueError(f"cute_kernels attention: a sliding-window layer (sliding_window={window}) got no attention "
+                         f"mask for {key.shape[2]} keys; its mask must come from cute_kernels' mask function "
+                         "(register() and attn_implementation='cute_kernels') or be passed explicitly")
+    need = fallback_path(kwargs)
+    if need is not None:
+        return _fallback(*need, *args)
     if attention_mask is not None:
-        return _fallback(R_MASK, *args)
-    if any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias")):
-        return _fallback(R_KWARG, *args)
+        return _fallback(SDPA, R_MASK, *args)
     where, reason = route(query, key, value, None, dropout, False, True, scaling)
     if where == "torch":
-        return _fallback(reason, *args)
+        return _fallback(SDPA, reason, *args)
     B, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
     if causal and q_len > kv_len:
-        return _fallback(R_CAUSAL, *args)
+        return _fallback(SDPA, R_CAUSAL, *args)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     q = query.transpose(1, 2)
     if where == "decode_attn":  # Sq <= 16 < Sk: the cache in place, lengths on the device
@@ -199,7 +318,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         else:
             valid = int(lens[0])
             if not q_len <= valid <= kv_len:
-                return _fallback(R_POSITIONS, *args)
+                return _fallback(SDPA, R_POSITIONS, *args)
         key, value = key.narrow(2, 0, valid), value.narrow(2, 0, valid)
     out = flash_attn(q, key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scale)
     hf_stats["flash_attn"] += 1

@@ -26,7 +26,6 @@ transformers = pytest.importorskip(
     "transformers", minversion="5",
     reason="the Hugging Face integration needs transformers>=5 (pip install -e '.[hf]')")
 
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 from transformers.masking_utils import (  # noqa: E402
     ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask, sliding_window_causal_mask_function)
 
@@ -36,8 +35,10 @@ from cute_kernels.integrations import hf  # noqa: E402
 from cute_kernels.testing import count_launches  # noqa: E402
 from cute_kernels.integrations import sdpa as S  # noqa: E402
 
+from _hf_models import (PREFIX, assert_same_generation, cpu_as_gpu, flash_standin, generate,  # noqa: E402,F401
+                        ours, tiny_llama, tiny_model)
+
 gpu = pytest.mark.gpu
-PREFIX = "cute_kernels attention:"
 
 
 @pytest.fixture(autouse=True)
@@ -46,72 +47,6 @@ def fresh():
     hf.reset_stats()
     yield
     hf.reset_stats()
-
-
-def flash_standin(q, k, v, *, causal=False, softmax_scale=None):
-    """flash_attn's contract in torch (float32): (B, S, H, D), GQA, bottom-right causal; the arguments
-    pass flash_attn's own checks but the device one (the views of HF's tensors need no copy)."""
-    with pytest.raises(ValueError, match="runs on CUDA tensors"):
-        FW.validate(q, k, v, None, softmax_scale)
-    Sq, Hq, Sk = q.shape[1], q.shape[2], k.shape[1]
-    G = Hq // k.shape[2]
-    assert q.dtype in (torch.bfloat16, torch.float16) and softmax_scale is not None
-    mask = torch.ones(Sq, Sk, dtype=torch.bool).tril(diagonal=Sk - Sq) if causal else None
-    o = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float().repeat_interleave(G, 1),
-                                       v.transpose(1, 2).float().repeat_interleave(G, 1), attn_mask=mask,
-                                       scale=softmax_scale)
-    return o.transpose(1, 2).contiguous().to(q.dtype)
-
-
-@pytest.fixture
-def cpu_as_gpu(monkeypatch):
-    """CPU tensors take a GPU's routes: decode_attn runs its CPU path, flash_attn a torch stand-in."""
-    monkeypatch.setattr(S, "_KERNEL_DEVICES", ("cuda", "meta", "cpu"))
-    monkeypatch.setattr(FW, "flash_attn", flash_standin)
-
-
-def tiny_llama(dtype=torch.float32, attn="sdpa", seed=0, **over):
-    kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, vocab_size=512)
-    kw.update(over)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(LlamaConfig(**kw), attn_implementation=attn, dtype=dtype).eval()
-
-
-def ours(rec):
-    return [str(w.message) for w in rec if str(w.message).startswith(PREFIX)]
-
-
-def generate(model, ids, mask, attn, cache, new):
-    model.set_attn_implementation(attn)
-    # min_new_tokens: no early stop at an EOS (the step counts are asserted); disable_compile: generate would
-    # compile StaticCache decoding on CUDA, and compiled mask code cannot inspect the padding (see hf's doc)
-    return model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                          cache_implementation=cache, disable_compile=True, return_dict_in_generate=True,
-                          output_logits=True, pad_token_id=0)
-
-
-def assert_same_generation(ref, out, rel_tol=0.03):
-    """The rule: the tokens are identical up to the first step where they differ (if any); at every
-    step up to and including that one, the logits (same inputs there) agree within ``rel_tol`` of the
-    reference's largest logit magnitude (bf16 tolerance: 2^-8 relative rounding compounded over the
-    layers); and a divergence is allowed only at a near-tie: the two chosen tokens' reference logits
-    within that same tolerance of each other.  After a divergence the inputs differ: nothing more is
-    compared."""
-    seq_r, seq_o = ref.sequences, out.sequences
-    assert seq_r.shape == seq_o.shape
-    n_new = len(ref.logits)
-    for b in range(seq_r.shape[0]):
-        for step in range(n_new):
-            lr, lo = ref.logits[step][b].float(), out.logits[step][b].float()
-            tol = rel_tol * lr.abs().max().item()
-            err = (lr - lo).abs().max().item()
-            assert err <= tol, f"batch {b} step {step}: logits differ by {err} > {tol}"
-            tr, to = seq_r[b, -n_new + step].item(), seq_o[b, -n_new + step].item()
-            if tr != to:
-                gap = (lr[tr] - lr[to]).abs().item()
-                assert gap <= tol, f"batch {b} step {step}: tokens {tr} != {to} and not a near-tie ({gap} > {tol})"
-                break
 
 
 # -------------------------------------------------------------------------------------------- CPU
@@ -215,13 +150,14 @@ def test_kernel_routes_generate_what_sdpa_generates(cpu_as_gpu, monkeypatch, cac
 
 
 def test_unsupported_layer_arguments_fall_back(cpu_as_gpu):
-    model = tiny_llama(torch.bfloat16)
-    attn = model.model.layers[0].self_attn
+    """softcap goes to the model's eager attention, dropout to HF's sdpa, plain calls to the kernels
+    (every keyword, path by path: test_hf_fallback.py)."""
+    attn = tiny_model("gemma2", torch.bfloat16).model.layers[0].self_attn
     q, k = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16), torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
-    with pytest.warns(UserWarning, match="softcapping"):
+    with pytest.warns(UserWarning, match="eager attention: the layer asks for softcapping"):
         o, w = hf.attention_forward(attn, q, k, k, None, scaling=0.125, softcap=30.0)
-    assert o.shape == (1, 8, 4, 64) and w is None and hf.hf_stats["fallback"] == 1
-    with pytest.warns(UserWarning, match="dropout"):
+    assert o.shape == (1, 8, 4, 64) and w is not None and hf.hf_stats["fallback"] == 1
+    with pytest.warns(UserWarning, match="sdpa attention: dropout"):
         hf.attention_forward(attn, q, k, k, None, dropout=0.1, scaling=0.125)
     o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125)  # runs the flash_attn stand-in
     assert hf.hf_stats["flash_attn"] == 1 and o.shape == (1, 8, 4, 64)

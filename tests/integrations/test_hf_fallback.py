@@ -1,0 +1,209 @@
+"""The Transformers attention function never drops an argument: each keyword a layer passes runs on a
+path that honours it (:mod:`cute_kernels.integrations.hf`'s module doc lists them).
+
+CPU: per keyword (softcap, s_aux, sinks, position_bias, packed sequences, output_attentions, one
+unknown), a direct call with the kernel routes open (``cpu_as_gpu``) takes the documented fallback,
+warns once naming it, and equals a float64 reference that applies the argument, which differs from
+the same reference without it by far more than the tolerance (so dropping it fails the test).  Whole
+tiny models of the families that pass softcap / sinks equal ``attn_implementation="eager"``, unpadded
+and left-padded, prefill and decode steps.
+
+GPU: every family the installed Transformers has (Llama, Mistral, Qwen2, Qwen3, Gemma-2 with a strong
+softcap, Gemma-3, gpt-oss with sinks ~ N(2, 2)), bf16, 200-token prompts unpadded and left-padded,
+``cute_kernels`` against ``eager``: last-position logits within bf16 noise and a few greedy decode
+steps under :func:`assert_same_generation`'s rule; the families without softcap / sinks run their
+unpadded prefill on the kernels.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", minversion="5",
+    reason="the Hugging Face integration needs transformers>=5 (pip install -e '.[hf]')")
+
+from cute_kernels.integrations import hf  # noqa: E402
+
+from _hf_models import (FAMILIES, PREFIX, assert_same_generation, cpu_as_gpu, generate, ours,  # noqa: E402,F401
+                        tiny_model)
+
+gpu = pytest.mark.gpu
+TOL = 2e-2  # bf16 inputs and output against a float64 reference
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    hf.register()
+    hf.reset_stats()
+    yield
+    hf.reset_stats()
+
+
+def reference(q, k, v, scale, *, causal=True, softcap=None, sinks=None, bias=None, mask=None):
+    """float64 attention, (B, Hq, Sq, D) x (B, Hkv, Sk, D) -> (B, Sq, Hq, D): scores scaled, soft-capped,
+    biased, masked (bottom-right causal and/or a boolean mask), softmax with an optional per-head sink
+    logit in the denominator."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = q.double() @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.double()
+    Sq, Sk = s.shape[-2:]
+    if causal:
+        s = s.masked_fill(~torch.ones(Sq, Sk, dtype=torch.bool).tril(Sk - Sq), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.double().view(1, -1, 1, 1).expand(s.shape[0], -1, Sq, 1)
+        p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
+    else:
+        p = torch.softmax(s, -1)
+    return (p @ v).transpose(1, 2)
+
+
+def packed_mask(cu, n):
+    seg = torch.bucketize(torch.arange(n), torch.tensor(cu[1:]), right=True)
+    return (seg[:, None] == seg[None, :]) & torch.ones(n, n, dtype=torch.bool).tril()
+
+
+CU = [0, 5, 5, 17, 24]  # one empty sequence
+
+
+def case(name):
+    """(module, kwargs, reference kwargs, expected path, warning text, batch)."""
+    if name in ("softcap",):
+        attn = tiny_model("gemma2", torch.bfloat16).model.layers[1].self_attn
+        return attn, dict(softcap=0.5), dict(softcap=0.5), hf.EAGER, "softcapping (softcap)", 2
+    if name in ("s_aux", "sinks"):
+        attn = tiny_model("gpt_oss", torch.bfloat16).model.layers[1].self_attn
+        sinks = attn.sinks.detach()
+        assert sinks.abs().max() > 1  # set, not a random init's zeros
+        return attn, {name: sinks}, dict(sinks=sinks.float()), hf.EAGER, f"attention sinks ({name})", 2
+    attn = tiny_model("llama", torch.bfloat16).model.layers[0].self_attn
+    if name == "position_bias":
+        bias = 2 * torch.randn(1, 4, 24, 24, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+        return attn, dict(position_bias=bias), dict(bias=bias), hf.SDPA, "position bias", 2
+    if name == "packed":
+        cu = torch.tensor(CU, dtype=torch.int32)
+        kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=12, max_length_k=12)
+        return attn, kw, dict(mask=packed_mask(CU, 24)), hf.SDPA, "packed sequences", 1
+    if name == "output_attentions":
+        return attn, dict(output_attentions=True), {}, hf.EAGER, "output_attentions=True", 2
+    assert name == "unknown"
+    return attn, dict(indices=torch.arange(3)), {}, hf.EAGER, "'indices'", 2
+
+
+@pytest.mark.parametrize("name", ["softcap", "s_aux", "sinks", "position_bias", "packed", "output_attentions",
+                                  "unknown"])
+def test_each_keyword_runs_a_path_that_honours_it(cpu_as_gpu, name):
+    attn, kw, ref_kw, path, text, B = case(name)
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(B, 4, 24, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(B, 2, 24, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    assert hf.fallback_path(kw)[0] == path
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        o, w = hf.attention_forward(attn, q, k, v, None, scaling=0.125, **kw)
+        hf.attention_forward(attn, q, k, v, None, scaling=0.125, **kw)
+    where = {hf.EAGER: "the model's eager attention", hf.SDPA: "transformers' sdpa attention"}[path]
+    msgs = ours(rec)
+    assert len(msgs) == 1 and msgs[0].startswith(f"{PREFIX} running {where}: ") and text in msgs[0], msgs
+    assert hf.hf_stats == {"flash_attn": 0, "decode_attn": 0, "fallback": 2}
+    ref = reference(q, k, v, 0.125, **ref_kw)
+    err = (o.double() - ref).abs().max().item()
+    assert o.shape == (B, 24, 4, 64) and err < TOL, err
+    if ref_kw:  # the argument matters: the reference without it is far off
+        plain = reference(q, k, v, 0.125)
+        assert (plain - ref).abs().max().item() > 10 * TOL
+    if name == "output_attentions":
+        assert w is not None and w.shape == (B, 4, 24, 24)
+
+
+def test_keywords_without_effect_run_on_the_kernels(cpu_as_gpu):
+    attn = tiny_model("llama", torch.bfloat16).model.layers[0].self_attn
+    q, k = torch.randn(2, 4, 24, 64).to(torch.bfloat16), torch.randn(2, 2, 24, 64).to(torch.bfloat16)
+    kw = dict(position_ids=torch.arange(24)[None].expand(2, 24), use_cache=True, output_attentions=False,
+              output_hidden_states=False, sliding_window=None, softcap=None, s_aux=None, cu_seq_lens_q=None)
+    for name in kw:
+        assert hf.fallback_path({name: kw[name]}) is None, name
+    o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125, **kw)
+    assert hf.hf_stats == {"flash_attn": 1, "decode_attn": 0, "fallback": 0}
+    assert (o.double() - reference(q, k, k, 0.125)).abs().max().item() < TOL
+
+
+def test_a_window_without_a_mask_is_refused(cpu_as_gpu):
+    attn = tiny_model("mistral", torch.bfloat16).model.layers[0].self_attn
+    q, k = torch.randn(1, 4, 24, 64).to(torch.bfloat16), torch.randn(1, 2, 24, 64).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="sliding_window=16"):
+        hf.attention_forward(attn, q, k, k, None, scaling=0.125, sliding_window=16)
+    o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125, sliding_window=24)  # the window covers all
+    assert hf.hf_stats["flash_attn"] == 1
+
+
+def test_no_eager_function_is_a_clear_error(cpu_as_gpu):
+    class Bare(torch.nn.Module):  # a module whose modeling module has no eager_attention_forward
+        num_key_value_groups = 2
+
+    q, k = torch.randn(1, 4, 8, 64).to(torch.bfloat16), torch.randn(1, 2, 8, 64).to(torch.bfloat16)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="no eager_attention_forward"):
+        hf.attention_forward(Bare(), q, k, k, None, scaling=0.125, softcap=1.0)
+
+
+def _left_pad(ids, n):
+    mask = torch.ones_like(ids)
+    mask[0, :n], ids[0, :n] = 0, 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_cpu_model_with_softcap_or_sinks_equals_eager(family, padded):
+    """The whole model on CPU tensors (float32): the layers pass softcap / sinks, run the model's eager
+    attention, and equal attn_implementation="eager" (prefill and DynamicCache decode steps)."""
+    model = tiny_model(family)
+    ids = torch.randint(1, 512, (2, 40), generator=torch.Generator().manual_seed(6))
+    ids, mask = _left_pad(ids, 9 if padded else 0)
+    with torch.no_grad():
+        ref = generate(model, ids, mask, "eager", None, 4)
+        out = generate(model, ids, mask, "cute_kernels", None, 4)
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert hf.hf_stats["flash_attn"] == hf.hf_stats["decode_attn"] == 0
+
+
+# -------------------------------------------------------------------------------------------- GPU
+GPU_FAMILIES = [f for f, (cls, _) in FAMILIES.items() if hasattr(transformers, cls)]
+
+
+@gpu
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_family_on_the_gpu_equals_eager(family, padded):
+    model = tiny_model(family, torch.bfloat16, num_attention_heads=8, num_key_value_heads=2,
+                       hidden_size=512, intermediate_size=1024, vocab_size=1000).cuda()
+    ids = torch.randint(1, 1000, (2, 200), generator=torch.Generator().manual_seed(8)).cuda()
+    ids, mask = _left_pad(ids, 37 if padded else 0)
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        ref_logits = model(ids, attention_mask=mask).logits[:, -1].float()
+        model.set_attn_implementation("cute_kernels")
+        hf.reset_stats()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logits = model(ids, attention_mask=mask).logits[:, -1].float()
+        stats = dict(hf.hf_stats)
+        ref = generate(model, ids, mask, "eager", None, 6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = generate(model, ids, mask, "cute_kernels", None, 6)
+    rel = ((logits - ref_logits).abs().max() / ref_logits.abs().max()).item()
+    print(f"{family} padded={padded}: max relative logit difference {rel:.4f}, {stats}")
+    assert rel < 0.03, (family, padded, rel)
+    assert_same_generation(ref, out)
+    if family in ("llama", "qwen2", "qwen3") and not padded:  # full layers, no mask: the kernels
+        assert stats == {"flash_attn": 2, "decode_attn": 0, "fallback": 0}, stats
