@@ -278,10 +278,10 @@ def flash_cases(dev):
     la = FW._launchers[FH.dense_key(q, k, v, None, False, (-1, -1))]
     lo = FW._launchers[FH.dense_key(q, k, v, o, False, (-1, -1))]
     variants = {"key": lambda: FW._launchers.get(FH.dense_key(q, k, v, o, False, (-1, -1))),
-                "launcher": lambda: la(q, k, v, None, D ** -0.5, False),
-                "launcher_out": lambda: lo(q, k, v, o, D ** -0.5, False),
-                "floor": floor_variant(la, q, q, k, v, None, D ** -0.5, False),
-                "floor_out": floor_variant(lo, q, q, k, v, o, D ** -0.5, False),
+                "launcher": lambda: la(q, k, v, None, False, D ** -0.5),
+                "launcher_out": lambda: lo(q, k, v, o, False, D ** -0.5),
+                "floor": floor_variant(la, q, q, k, v, None, False, D ** -0.5),
+                "floor_out": floor_variant(lo, q, q, k, v, o, False, D ** -0.5),
                 "public": lambda: flash_attn(q, k, v), "public_out": lambda: flash_attn(q, k, v, out=o),
                 "bare": bare, "bare_alloc": bare_alloc, "bare_alloc_out": bare}
     if sd is not None:

@@ -10,17 +10,20 @@ with ``block_table`` and ``seqused_k`` on the device (the ``decode_attn`` conven
 packed.  Device values (lengths, pages) never reach the host unless checked mode is on, so CUDA
 graphs replay for any lengths up to the captured maxima.
 
-Here: validation (:mod:`.forward_validate`: every error names its argument, shape errors before
-device errors, nothing launched); empty problems without a launch; the plan (the compile key is the
-dtype, head dim, causal, packed, windowed and the page size: never lengths, batch or heads); the
-launches; ``torch.library`` custom ops with fake implementations for ``torch.compile`` (eager calls
-skip the dispatcher); and the host fast paths (:mod:`.forward_host`): a launcher per call metadata,
-made after a call with that metadata passed the checks and launched.
+One host path for every kind of call: the arguments are validated (:mod:`.forward_validate`: every
+error names its argument, shape errors before device errors, nothing launched) into a :class:`Call`
+(query rows dense or packed; K/V dense, packed or paged; the mask; the scale), and :func:`_run` plans
+it (the compile key is the dtype, head dim, causal, packed, windowed and the page size: never lengths,
+batch or heads), handles empty problems without a launch, and launches through a launcher
+(:func:`.forward_host.make_launcher`) that it keeps for later calls with the same metadata (the host
+fast path: a key lookup, then the launcher).  Traced calls (``torch.compile``, fake tensors) go
+through two ``torch.library`` custom ops taking every kind of call: a functional one (where autograd
+formulas register) and one writing given ``out`` / ``lse`` buffers; eager calls skip the dispatcher.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -109,230 +112,204 @@ def precompile(configs, processes: Optional[int] = None) -> list[str]:
     return jit.precompile_configs(get_forward_kernel, configs, processes)
 
 
-def _launch(q, k, v, out, lse, causal: bool, scale: float, window_left: int = -1, window_right: int = -1) -> None:
-    """Write out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 for validated CUDA tensors; a window
-    ``(window_left, window_right)`` other than (-1, -1) as :func:`check_window` returns it."""
-    B, Sq, Hq, D = q.shape
-    if B == 0 or Sq == 0 or Hq == 0:
+# ------------------------------------------------------------------------------------------------
+# one call description, one launch path
+# ------------------------------------------------------------------------------------------------
+DENSE, PACKED, PAGED, PAGED_PACKED = "dense", "packed", "paged", "paged_packed"
+
+
+class Call(NamedTuple):
+    """A validated ``flash_attn`` call: the query rows (dense (B, Sq, Hq, D) or packed by
+    ``cu_seqlens_q``), the K/V source (dense, packed by ``cu_seqlens_k``, or paged by ``block_table`` /
+    ``seqused_k``), the mask (causal, the window's sides: -1 unbounded) and the scale.  Every path
+    (eager, the custom ops, the launcher a later call reuses) launches from one of these."""
+
+    mode: str  # DENSE | PACKED | PAGED | PAGED_PACKED
+    causal: bool
+    scale: float
+    window_left: int = -1
+    window_right: int = -1
+    cu_seqlens_q: Optional[torch.Tensor] = None
+    cu_seqlens_k: Optional[torch.Tensor] = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    block_table: Optional[torch.Tensor] = None
+    seqused_k: Optional[torch.Tensor] = None
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return self.window_left, self.window_right
+
+    @property
+    def packed_q(self) -> bool:
+        return self.mode in (PACKED, PAGED_PACKED)
+
+    def device_tensors(self) -> tuple:
+        """The device tensors a launch passes, in the kernel's order (:func:`.forward_host.make_launcher`)."""
+        if self.mode == DENSE:
+            return ()
+        if self.mode == PACKED:
+            return self.cu_seqlens_q, self.cu_seqlens_k
+        if self.mode == PAGED:
+            return self.block_table, self.seqused_k
+        return self.cu_seqlens_q, self.block_table, self.seqused_k
+
+    def max_seqlens(self) -> tuple:
+        return {PACKED: (self.max_seqlen_q, self.max_seqlen_k), PAGED_PACKED: (self.max_seqlen_q,)}.get(self.mode, ())
+
+
+def _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+             max_seqlen_k, block_table, seqused_k) -> Call:
+    """The :class:`Call` of a custom op's arguments (the mode from which optional tensors are given)."""
+    if block_table is not None:
+        mode = PAGED if cu_seqlens_q is None else PAGED_PACKED
+    else:
+        mode = DENSE if cu_seqlens_q is None else PACKED
+    return Call(mode, causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                max_seqlen_k, block_table, seqused_k)
+
+
+def _lse_shape(c: Call, q) -> tuple:
+    """(B, Hq, Sq) for dense query rows, (Hq, total_q) for packed ones."""
+    return (q.shape[1], q.shape[0]) if c.packed_q else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _no_rows(c: Call, q) -> bool:
+    if c.packed_q:
+        return c.cu_seqlens_q.shape[0] < 2 or q.shape[0] == 0 or q.shape[1] == 0 or c.max_seqlen_q == 0
+    return q.shape[0] == 0 or q.shape[1] == 0 or q.shape[2] == 0
+
+
+def _run(c: Call, q, k, v, out, lse, key=None) -> None:
+    """Launch a validated call (out / lse given), and keep its launcher under ``key`` for later calls
+    with the same metadata (:mod:`.forward_host`).  No query row: nothing to do.  No key at all:
+    O = 0, LSE = -inf (dense), or a one-row stand-in K/V whose lengths clamp to 0 (packed).  Nothing
+    here reads a device value (lengths, pages): CUDA graphs replay for any lengths up to the maxima."""
+    if _no_rows(c, q):
         return
-    if k.shape[1] == 0:  # no key at all: every row is empty
+    if c.mode == DENSE and k.shape[1] == 0:
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    window = window_left != -1 or window_right != -1
-    cfg = plan(q.dtype, D, causal, window=window)
+    if c.mode == PACKED and k.shape[0] == 0:
+        k = v = k.new_zeros((1,) + tuple(k.shape[1:]))
+        c, key = c._replace(max_seqlen_k=0), None
+    paged = c.mode in (PAGED, PAGED_PACKED)
+    cfg = plan(q.dtype, q.shape[-1], c.causal, varlen=c.packed_q, window=c.window != (-1, -1),
+               page_size=k.shape[1] if paged else 0)
     fn = get_forward_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
-    LAUNCHES["flash_attn"] += 1
-    if window:
-        fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E,
-           *fh.window_args(window_left, window_right))
-    else:
-        fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), scale * LOG2_E)
-
-
-def _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, out, lse,
-                   causal: bool, scale: float, window_left: int = -1, window_right: int = -1) -> None:
-    """Write the rows of every packed sequence of out (total_q, Hq, D) and lse (Hq, total_q) for
-    validated CUDA tensors (rows outside every sequence are not written).  Nothing here reads the
-    cu_seqlens values: a CUDA graph captured with given max_seqlen replays for any shorter lengths."""
-    total_q, Hq, D = q.shape
-    if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0:
-        return  # no query row in any sequence
-    if k.shape[0] == 0:  # no key rows at all: a one-row stand-in (every length clamps to 0: O = 0, LSE = -inf)
-        k = v = k.new_zeros((1,) + tuple(k.shape[1:]))
-        max_seqlen_k = 0
-    window = window_left != -1 or window_right != -1
-    cfg = plan(q.dtype, D, causal, varlen=True, window=window)
-    fn = get_forward_kernel(cfg)
-    if fn is None:
-        return
-    LAUNCHES["flash_attn"] += 1
-    wl, wr = fh.window_args(window_left, window_right)
-    fn(q, k, v, out, lse, tile_counter(q.device, cfg.tile.dynamic), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-       scale * LOG2_E, wl, wr)
-
-
-def _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q: int, out, lse, causal: bool,
-                  scale: float, window_left: int = -1, window_right: int = -1) -> None:
-    """Paged K/V (:mod:`.forward_paged`) for validated CUDA tensors: out / lse as the dense call's
-    (q dense) or the packed one's (``cu_seqlens_q`` given).  Nothing here reads block_table,
-    seqused_k or cu_seqlens_q: graphs replay for any lengths and pages."""
-    varlen = cu_seqlens_q is not None
-    if varlen:
-        total_q, Hq, D = q.shape
-        if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0:
-            return
-    else:
-        B, Sq, Hq, D = q.shape
-        if B == 0 or Sq == 0 or Hq == 0:
-            return
-    window = window_left != -1 or window_right != -1
-    cfg = plan(q.dtype, D, causal, varlen=varlen, window=window, page_size=k.shape[1])
-    fn = get_forward_kernel(cfg)
-    if fn is None:
-        return
-    LAUNCHES["flash_attn"] += 1
-    wl, wr = fh.window_args(window_left, window_right)
-    counter = tile_counter(q.device, cfg.tile.dynamic)
-    if varlen:
-        fn(q, k, v, out, lse, counter, cu_seqlens_q, max_seqlen_q, block_table, seqused_k, scale * LOG2_E, wl, wr)
-    else:
-        fn(q, k, v, out, lse, counter, block_table, seqused_k, scale * LOG2_E, wl, wr)
-
-
+    launch = fh.make_launcher(fn, q, _lse_shape(c, q), cfg.tile.dynamic, c.mode, c.window, c.max_seqlens())
+    launch(q, k, v, out, lse, c.scale, *c.device_tensors())
+    if key is not None:
+        _launchers[key] = launch
 
 
 # ------------------------------------------------------------------------------------------------
-# torch.library ops
+# torch.library ops: one functional op (autograd formulas register on it), one writing given buffers
 # ------------------------------------------------------------------------------------------------
-@torch.library.custom_op("cute_kernels::flash_attn_", mutates_args=("out", "lse"), device_types=None)
-def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1) -> None:
-    _check_ptrs(q, k, v, out)  # traced calls validated everything else on fake tensors
-    _launch(q, k, v, out, lse, causal, softmax_scale, window_left, window_right)
-
-
-@_flash_attn_out_op.register_fake
-def _(q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1):
-    return None
-
-
-def _new_lse(q):
-    return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-
-
-def _new_outputs(q):
-    """A contiguous (B, Sq, Hq, D) output (whatever q's strides) and the (B, Hq, Sq) float32 LSE."""
-    return q.new_empty(q.shape), _new_lse(q)
-
-
 @torch.library.custom_op("cute_kernels::flash_attn", mutates_args=())
-def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   softmax_scale: float, window_left: int = -1, window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _new_outputs(q)
-    _check_ptrs(q, k, v)
-    _launch(q, k, v, out, lse, causal, softmax_scale, window_left, window_right)
+def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+                   window_left: int = -1, window_right: int = -1, cu_seqlens_q: Optional[torch.Tensor] = None,
+                   cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+                   block_table: Optional[torch.Tensor] = None,
+                   seqused_k: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    c = _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k, block_table, seqused_k)
+    out, lse = q.new_empty(q.shape), q.new_empty(_lse_shape(c, q), dtype=torch.float32)
+    _check_ptrs(q, k, v)  # traced calls validated everything else on fake tensors
+    _run(c, q, k, v, out, lse)
     return out, lse
 
 
 @_flash_attn_op.register_fake
-def _(q, k, v, causal, softmax_scale, window_left=-1, window_right=-1):
-    return _new_outputs(q)
+def _(q, k, v, causal, softmax_scale, window_left=-1, window_right=-1, cu_seqlens_q=None, cu_seqlens_k=None,
+      max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None):
+    c = _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k, block_table, seqused_k)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(c, q), dtype=torch.float32)
 
 
-def _new_varlen_lse(q):
-    total_q, Hq, _ = q.shape
-    return q.new_empty((Hq, total_q), dtype=torch.float32)
-
-
-@torch.library.custom_op("cute_kernels::flash_attn_varlen_", mutates_args=("out", "lse"), device_types=None)
-def _flash_attn_varlen_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, out: torch.Tensor,
-                              lse: torch.Tensor, causal: bool, softmax_scale: float, window_left: int = -1,
-                              window_right: int = -1) -> None:
+@torch.library.custom_op("cute_kernels::flash_attn_", mutates_args=("out", "lse"), device_types=None)
+def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                       cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+                       max_seqlen_q: int = 0, max_seqlen_k: int = 0, block_table: Optional[torch.Tensor] = None,
+                       seqused_k: Optional[torch.Tensor] = None) -> None:
     _check_ptrs(q, k, v, out)
-    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal,
-                   softmax_scale, window_left, window_right)
+    _run(_op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k, block_table, seqused_k), q, k, v, out, lse)
 
 
-@_flash_attn_varlen_out_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal, softmax_scale,
-      window_left=-1, window_right=-1):
+@_flash_attn_out_op.register_fake
+def _(q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1, cu_seqlens_q=None,
+      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None):
     return None
 
 
-@torch.library.custom_op("cute_kernels::flash_attn_varlen", mutates_args=())
-def _flash_attn_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                          softmax_scale: float, window_left: int = -1,
-                          window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = q.new_empty(q.shape), _new_varlen_lse(q)
-    _check_ptrs(q, k, v)
-    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, causal,
-                   softmax_scale, window_left, window_right)
+def _traced(c: Call, q, k, v, out):
+    """A traced call (torch.compile, fake tensors): through the custom ops."""
+    args = (c.causal, c.scale, c.window_left, c.window_right, c.cu_seqlens_q, c.cu_seqlens_k, c.max_seqlen_q,
+            c.max_seqlen_k, c.block_table, c.seqused_k)
+    if out is None:
+        return _flash_attn_op(q, k, v, *args)
+    lse = q.new_empty(_lse_shape(c, q), dtype=torch.float32)
+    _flash_attn_out_op(q, k, v, out, lse, *args)
     return out, lse
 
 
-@_flash_attn_varlen_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left=-1,
-      window_right=-1):
-    return q.new_empty(q.shape), _new_varlen_lse(q)
-
-
-@torch.library.custom_op("cute_kernels::flash_attn_paged_", mutates_args=("out", "lse"), device_types=None)
-def _flash_attn_paged_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
-                             seqused_k: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int,
-                             out: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale: float,
-                             window_left: int = -1, window_right: int = -1) -> None:
-    _check_ptrs(q, k, v, out)
-    _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, lse, causal, softmax_scale,
-                  window_left, window_right)
-
-
-@_flash_attn_paged_out_op.register_fake
-def _(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, lse, causal, softmax_scale,
-      window_left=-1, window_right=-1):
-    return None
+# ------------------------------------------------------------------------------------------------
+# validation of a call's arguments into a Call
+# ------------------------------------------------------------------------------------------------
+def _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              window_size, checked, block_table, seqused_k, check_ptrs: bool, check_values: bool) -> Call:
+    """Every host check of a call (:mod:`.forward_validate`; each error names its argument, nothing
+    launched), then the checked mode's reading of device values; returns its :class:`Call`."""
+    causal, window = check_window(window_size, causal)
+    check_flag(checked, "checked", "flash_attn", allow_none=True)
+    wl, wr = window if window is not None else (-1, -1)
+    if block_table is not None or seqused_k is not None:
+        if block_table is None:
+            _err(ValueError, "seqused_k is given without block_table (paged K/V needs both)")
+        if seqused_k is None:
+            _err(ValueError, "block_table is given without seqused_k (paged K/V needs both: the keys per sequence)")
+        if cu_seqlens_k is not None:
+            _err(ValueError, "cu_seqlens_k cannot be used with block_table (paged K/V lengths are seqused_k)")
+        if cu_seqlens_q is None and max_seqlen_q is not None:
+            _err(ValueError, "max_seqlen_q is given without cu_seqlens_q (packed queries need both)")
+        scale, mq = validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, softmax_scale,
+                                   max_seqlen_k, check_ptrs=check_ptrs)
+        if check_values and checked_default(checked, "flash_attn"):
+            if cu_seqlens_q is not None:
+                check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
+            check_paged_values(k, block_table, seqused_k)
+        return Call(PAGED if cu_seqlens_q is None else PAGED_PACKED, causal, scale, wl, wr, cu_seqlens_q, None, mq, 0,
+                    block_table, seqused_k)
+    if (cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None
+            or max_seqlen_k is not None):
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k", "cu_seqlens_q")
+            if cu_seqlens_q is None and cu_seqlens_k is None:
+                given = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
+                _err(ValueError, f"{given} is given without cu_seqlens_q / cu_seqlens_k (packed sequences need all four)")
+            _err(ValueError, f"{given} is given without {missing} (packed sequences need both)")
+        scale, mq, mk = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                                        softmax_scale, check_ptrs=check_ptrs)
+        if check_values and checked_default(checked, "flash_attn"):
+            check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
+            check_cu_seqlens(cu_seqlens_k, k.shape[0], mk, "cu_seqlens_k")
+        return Call(PACKED, causal, scale, wl, wr, cu_seqlens_q, cu_seqlens_k, mq, mk)
+    return Call(DENSE, causal, validate(q, k, v, out, softmax_scale, check_ptrs=check_ptrs), wl, wr)
 
 
 # ------------------------------------------------------------------------------------------------
-# the host fast path (:mod:`.forward_host`): launchers made after a call launched the kernel
+# the host fast path (:mod:`.forward_host`): launchers made by a checked call that launched
 # ------------------------------------------------------------------------------------------------
 _is_compiling = torch.compiler.is_compiling
 _FAST = fh.FAST_TYPES
 #: call metadata (the ``forward_host`` keys) -> launcher (:func:`.forward_host.make_launcher`)
 _launchers: dict = {}
-
-
-def _prepare(key, q, k, causal: bool, window_left: int, window_right: int) -> None:
-    """Cache a launcher for ``key`` after a dense call with that metadata launched the kernel (calls
-    :func:`_launch` handles without one -- no query row, no key -- keep the checked path)."""
-    B, Sq, Hq, D = q.shape
-    if B == 0 or Sq == 0 or Hq == 0 or k.shape[1] == 0:
-        return
-    window = (window_left, window_right)
-    cfg = plan(q.dtype, D, causal, window=window != (-1, -1))
-    fn = get_forward_kernel(cfg)
-    if fn is not None:
-        _launchers[key] = fh.make_launcher(fn, q, (B, Hq, Sq), cfg.tile.dynamic, "dense", window)
-
-
-def _prepare_varlen(key, q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, causal: bool, window_left: int,
-                    window_right: int) -> None:
-    """:func:`_prepare` of a packed call (``causal`` and the window as :func:`check_window` returned them)."""
-    total_q, Hq, D = q.shape
-    if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0 or k.shape[0] == 0:
-        return
-    window = (window_left, window_right)
-    cfg = plan(q.dtype, D, causal, varlen=True, window=window != (-1, -1))
-    fn = get_forward_kernel(cfg)
-    if fn is not None:
-        _launchers[key] = fh.make_launcher(fn, q, (Hq, total_q), cfg.tile.dynamic, "packed", window,
-                                           (max_seqlen_q, max_seqlen_k))
-
-
-def _prepare_paged(key, q, k, cu_seqlens_q, max_seqlen_q: int, causal: bool, window_left: int,
-                   window_right: int) -> None:
-    """:func:`_prepare` of a paged call, q dense or packed."""
-    varlen = cu_seqlens_q is not None
-    if varlen:
-        total_q, Hq, D = q.shape
-        if cu_seqlens_q.shape[0] < 2 or total_q == 0 or Hq == 0 or max_seqlen_q == 0:
-            return
-        lshape = (Hq, total_q)
-    else:
-        B, Sq, Hq, D = q.shape
-        if B == 0 or Sq == 0 or Hq == 0:
-            return
-        lshape = (B, Hq, Sq)
-    window = (window_left, window_right)
-    cfg = plan(q.dtype, D, causal, varlen=varlen, window=window != (-1, -1), page_size=k.shape[1])
-    fn = get_forward_kernel(cfg)
-    if fn is not None:
-        _launchers[key] = fh.make_launcher(fn, q, lshape, cfg.tile.dynamic, "paged_packed" if varlen else "paged",
-                                           window, (max_seqlen_q,) if varlen else ())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -398,9 +375,10 @@ def flash_attn(
             (B, max_pages) int32 lists each sequence's pages (key j of sequence b is row
             ``j % page_size`` of page ``block_table[b, j // page_size]``); seqused_k (B,) int32 the
             number of keys of each sequence (the cached tokens, the new ones included).  q dense
-            (B, Sq, Hq, D) or packed with cu_seqlens_q / max_seqlen_q (cu_seqlens_k / max_seqlen_k
-            not allowed).  Causal and windows are bottom-right aligned per sequence (query i of Lq
+            (B, Sq, Hq, D) or packed with cu_seqlens_q / max_seqlen_q (cu_seqlens_k not allowed).  Causal and windows are bottom-right aligned per sequence (query i of Lq
             sees keys j <= i + seqused_k - Lq), so chunked prefill attends to the cache and itself.
+            max_seqlen_k may be given (FlashAttention's callers pass it): a host int, at most the
+            capacity (block_table width x page_size); the lengths are seqused_k.
             Out-of-range lengths and page ids are clamped on the device (wrong numbers, no
             out-of-bounds access; ``checked`` raises).  Rows of a sequence's last page past its
             length are read and masked: they must be finite, as the rows around packed sequences.
@@ -413,134 +391,49 @@ def flash_attn(
     """
     if alibi_slopes is not None or type(dropout_p) is not float or type(softcap) is not float or dropout_p or softcap:
         check_unsupported(dropout_p, softcap, alibi_slopes)
-    if block_table is not None or seqused_k is not None:
-        return _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
-                                 max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k)
-    if (cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None
-            or max_seqlen_k is not None):
-        return _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
-                                  max_seqlen_q, max_seqlen_k, window_size, checked)
     key = None
-    if not _is_compiling():  # the fast path (forward_host); anything unusual takes the checks below
-        try:
-            if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST:
-                key = fh.dense_key(q, k, v, out, causal, window_size)
-                hit = _launchers.get(key)
-            else:
-                hit = None
-        except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
-            key = hit = None
-        scale = None if hit is None else fh.fast_scale(hit, softmax_scale)
-        if scale is not None:
+    if (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
+        if block_table is None and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None:
             try:
-                o, lse = hit(q, k, v, out, scale, return_lse)
-            except Exception:  # the compiled function refused an argument: the checks below name it
-                pass
-            else:
-                return (o, lse) if return_lse else o
+                if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and max_seqlen_q is None \
+                        and max_seqlen_k is None:
+                    key = fh.dense_key(q, k, v, out, causal, window_size)
+                    hit = _launchers.get(key)
+                else:
+                    hit = None
+            except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
+                key = hit = None
+            res = fh.run_hit(hit, False, softmax_scale, return_lse, q, k, v, out)
+        elif cu_seqlens_k is not None and (block_table is not None or seqused_k is not None):
+            res = None  # an error the checks name
+        elif block_table is not None or seqused_k is not None:
+            key, hit = fh.lookup(_launchers, fh.paged_key, (q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
+                                 max_seqlen_k, out, causal, window_size), (q, k, v, block_table, seqused_k))
+            res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out,
+                             *((block_table, seqused_k) if cu_seqlens_q is None else (cu_seqlens_q, block_table, seqused_k)))
+        else:
+            key, hit = fh.lookup(_launchers, fh.packed_key, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, out, causal, window_size), (q, k, v, cu_seqlens_q, cu_seqlens_k))
+            res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, cu_seqlens_q, cu_seqlens_k)
+        if res is not None:
+            return res
+    return _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                    max_seqlen_k, window_size, checked, block_table, seqused_k, key)
+
+
+def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+             window_size, checked, block_table, seqused_k, key):
+    """:func:`flash_attn`'s checked path: validate into a :class:`Call`, launch (eager) or trace the
+    custom ops, and keep the launcher under ``key`` (the fast path's, None: none)."""
+    check_flag(return_lse, "return_lse", "flash_attn")
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
-    causal, window = check_window(window_size, causal)
-    check_flag(checked, "checked", "flash_attn", allow_none=True)
-    scale = validate(q, k, v, out, softmax_scale, check_ptrs=not tracing)
-    wl, wr = window if window is not None else (-1, -1)
+    c = _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  window_size, checked, block_table, seqused_k, check_ptrs=not tracing, check_values=not tracing)
     if tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
+        out, lse = _traced(c, q, k, v, out)
+    else:  # eager: no dispatcher
         if out is None:
-            out, lse = _flash_attn_op(q, k, v, causal, scale, wl, wr)
-        else:
-            lse = _new_lse(q)
-            _flash_attn_out_op(q, k, v, out, lse, causal, scale, wl, wr)
-        return (out, lse) if return_lse else out
-    if out is None:
-        out, lse = _new_outputs(q)
-    else:
-        lse = _new_lse(q)
-    _launch(q, k, v, out, lse, causal, scale, wl, wr)  # eager: no dispatcher
-    if key is not None:
-        _prepare(key, q, k, causal, wl, wr)
+            out = q.new_empty(q.shape)  # contiguous (B, Sq, Hq, D) / (total_q, Hq, D), whatever q's strides
+        lse = q.new_empty(_lse_shape(c, q), dtype=torch.float32)
+        _run(c, q, k, v, out, lse, key)
     return (out, lse) if return_lse else out
-
-
-def _flash_attn_varlen(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                       max_seqlen_k, window_size, checked):
-    """:func:`flash_attn` with cu_seqlens: the fast path (:func:`.forward_host.packed_key`; unchecked calls only),
-    else the checks below, the launch, and a launcher for the call's metadata."""
-    key = None
-    if (checked is None or checked is False) and not _is_compiling():
-        key, hit = fh.lookup(_launchers, fh.packed_key, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                             max_seqlen_k, out, causal, window_size), (q, k, v, cu_seqlens_q, cu_seqlens_k))
-        res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, cu_seqlens_q, cu_seqlens_k)
-        if res is not None:
-            return res
-    if cu_seqlens_q is None or cu_seqlens_k is None:
-        given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k", "cu_seqlens_q")
-        if cu_seqlens_q is None and cu_seqlens_k is None:
-            given = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
-            _err(ValueError, f"{given} is given without cu_seqlens_q / cu_seqlens_k (packed sequences need all four)")
-        _err(ValueError, f"{given} is given without {missing} (packed sequences need both)")
-    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
-    causal, window = check_window(window_size, causal)
-    scale, mq, mk = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
-                                    softmax_scale, check_ptrs=not tracing)
-    wl, wr = window if window is not None else (-1, -1)
-    if not tracing and checked_default(checked, "flash_attn"):
-        check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
-        check_cu_seqlens(cu_seqlens_k, k.shape[0], mk, "cu_seqlens_k")
-    if tracing:
-        if out is None:
-            out, lse = _flash_attn_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, causal, scale, wl, wr)
-        else:
-            lse = _new_varlen_lse(q)
-            _flash_attn_varlen_out_op(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
-        return (out, lse) if return_lse else out
-    if out is None:
-        out = q.new_empty(q.shape)
-    lse = _new_varlen_lse(q)
-    _launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mq, mk, out, lse, causal, scale, wl, wr)
-    if key is not None:
-        _prepare_varlen(key, q, k, cu_seqlens_q, mq, mk, causal, wl, wr)
-    return (out, lse) if return_lse else out
-
-
-def _flash_attn_paged(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                      max_seqlen_k, window_size, checked, block_table, seqused_k):
-    """:func:`flash_attn` with block_table / seqused_k (paged K/V): the fast path
-    (:func:`.forward_host.paged_key`; unchecked calls only), else the checks below, the launch, and a
-    launcher for the call's metadata."""
-    key = None
-    if (checked is None or checked is False) and not _is_compiling() and cu_seqlens_k is None and max_seqlen_k is None:
-        key, hit = fh.lookup(_launchers, fh.paged_key, (q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
-                             out, causal, window_size), (q, k, v, block_table, seqused_k))
-        tensors = (block_table, seqused_k) if cu_seqlens_q is None else (cu_seqlens_q, block_table, seqused_k)
-        res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, *tensors)
-        if res is not None:
-            return res
-    if block_table is None:
-        _err(ValueError, "seqused_k is given without block_table (paged K/V needs both)")
-    if seqused_k is None:
-        _err(ValueError, "block_table is given without seqused_k (paged K/V needs both: the keys per sequence)")
-    if cu_seqlens_k is not None:
-        _err(ValueError, "cu_seqlens_k cannot be used with block_table (paged K/V lengths are seqused_k)")
-    if max_seqlen_k is not None:
-        _err(ValueError, "max_seqlen_k cannot be used with block_table (the capacity is block_table width x page_size)")
-    if cu_seqlens_q is None and max_seqlen_q is not None:
-        _err(ValueError, "max_seqlen_q is given without cu_seqlens_q (packed queries need both)")
-    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
-    causal, window = check_window(window_size, causal)
-    scale, mq = validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, softmax_scale,
-                               check_ptrs=not tracing)
-    wl, wr = window if window is not None else (-1, -1)
-    if not tracing and checked_default(checked, "flash_attn"):
-        if cu_seqlens_q is not None:
-            check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
-        check_paged_values(k, block_table, seqused_k)
-    if out is None:
-        out = q.new_empty(q.shape)
-    lse = _new_varlen_lse(q) if cu_seqlens_q is not None else _new_lse(q)
-    if tracing:
-        _flash_attn_paged_out_op(q, k, v, block_table, seqused_k, cu_seqlens_q, mq, out, lse, causal, scale, wl, wr)
-    else:
-        _launch_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, mq, out, lse, causal, scale, wl, wr)
-        if key is not None:
-            _prepare_paged(key, q, k, cu_seqlens_q, mq, causal, wl, wr)
-    return (out, lse) if return_lse else out
-

@@ -63,17 +63,18 @@ def packed_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
             None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
 
 
-def paged_key(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, causal, window_size) -> tuple:
+def paged_key(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, out, causal,
+              window_size) -> tuple:
     """A paged call's metadata: :func:`dense_key`'s (k's shape: pages and page size), the block table's
-    shape, stride and dtype (the kernel ties seqused_k's shape to it), seqused_k's dtype, and for packed
+    shape, stride and dtype (the kernel ties seqused_k's shape to it), seqused_k's dtype, for packed
     queries cu_seqlens_q's type, shape and dtype (which the kernel does not tie to the batch) and
-    max_seqlen_q: never the lengths or page ids."""
+    max_seqlen_q, and the max_seqlen_k hint (checked against the capacity): never the lengths or page ids."""
     if type(causal) is not bool:
         _no_key(causal)
     return ("paged", q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
             block_table.shape, block_table.stride(), block_table.dtype, seqused_k.dtype,
             None if cu_seqlens_q is None else (type(cu_seqlens_q), cu_seqlens_q.shape, cu_seqlens_q.dtype),
-            type(max_seqlen_q), max_seqlen_q,
+            type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
             None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
 
 
@@ -100,17 +101,17 @@ def lookup(launchers: dict, make_key, args: tuple, tensors: tuple):
         return None, None
 
 
-def run_hit(hit, checked, softmax_scale, return_lse: bool, q, k, v, out, *device_tensors):
-    """A packed or paged call's result from its launcher ``hit``, or None when the checked path must
-    run instead: no launcher, checked mode (``checked`` None: the environment), a scale the checks must
+def run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, *device_tensors):
+    """A call's result from its launcher ``hit``, or None when the checked path must run instead: no
+    launcher, checked mode (``checked`` None: the environment), a scale or return_lse the checks must
     see, or a call the compiled function refused (it launched nothing)."""
-    if hit is None or (checked is None and checked_env()):
+    if hit is None or return_lse.__class__ is not bool or (checked is None and checked_env()):
         return None
     scale = fast_scale(hit, softmax_scale)
     if scale is None:
         return None
     try:
-        o, lse = hit(q, k, v, out, scale, return_lse, *device_tensors)
+        o, lse = hit(q, k, v, out, return_lse, scale, *device_tensors)
     except Exception:  # the compiled function refused an argument: the checked path names it
         return None
     return (o, lse) if return_lse else o
@@ -119,9 +120,11 @@ def run_hit(hit, checked, softmax_scale, return_lse: bool, q, k, v, out, *device
 # ---------------------------------------------------------------------------------------- launchers
 def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_seqlens=()):
     """The launcher of a compiled forward ``fn`` for calls shaped as ``q``: allocates out (unless
-    given) and the LSE (``lshape``; without return_lse a scratch one, made by the first such call and
-    never read), launches, counts.  ``mode`` and the device tensors a launch passes after
-    ``(q, k, v, out, scale, want_lse)``, in the kernel's order (:func:`~.forward_kernel.forward_builder`):
+    given) and the LSE (``lse``: a tensor, or a bool -- True a fresh (``lshape``) one, False a scratch
+    one made by the first such call and never read), launches, counts.  Every launch of the forward
+    goes through one (the checked path makes one per call, a fast-path hit reuses it).  ``mode`` and
+    the device tensors a launch passes after ``(q, k, v, out, lse, scale)``, in the kernel's order
+    (:func:`~.forward_kernel.forward_builder`):
 
     * ``"dense"``: none (a window other than (-1, -1): the window entry);
     * ``"packed"``: ``cu_seqlens_q, cu_seqlens_k`` (``max_seqlens``: (max_seqlen_q, max_seqlen_k));
@@ -132,47 +135,52 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     wl, wr = window_args(*window)
 
     if mode == "dense" and tuple(window) == (-1, -1):
-        def launch(q, k, v, out, scale, want_lse):
+        def launch(q, k, v, out, lse, scale):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
+            if lse.__class__ is bool:
+                lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
             LAUNCHES["flash_attn"] += 1
             return out, lse
     elif mode == "dense":
-        def launch(q, k, v, out, scale, want_lse):
+        def launch(q, k, v, out, lse, scale):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
+            if lse.__class__ is bool:
+                lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E, wl, wr)
             LAUNCHES["flash_attn"] += 1
             return out, lse
     elif mode == "packed":
         mq, mk = max_seqlens
 
-        def launch(q, k, v, out, scale, want_lse, cu_seqlens_q, cu_seqlens_k):
+        def launch(q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
+            if lse.__class__ is bool:
+                lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E,
                 wl, wr)
             LAUNCHES["flash_attn"] += 1
             return out, lse
     elif mode == "paged":
-        def launch(q, k, v, out, scale, want_lse, block_table, seqused_k):
+        def launch(q, k, v, out, lse, scale, block_table, seqused_k):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
+            if lse.__class__ is bool:
+                lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), block_table, seqused_k, scale * LOG2_E, wl, wr)
             LAUNCHES["flash_attn"] += 1
             return out, lse
     elif mode == "paged_packed":
         (mq,) = max_seqlens
 
-        def launch(q, k, v, out, scale, want_lse, cu_seqlens_q, block_table, seqused_k):
+        def launch(q, k, v, out, lse, scale, cu_seqlens_q, block_table, seqused_k):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
+            if lse.__class__ is bool:
+                lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, mq, block_table, seqused_k,
                 scale * LOG2_E, wl, wr)
             LAUNCHES["flash_attn"] += 1

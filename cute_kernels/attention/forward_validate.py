@@ -252,11 +252,11 @@ MAX_PAGED_CAPACITY = 1 << 30
 
 
 def validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out=None, softmax_scale=None,
-                   check_ptrs: bool = True) -> tuple[float, int]:
+                   max_seqlen_k=None, check_ptrs: bool = True) -> tuple[float, int]:
     """:func:`validate` for paged K/V: k / v (num_pages, page_size, Hkv, D), block_table (B, max_pages)
     and seqused_k (B,) int32; q / out dense (B, Sq, Hq, D), or packed (total_q, Hq, D) with
-    cu_seqlens_q (B + 1,) int32 and the host int max_seqlen_q.  Returns (scale, max_seqlen_q or 0).
-    Device values (lengths, page ids) stay on the device (:func:`check_paged_values`)."""
+    cu_seqlens_q (B + 1,) int32 and the host int max_seqlen_q; max_seqlen_k a hint within the capacity
+    (:func:`check_max_seqlen_k_paged`).  Returns (scale, max_seqlen_q or 0).  Device values (lengths, page ids) stay on the device (:func:`check_paged_values`)."""
     varlen = cu_seqlens_q is not None
     named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
     ints = [("block_table", block_table), ("seqused_k", seqused_k)] + ([("cu_seqlens_q", cu_seqlens_q)] if varlen else [])
@@ -295,7 +295,20 @@ def validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, 
         _err(ValueError, f"block_table width x page_size ({block_table.shape[1]} x {page_size}) must be at most "
                          f"{MAX_PAGED_CAPACITY} keys")
     mq = _max_seqlen(max_seqlen_q, "max_seqlen_q") if varlen else 0
+    check_max_seqlen_k_paged(max_seqlen_k, k, block_table)
     return _check_rest(named, softmax_scale, check_ptrs, extra=ints, ints=ints), mq
+
+
+def check_max_seqlen_k_paged(max_seqlen_k, k, block_table) -> None:
+    """With a block table, ``max_seqlen_k`` is a redundant hint (FlashAttention-2/3/4 callers pass it
+    with page tables): a host int in [0, capacity], capacity = block_table width x page_size; it
+    changes nothing (the lengths are ``seqused_k``)."""
+    if max_seqlen_k is None:
+        return
+    n = _max_seqlen(max_seqlen_k, "max_seqlen_k")
+    cap = block_table.shape[1] * k.shape[1]
+    if n > cap:
+        _err(ValueError, f"max_seqlen_k ({n}) must be at most the paged capacity {cap} (block_table width x page_size)")
 
 
 def check_paged_values(k, block_table, seqused_k) -> None:

@@ -287,7 +287,7 @@ def test_empty_problems_launch_nothing(Sq, Sk, B):
     lse = torch.full((B, 4, Sq), NAN)
     stats = dict(jit.stats)
     with jit.dry_run() as dry:
-        FW._launch(q, k, v, out, lse, True, 0.125)
+        FW._run(FW.Call(FW.DENSE, True, 0.125), q, k, v, out, lse)
     assert dry.seen == [] and jit.stats == stats
     if Sk == 0 and B and Sq:
         assert (out == 0).all() and torch.isneginf(lse).all()
@@ -475,7 +475,7 @@ def test_plan_depends_on_static_facts_only():
         q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, 128, dtype=torch.float16)
         out, lse = torch.empty_like(q), torch.empty(B, Hq, Sq)
         with jit.dry_run() as dry:
-            FW._launch(q, k, v, out, lse, True, 0.1)
+            FW._run(FW.Call(FW.DENSE, True, 0.1), q, k, v, out, lse)
         assert len(dry.seen) == 1
         seen.add(dry.seen[0])
     assert seen == {("flash_attn_fwd", fwd_config("float16", 128, True))}

@@ -137,7 +137,10 @@ BAD_PAGED = [
     ("bt-without-seqused", dict(seqused_k=_DROP), ValueError, "block_table is given without seqused_k"),
     ("cu-k-with-bt", dict(cu_seqlens_k=torch.tensor([0, 5, 25], dtype=torch.int32)), ValueError,
      "cu_seqlens_k cannot be used with block_table"),
-    ("max-k-with-bt", dict(max_seqlen_k=20), ValueError, "max_seqlen_k cannot be used with block_table"),
+    ("max-k-past-capacity", dict(max_seqlen_k=49), ValueError, r"max_seqlen_k \(49\) must be at most the paged capacity 48"),
+    ("max-k-float", dict(max_seqlen_k=20.0), TypeError, "max_seqlen_k must be a Python int"),
+    ("max-k-negative", dict(max_seqlen_k=-1), ValueError, "max_seqlen_k must be >= 0"),
+    ("max-k-accepted", dict(max_seqlen_k=48), ValueError, "q is on cpu"),  # a hint within the capacity: fine
     ("max-q-without-cu-q", dict(max_seqlen_q=3), ValueError, "max_seqlen_q is given without cu_seqlens_q"),
     ("bt-not-tensor", dict(block_table=[[0, 1], [2, 3]]), TypeError, "block_table must be a torch.Tensor"),
     ("seqused-not-tensor", dict(seqused_k=[5, 20]), TypeError, "seqused_k must be a torch.Tensor"),
@@ -244,7 +247,7 @@ def test_paged_plan_ignores_lengths_and_batch():
     for B, Sq, lens, width in ((1, 5, [3], 1), (3, 70, [100, 0, 7], 9)):
         kp, vp, bt, sk, _, _ = make_paged(lens, 64, 2, 128, extra_cols=width)
         with jit.dry_run() as dry:
-            FW._launch_paged(_bf(B, Sq, 4, 128), kp, vp, bt, sk, None, 0, None, None, False, 0.1)
+            FW._run(FW.Call(FW.PAGED, False, 0.1, block_table=bt, seqused_k=sk), _bf(B, Sq, 4, 128), kp, vp, None, None)
         seen.update(dry.seen)
     assert seen == {("flash_attn_fwd", FW.plan(torch.bfloat16, 128, False, page_size=64))}
 
@@ -260,9 +263,11 @@ def test_warmup_paged_spec():
 def test_paged_empty_problems_launch_nothing():
     kp, vp, bt, sk, _, _ = make_paged([5], 16, 2, 64)
     with count_launches() as n, jit.dry_run() as dry:
-        FW._launch_paged(_bf(1, 0, 4, 64), kp, vp, bt, sk, None, 0, None, None, False, 0.1)
-        FW._launch_paged(_bf(0, 4, 64), kp, vp, bt, sk, cu_seqlens([0]), 0, None, None, False, 0.1)
-        FW._launch_paged(_bf(3, 4, 64), kp, vp, bt, sk, cu_seqlens([3]), 0, None, None, False, 0.1)
+        FW._run(FW.Call(FW.PAGED, False, 0.1, block_table=bt, seqused_k=sk), _bf(1, 0, 4, 64), kp, vp, None, None)
+        FW._run(FW.Call(FW.PAGED_PACKED, False, 0.1, cu_seqlens_q=cu_seqlens([0]), block_table=bt, seqused_k=sk),
+                _bf(0, 4, 64), kp, vp, None, None)
+        FW._run(FW.Call(FW.PAGED_PACKED, False, 0.1, cu_seqlens_q=cu_seqlens([3]), block_table=bt, seqused_k=sk),
+                _bf(3, 4, 64), kp, vp, None, None)
     assert n.total() == 0 and dry.seen == []
 
 

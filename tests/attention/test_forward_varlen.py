@@ -261,14 +261,15 @@ def test_varlen_and_window_plans():
         q, k, v, cq, ck = make_packed(lens, lens, 4, 2, 128)
         out, lse = torch.empty_like(q), torch.empty(4, q.shape[0])
         with jit.dry_run() as dry:
-            FW._launch_varlen(q, k, v, cq, ck, mq, mq, out, lse, False, 0.1)
+            FW._run(FW.Call(FW.PACKED, False, 0.1, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mq),
+                    q, k, v, out, lse)
         seen.update(dry.seen)
     assert seen == {("flash_attn_fwd", want)} and want.varlen and want.tile == FW.plan(torch.bfloat16, 128, False).tile
     cfgs = set()
     for window in ((3, 0), (100, 7), (0, -1)):
         q, k, v = make_qkv(1, 33, 40, 4, 2, 128)
         with jit.dry_run() as dry:
-            FW._launch(q, k, v, torch.empty_like(q), torch.empty(1, 4, 33), False, 0.1, *window)
+            FW._run(FW.Call(FW.DENSE, False, 0.1, *window), q, k, v, torch.empty_like(q), torch.empty(1, 4, 33))
         cfgs.update(c for _, c in dry.seen)
     assert len(cfgs) == 1 and next(iter(cfgs)).window and not next(iter(cfgs)).causal
     assert FW.plan(torch.bfloat16, 128, True, window=True) == FW.plan(torch.bfloat16, 128, False, window=True)
@@ -316,7 +317,8 @@ def test_varlen_empty_problems_launch_nothing():
     for lens_q, mq in (([], 0), ([0, 0], 0), ([3], 0)):
         q, k, v, cq, ck = make_packed(lens_q, [2] * len(lens_q), 4, 2, 64)
         with jit.dry_run() as dry:
-            FW._launch_varlen(q, k, v, cq, ck, mq, 2, torch.empty_like(q), torch.empty(4, q.shape[0]), True, 0.1)
+            FW._run(FW.Call(FW.PACKED, True, 0.1, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=2),
+                    q, k, v, torch.empty_like(q), torch.empty(4, q.shape[0]))
         assert dry.seen == []
 
 
@@ -406,7 +408,7 @@ def run_varlen_poisoned(q, k, v, cq, ck, mq, mk, causal=False, window=(-1, -1), 
     s = q.shape[-1] ** -0.5 if scale is None else scale
     c, w = FW.check_window(window, causal)
     wl, wr = w if w is not None else (-1, -1)
-    torch.ops.cute_kernels.flash_attn_varlen_(q, k, v, cq, ck, mq, mk, out, lse, c, s, wl, wr)
+    torch.ops.cute_kernels.flash_attn_(q, k, v, out, lse, c, s, wl, wr, cq, ck, mq, mk)
     return out, lse
 
 

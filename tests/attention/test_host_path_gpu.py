@@ -129,7 +129,7 @@ def test_flash_attn_window_and_paged_refusals():
         FW.flash_attn(q, pool_k, pool_v, **kw)
 
     def key(v=pool_v, used=used):
-        return FH.paged_key(q, pool_k, v, bt, used, None, None, None, True, (-1, -1))
+        return FH.paged_key(q, pool_k, v, bt, used, None, None, None, None, True, (-1, -1))
 
     with no_compiles():
         refused(L, key(v=pool_v.half()), lambda: FW.flash_attn(q, pool_k, pool_v.half(), **kw), TypeError, "v dtype")
