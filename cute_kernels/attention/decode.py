@@ -25,7 +25,6 @@ host (this synchronizes).
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -36,6 +35,7 @@ from ..common.dtypes import to_cutlass
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
+from . import forward_host as fh
 from .decode_kernel import DecodeAttnKernel
 from .decode_plan import (  # noqa: F401  (the planning API, re-exported)
     TMA_EF_MAX_KV_BYTES, DecodeConfig, choose_num_splits, explain, load_for, make_config, workspace_numel,
@@ -110,29 +110,30 @@ def precompile(configs, processes: Optional[int] = None) -> list[str]:
     return jit.precompile_configs(get_decode_kernel, configs, processes)
 
 
-def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
-    """Launch on CUDA tensors; out (B,Sq,Hq,D), lse (B,Hq,Sq) fp32 are written."""
+def _aligned(q, k_cache) -> bool:
+    return (q.data_ptr() | k_cache.data_ptr()) % 16 == 0 and not any(st % 8 for st in q.stride()[:-1])
+
+
+def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale,
+         key=None) -> None:
+    """Launch a validated CUDA call (out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 written) through a
+    launcher (:func:`_launcher`), kept under ``key`` for later calls with the same metadata (not for an
+    empty batch, nor a q that needed an aligned copy)."""
     B, Sq, Hq, D = q.shape
     if B == 0:
         return
     cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal)
     fn = get_decode_kernel(cfg)
-    if q.stride(-1) != 1 or any(s % 8 != 0 for s in q.stride()[:-1]) or q.data_ptr() % 16 != 0:
-        q = q.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy (contiguous() keeps a misaligned one)
-    scale_log2 = float(softmax_scale) * LOG2_E
-    if P == 1:
-        LAUNCHES["decode_attn"] += 1
-        fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, None, scale_log2)
+    if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
-    rows = B * Sq * Hq
-    if workspace is None:
-        workspace = decode_attn_workspace(q, P)
-    else:
+    if not _aligned(q, k_cache):
+        q, key = q.clone(memory_format=torch.contiguous_format), None  # (contiguous() keeps a misaligned q)
+    if P > 1 and workspace is not None:
         _check_workspace(workspace, P, B, Sq, Hq, D)
-    o_part = workspace[: P * rows * D].view(P, B, Sq, Hq, D)
-    lse_part = workspace[P * rows * D : P * rows * (D + 1)].view(P, B, Sq, Hq)
-    LAUNCHES["decode_attn"] += 1
-    fn(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, scale_log2)
+    launch = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device)
+    launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace)
+    if key is not None:
+        _launchers[key] = launch
 
 
 def _check_workspace(workspace, P, B, Sq, Hq, D):
@@ -196,14 +197,15 @@ def decode_attn_reference(
 # ------------------------------------------------------------------------------------------------
 # torch.library ops and the public function
 # ------------------------------------------------------------------------------------------------
-def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale,
+                 key=None):
     if q.device.type not in _KERNEL_DEVICES:
         LAUNCHES["decode_attn:cpu"] += 1
         o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale)
         out.copy_(o.to(out.dtype))
         lse.copy_(l)
         return
-    _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale)
+    _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale, key)
 
 
 @torch.library.custom_op(
@@ -264,8 +266,7 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softm
 _is_compiling = torch.compiler.is_compiling
 _empty = torch.empty
 _F32 = torch.float32
-#: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
-_FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+_FAST_TYPES = fh.FAST_TYPES
 #: call metadata (:func:`_key`) -> launcher (:func:`_launcher`)
 _launchers: dict = {}
 #: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
@@ -287,22 +288,11 @@ def _key(q, k, v, s, bt, out, ws, num_splits, causal) -> tuple:
             type(num_splits), num_splits, causal)
 
 
-def _prepare(key, q, k_cache, block_table, num_splits, causal) -> None:
-    """Cache a launcher for ``key`` after a CUDA call with that metadata passed validation and
-    launched as is (not for empty batches, nor a q that needed a copy to be aligned)."""
-    B, Sq, Hq, D = q.shape
-    aligned = (q.data_ptr() | k_cache.data_ptr()) % 16 == 0 and not any(st % 8 for st in q.stride()[:-1])
-    if not aligned or B == 0 or q.device.type not in _KERNEL_DEVICES:
-        return
-    cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal)
-    fn = get_decode_kernel(cfg)
-    _launchers[key] = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device)
-
-
 def _launcher(fn, keep, P, qshape, dtype, dev):
-    """``launch(q, k, v, seqlens, block_table, out, workspace, scale, want_lse) -> (out, lse)``:
-    allocates out (unless given) and the LSE, then launches and counts (a call the compiled function
-    refuses raises uncounted).  With P > 1 the partial outputs and LSEs are views of the given
+    """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
+    forward's launcher convention, :func:`.forward_host.run_hit`): allocates out (unless given) and the
+    LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
+    (a call the compiled function refuses raises uncounted).  Every launch goes through one.  With P > 1 the partial outputs and LSEs are views of the given
     workspace, else the launcher's own per stream (calls on one stream are ordered, so each reuses
     them: two allocations fewer per call) or, while a CUDA graph is being captured, fresh ones that
     the graph keeps.  Without ``want_lse`` the kernel writes the LSE
@@ -313,10 +303,11 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
     lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
 
     if P == 1:
-        def launch(q, k, v, s, bt, out, ws, scale, want_lse):
+        def launch(q, k, v, out, lse, scale, s, bt, ws):
             if out is None:
                 out = _empty(*osize, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
+            if lse.__class__ is bool:
+                lse = lse_for(lse)
             fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
             LAUNCHES["decode_attn"] += 1
             return out, lse
@@ -330,10 +321,11 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
         def new_parts():
             return _empty(*pshape, dtype=_F32, device=dev), _empty(*plshape, dtype=_F32, device=dev)
 
-        def launch(q, k, v, s, bt, out, ws, scale, want_lse):
+        def launch(q, k, v, out, lse, scale, s, bt, ws):
             if out is None:
                 out = _empty(*osize, dtype=dtype, device=dev)
-            lse = lse_for(want_lse)
+            if lse.__class__ is bool:
+                lse = lse_for(lse)
             if ws is None:
                 o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
             else:
@@ -401,20 +393,10 @@ def decode_attn(
                 hit = None
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        if hit is not None and (checked is False or not _plan_mod.checked_env()):
-            ts = type(softmax_scale)
-            if softmax_scale is None:
-                softmax_scale = hit.default_scale
-            elif not ((ts is float or ts is int) and 0.0 < softmax_scale < math.inf):
-                hit = None  # the checked path says what is wrong with it (or takes a numpy scalar)
-            if hit is not None:
-                try:
-                    o, lse = hit(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, softmax_scale,
-                                 return_lse)
-                except Exception:  # the compiled function refused an argument: the checks below name it
-                    pass
-                else:
-                    return (o, lse) if return_lse else o
+        res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k_cache, v_cache, out, cache_seqlens, block_table,
+                         workspace)
+        if res is not None:
+            return res
     # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
@@ -424,6 +406,7 @@ def decode_attn(
     num_splits = _plan_mod.check_num_splits(num_splits)
     _plan_mod.check_flag(causal, "causal", "decode_attn")
     _plan_mod.check_flag(checked, "checked", "decode_attn", allow_none=True)
+    _plan_mod.check_flag(return_lse, "return_lse", "decode_attn")
     if not compiling and _plan_mod.checked_default(checked):
         _plan_mod.check_device_values(k_cache, cache_seqlens, block_table)
     if not compiling and workspace is not None:
@@ -439,8 +422,10 @@ def decode_attn(
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     # eager calls skip the dispatcher; under torch.compile the custom op is traced
-    run = _decode_attn_out_op if compiling else _decode_impl
-    run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale)
-    if key is not None and not compiling:
-        _prepare(key, q, k_cache, block_table, num_splits, causal)
+    if compiling:
+        _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal,
+                            scale)
+    else:
+        _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale,
+                     key)
     return (out, lse) if return_lse else out

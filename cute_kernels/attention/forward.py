@@ -30,9 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
-from ..common.scheduler import tile_counter  # (FW.tile_counter: the benches pass it to bare launches)
-from ..common.softmax import LOG2_E
-from ..testing import LAUNCHES
+from ..common.scheduler import tile_counter  # noqa: F401  (FW.tile_counter: the benches pass it to bare launches)
 from . import forward_host as fh
 from . import forward_kernel
 from .decode_plan import check_flag, checked_default
