@@ -3,15 +3,21 @@
 From results files (:mod:`.bench.records` reads this package's schema and the older per-script
 formats of ``profiles/results/``):
 
-- ``<kind>-<date>-<commit>-ratios.png`` per file: each implementation's speed relative to the best
-  peer of its shape (best peer's time / its time; above 1 is faster), ours highlighted, the same-run
-  ceiling marked (a black bar across the group);
+- ``<kind>-<date>-<commit>-ratios.png`` per file of the kinds with peers (gemm, attention,
+  attention-varlen, decode, model-decode): each implementation's speed relative to the best peer of
+  its shape (best peer's time / its time; above 1 is faster), ours highlighted, the same-run ceiling
+  marked (a black bar across the group);
+- ``read-ceiling-<date>-<commit>-reads.png`` per bare-read ceiling file: each target's bytes read per
+  second by the bare reads, ours and the peers, the target's rate marked;
 - ``roofline.png``: the device's roofline from its measured read bandwidth and bf16 matmul rate
   (stated on the chart, with where they come from) and every kernel's point per shape (arithmetic
   intensity, achieved TFLOP/s), ours filled, the best peer hollow;
 - ``summary.png``: the ratio panels and the roofline in one small picture (the README's);
-- ``tables.md``: one table per kernel (ratio to the best peer, fraction of the ceiling), naming
-  device, date, commit and file.
+- ``tables.md``: one table per kernel (ratio to the best peer, fraction of the ceiling) and per
+  ceiling file, naming device, date, commit and file.
+
+Every file named must be drawn: one of no known kind, or with nothing timed in it, is an error
+(ValueError, one line) and nothing is written.
 
 matplotlib comes with the ``pictures`` extra.
 """
@@ -27,8 +33,13 @@ from .bench import records, results
 OURS_COLOR = "#d95f02"
 PEER_COLORS = ["#1b9e77", "#7570b3", "#386cb0", "#66a61e", "#a6761d", "#e7298a"]
 VARIANT_COLOR = "#bbbbbb"
-KIND_MARKERS = {"gemm": "o", "attention": "s", "decode": "^"}
-KIND_COLORS = {"gemm": "#d95f02", "attention": "#7570b3", "decode": "#1b9e77"}
+BARE_READ_COLORS = ["#444444", "#888888", "#bbbbbb"]
+#: the kinds on the roofline (rows with FLOPs and bytes)
+KIND_MARKERS = {"gemm": "o", "attention": "s", "attention-varlen": "D", "decode": "^"}
+KIND_COLORS = {"gemm": "#d95f02", "attention": "#7570b3", "attention-varlen": "#e7298a", "decode": "#1b9e77"}
+#: every kind :func:`make` draws: those with peers (ratio charts) and the bare-read ceilings
+READ_CEILING = "read-ceiling"
+DRAWN = (*results.RATE, READ_CEILING)
 
 
 class MissingExtra(RuntimeError):
@@ -41,6 +52,12 @@ def _figure(w: float, h: float):
     except ImportError as e:
         raise MissingExtra("charts need matplotlib: pip install 'cute-kernels[pictures]'") from e
     return Figure(figsize=(w, h), layout="constrained")
+
+
+def _title(doc: dict) -> str:
+    """The kind's title; a GEMM of another shape set than the issue's names its preset."""
+    preset = doc["meta"].get("preset") if doc["kind"] == "gemm" else None
+    return results.TITLES.get(doc["kind"], doc["kind"]) + (f", {preset} preset" if preset not in (None, "issue") else "")
 
 
 def _label(doc: dict) -> str:
@@ -100,7 +117,7 @@ def ratio_axes(ax, doc: dict, title: str | None = None) -> None:
     ax.set_ylim(0, top * 1.4)  # room for the legend above the bars
     ax.set_ylabel("speed vs best peer (x)", fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_title(title or f"{results.TITLES.get(doc['kind'], doc['kind'])} ({_label(doc)})", fontsize=9)
+    ax.set_title(title or f"{_title(doc)} ({_label(doc)})", fontsize=9)
     ax.legend(fontsize=6, ncol=min(4, k + 1), loc="upper left", framealpha=0.9)
     ax.grid(axis="y", alpha=0.3)
 
@@ -178,6 +195,61 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join([*lines, cur])
 
 
+def reads_axes(ax, doc: dict) -> None:
+    """Grouped bars on ``ax``: per bare-read target, the bytes per second of each column of the run
+    (the bare reads grey, ours highlighted, the peers coloured), the target's rate as a black bar."""
+    rows = doc["rows"]
+    names: list[str] = []
+    for r in rows:
+        names += [n for n in r.get("times_us") or {r["what"]: r["us"]} if n not in names]
+    names.sort(key=lambda n: (not records.is_bare_read(n), not n.startswith("cute-kernels"), n))
+    k = max(1, len(names))
+    width = 0.8 / k
+    bare = peer = 0
+    top = 0.0
+    for i, n in enumerate(names):
+        if records.is_bare_read(n):
+            color, bare = BARE_READ_COLORS[bare % len(BARE_READ_COLORS)], bare + 1
+        elif n.startswith("cute-kernels"):
+            color = OURS_COLOR
+        else:
+            color, peer = PEER_COLORS[peer % len(PEER_COLORS)], peer + 1
+        ys = [r["bytes"] / t / 1e6 if (t := (r.get("times_us") or {r["what"]: r["us"]}).get(n)) else 0.0
+              for r in rows]
+        top = max([top, *ys])
+        ax.bar([j - 0.4 + width * (i + 0.5) for j in range(len(rows))], ys, width=width * 0.95, color=color,
+               label=n + (" (ours)" if n.startswith("cute-kernels") else ""),
+               edgecolor="black" if n.startswith("cute-kernels") else "none", linewidth=0.6)
+    tx = [(j, r["bytes"] / r["target_us"] / 1e6) for j, r in enumerate(rows) if r.get("target_us")]
+    if tx:
+        ax.hlines([y for _, y in tx], [j - 0.42 for j, _ in tx], [j + 0.42 for j, _ in tx], colors="black",
+                  linewidth=2.0, label="target")
+        top = max([top, *(y for _, y in tx)])
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r["label"].split(" (")[0] for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_ylim(0, top * 1.45)  # room for the legend above the bars
+    ax.set_ylabel("bytes read per second (TB/s)", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title(f"Bare-read ceilings ({_label(doc)})", fontsize=9)
+    ax.legend(fontsize=6, ncol=min(4, k + 1), loc="upper left", framealpha=0.9)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def ceiling_tables(docs: list[dict]) -> str:
+    """One markdown table per bare-read ceiling file: each target's fastest bare read beside ours."""
+    out = []
+    for d in docs:
+        out += [f"**Bare-read ceilings** ({_label(d)}; `{d.get('source', '?')}`):", "",
+                "| target | bytes | fastest bare read | us | TB/s | ours us | target |", "|---|---|---|---|---|---|---|"]
+        for r in d["rows"]:
+            ours = {n: t for n, t in (r.get("times_us") or {}).items() if n.startswith("cute-kernels")}
+            o = min(ours.values()) if ours else None
+            out.append(f"| {r['label']} | {r['bytes']} | {r['what']} | {r['us']:.1f} | {r['TBps']:.2f} | "
+                       + ("-" if o is None else f"{o:.1f}") + f" | {r.get('target') or '-'} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def _stem(doc: dict) -> str:
     return Path(doc.get("source", doc["kind"])).stem
 
@@ -189,12 +261,12 @@ def readme_tables(docs: list[dict]) -> str:
         if d["kind"] not in results.RATE:
             continue
         key, unit = results.RATE[d["kind"]]
-        out += [f"**{results.TITLES[d['kind']]}** ({_label(d)}; `{d.get('source', '?')}`):", "",
+        out += [f"**{_title(d)}** ({_label(d)}; `{d.get('source', '?')}`):", "",
                 f"| shape | ours {unit} | best peer | x best peer | ceiling | of ceiling |", "|---|---|---|---|---|---|"]
         for r in d["rows"]:
             o = r["impls"].get(r.get("ours") or "", {})
             rate = o.get(key)
-            rate_s = "-" if rate is None else f"{rate:.0f}" if unit == "TFLOP/s" else f"{rate:.2f}"
+            rate_s = "-" if rate is None else f"{rate:.2f}" if unit == "TB/s" else f"{rate:.0f}"
             best = r.get("ratio_vs_best_peer")
             c = r.get("ours_vs_ceiling")
             out.append(f"| {r['shape']} | {rate_s} | {r.get('best_peer') or '-'} | "
@@ -207,25 +279,39 @@ def readme_tables(docs: list[dict]) -> str:
     return "\n".join(out)
 
 
-def make(paths: list[str | Path], out_dir: str | Path, dpi: int = 110, on_skip=print) -> list[Path]:
-    """Write the charts (and ``tables.md``) of the results files ``paths`` into ``out_dir``; returns
-    the files written.  A file of no known format (e.g. the model benchmark's) is skipped with
-    ``on_skip(message)``; none known raises ValueError; no matplotlib raises :class:`MissingExtra`."""
+def _timed(doc: dict) -> bool:
+    """Whether a document has anything to draw: a row with a time."""
+    if doc["kind"] == READ_CEILING:
+        return any(r.get("us") for r in doc["rows"])
+    return any(e.get("median_us") for r in doc["rows"] for e in r["impls"].values())
+
+
+def load_all(paths: list[str | Path]) -> list[dict]:
+    """The documents of ``paths``; ValueError (one line) for the first that cannot be drawn: unreadable,
+    of no known kind, or with nothing timed."""
     if not paths:
         raise ValueError("charts: name at least one results file (e.g. profiles/results/gemm-*.json)")
-    docs, errors = [], []
+    docs = []
     for p in paths:
-        try:
-            docs.append(records.load(p))
-        except ValueError as e:
-            errors.append(str(e))
-    if not docs:
-        raise ValueError(errors[0] if len(errors) == 1 else f"charts: no results file of a known format ({errors[0]})")
-    for e in errors:
-        on_skip(f"skipped {e}")
+        d = records.load(p)
+        if d["kind"] not in DRAWN:
+            raise ValueError(f"{p}: a {d['kind']!r} results file; charts draws {', '.join(DRAWN)}")
+        if not _timed(d):
+            raise ValueError(f"{p}: no timed row to draw ({len(d['rows'])} rows)")
+        docs.append(d)
+    return docs
+
+
+def make(paths: list[str | Path], out_dir: str | Path, dpi: int = 110) -> list[Path]:
+    """Write the charts (and ``tables.md``) of the results files ``paths`` into ``out_dir``; returns
+    the files written.  Every file is drawn or nothing is: one that cannot be (:func:`load_all`)
+    raises ValueError before anything is written; no matplotlib raises :class:`MissingExtra`."""
+    docs = load_all(paths)
+    _figure(1, 1)  # MissingExtra before the folder is made
     records.attach_ceilings(docs)
     roofs = records.roofs(docs)
     kinds = [d for d in docs if d["kind"] in results.RATE]
+    reads = [d for d in docs if d["kind"] == READ_CEILING]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -235,16 +321,23 @@ def make(paths: list[str | Path], out_dir: str | Path, dpi: int = 110, on_skip=p
         p = out / f"{_stem(d)}-ratios.png"
         fig.savefig(p, dpi=dpi)
         written.append(p)
-    if kinds:
+    for d in reads:
+        fig = _figure(max(6.0, 1.1 * len(d["rows"]) + 2), 3.8)
+        reads_axes(fig.add_subplot(), d)
+        p = out / f"{_stem(d)}-reads.png"
+        fig.savefig(p, dpi=dpi)
+        written.append(p)
+    on_roofline = [d for d in kinds if d["kind"] in KIND_MARKERS]
+    if on_roofline:
         fig = _figure(7.5, 5.0)
-        roofline_axes(fig.add_subplot(), kinds, roofs)
+        roofline_axes(fig.add_subplot(), on_roofline, roofs)
         p = out / "roofline.png"
         fig.savefig(p, dpi=dpi)
         written.append(p)
         written.append(summary(kinds, roofs, out / "summary.png"))
-        p = out / "tables.md"
-        p.write_text(readme_tables(kinds) + "\n")
-        written.append(p)
+    p = out / "tables.md"
+    p.write_text("\n".join(t for t in (readme_tables(kinds), ceiling_tables(reads)) if t) + "\n")
+    written.append(p)
     return written
 
 

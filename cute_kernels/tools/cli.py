@@ -291,11 +291,9 @@ def cmd_charts(a: argparse.Namespace) -> int:
     paths = list(a.results)
     if not paths:
         if not Path(DEFAULT_RESULTS).is_dir():
-            raise UsageError(f"name the results files (no {DEFAULT_RESULTS}/ here to take the latest ones from)")
-        paths = records.latest(DEFAULT_RESULTS)
-        if not paths:
-            raise UsageError(f"no results file in {DEFAULT_RESULTS}/")
-        print("latest results: " + ", ".join(str(p) for p in paths))
+            raise UsageError(f"name the results files (no {DEFAULT_RESULTS}/ here to take the records from)")
+        paths = records.latest(DEFAULT_RESULTS)  # the files its manifest names; ValueError without one
+        print(f"records named by {DEFAULT_RESULTS}/{records.MANIFEST}: " + ", ".join(str(p) for p in paths))
     try:
         written = charts.make(paths, a.out, dpi=a.dpi)
     except charts.MissingExtra as e:
@@ -357,9 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Draw each results file's ratios to the peers (with the ceiling marked), "
                                    "the roofline of the device with every kernel's points, one summary picture "
                                    "and README tables, from files written by `cute-kernels bench` (or the older "
-                                   "profiles/ scripts).  Needs matplotlib (the pictures extra).")
+                                   "profiles/ scripts).  A file it cannot draw is an error and nothing is "
+                                   "written.  Needs matplotlib (the pictures extra).")
     c.add_argument("results", nargs="*", metavar="RESULTS",
-                   help=f"results JSON files (default: the latest of each kind in {DEFAULT_RESULTS}/)")
+                   help="results JSON files of any kind `cute-kernels bench` (or profiles/read_ceiling.py) writes "
+                        f"(default: the records {DEFAULT_RESULTS}/latest.json names for the README's charts)")
     c.add_argument("--out", default="charts", help="folder for the PNGs and tables.md (default ./charts)")
     c.add_argument("--dpi", type=int_in(30, 600), default=110, help="resolution of the single charts (default 110)")
     c.set_defaults(func=cmd_charts)

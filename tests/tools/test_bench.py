@@ -155,10 +155,57 @@ def test_ridge_and_gemm_bound():
 
 
 # ---- recorded results --------------------------------------------------------------------------------
+README_CHART_RECORDS = ["gemm-2026-11-30-8a2ffbe.json", "attention-2026-12-01-72063b4.json",
+                        "bench_decode-2026-11-30-6f63ae9-cand-cpasync.json", "read-ceiling-2026-11-30-234c05e.json"]
+
+
 def test_latest_records_are_the_documented_ones():
     names = [p.name for p in records.latest(RESULTS)]
-    assert names == ["gemm-2026-11-30-8a2ffbe.json", "attention-2026-12-01-72063b4.json",
-                     "bench_decode-2026-11-30-6f63ae9-cand-cpasync.json", "read-ceiling-2026-11-30-234c05e.json"]
+    assert names == README_CHART_RECORDS
+
+
+def test_latest_records_without_git(tmp_path):
+    """A copy of the records outside any git repository (a tarball, ``git archive``) names the same
+    files: same-date runs of equal size are not told apart by git history but by the manifest."""
+    import shutil
+
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    assert subprocess.run(["git", "rev-parse", "--git-dir"], cwd=copy, capture_output=True).returncode != 0
+    assert [p.name for p in records.latest(copy)] == README_CHART_RECORDS
+
+
+def test_every_named_record_is_of_its_kind_and_cited():
+    """Each file the manifest names exists, reads as the kind it is named for, and is cited by the
+    README or profiles/README.md (the figures there come from it)."""
+    named = records.manifest(RESULTS)["latest"]
+    assert {"gemm", "attention", "attention-varlen", "decode", "model-decode", "read-ceiling"} <= set(named)
+    assert [p.name for p in records.latest(RESULTS, list(named))] == list(named.values())
+    cited = (ROOT / "README.md").read_text() + (ROOT / "profiles" / "README.md").read_text()
+    for kind, name in named.items():
+        assert Path(name).stem in cited, (kind, name)
+
+
+def test_manifest_errors_are_one_line(tmp_path):
+    import shutil
+
+    with pytest.raises(ValueError, match="cannot read the manifest"):
+        records.latest(tmp_path)
+    m = records.manifest(RESULTS)
+    shutil.copy(RESULTS / m["latest"]["gemm"], tmp_path)
+    shutil.copy(RESULTS / m["latest"]["decode"], tmp_path)
+    (tmp_path / records.MANIFEST).write_text(json.dumps({"latest": {"gemm": m["latest"]["decode"]}, "charts": ["gemm"]}))
+    with pytest.raises(ValueError, match="is a 'decode' record, named as 'gemm'"):
+        records.latest(tmp_path)
+    (tmp_path / records.MANIFEST).write_text(json.dumps({"latest": {"gemm": "gone.json"}, "charts": ["gemm"]}))
+    with pytest.raises(ValueError, match="gone.json: cannot read"):
+        records.latest(tmp_path)
+    (tmp_path / records.MANIFEST).write_text(json.dumps({"latest": {"gemm": m["latest"]["gemm"]}, "charts": ["gemm"]}))
+    with pytest.raises(ValueError, match="names no 'decode' record"):
+        records.latest(tmp_path, ["decode"])
+    (tmp_path / records.MANIFEST).write_text(json.dumps({"latest": {"gemm": m["latest"]["gemm"]}, "charts": ["x"]}))
+    with pytest.raises(ValueError, match='"charts" must list kinds'):
+        records.latest(tmp_path)
 
 
 def test_old_formats_read_into_the_schema():

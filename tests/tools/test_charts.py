@@ -99,12 +99,75 @@ def test_cli_charts_bad_file_is_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "not a benchmark results file" in err
 
 
-def test_unknown_files_are_skipped_beside_known_ones(tmp_path):
-    other = tmp_path / "model-decode-x.json"
+def test_a_file_it_cannot_draw_is_an_error_and_nothing_is_written(tmp_path, capsys):
+    """A file of no known format, or of a known kind with nothing timed, beside drawable ones: one line
+    on stderr, status 2, no file written (a chart set without it would look complete)."""
+    other = tmp_path / "other-x.json"
     other.write_text(json.dumps({"meta": {}, "points": []}))
-    notes = []
-    written = charts.make([FIXTURES[0], other], tmp_path / "c", on_skip=notes.append)
-    assert len(notes) == 1 and "model-decode-x.json" in notes[0] and any(p.suffix == ".png" for p in written)
+    empty = tmp_path / "gemm-empty.json"
+    empty.write_text(json.dumps({**json.loads(FIXTURES[0].read_text()), "rows": []}))
+    for bad, words in ((other, "not a benchmark results file"), (empty, "no timed row")):
+        out = tmp_path / f"c-{bad.stem}"
+        with pytest.raises(ValueError, match=words):
+            charts.make([FIXTURES[0], bad], out)
+        rc = _cli(["charts", str(FIXTURES[0]), str(bad), "--out", str(out)])
+        cap = capsys.readouterr()
+        assert rc == 2 and cap.out == "", (rc, cap)
+        assert len(cap.err.strip().splitlines()) == 1 and words in cap.err and bad.name in cap.err, cap.err
+        assert not out.exists()
+
+
+def _cli(argv) -> int:
+    try:
+        return cli.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def _written_by_the_library(kind: str, tmp_path: Path) -> Path:
+    """A results file of ``kind`` as the library's own writer names and writes it, its content taken
+    from the record of that kind (or the fixture)."""
+    from cute_kernels.tools import bench_model
+    from cute_kernels.tools.bench import attention_varlen, results
+
+    named = records.manifest(RESULTS)["latest"]
+    if kind == "model-decode":
+        return Path(bench_model.write_results(json.loads((RESULTS / named[kind]).read_text()), str(tmp_path)) + ".json")
+    if kind == attention_varlen.KIND:
+        return attention_varlen.write(json.loads((RESULTS / named[kind]).read_text()), tmp_path)[0]
+    if kind == "read-ceiling":  # profiles/read_ceiling.py's file
+        return RESULTS / named[kind]
+    return results.write(json.loads((DATA / f"fixture-{kind}.json").read_text()), tmp_path)[0]
+
+
+@pytest.mark.parametrize("kind", ["gemm", "attention", "decode", "attention-varlen", "model-decode", "read-ceiling"])
+def test_every_kind_the_library_writes_is_drawn(tmp_path, capsys, kind):
+    """``cute-kernels charts FILE`` on each results kind the package writes (the bench kinds, the varlen
+    forward's, the model benchmark's) and the bare-read ceilings: a picture and a table naming the file."""
+    from cute_kernels.tools.bench import KINDS
+
+    assert set(KINDS) - {"model"} | {"model-decode"} <= {"gemm", "attention", "decode", "model-decode"}
+    path = _written_by_the_library(kind, tmp_path / "w")
+    assert records.load(path)["kind"] == kind
+    rc = _cli(["charts", str(path), "--out", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    pngs = [p for p in (tmp_path / "c").glob(f"{path.stem}-*.png")]
+    assert len(pngs) == 1 and str(pngs[0]) in out, (out, pngs)
+    _picture_ok(pngs[0])
+    assert f"`{path.name}`" in (tmp_path / "c" / "tables.md").read_text()
+
+
+def test_model_table_has_the_recorded_ratios(tmp_path):
+    """The model benchmark's table: our fastest configuration's tokens/s and the run's own best-vs-best
+    ratio per point."""
+    name = records.manifest(RESULTS)["latest"]["model-decode"]
+    raw = json.loads((RESULTS / name).read_text())
+    charts.make([RESULTS / name], tmp_path)
+    tables = (tmp_path / "tables.md").read_text()
+    for p in raw["points"]:
+        assert (f"| b{p['batch']}_ctx{p['ctx']} | {p['batch'] * 1e6 / p['ours_us']:.0f} | {p['torch']} | "
+                f"{p['ratio']:.2f}x | read bound |") in tables
 
 
 def test_cli_charts_without_matplotlib(tmp_path, monkeypatch, capsys):

@@ -3,21 +3,29 @@ formats ``profiles/`` wrote before it, into documents of that schema (no torch, 
 
 Recognized older formats: the GEMM bench (``{"env", "rows": [{"shape": [M, N, K], "cuBLAS": {"ms"...}}]}``),
 the attention bench (``{"meta", "summary", "results": [{"flops", "impls"...}]}``), the decode bench
-(``{"meta", "results": [{"kv_bytes", "impls"...}]}``, date and commit taken from the file name) and the
+(``{"meta", "results": [{"kv_bytes", "impls"...}]}``, date and commit taken from the file name), the
 bare-read ceiling probe (``{"meta", "rows": [{"label", "do_bench_us"...}]}``, kind ``read-ceiling``),
-whose reads become the ceiling of the matching GEMM and decode rows (:func:`attach_ceilings`).
+whose reads become the ceiling of the matching GEMM and decode rows (:func:`attach_ceilings`), and
+the model benchmark's (``{"meta": {"model"...}, "bandwidth", "points"}``, kind ``model-decode``).
+
+Which file is the record of each kind is not inferred from names, dates or git history (a copy
+without ``.git`` would pick another): :data:`MANIFEST` in the results folder names it
+(:func:`latest`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 from . import results
 
 KINDS = ("gemm", "attention", "decode")
+#: the file in a results folder naming the record of each kind (:func:`latest`)
+MANIFEST = "latest.json"
+#: every kind :func:`load` reads (the package's schema: gemm, attention, attention-varlen, decode)
+READ_KINDS = ("gemm", "attention", "attention-varlen", "decode", "read-ceiling", "model-decode")
 _DATE_COMMIT = re.compile(r"(\d{4}-\d{2}-\d{2})-([0-9a-f]{7,40})")
 GEMM_PEERS = ("cuBLAS", "quack")
 MATMUL_ROOF = "matmul roof"
@@ -47,6 +55,10 @@ def detect(d: dict) -> str | None:
             return "attention"
     if rows and isinstance(rows[0], dict) and "label" in rows[0] and any("do_bench_us" in r for r in rows):
         return "read-ceiling"
+    pts = d.get("points")
+    if isinstance(d.get("meta"), dict) and "model" in d["meta"] and isinstance(d.get("bandwidth"), dict) \
+            and isinstance(pts, list) and all(isinstance(p, dict) and "configs" in p for p in pts):
+        return "model-decode"
     return None
 
 
@@ -133,22 +145,64 @@ def _decode(d: dict, name: str) -> dict:
 
 
 def _read_ceiling(d: dict, name: str) -> dict:
-    """Rows {label, bytes, us, TBps, what}: the fastest bare read of each target's bytes under do_bench."""
+    """Rows {label, bytes, us, TBps, what}: the fastest bare read of each target's bytes under do_bench;
+    with ``times_us`` (every column of the run: the bare reads, ours, the peers) and ``target_us``
+    (the time the target asks) for the chart."""
     meta = {**_from_name(name), **d.get("meta", {})}
     rows = []
     for r in d["rows"]:
         if "do_bench_us" not in r or not r.get("bytes"):
             continue
-        reads = {k: v for k, v in r["do_bench_us"].items() if k == "torch.sum" or k.startswith("triton")}
+        reads = {k: v for k, v in r["do_bench_us"].items() if is_bare_read(k)}
         if not reads:
             continue
         what = min(reads, key=reads.get)
         rows.append({"label": r["label"], "bytes": r["bytes"], "us": reads[what],
-                     "TBps": r["bytes"] / reads[what] / 1e6, "what": what})
+                     "TBps": r["bytes"] / reads[what] / 1e6, "what": what,
+                     "times_us": {k: v for k, v in r["do_bench_us"].items() if isinstance(v, (int, float)) and v > 0},
+                     "target": r.get("target"), "target_us": r.get("target_us")})
     return {"schema": results.SCHEMA, "kind": "read-ceiling", "meta": meta, "rows": rows, "roofs": {}}
 
 
-_ADAPTERS = {"gemm": _gemm, "attention": _attention, "decode": _decode, "read-ceiling": _read_ceiling}
+def is_bare_read(column: str) -> bool:
+    """A read-ceiling column that is a bare read (``torch.sum``, the Triton sums), not a kernel."""
+    return column == "torch.sum" or column.startswith("triton")
+
+
+#: the model benchmark's side of the kernels (cute_kernels.tools.bench_model.OURS; that module imports torch)
+MODEL_OURS = "cute_kernels"
+MODEL_BOUND = "read bound"
+
+
+def _model_decode(d: dict, name: str) -> dict:
+    """One row per (batch, context) point: every configuration's step time, our fastest as ``ours`` (the
+    others ours "variant"), the PyTorch ones as peers, the step's read bound as the ceiling; rate:
+    tokens per second.  The ratio to the best peer is the run's own best-vs-best ratio."""
+    meta = {**_from_name(name), **d.get("meta", {})}
+    rows = []
+    for p in d["points"]:
+        batch, nbytes = p["batch"], p.get("read_bytes")
+        impls = {}
+        for cname, c in p["configs"].items():
+            role = "peer" if c.get("side") != MODEL_OURS else "ours" if cname == p.get("ours") else "variant"
+            impls[cname] = {"role": role, "median_us": c["us"], "times_us": list(c.get("rounds_us") or []),
+                            "tokens_per_s": batch * 1e6 / c["us"],
+                            **({"TBps": nbytes / c["us"] / 1e6} if nbytes else {})}
+        bound = p.get("bound_us")
+        if bound:
+            impls[MODEL_BOUND] = {"role": "ceiling", "median_us": bound, "tokens_per_s": batch * 1e6 / bound,
+                                  **({"TBps": nbytes / bound / 1e6} if nbytes else {})}
+        row = {"shape": f"b{batch}_ctx{p['ctx']}", "params": {"batch": batch, "ctx": p["ctx"]}, "flops": None,
+               "bytes": nbytes, "bound": "memory", "impls": impls, "ours": p.get("ours"),
+               "notes": list(p.get("notes") or []) + ([f"status: {p['status']}"] if p.get("status") else []),
+               "ceiling": MODEL_BOUND if bound else None}
+        rows.append(_finish(row, p.get("ratio")))
+    return {"schema": results.SCHEMA, "kind": "model-decode", "meta": meta, "roofs": {}, "rows": rows,
+            "summary": {**results.summarize(rows), "recorded": d.get("summary", {})}, "notes": []}
+
+
+_ADAPTERS = {"gemm": _gemm, "attention": _attention, "decode": _decode, "read-ceiling": _read_ceiling,
+             "model-decode": _model_decode}
 
 
 def load(path: str | Path) -> dict:
@@ -161,8 +215,7 @@ def load(path: str | Path) -> dict:
         raise ValueError(f"{path}: cannot read a results file ({type(e).__name__}: {e})") from e
     kind = detect(d)
     if kind is None:
-        raise ValueError(f"{path}: not a benchmark results file this version reads (gemm, attention, decode, "
-                         "read-ceiling)")
+        raise ValueError(f"{path}: not a benchmark results file this version reads ({', '.join(READ_KINDS)})")
     doc = d if d.get("schema") == results.SCHEMA else _ADAPTERS[kind](d, path.name)
     doc["source"] = path.name
     doc.setdefault("meta", {}).setdefault("date", _from_name(path.name).get("date", "?"))
@@ -237,39 +290,46 @@ def roofs(docs: list[dict]) -> dict:
     return out
 
 
-def _commit_depth(folder: Path, commit: str) -> int:
-    """Commits up to ``commit`` in the repository holding ``folder`` (0 when git cannot tell)."""
+def record_kind(doc: dict) -> str:
+    """The manifest's key for a loaded document: its kind, with the GEMM's non-default presets apart
+    (``gemm-decode``, ``gemm-llm``: other shapes than the issue's)."""
+    preset = doc["meta"].get("preset", "issue") if doc["kind"] == "gemm" else "issue"
+    return doc["kind"] if preset in (None, "issue") else f"{doc['kind']}-{preset}"
+
+
+def manifest(folder: str | Path) -> dict:
+    """``folder``/:data:`MANIFEST`: ``{"latest": {kind: file name}, "charts": [kind, ...]}``; raises
+    ValueError (one line) when it is missing or malformed."""
+    path = Path(folder) / MANIFEST
     try:
-        out = subprocess.run(["git", "rev-list", "--count", commit], capture_output=True, text=True, cwd=folder,
-                             timeout=10, check=False).stdout.strip()
-        return int(out) if out else 0
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return 0
+        m = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the manifest naming the latest records ({type(e).__name__}: {e})") \
+            from e
+    named = m.get("latest") if isinstance(m, dict) else None
+    charts = m.get("charts") if isinstance(m, dict) else None
+    if not (isinstance(named, dict) and named and all(isinstance(k, str) and isinstance(v, str)
+                                                      for k, v in named.items())):
+        raise ValueError(f'{path}: expected {{"latest": {{kind: file name, ...}}, "charts": [kind, ...]}}')
+    if not (isinstance(charts, list) and charts and all(k in named for k in charts)):
+        raise ValueError(f'{path}: "charts" must list kinds named in "latest", got {charts!r}')
+    return m
 
 
-def latest(folder: str | Path, kinds=(*KINDS, "read-ceiling")) -> list[Path]:
-    """The newest results file of each kind in ``folder`` (GEMM: of the issue preset; no sweeps): the
-    latest date in the file (or its name), then the most shapes (a partial run is not the record),
-    then the latest commit by git history."""
+def latest(folder: str | Path, kinds=None) -> list[Path]:
+    """The records :data:`MANIFEST` in ``folder`` names for ``kinds`` (default: its ``charts`` list, the
+    kinds the README's charts and tables draw), in that order.  Each must exist and be of the kind it
+    is named for; anything else raises ValueError (one line)."""
     folder = Path(folder)
-    best: dict[str, list] = {}
-    for path in sorted(folder.glob("*.json")):
-        try:
-            doc = load(path)
-        except ValueError:
-            continue
-        kind = doc["kind"]
-        if kind not in kinds or (kind == "gemm" and doc["meta"].get("preset", "issue") != "issue") \
-                or "sweep" in path.name:
-            continue
-        date = doc["meta"].get("date")
-        date = date if isinstance(date, str) and _DATE_COMMIT.match(f"{date}-0000000") else ""
-        best.setdefault(kind, []).append((date, len(doc["rows"]), str(doc["meta"].get("commit")), path))
+    m = manifest(folder)
+    named = m["latest"]
     out = []
-    for kind in kinds:
-        cands = best.get(kind)
-        if cands:
-            top = max(c[:2] for c in cands)
-            tied = [c for c in cands if c[:2] == top]
-            out.append(max(tied, key=lambda c: _commit_depth(folder, c[2]))[3] if len(tied) > 1 else tied[0][3])
+    for kind in m["charts"] if kinds is None else kinds:
+        if kind not in named:
+            raise ValueError(f"{folder / MANIFEST}: names no {kind!r} record (it names {', '.join(named)})")
+        path = folder / named[kind]
+        doc = load(path)  # ValueError when missing or unreadable
+        if record_kind(doc) != kind:
+            raise ValueError(f"{folder / MANIFEST}: {named[kind]} is a {record_kind(doc)!r} record, named as {kind!r}")
+        out.append(path)
     return out

@@ -28,8 +28,11 @@ from pathlib import Path
 SCHEMA = "cute-kernels-bench/1"
 ROLES = ("ours", "peer", "ceiling", "variant")
 #: what each kind's rate column is: (key in an impl, unit)
-RATE = {"gemm": ("tflops", "TFLOP/s"), "attention": ("tflops", "TFLOP/s"), "decode": ("TBps", "TB/s")}
-TITLES = {"gemm": "GEMM bf16", "attention": "Attention forward (prefill) bf16", "decode": "Decode attention bf16"}
+RATE = {"gemm": ("tflops", "TFLOP/s"), "attention": ("tflops", "TFLOP/s"), "attention-varlen": ("tflops", "TFLOP/s"),
+        "decode": ("TBps", "TB/s"), "model-decode": ("tokens_per_s", "tok/s")}
+TITLES = {"gemm": "GEMM bf16", "attention": "Attention forward (prefill) bf16",
+          "attention-varlen": "Attention forward bf16: packed, paged, windowed", "decode": "Decode attention bf16",
+          "model-decode": "End-to-end decode step, Llama-3-8B shapes"}
 
 
 def geomean(xs) -> float | None:
