@@ -8,14 +8,32 @@ Packages: :mod:`cute_kernels.common` (blocks every kernel is built from), :mod:`
 :mod:`cute_kernels.attention` (forward, decode, merge), :mod:`cute_kernels.tools` (CLI, inspection, report).
 """
 
+from layouts.lazy import lazy_exports
 from layouts.target import set_dsl_arch_env
 
 set_dsl_arch_env()  # before anything imports cutlass
 
-from .attention import decode_attn, flash_attn, merge_state, merge_states  # noqa: E402
-from .common.jit import warmup  # noqa: E402
-from .gemm import gemm  # noqa: E402
-from .integrations.sdpa import sdpa  # noqa: E402
+# The public functions load their modules (and the DSL, seconds) when first read: ``import
+# cute_kernels`` costs little more than ``import torch``.  The ``gemm`` subpackage is loaded here
+# (its __init__ is as lazy) so that its later import never rebinds ``cute_kernels.gemm``, the function.
+from . import gemm as _gemm_package  # noqa: E402,F401
+
+del gemm  # the subpackage's binding: ``cute_kernels.gemm`` reads the function below
+
+_OPS = {"gemm": ".gemm.host", "flash_attn": ".attention.forward", "decode_attn": ".attention.decode",
+        "merge_states": ".attention.merge", "merge_state": ".attention.merge", "sdpa": ".integrations.sdpa"}
+
+
+def _register_ops(name: str) -> None:
+    """``warmup`` compiles any op's configuration: import every op module (each registers its warm-up)."""
+    if name == "warmup":
+        import importlib
+
+        for module in set(_OPS.values()):
+            importlib.import_module(module, __name__)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {**_OPS, "warmup": ".common.jit"}, before=_register_ops)
 
 __version__ = "0.1.0"
 __all__ = ["gemm", "flash_attn", "decode_attn", "merge_states", "merge_state", "warmup", "sdpa"]
