@@ -29,6 +29,10 @@
 #   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s)
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]
 #   host          profiles/bench_host.py (first-call time, host time per call)
+#   host-ab       profiles/bench_host.py --no-first-call on the BEFORE tree (default .ab_before: a `git archive`
+#                 of cute_kernels layouts profiles) and on this one, alternated, HOST_AB_RUNS rounds (default 2)
+#   import-time   whole-process `import torch` / `import cute_kernels` (this tree, then BEFORE if present),
+#                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run
 #   bench-model   profiles/bench_model.py (end-to-end decode of a Llama-3-8B-shaped model)              [MODEL_S]
 #   demo          cute-kernels demo (GPU: each kernel vs PyTorch, error and speed)
 set -o pipefail
@@ -73,6 +77,22 @@ for step in "$@"; do
     bench-test) CK_COMMIT=$commit py 500 -m pytest -q -m gpu -p no:cacheprovider tests/tools/test_bench.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/bench-test.log" ;;
     read-ceiling) py "${CEIL_S:-300}" profiles/read_ceiling.py --out "$OUT" 2>&1 | quiet | tee "$OUT/read-ceiling.log" ;;
     host) CK_COMMIT=$commit py 200 profiles/bench_host.py --out "$OUT" 2>&1 | tee "$OUT/bench-host.log" ;;
+    host-ab) before=$(cd "${BEFORE:-.ab_before}" && pwd)
+      for r in $(seq "${HOST_AB_RUNS:-2}"); do
+        echo "--- round $r: before ($before)"; (cd "$before" && PYTHONPATH="$before:$PYTHONPATH" CK_COMMIT=before \
+          timeout 200 python3 profiles/bench_host.py --no-first-call --out /tmp/host-ab-before)
+        echo "--- round $r: after ($commit)"; CK_COMMIT=$commit py 200 profiles/bench_host.py --no-first-call --out /tmp/host-ab-after
+      done 2>&1 | quiet | tee "$OUT/host-ab.log" ;;
+    import-time) before=$(cd "${BEFORE:-.ab_before}" 2>/dev/null && pwd)
+      for r in $(seq "${IMPORT_RUNS:-5}"); do
+        for what in torch cute_kernels; do
+          t0=$(date +%s.%N); python3 -c "import $what"; t1=$(date +%s.%N); echo "after  import $what $(awk "BEGIN{print $t1 - $t0}")"
+          if [ -n "$before" ]; then t0=$(date +%s.%N); (cd "$before" && PYTHONPATH="$before:$PYTHONPATH" python3 -c "import $what")
+            t1=$(date +%s.%N); echo "before import $what $(awk "BEGIN{print $t1 - $t0}")"; fi
+        done
+      done 2>&1 | tee "$OUT/import-time.log"
+      python3 -c "import cute_kernels, sys; print('after: cutlass imported by import cute_kernels:', 'cutlass' in sys.modules)" \
+        2>&1 | tee -a "$OUT/import-time.log" ;;
     bench-model) CK_COMMIT=$commit py "${MODEL_S:-480}" profiles/bench_model.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | quiet | tee "$OUT/demo.log" ;;
     *) echo "unknown step: $step (see the list at the top of profiles/gpu_session.sh)" | tee -a "$OUT/session.log" ;;
