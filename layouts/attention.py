@@ -9,6 +9,7 @@ functions run inside a DSL context.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .target import set_dsl_arch_env
@@ -332,4 +333,185 @@ def make_fwd_tiled_mma_pv(t: FwdTile):
     return sm90_helpers.make_trivial_tiled_mma(
         dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
         (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=warpgroup.OperandSource.RMEM,
+    )
+
+
+# ================================================================================================
+# The dense backward (FlashAttention-2/3 structure on Hopper wgmma)
+# ================================================================================================
+#: head dims the backward supports (D = 256 would need dK + dV = 256 registers per thread at 64 keys
+#: per warpgroup: not in this tile family)
+BWD_HEAD_DIMS = (64, 96, 128)
+#: registers per thread after ``setmaxnreg``: (producer, consumer) with two consumer warpgroups
+BWD_REGS = (24, 240)
+#: keys per consumer warpgroup (the wgmma M of S^T = K Q^T)
+BWD_WG_KEYS = 64
+#: the query rows the pre-pass buffers (LSE, Delta, the fp32 dQ accumulator) are padded to: a multiple
+#: of every backward ``tile_m``
+BWD_ROW_PAD = 128
+
+
+@dataclass(frozen=True)
+class BwdTile:
+    """The attention backward CTA's tile (hashable: part of the compile-cache key).
+
+    One CTA per (KV tile of ``tile_n`` keys, query head, batch): one producer warpgroup (warp 0 loads
+    K and V once, then Q, dO, LSE and Delta of every query tile into a ``stages``-deep TMA ring) and
+    ``tile_n / 64`` consumer warpgroups, warpgroup w owning keys 64w .. 64w + 63 of the tile and their
+    dK, dV accumulators.  Per query tile of ``tile_m`` rows, every consumer warpgroup computes the
+    transposed scores S^T = K Q^T and dP^T = V dO^T (64 x tile_m: rows are keys, so P^T and dS^T are
+    the register A operands of dV += P^T dO and dK += dS^T Q), writes dS^T to shared memory, and
+    computes its part of dQ = dS K, added into the fp32 dQ accumulator in global memory:
+
+    * ``dq_split_m`` (tile_m = 128): warpgroup w computes dQ rows 64w .. 64w + 63 (all head dims);
+    * otherwise (tile_m = 64): warpgroup w computes the columns w * D/2 .. of all 64 rows.
+    """
+
+    dtype: str  # "float16" | "bfloat16"
+    head_dim: int  # one of BWD_HEAD_DIMS
+    tile_m: int = 64
+    tile_n: int = 128
+    stages: int = 2
+    dq_split_m: bool = False
+
+    def __post_init__(self):
+        if self.head_dim not in BWD_HEAD_DIMS:
+            raise ValueError(f"BwdTile: head_dim {self.head_dim} must be one of {BWD_HEAD_DIMS}")
+        if self.tile_n % BWD_WG_KEYS or not 1 <= self.tile_n // BWD_WG_KEYS <= 2:
+            raise ValueError(f"BwdTile: tile_n {self.tile_n} must be 64 or 128 (64 keys per consumer warpgroup)")
+        if self.tile_m not in (64, 128) or BWD_ROW_PAD % self.tile_m:
+            raise ValueError(f"BwdTile: tile_m {self.tile_m} must be 64 or 128")
+        if self.dq_split_m and self.tile_m != FWD_WGMMA_M * self.consumer_warpgroups:
+            raise ValueError("BwdTile: dq_split_m needs 64 query rows per consumer warpgroup")
+        if not self.dq_split_m and self.tile_m != FWD_WGMMA_M:
+            raise ValueError("BwdTile: a dQ split by columns needs tile_m = 64")
+        if self.dq_cols_per_wg % 8:
+            raise ValueError(f"BwdTile: {self.dq_cols_per_wg} dQ columns per warpgroup is not a wgmma N")
+        if self.stages < 1:
+            raise ValueError("BwdTile: at least 1 stage")
+        if self.smem_bytes() > FWD_SMEM_CAPACITY:
+            raise ValueError(f"BwdTile: {self.smem_bytes()} B of shared memory > {FWD_SMEM_CAPACITY} B")
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.tile_n // BWD_WG_KEYS
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumer_warpgroups)
+
+    @property
+    def producer_regs(self) -> int:
+        return BWD_REGS[0]
+
+    @property
+    def consumer_regs(self) -> int:
+        return BWD_REGS[1]
+
+    @property
+    def elem_bytes(self) -> int:
+        return _dtype(self.dtype).width // 8
+
+    @property
+    def dq_cols_per_wg(self) -> int:
+        """dQ columns one consumer warpgroup computes (the N of its dQ wgmma)."""
+        return self.head_dim if self.dq_split_m else self.head_dim // self.consumer_warpgroups
+
+    @property
+    def q_tile_bytes(self) -> int:
+        """One Q or dO tile."""
+        return self.tile_m * self.head_dim * self.elem_bytes
+
+    @property
+    def kv_tile_bytes(self) -> int:
+        """The K or the V tile (loaded once per CTA)."""
+        return self.tile_n * self.head_dim * self.elem_bytes
+
+    @property
+    def stage_bytes(self) -> int:
+        """One ring stage: Q, dO, and the fp32 LSE and Delta of its rows (the TMA transaction count)."""
+        return 2 * self.q_tile_bytes + 2 * 4 * self.tile_m
+
+    @property
+    def ds_bytes(self) -> int:
+        return self.tile_n * self.tile_m * self.elem_bytes
+
+    def smem_bytes(self) -> int:
+        """K, V, the Q / dO / LSE / Delta ring, dS^T, barriers and alignment slack."""
+        return 2 * self.kv_tile_bytes + self.stages * self.stage_bytes + self.ds_bytes + 3 * FWD_SMEM_SLACK
+
+
+def bwd_tile(dtype: str, head_dim: int) -> BwdTile:
+    """The backward tile per head dim: 128 keys per CTA (two consumer warpgroups), 64 query rows per
+    step, two stages, dQ split by columns (dK + dV take D registers per thread, S^T + dP^T 64).
+    FlashAttention-3 takes 128 query rows at D = 64 (dQ split by rows); here S^T + dP^T + dK + dV
+    (192 registers) left too few for the rest and spilled the loop bounds (``dq_split_m`` keeps it
+    expressible)."""
+    return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=128, stages=2, dq_split_m=False)
+
+
+# ---- builders (call inside a DSL context) -------------------------------------------------------
+
+
+def _bwd_atom(t: BwdTile, major_size: int):
+    """The swizzle atom of a buffer of 16-bit rows whose contiguous mode is read in slices of
+    ``major_size`` elements (a K-major operand's K, an MN-major one's per-warpgroup N or M): the widest
+    swizzle that divides it."""
+    kind = sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, _dtype(t.dtype), major_size)
+    return warpgroup.make_smem_layout_atom(kind, _dtype(t.dtype))
+
+
+def make_bwd_smem_layout_q(t: BwdTile):
+    """(tile_m, head_dim, stages) ring of Q (or dO) tiles, head_dim contiguous: the K-major B operand of
+    S^T = K Q^T (dP^T = V dO^T) and, through the transposed view, the MN-major B operand of
+    dK += dS^T Q (dV += P^T dO) with N = head_dim."""
+    return cute.tile_to_shape(_bwd_atom(t, t.head_dim), (t.tile_m, t.head_dim, t.stages), (0, 1, 2))
+
+
+def make_bwd_smem_layout_k(t: BwdTile):
+    """(tile_n, head_dim) K tile: the K-major A operand of S^T = K Q^T and, transposed, the MN-major B
+    operand of dQ = dS K (each warpgroup reads ``dq_cols_per_wg`` columns: the atom divides them)."""
+    major = math.gcd(t.head_dim, t.dq_cols_per_wg)
+    return cute.tile_to_shape(_bwd_atom(t, major), (t.tile_n, t.head_dim), (0, 1))
+
+
+def make_bwd_smem_layout_v(t: BwdTile):
+    """(tile_n, head_dim) V tile: the K-major A operand of dP^T = V dO^T."""
+    return cute.tile_to_shape(_bwd_atom(t, t.head_dim), (t.tile_n, t.head_dim), (0, 1))
+
+
+def make_bwd_smem_layout_ds(t: BwdTile):
+    """(tile_n, tile_m) dS^T, query rows contiguous (the C layout of S^T, written by stmatrix); the
+    transposed view (tile_m, tile_n) is dQ = dS K's MN-major A operand (64 rows per warpgroup)."""
+    return cute.tile_to_shape(_bwd_atom(t, FWD_WGMMA_M), (t.tile_n, t.tile_m), (0, 1))
+
+
+def make_bwd_tiled_mma_sdp(t: BwdTile):
+    """S^T = K Q^T and dP^T = V dO^T: one 64 x tile_m wgmma per consumer warpgroup (its 64 keys), both
+    operands K-major from shared memory."""
+    dt = _dtype(t.dtype)
+    return sm90_helpers.make_trivial_tiled_mma(
+        dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32,
+        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.tile_m),
+    )
+
+
+def make_bwd_tiled_mma_dkv(t: BwdTile):
+    """dV += P^T dO and dK += dS^T Q: one 64 x head_dim wgmma per consumer warpgroup, A (P^T / dS^T in
+    16 bits) from registers, B (dO / Q) MN-major from shared memory."""
+    dt = _dtype(t.dtype)
+    return sm90_helpers.make_trivial_tiled_mma(
+        dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
+        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=warpgroup.OperandSource.RMEM,
+    )
+
+
+def make_bwd_tiled_mma_dq(t: BwdTile):
+    """dQ = dS K: A (dS, the transposed view of dS^T) and B (K, transposed) MN-major from shared memory;
+    warpgroups split the rows (``dq_split_m``) or the columns."""
+    dt = _dtype(t.dtype)
+    atoms = (t.consumer_warpgroups, 1, 1) if t.dq_split_m else (1, t.consumer_warpgroups, 1)
+    return sm90_helpers.make_trivial_tiled_mma(
+        dt, dt, OperandMajorMode.MN, OperandMajorMode.MN, cutlass.Float32, atoms,
+        tiler_mn=(FWD_WGMMA_M, t.dq_cols_per_wg),
     )

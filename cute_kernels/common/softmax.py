@@ -216,3 +216,16 @@ class OnlineSoftmax:
         self.row_sum[r] = self.row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
         self.row_max[r] = m_new
         return corr
+
+
+@cute.jit
+def probs_from_lse(s_mn: cute.Tensor, lse_log2_of_col, scale_log2: Float32):
+    """Recompute softmax probabilities in place from a stored LSE (an attention backward): the
+    (rows, cols) scores ``s_mn`` become ``exp2(s * scale_log2 - lse_log2)``, where ``lse_log2_of_col(c)``
+    gives the base-2 LSE (``lse * log2(e)``) of column ``c``'s query (the scores are transposed: one
+    query per column).  A masked score (``-inf``) gives 0; so does a query whose LSE is stored as
+    ``+inf`` (no key, or a padding row)."""
+    for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+        lse = lse_log2_of_col(c)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - lse, fastmath=True)

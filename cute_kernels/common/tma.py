@@ -84,3 +84,18 @@ def tma_produce_k_tiles(ab_pipe, state, tma_a: cute.CopyAtom, tAgA: cute.Tensor,
         ab_pipe.producer_commit(state)
         state.advance()
     return state
+
+
+@cute.jit
+def tma_produce_stage(pipe, state, copies, tile):
+    """The producer side of a ring whose stage carries tile ``tile`` of SEVERAL tensors (an attention
+    backward's Q, dO, LSE and Delta rows): ``copies`` is a tuple of ``(atom, src, dst)`` with ``src``
+    ((TMA, tile)) and ``dst`` ((TMA, stage)) from ``tma_partition``; every copy signals the stage's full
+    barrier (the ring's ``tx_count`` is the sum of their boxes).  Returns the advanced producer state."""
+    pipe.producer_acquire(state)
+    bar = pipe.producer_get_barrier(state)
+    for atom, src, dst in copies:
+        tma_load(atom, src[(None, tile)], dst[(None, state.index)], bar)
+    pipe.producer_commit(state)
+    state.advance()
+    return state

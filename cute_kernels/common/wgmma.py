@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 
 def _k_block(frag: cute.Tensor, kb: int, stage):
@@ -89,3 +91,21 @@ def wgmma_mainloop(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor
         ab_pipe.consumer_release(release)
         release.advance()
     return read, release
+
+
+@cute.jit
+def store_acc_to_smem(tiled_mma: cute.TiledMma, r_acc: cute.Tensor, s_dst: cute.Tensor, tidx,
+                      dtype: cutlass.Constexpr):
+    """A 16-bit copy ``r_acc`` of ``tiled_mma``'s accumulator (thread ``tidx`` of the MMA's threads)
+    into ``s_dst`` (the C tile in shared memory, row-major-swizzled) by stmatrix; the caller fences
+    (``fence_proxy("async.shared")`` before a wgmma or TMA reads it) and synchronizes."""
+    c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype)
+    r2s_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
+    tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+    thr_r2s = tiled_r2s.get_slice(tidx)
+    t_dst = thr_r2s.partition_D(s_dst)
+    # the accumulator in the copy's value order, reshaped like the copy's source (same linear order)
+    t_src_acc = tiled_r2s.retile(r_acc)
+    t_src = cute.make_tensor(t_src_acc.iterator, cute.composition(
+        t_src_acc.layout, cute.make_layout(cute.shape(thr_r2s.partition_S(s_dst)))))
+    cute.copy(tiled_r2s, t_src, t_dst)

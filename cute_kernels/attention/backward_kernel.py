@@ -1,0 +1,476 @@
+"""The dense attention backward kernel on Hopper (FlashAttention-2/3 work partitioning on wgmma): dK,
+dV and the fp32 dQ accumulation of ``O = softmax(Q K^T * scale) V``, from the forward's natural-log
+LSE and the pre-pass's ``Delta = rowsum(dO * O)`` (:mod:`.backward_prepost`).
+
+One CTA per (KV tile of ``tile_n`` = 128 keys, query head, batch); 3 warpgroups
+(:class:`layouts.attention.BwdTile`):
+
+* warpgroup 0, the producer (24 registers): warp 0 loads the K and V tiles of the query head's KV
+  head once (one mbarrier, :class:`~cute_kernels.common.ring.TxRing`), then, for every query tile
+  that sees one of the CTA's keys, its Q, dO and the pre-pass's LSE (base 2) and Delta rows into one
+  ``stages``-deep TMA ring (:func:`~cute_kernels.common.ring.make_tma_pipeline`,
+  :func:`~cute_kernels.common.tma.tma_produce_stage`);
+* warpgroups 1 and 2, the consumers (240 registers): warpgroup w owns keys 64w .. 64w+63 of the tile
+  and their dK, dV accumulators.  Per query tile m (``tile_m`` rows):
+
+  1. S^T = K Q^T and dP^T = V dO^T (wgmma, both operands from shared memory; rows are keys, columns
+     queries);
+  2. mask (key-length tail, causal diagonal: only the tiles that need it), P^T = exp2(S^T * scale_log2
+     - LSE_log2[query]) (:func:`~cute_kernels.common.softmax.probs_from_lse`), dS^T = P^T (dP^T -
+     Delta[query]);
+  3. dV += P^T dO, dK += dS^T Q: P^T / dS^T in 16 bits are the register A operands (the accumulator
+     relabelled, as the forward's P), dO / Q the MN-major B operands (transposed views);
+  4. dS^T to shared memory (stmatrix), both warpgroups synchronize, dQ = dS K (wgmma: the transposed
+     dS^T view and the transposed K tile, both MN-major), each thread adds its dQ values into the fp32
+     accumulator (B, Hq, Sq_pad, D) in global memory (``red.global.add``).
+
+  dS^T has one buffer: a warpgroup writes it only after both finished the previous tile's dQ wgmma
+  (a named barrier of the two), and reads it after both wrote it (a second one).
+
+Epilogue: dK * scale and dV are not scaled here: each thread adds its rows of dK and dV (keys < Sk)
+into the fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV head (GQA) add into the same
+rows -- and the post-pass scales and converts them (:mod:`.backward_prepost`).
+
+Query tiles of a KV tile n (:func:`m_block_range`): causal (bottom-right), query ``q`` sees key ``k``
+iff ``k <= q + Sk - Sq``, so tile n is seen from query tile ``(n * tile_n + Sq - Sk) // tile_m`` on;
+the tiles that cross the diagonal and all tiles of the key-length tail are masked, the others not.
+Query rows past Sq (zero-filled by the TMA unit) have LSE_log2 = +inf in the padded pre-pass
+buffers, so their P is 0 with no mask; rows that see no key likewise (their forward LSE is -inf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from layouts import attention as LA
+
+from ..common import ring, tma, wgmma
+from ..common.barriers import NamedBarrierId
+from ..common.dtypes import HALF_NAMES, to_cutlass
+from ..common.softmax import probs_from_lse
+from . import forward_seqlen as fsl
+from . import forward_softmax as fs
+
+#: the named barriers of the two consumer warpgroups around the dS^T buffer
+BAR_DS_FREE = int(NamedBarrierId.FIRST_FREE)
+BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE) + 1
+
+
+@dataclass(frozen=True)
+class FlashBwdConfig:
+    """Everything the compiled backward specializes on (the compile-cache key).  B, Sq, Sk, Hq, Hkv
+    and the strides of q, k, v, dout are run-time values."""
+
+    dtype: str  # "bfloat16" | "float16"
+    head_dim: int  # one of layouts.attention.BWD_HEAD_DIMS
+    causal: bool
+    tile: LA.BwdTile
+
+    def __post_init__(self):
+        if self.dtype not in HALF_NAMES:
+            raise ValueError(f"FlashBwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
+        if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
+            raise ValueError(f"FlashBwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
+
+
+def bwd_config(dtype: str, head_dim: int, causal: bool) -> FlashBwdConfig:
+    """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
+    return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=LA.bwd_tile(dtype, head_dim))
+
+
+# ------------------------------------------------------------------------------------------------
+# which query tiles a KV tile meets, the transposed mask
+# ------------------------------------------------------------------------------------------------
+@cute.jit
+def m_block_range(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                  tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool]):
+    """``(m_min, m_max, m_mask)`` for KV tile ``n_block``: it meets query tiles ``m_min .. m_max - 1``;
+    tiles ``m_min .. m_mask - 1`` need a mask (the causal diagonal), and all of them when the KV tile
+    holds the key-length tail.  The producer and the consumers call this with the same arguments."""
+    m_max = (seqlen_q + tile_m - 1) // tile_m
+    m_min = Int32(0)
+    m_mask = Int32(0)
+    if const_expr(causal):
+        first_q = n_block * tile_n + seqlen_q - seqlen_k  # the first query that sees the tile's first key
+        m_min = cutlass.min(cutlass.max(first_q, 0) // tile_m, m_max)
+        # every row of query tile m sees every key of the tile iff m * tile_m >= first_q + tile_n - 1
+        m_mask = cutlass.min(cutlass.max((cutlass.max(first_q + tile_n - 1, 0) + tile_m - 1) // tile_m, m_min), m_max)
+    if (n_block + 1) * tile_n > seqlen_k:
+        m_mask = m_max
+    return m_min, m_max, m_mask
+
+
+def m_block_range_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool):
+    """:func:`m_block_range` in plain Python (tests check it against brute force)."""
+    m_max = -(-seqlen_q // tile_m)
+    m_min, m_mask = 0, 0
+    if causal:
+        first_q = n_block * tile_n + seqlen_q - seqlen_k
+        m_min = min(max(first_q, 0) // tile_m, m_max)
+        m_mask = min(max(-(-max(first_q + tile_n - 1, 0) // tile_m), m_min), m_max)
+    if (n_block + 1) * tile_n > seqlen_k:
+        m_mask = m_max
+    return m_min, m_max, m_mask
+
+
+@cute.jit
+def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
+                 seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
+                 causal: cutlass.Constexpr[bool]):
+    """Set the transposed scores (rows: keys, columns: queries) of invisible pairs to -inf: key >= Sk,
+    or (causal) key > query + Sk - Sq.  ``tScS_mn``: this thread's (key, query) coordinates in the tile."""
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        key = n_block * tile_n + tScS_mn[r, 0][0]
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            visible = key < seqlen_k
+            if const_expr(causal):
+                q = m_block * tile_m + tScS_mn[0, c][1]
+                visible = visible & (key <= q + seqlen_k - seqlen_q)
+            s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
+
+
+def _rows_first(t: cute.Tensor) -> cute.Tensor:
+    """(B, H, S) -> (S, H, B): the row mode first, as the TMA atom and local_tile take it."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
+
+
+class FlashAttnBwdSm90:
+    """The kernel for one :class:`FlashBwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
+
+    def __init__(self, cfg: FlashBwdConfig):
+        self.cfg = cfg
+        t = cfg.tile
+        self.dtype = to_cutlass(cfg.dtype)
+        self.D = t.head_dim
+        self.tile_m = t.tile_m
+        self.tile_n = t.tile_n
+        self.stages = t.stages
+        self.causal = cfg.causal
+        self.num_wg = t.consumer_warpgroups
+        self.num_mma_threads = 128 * self.num_wg
+
+    # ---------------------------------------------------------------- host entry (traced once)
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+                 mDelta: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,
+                 scale_log2: Float32, stream):
+        """q, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in the input dtype; the pre-pass's LSE_log2 and
+        Delta (B, Hq, Sq_pad) fp32; the fp32 accumulators dQ (B, Hq, Sq_pad, D, zeroed by the pre-pass),
+        dK and dV (B, Sk, Hkv, D, zeroed)."""
+        t = self.cfg.tile
+        if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
+                      or mV.element_type != self.dtype or mdO.element_type != self.dtype):
+            raise TypeError(f"FlashAttnBwdSm90: q, k, v, dout must all be {self.dtype}")
+        batch, seqlen_q, num_heads = mQ.shape[0], mQ.shape[1], mQ.shape[2]
+        seqlen_k = mK.shape[1]
+        qhead_per_kvhead = num_heads // mK.shape[2]
+        mQ, mK, mV, mdO = (fsl.bshd_to_sdhb(x) for x in (mQ, mK, mV, mdO))
+        mLSE2, mDelta = _rows_first(mLSE2), _rows_first(mDelta)
+
+        sQ_layout = LA.make_bwd_smem_layout_q(t)
+        sK_layout = LA.make_bwd_smem_layout_k(t)
+        sV_layout = LA.make_bwd_smem_layout_v(t)
+        sdS_layout = LA.make_bwd_smem_layout_ds(t)
+        sRow_layout = cute.make_layout((self.tile_m, self.stages))
+        tiled_mma_sdp = LA.make_bwd_tiled_mma_sdp(t)
+        tiled_mma_dkv = LA.make_bwd_tiled_mma_dkv(t)
+        tiled_mma_dq = LA.make_bwd_tiled_mma_dq(t)
+
+        tma_q, tma_mQ = tma.make_tma_load(mQ, sQ_layout, (self.tile_m, self.D))
+        tma_do, tma_mdO = tma.make_tma_load(mdO, sQ_layout, (self.tile_m, self.D))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_k, tma_mK = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (self.tile_n, self.D))
+        tma_v, tma_mV = cpasync.make_tiled_tma_atom(g2s, mV, sV_layout, (self.tile_n, self.D))
+        row_box = cute.make_layout(self.tile_m)
+        tma_lse, tma_mLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, row_box, (self.tile_m,))
+        tma_delta, tma_mDelta = cpasync.make_tiled_tma_atom(g2s, mDelta, row_box, (self.tile_m,))
+
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            kv_bar: cute.struct.MemRange[cutlass.Int64, 1]
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
+            sDelta: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
+        self.kernel(
+            tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
+            mdQacc, mdKacc, mdVacc, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
+            tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sRow_layout,
+        ).launch(
+            grid=[num_n_blocks, num_heads, batch],
+            block=[t.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ---------------------------------------------------------------- device code
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor,
+               tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
+               tma_lse: cute.CopyAtom, mLSE: cute.Tensor, tma_delta: cute.CopyAtom, mDelta: cute.Tensor,
+               mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor, scale_log2: Float32,
+               seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32, tiled_mma_sdp: cute.TiledMma,
+               tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
+               sRow_layout: cute.Layout):
+        t = self.cfg.tile
+        tidx, _, _ = cute.arch.thread_idx()
+        n_block, head, batch = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        if warp_idx == 0:
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_delta):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        kv_ring = ring.TxRing(storage.kv_bar.data_ptr(), 1)
+        if tidx == 0:
+            kv_ring.init()
+        pipe_q = ring.make_tma_pipeline(storage.q_bars.data_ptr(), self.stages, t.stage_bytes, 4 * self.num_wg,
+                                        cute.make_layout((1, 1, 1)), 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sLSE = storage.sLSE.get_tensor(sRow_layout)
+        sDelta = storage.sDelta.get_tensor(sRow_layout)
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(t.producer_regs)
+            if warp_idx == 0:
+                m_min, m_max, _ = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+                self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO,
+                             sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
+                             m_min, m_max)
+        else:
+            cute.arch.setmaxregister_increase(t.consumer_regs)
+            m_min, m_max, m_mask = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+            self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, kv_ring,
+                         pipe_q, mdQacc, mdKacc, mdVacc, scale_log2, seqlen_q, seqlen_k, n_block, head,
+                         qhead_per_kvhead, batch, m_min, m_max, m_mask, tidx - 128)
+
+    @cute.jit
+    def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO, sK,
+                sV, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, n_block, head, head_kv, batch, m_min, m_max):
+        """Warp 0: K and V once, then the query tiles ``m_min .. m_max - 1`` (Q, dO, LSE, Delta per stage)."""
+        t = self.cfg.tile
+        one = cute.make_layout(1)
+        if m_max > m_min:
+            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.D), (n_block, 0))
+            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.D), (n_block, 0))
+            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            kv_ring.arm(0, 2 * t.kv_tile_bytes)
+            cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=kv_ring.barrier(0))
+            cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=kv_ring.barrier(0))
+
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.D), (None, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.D), (None, 0))
+            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (None,))
+            gDelta = cute.local_tile(mDelta[None, head, batch], (self.tile_m,), (None,))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            tOsO, tOgO = cpasync.tma_partition(tma_do, 0, one, cute.group_modes(sdO, 0, 2),
+                                               cute.group_modes(gdO, 0, 2))
+            tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, one, cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(gLSE, 0, 1))
+            tDsD, tDgD = cpasync.tma_partition(tma_delta, 0, one, cute.group_modes(sDelta, 0, 1),
+                                               cute.group_modes(gDelta, 0, 1))
+            copies = ((tma_q, tQgQ, tQsQ), (tma_do, tOgO, tOsO), (tma_lse, tLgL, tLsL), (tma_delta, tDgD, tDsD))
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for i in cutlass.range(m_max - m_min, unroll=1):
+                state = tma.tma_produce_stage(pipe_q, state, copies, m_min + i)
+
+    @cute.jit
+    def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
+                sQ, sdO, sK, sV, sdS, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdQacc: cute.Tensor,
+                mdKacc: cute.Tensor, mdVacc: cute.Tensor, scale_log2: Float32, seqlen_q, seqlen_k, n_block, head,
+                qhead_per_kvhead, batch, m_min, m_max, m_mask, mma_tidx):
+        """Consumer warpgroups: every query tile of the KV tile, then the dK / dV epilogue."""
+        wg = cute.arch.make_warp_uniform(mma_tidx // 128)
+        wg_first = wg * 128
+        thr_sdp = tiled_mma_sdp.get_slice(mma_tidx)
+        wg_sdp = tiled_mma_sdp.get_slice(wg_first)
+        thr_dkv = tiled_mma_dkv.get_slice(mma_tidx)
+        wg_dkv = tiled_mma_dkv.get_slice(wg_first)
+        thr_dq = tiled_mma_dq.get_slice(mma_tidx)
+        wg_dq = tiled_mma_dq.get_slice(wg_first)
+
+        # S^T = K Q^T, dP^T = V dO^T: A (MMA, 1, D/16), B (MMA, 1, D/16, stages)
+        tSrK = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tPrV = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tPrdO = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        # dK += dS^T Q, dV += P^T dO: B = Q / dO as (D, tile_m, stages), D contiguous (MN-major)
+        t_order = cute.make_ordered_layout((self.D, self.tile_m, self.stages), order=(1, 0, 2))
+        tKrQt = tiled_mma_dkv.make_fragment_B(wg_dkv.partition_B(cute.composition(sQ, t_order)))
+        tVrdOt = tiled_mma_dkv.make_fragment_B(wg_dkv.partition_B(cute.composition(sdO, t_order)))
+        # dQ = dS K: A = dS as (tile_m, tile_n) (the transposed dS^T), B = K as (D, tile_n)
+        sdS_t = cute.composition(sdS, cute.make_ordered_layout((self.tile_m, self.tile_n), order=(1, 0)))
+        sK_t = cute.composition(sK, cute.make_ordered_layout((self.D, self.tile_n), order=(1, 0)))
+        tQrdS = tiled_mma_dq.make_fragment_A(wg_dq.partition_A(sdS_t))
+        tQrK = tiled_mma_dq.make_fragment_B(wg_dq.partition_B(sK_t))
+
+        acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+
+        # (key, query) coordinates of this thread's S^T elements within the tile
+        cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
+        tScS_mn = fs.acc_mn_view(thr_sdp.partition_C(cS))
+        # this thread's dQ elements in the accumulator: (MMA, M, N, m tiles)
+        gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.D), (None, 0))
+        tQgdQ = thr_dq.partition_C(gdQ)
+
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if m_max > m_min:
+            kv_ring.wait(0, 0)
+        for i in cutlass.range(m_mask - m_min, unroll=1):
+            read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
+                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQgdQ, pipe_q,
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, True)
+        for i in cutlass.range(m_max - m_mask, unroll=1):
+            read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
+                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQgdQ, pipe_q,
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_mask + i, mma_tidx, False)
+
+        if m_max > m_min:
+            # the tile's coordinates read again: kept live across the loop they would spill (D = 64)
+            n_block, head, batch = cute.arch.block_idx()
+            head_kv = head // qhead_per_kvhead
+            self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
+            self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
+
+    @cute.jit
+    def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
+                   tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQgdQ, pipe_q, read, scale_log2, seqlen_q,
+                   seqlen_k, n_block, m_block, mma_tidx, masked: cutlass.Constexpr[bool]):
+        """Query tile ``m_block`` (see the module docstring).  Returns the advanced ring state."""
+        acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
+        acc_S = cute.make_rmem_tensor(acc_shape, Float32)
+        acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
+        stage = read.index
+        pipe_q.consumer_wait(read)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_sdp, acc_S, tSrK, tSrQ, None, stage, accumulate=False)
+        warpgroup.commit_group()
+        wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage, accumulate=False)
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
+
+        s_mn = fs.acc_mn_view(acc_S)
+        if const_expr(masked):
+            apply_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m, self.causal)
+        probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
+
+        warpgroup.wait_group(0)
+        dp_mn = fs.acc_mn_view(acc_dP)
+        for c in cutlass.range_constexpr(cute.size(dp_mn, mode=[1])):
+            delta = sDelta[tScS_mn[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
+                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - delta)
+        # both in 16 bits only now: P^T's fp32 copy dies as its 16-bit one is made (registers at D = 64)
+        rP = cute.make_rmem_tensor(acc_shape, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+        rdS = cute.make_rmem_tensor(acc_shape, self.dtype)
+        rdS.store(acc_dP.load().to(self.dtype))
+        tKrdS = cute.make_tensor(rdS.iterator, fs.acc_to_frg_a_layout(rdS.layout))
+
+        # dV += P^T dO, dK += dS^T Q (register A operands)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage, accumulate=True)
+        warpgroup.commit_group()
+        wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
+        warpgroup.commit_group()
+
+        # dS^T -> shared memory, once both warpgroups' previous dQ wgmmas have read it
+        cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=self.num_mma_threads)
+        wgmma.store_acc_to_smem(tiled_mma_sdp, rdS, sdS, mma_tidx, self.dtype)
+        cute.arch.fence_proxy("async.shared", space="cta")  # visible to the wgmma (async proxy)
+        cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
+
+        # dQ = dS K
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.get_slice(mma_tidx).partition_shape_C((self.tile_m, self.D)),
+                                       Float32)
+        warpgroup.fence()
+        wgmma.wgmma_tile(tiled_mma_dq, acc_dQ, tQrdS, tQrK, accumulate=False)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        pipe_q.consumer_release(read)
+        read.advance()
+
+        # dQ into the fp32 accumulator (rows past Sq land in its padding)
+        g = tQgdQ[None, None, None, m_block]
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            cute.arch.atomic_add(g.iterator + cute.crd2idx(g.layout.get_hier_coord(i), g.layout), acc_dQ[i])
+        return read
+
+    @cute.jit
+    def add_kv_rows(self, thr_dkv, acc: cute.Tensor, mAcc: cute.Tensor, seqlen_k, n_block, head_kv, batch):
+        """Add this thread's rows (keys < Sk) of a dK or dV accumulator into (B, Sk, Hkv, D) fp32."""
+        cKD = cute.make_identity_tensor((self.tile_n, self.D))
+        tc = thr_dkv.partition_C(cKD)
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            key = n_block * self.tile_n + tc[i][0]
+            if key < seqlen_k:
+                cute.arch.atomic_add(mAcc.iterator + cute.crd2idx((batch, key, head_kv, tc[i][1]), mAcc.layout),
+                                     acc[i])
+
+
+# ---- compile entry ------------------------------------------------------------------------------
+
+
+def backward_builder(cfg: FlashBwdConfig):
+    """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled`: symbolic B, Sq,
+    Sk, Hq, Hkv, Sq_pad (a multiple of :data:`layouts.attention.BWD_ROW_PAD`) and a fresh symbolic
+    stride for every stride of q, k, v, dout (stride(-1) = 1); the fp32 buffers compact.  Arguments:
+    ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)``."""
+
+    def build():
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+        dt = to_cutlass(cfg.dtype)
+        D = cfg.head_dim
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
+        Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
+
+        def strides():
+            return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
+
+        mQ = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+        mK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+        mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+        mdO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+        f32 = cutlass.Float32
+        mLSE2 = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
+        mDelta = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
+        mdQ = make_fake_compact_tensor(f32, (B, Hq, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        k = FlashAttnBwdSm90(cfg)
+        return k, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), stream)
+
+    return build

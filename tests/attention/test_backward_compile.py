@@ -1,0 +1,215 @@
+"""Attention backward, CPU side: the tile descriptions, the query-tile walk of a KV tile and its mask
+against brute force, the whole tile algorithm emulated in float64 against autograd (padding rows,
+LSE_log2 = +inf conventions, GQA sums), and every kernel (main, pre-pass, post-pass; D x causal x
+dtype) compiling for sm_90a with no local-memory traffic.  The GPU tests are in ``test_backward.py``."""
+
+import collections
+import itertools
+import math
+import re
+
+import pytest
+import torch
+
+from cute_kernels.attention import backward_kernel as bk
+from layouts import attention as LA
+
+CONFIGS = list(itertools.product(("bfloat16", "float16"), LA.BWD_HEAD_DIMS, (False, True)))
+
+
+# ------------------------------------------------------------------------------------------ tiles
+@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+def test_bwd_tile_fits(head_dim):
+    t = LA.bwd_tile("bfloat16", head_dim)
+    assert t.smem_bytes() <= LA.FWD_SMEM_CAPACITY
+    assert 128 * t.producer_regs + t.consumer_warpgroups * 128 * t.consumer_regs <= 65536
+    assert LA.BWD_ROW_PAD % t.tile_m == 0
+    # S^T, dP^T (fp32) + dK, dV (fp32) per consumer thread, with room for the rest
+    regs = 2 * (64 * t.tile_m // 128) + 2 * (64 * head_dim // 128)
+    assert regs <= t.consumer_regs - 32
+    hash(t)
+
+
+def test_bwd_tile_rejects():
+    with pytest.raises(ValueError):
+        LA.BwdTile("bfloat16", 256)
+    with pytest.raises(ValueError):
+        LA.BwdTile("bfloat16", 128, tile_n=192)
+    with pytest.raises(ValueError):
+        LA.BwdTile("bfloat16", 128, tile_m=128)  # a column split of dQ needs 64 rows
+    with pytest.raises(ValueError):
+        LA.BwdTile("bfloat16", 128, stages=8)  # shared memory
+
+
+# ------------------------------------------------------------------------------------------ index math
+def visible(q, k, Sq, Sk, causal):
+    return k < Sk and (not causal or k <= q + Sk - Sq)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_m_block_range_brute_force(causal):
+    """Every visible (q, k) of a real row lies in a visited query tile of k's KV tile; tiles outside
+    m_min .. m_max - 1 hold none; tiles m_mask .. m_max - 1 hold only visible pairs (every real row,
+    every key of the KV tile); the first visited tile holds a visible pair."""
+    tm, tn = 8, 16
+    for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64), (1, 7, 16, 17, 40, 64)):
+        for n in range(-(-Sk // tn)):
+            m_min, m_max, m_mask = bk.m_block_range_py(n, Sq, Sk, tm, tn, causal)
+            assert 0 <= m_min <= m_mask <= m_max <= -(-Sq // tm), (Sq, Sk, n)
+            keys = range(n * tn, (n + 1) * tn)
+            for m in range(-(-Sq // tm)):
+                rows = range(m * tm, min((m + 1) * tm, Sq))
+                vis = [visible(q, k, Sq, Sk, causal) for q in rows for k in keys]
+                if not m_min <= m < m_max:
+                    assert not any(vis), (Sq, Sk, n, m)
+                if m_mask <= m < m_max:
+                    assert all(vis), (Sq, Sk, n, m)
+            if m_max > m_min:
+                rows = range(m_min * tm, min((m_min + 1) * tm, Sq))
+                assert any(visible(q, k, Sq, Sk, causal) for q in rows for k in keys), (Sq, Sk, n)
+
+
+def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn):
+    """The kernels' algorithm in float64 for (Sq, Hq, D) / (Sk, Hkv, D) tensors of one batch: the
+    pre-pass (Delta, LSE_log2 with +inf for empty and padding rows, padded to BWD_ROW_PAD), then per
+    (KV tile, query head) the query tiles of m_block_range with zero-filled rows past Sq / Sk, the
+    transposed mask on tiles below m_mask, P^T, dS^T, dV / dK sums, dQ added into the padded
+    accumulator; dK / dV summed over each KV head's query heads; the post-pass scales."""
+    Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[:2]
+    G = Hq // Hkv
+    Sp = -(-Sq // LA.BWD_ROW_PAD) * LA.BWD_ROW_PAD
+    delta = torch.zeros(Hq, Sp, dtype=torch.float64)
+    lse2 = torch.full((Hq, Sp), math.inf, dtype=torch.float64)
+    delta[:, :Sq] = (do.double() * o.double()).sum(-1).T
+    l = lse.double()
+    lse2[:, :Sq] = torch.where(torch.isneginf(l), torch.full_like(l, math.inf), l * math.log2(math.e))
+    dq_acc = torch.zeros(Hq, Sp, D, dtype=torch.float64)
+    dk_acc = torch.zeros(Sk, Hkv, D, dtype=torch.float64)
+    dv_acc = torch.zeros(Sk, Hkv, D, dtype=torch.float64)
+    scale_log2 = scale * math.log2(math.e)
+
+    def rows(x, r0, n):
+        t = torch.zeros(n, D, dtype=torch.float64)
+        cnt = max(0, min(n, x.shape[0] - r0))
+        t[:cnt] = x[r0:r0 + cnt].double()
+        return t
+
+    for h in range(Hq):
+        hk = h // G
+        for n in range(-(-Sk // tn)):
+            kt, vt = rows(k[:, hk], n * tn, tn), rows(v[:, hk], n * tn, tn)
+            m_min, m_max, m_mask = bk.m_block_range_py(n, Sq, Sk, tm, tn, causal)
+            dk_t = torch.zeros(tn, D, dtype=torch.float64)
+            dv_t = torch.zeros(tn, D, dtype=torch.float64)
+            for m in range(m_min, m_max):
+                qt, dot = rows(q[:, h], m * tm, tm), rows(do[:, h], m * tm, tm)
+                st = kt @ qt.T  # (keys, queries)
+                if m < m_mask:
+                    key = n * tn + torch.arange(tn)[:, None]
+                    qi = m * tm + torch.arange(tm)[None, :]
+                    vis = key < Sk
+                    if causal:
+                        vis = vis & (key <= qi + Sk - Sq)
+                    st = st.masked_fill(~vis, -math.inf)
+                pt = torch.exp2(st * scale_log2 - lse2[h, m * tm:(m + 1) * tm][None, :])
+                dpt = vt @ dot.T
+                dst = pt * (dpt - delta[h, m * tm:(m + 1) * tm][None, :])
+                dv_t += pt @ dot
+                dk_t += dst @ qt
+                dq_acc[h, m * tm:(m + 1) * tm] += dst.T @ kt
+            cnt = min(tn, Sk - n * tn)
+            dk_acc[n * tn:n * tn + cnt, hk] += dk_t[:cnt]
+            dv_acc[n * tn:n * tn + cnt, hk] += dv_t[:cnt]
+    return (dq_acc[:, :Sq].permute(1, 0, 2) * scale, dk_acc * scale, dv_acc)
+
+
+def reference_grads(q, k, v, do, causal, scale):
+    """float64 autograd of masked attention; rows that see no key give 0; also returns out and LSE."""
+    G = q.shape[1] // k.shape[1]
+    q, k, v = (x.double().requires_grad_() for x in (q, k, v))
+    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = torch.einsum("qhd,khd->hqk", q, kk) * scale
+    Sq, Sk = q.shape[0], k.shape[0]
+    if causal:
+        vis = torch.arange(Sk)[None, :] <= torch.arange(Sq)[:, None] + Sk - Sq
+        s = s.masked_fill(~vis, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    o = torch.einsum("hqk,khd->qhd", p, vv)
+    o.backward(do.double())
+    return o.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Sq,Sk,Hq,Hkv", [(1, 1, 1, 1), (17, 130, 2, 1), (130, 17, 4, 2), (70, 70, 2, 2),
+                                          (200, 77, 1, 1), (5, 300, 3, 1)])
+def test_emulated_backward_matches_autograd(causal, Sq, Sk, Hq, Hkv):
+    """The tile algorithm, emulated at the real tile sizes (64 x 128), equals autograd, including rows
+    that see no key (causal, Sq > Sk: zero gradients) and GQA sums."""
+    g = torch.Generator().manual_seed(0)
+    D = 16
+    q = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
+    v = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
+    do = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
+    scale = D ** -0.5
+    o, lse, dq_ref, dk_ref, dv_ref = reference_grads(q, k, v, do, causal, scale)
+    dq, dk, dv = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, 128)
+    for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
+
+
+# ------------------------------------------------------------------------------------------ compile
+def _sass_counts(rep):
+    return collections.Counter(re.findall(r"\b(REDG|ATOMG|STG|LDG)[A-Z0-9._]*", rep.sass))
+
+
+@pytest.mark.parametrize("dtype,head_dim,causal", CONFIGS)
+def test_backward_compiles_without_spills(dtype, head_dim, causal):
+    """One kernel, no local memory or stack, the wgmma bodies of the masked and the unmasked query-tile
+    loops (S^T, dP^T: D/16 k-blocks each; dV, dK: tile_m/16; dQ: tile_n/16), every operand loaded by
+    TMA (no LDG), and the fp32 reductions: the dQ tile per loop body and the dK / dV rows."""
+    from cute_kernels.tools import inspect as ins
+
+    cfg = bk.bwd_config(dtype, head_dim, causal)
+    t = cfg.tile
+    rep = ins.inspect_builder(bk.backward_builder(cfg))
+    print(f"D={head_dim} causal={causal} {dtype}: {rep.summary()}")
+    assert len(rep.kernels) == 1
+    k = rep.kernels[0]
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    assert k.instructions["HGMMA"] == 2 * (2 * head_dim // 16 + 2 * t.tile_m // 16 + t.tile_n // 16), rep.summary()
+    assert k.instructions["UTMALDG"] > 0 and k.instructions["STSM"] > 0, rep.summary()
+    ops = _sass_counts(rep)
+    assert ops["LDG"] == 0, ops
+    per_thread_dq = t.tile_m * t.dq_cols_per_wg // 128
+    per_thread_kv = 64 * head_dim // 128
+    assert ops["REDG"] == 2 * per_thread_dq + 2 * per_thread_kv, ops
+
+
+@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("kind,has_dlse", [("prepass", False), ("prepass", True), ("convert", False)])
+def test_prepost_compile(kind, has_dlse, head_dim):
+    """The pre- and post-pass kernels compile with no local memory; their row loads are vectors."""
+    from cute_kernels.attention import backward_prepost as bp
+    from cute_kernels.tools import inspect as ins
+
+    rep = ins.inspect_builder(bp.prepost_builder(bp.BwdPrepostConfig(kind, "bfloat16", head_dim, has_dlse)))
+    print(f"{kind} dlse={has_dlse} D={head_dim}: {rep.summary()}")
+    assert len(rep.kernels) == 1
+    k = rep.kernels[0]
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    vec = re.findall(r"\bLDG\.E\.(?:64|128)\b", rep.sass)
+    assert vec, rep.summary()
+
+
+def test_config_rules():
+    with pytest.raises(ValueError, match="does not match"):
+        bk.FlashBwdConfig("bfloat16", 128, False, LA.bwd_tile("bfloat16", 64))
+    from cute_kernels.attention import backward_prepost as bp
+
+    with pytest.raises(ValueError):
+        bp.BwdPrepostConfig("middle", "bfloat16", 128)
+    assert bk.bwd_config("bfloat16", 128, True) != bk.bwd_config("bfloat16", 128, False)
