@@ -1,0 +1,153 @@
+"""``flash_attn_backward``: the FlashAttention backward on Hopper for dense (B, S, H, D) tensors, host
+side: validation, the buffers, and the three launches (:mod:`.backward_prepost`'s pre-pass,
+:mod:`.backward_kernel`, the post-pass converting dQ, dK and dV).
+
+Not wired into autograd and not exported from :mod:`cute_kernels` (the host path does that).  The
+gradients are those of ``out, lse = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale,
+return_lse=True)``: ``lse`` (B, Hq, Sq) fp32, natural log, ``-inf`` for a row that sees no key (its
+gradients are 0).  ``dlse`` (optional, (B, Hq, Sq) fp32): the gradient arriving at ``lse``.
+
+Buffers per call (fp32): LSE_log2 and Delta (B, Hq, Sq_pad), the dQ accumulator (B, Hq, Sq_pad, D)
+(``Sq_pad``: Sq rounded up to :data:`layouts.attention.BWD_ROW_PAD`), the dK and dV accumulators
+(B, Sk, Hkv, D) (zeroed here; the query heads of a KV head add into them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from layouts import attention as LA
+
+from ..common import jit
+from ..common.dtypes import name_of
+from ..common.softmax import LOG2_E
+from . import backward_kernel as bk
+from . import backward_prepost as bp
+from .forward_validate import _err, validate
+
+__all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile"]
+
+_ALIGN = 8  # elements of a 16-bit type in 16 bytes: TMA boxes and vector accesses
+
+
+def _check_like(name: str, t, shape: tuple, dtype, device) -> None:
+    """A gradient-side tensor: a tensor of ``shape`` and ``dtype`` on ``device``, contiguous in the head
+    dim, 16-byte-aligned strides and data pointer."""
+    if not isinstance(t, torch.Tensor):
+        _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        _err(ValueError, f"{name} shape {tuple(t.shape)} must be {tuple(shape)}")
+    if t.dtype != dtype:
+        _err(TypeError, f"{name} dtype {t.dtype} must be {dtype}")
+    if t.numel() and t.stride(-1) != 1:
+        _err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got strides {t.stride()}")
+    if t.numel() and any(s % _ALIGN for s in t.stride()[:-1]):
+        _err(ValueError, f"{name} strides must be multiples of {_ALIGN} elements (16 bytes), got strides {t.stride()}")
+    if t.data_ptr() % 16:
+        _err(ValueError, f"{name} data pointer must be 16-byte aligned (offset {t.data_ptr() % 16})")
+    if t.device != device:
+        _err(ValueError, f"{name} is on {t.device}, q on {device}: all tensors must be on one device")
+
+
+def _check_rows(name: str, t, shape: tuple, device) -> None:
+    """An fp32 (B, Hq, Sq) row tensor (lse, dlse), any strides."""
+    if not isinstance(t, torch.Tensor):
+        _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        _err(ValueError, f"{name} shape {tuple(t.shape)} must be (batch, heads_q, seqlen_q) = {tuple(shape)} "
+                         "(as flash_attn(..., return_lse=True) returns it)")
+    if t.dtype != torch.float32:
+        _err(TypeError, f"{name} must be float32, got {t.dtype}")
+    if t.device != device:
+        _err(ValueError, f"{name} is on {t.device}, q on {device}: all tensors must be on one device")
+
+
+def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse) -> float:
+    """Every check before a launch, each error naming its argument (``TypeError`` / ``ValueError``);
+    returns the softmax scale.  q, k, v, out as :func:`~.forward_validate.validate`; dout and dq like q,
+    dk and dv like k; lse (and dlse) fp32 (B, Hq, Sq)."""
+    scale = validate(q, k, v, out=out, softmax_scale=softmax_scale)
+    if type(causal) is not bool:
+        _err(TypeError, f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    if q.shape[-1] not in LA.BWD_HEAD_DIMS:
+        _err(ValueError, f"q head_dim {q.shape[-1]}: the backward supports head dims {LA.BWD_HEAD_DIMS}")
+    _check_like("dout", dout, q.shape, q.dtype, q.device)
+    B, Sq, Hq, _ = q.shape
+    _check_rows("lse", lse, (B, Hq, Sq), q.device)
+    if dlse is not None:
+        _check_rows("dlse", dlse, (B, Hq, Sq), q.device)
+    for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, k)):
+        if t is not None:
+            _check_like(name, t, like.shape, like.dtype, like.device)
+            if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
+                _err(ValueError, f"{name} has a stride of 0 (strides {t.stride()}): an expanded tensor cannot be written")
+    return scale
+
+
+_PLANS: dict = {}
+
+
+def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False):
+    """The three configurations a call compiles (main, pre-pass, post-pass); memoized."""
+    key = (dtype, head_dim, causal, has_dlse)
+    plan = _PLANS.get(key)
+    if plan is None:
+        name = name_of(dtype)
+        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal),
+                              bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse),
+                              bp.BwdPrepostConfig("convert", name, head_dim))
+    return plan
+
+
+def _compiled(plan):
+    return tuple(_get_any(cfg) for cfg in plan)
+
+
+def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, dq=None, dk=None, dv=None,
+                        dlse=None):
+    """``(dq, dk, dv)`` of ``out = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale)``
+    for the output gradient ``dout`` (and the LSE gradient ``dlse``, if any).  q, out, dout (B, Sq, Hq,
+    D), k, v (B, Sk, Hkv, D) in float16 / bfloat16, D in :data:`layouts.attention.BWD_HEAD_DIMS`, any
+    16-byte-aligned strides; lse (B, Hq, Sq) fp32 from the forward.  ``dq`` / ``dk`` / ``dv``: written
+    in place if given (any 16-byte strides), else allocated.  GQA / MQA: dk, dv sum their query heads."""
+    scale = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    if B == 0 or Hq == 0 or Sq == 0 or Sk == 0:  # nothing to launch: the gradients are 0
+        for t in (dq, dk, dv):
+            t.zero_()
+        return dq, dk, dv
+    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None))
+    if main is None:  # jit.dry_run
+        return dq, dk, dv
+    pad = LA.BWD_ROW_PAD
+    Sp = (Sq + pad - 1) // pad * pad
+    f32 = dict(dtype=torch.float32, device=q.device)
+    lse2 = torch.empty(B, Hq, Sp, **f32)
+    delta = torch.empty(B, Hq, Sp, **f32)
+    dq_acc = torch.empty(B, Hq, Sp, D, **f32)  # zeroed by the pre-pass
+    dk_acc = torch.zeros(B, Sk, Hkv, D, **f32)
+    dv_acc = torch.zeros(B, Sk, Hkv, D, **f32)
+    pre(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_acc)
+    main(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, scale * LOG2_E)
+    post(dq_acc.permute(0, 2, 1, 3)[:, :Sq], dq, scale)
+    post(dk_acc, dk, scale)
+    post(dv_acc, dv, 1.0)
+    return dq, dk, dv
+
+
+def _get_any(cfg):
+    """Compile (or load) one configuration of any of the three kernels (module level: picklable)."""
+    if isinstance(cfg, bk.FlashBwdConfig):
+        return jit.get_compiled("flash_attn_bwd", cfg, bk.backward_builder(cfg))
+    name = "flash_attn_bwd_pre" if cfg.kind == "prepass" else "flash_attn_bwd_post"
+    return jit.get_compiled(name, cfg, bp.prepost_builder(cfg))
+
+
+def precompile(plans, processes=None) -> list[str]:
+    """Compile the kernels of ``plans`` (:func:`bwd_plan` results) into the disk cache in parallel
+    processes; returns error strings."""
+    return jit.precompile_configs(_get_any, [c for p in plans for c in p], processes)

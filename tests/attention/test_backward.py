@@ -1,0 +1,246 @@
+"""flash_attn_backward (FlashAttention backward, part 1) GPU tests.
+
+Every gradient against a float32 autograd reference of masked attention (explicit math), per tensor
+and per row (the D values of one (batch, position, head)): ``max|g - ref| <= 2 * max|g_torch - ref| +
+eps`` with ``g_torch`` the same math computed by torch in the input dtype (autograd in fp16 / bf16) and
+``eps`` one machine epsilon of the row's largest reference value (plus 1e-5); fresh random inputs;
+outputs poisoned with NaN before the launch; lengths 1/17/128/1000/4097 with Sq != Sk, GQA 1/4/8,
+D 64/96/128, fp16/bf16, causal (bottom-right) and not; rows that see no key (causal, Sq > Sk: zero
+dq rows, no NaN); strided views of NaN-filled buffers; the LSE gradient; the real forward's out / lse;
+validation errors naming their argument.  CPU tests (tile walk, emulation, compiles) are in
+``test_backward_compile.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cute_kernels.attention import backward as BW
+from layouts import attention as LA
+
+gpu = pytest.mark.gpu
+DTYPES = (torch.bfloat16, torch.float16)
+NAN = float("nan")
+MASKED = -30000.0  # a masked score (finite, so that no NaN enters autograd; exp underflows to 0)
+#: (Sq, Sk) pairs: every length of 1/17/128/1000/4097, Sq != Sk, both Sq < Sk and Sq > Sk
+LENGTHS = [(1, 17), (17, 128), (128, 1000), (1000, 17), (1000, 4097), (4097, 1000)]
+GROUPS = (1, 4, 8)
+HQ = 8
+MAX_ERRORS: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompile():
+    """Every configuration compiled in parallel processes first (later calls load them)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    plans = [BW.bwd_plan(dt, d, c, dl) for dt in DTYPES for d in LA.BWD_HEAD_DIMS for c in (False, True)
+             for dl in (False, True)]
+    errors = BW.precompile(plans)
+    assert not errors, errors
+    yield
+    for key, (err, base) in sorted(MAX_ERRORS.items()):
+        print(f"max error {key}: {err:.3e} (torch in dtype: {base:.3e})")
+
+
+def reference(q, k, v, dout, causal, scale, dtype, dlse=None):
+    """``(out, lse, dq, dk, dv)`` of masked attention computed by torch in ``dtype`` with autograd:
+    bottom-right causal, GQA by repeat_interleave (its backward sums the groups), rows that see no key
+    give out = 0, lse = -inf and zero gradients."""
+    G = q.shape[2] // k.shape[2]
+    qd, kd, vd = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+    kk, vv = kd.repeat_interleave(G, 2), vd.repeat_interleave(G, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kk) * scale
+    Sq, Sk = q.shape[1], k.shape[1]
+    has_key = torch.ones(Sq, dtype=torch.bool, device=q.device)
+    if causal:
+        vis = torch.arange(Sk, device=q.device)[None, :] <= torch.arange(Sq, device=q.device)[:, None] + Sk - Sq
+        s = s.masked_fill(~vis, MASKED)
+        has_key = vis.any(-1)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]) * has_key[:, None].to(dtype)
+    o = torch.einsum("bhqk,bkhd->bqhd", p, vv)
+    outs, grads = [o], [dout.to(dtype)]
+    if dlse is not None:
+        outs.append(lse)
+        grads.append((dlse * has_key).to(dtype))
+    dq, dk, dv = torch.autograd.grad(outs, (qd, kd, vd), grads)
+    lse_out = torch.where(has_key, lse.float(), torch.full_like(lse.float(), -math.inf))
+    return o.detach(), lse_out.detach(), dq, dk, dv
+
+
+def check_grad(name, got, ref, ref_torch, key=None):
+    """Per row and per tensor: error <= 2 x torch's in-dtype error + one epsilon of the row's max."""
+    assert not torch.isnan(got).any(), f"{name}: NaN"
+    err = (got.float() - ref.float()).abs().amax(-1)
+    base = (ref_torch.float() - ref.float()).abs().amax(-1)
+    eps = torch.finfo(got.dtype).eps * ref.float().abs().amax(-1) + 1e-5
+    bad = err > 2 * base + eps
+    assert not bad.any(), (f"{name}: {int(bad.sum())} of {bad.numel()} rows out of bound; worst "
+                           f"{float((err - 2 * base - eps).max()):.3e} over; max err {float(err.max()):.3e}, "
+                           f"torch {float(base.max()):.3e}")
+    if key is not None:
+        prev = MAX_ERRORS.get(key, (0.0, 0.0))
+        MAX_ERRORS[key] = (max(prev[0], float(err.max())), max(prev[1], float(base.max())))
+
+
+def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0):
+    torch.manual_seed(seed)
+    dev = "cuda"
+    q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dtype)
+    k = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dtype)
+    v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dtype)
+    dout = torch.randn(B, Sq, Hq, D, device=dev, dtype=dtype)
+    dlse = torch.randn(B, Hq, Sq, device=dev, dtype=torch.float32) if dlse_on else None
+    scale = D ** -0.5
+    o32, lse32, dq32, dk32, dv32 = reference(q, k, v, dout, causal, scale, torch.float32, dlse)
+    _, _, dq16, dk16, dv16 = reference(q, k, v, dout, causal, scale, dtype, dlse)
+    out = o32.to(dtype)
+    dq = torch.full_like(q, NAN)
+    dk = torch.full_like(k, NAN)
+    dv = torch.full_like(v, NAN)
+    rq, rk, rv = BW.flash_attn_backward(dout, q, k, v, out, lse32, causal=causal, dq=dq, dk=dk, dv=dv, dlse=dlse)
+    assert rq is dq and rk is dk and rv is dv
+    torch.cuda.synchronize()
+    key = f"{str(dtype)[6:]} D={D} {'causal' if causal else 'full'}"
+    for name, got, ref, ref16 in (("dq", dq, dq32, dq16), ("dk", dk, dk32, dk16), ("dv", dv, dv32, dv16)):
+        check_grad(name, got, ref, ref16, key)
+    if causal and Sq > Sk:  # rows that see no key: exactly zero
+        assert (dq[:, : Sq - Sk] == 0).all()
+    return dq, dk, dv
+
+
+CASES = [(dt, D, c, i) for dt in DTYPES for D in LA.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
+
+
+@gpu
+@pytest.mark.parametrize("dtype,D,causal,i", CASES,
+                         ids=[f"{str(dt)[6:]}-D{D}-{'causal' if c else 'full'}-{LENGTHS[i][0]}x{LENGTHS[i][1]}"
+                              for dt, D, c, i in CASES])
+def test_backward_matches_reference(dtype, D, causal, i):
+    """Each length pair with a GQA group size (1/4/8 in turn), B = 2 for the short ones."""
+    Sq, Sk = LENGTHS[i]
+    G = GROUPS[(i + LA.BWD_HEAD_DIMS.index(D)) % len(GROUPS)]
+    B = 1 if max(Sq, Sk) > 1000 else 2
+    run_case(dtype, D, causal, B, Sq, Sk, HQ, HQ // G, seed=i)
+
+
+@gpu
+@pytest.mark.parametrize("G", GROUPS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_groups(G, causal):
+    """Every group size on one shape (dk / dv sum their query heads)."""
+    run_case(torch.bfloat16, 128, causal, 2, 300, 200, HQ, HQ // G, seed=G)
+
+
+@gpu
+@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+def test_lse_gradient(D):
+    """An incoming LSE gradient (Delta - dLSE)."""
+    run_case(torch.bfloat16, D, True, 2, 200, 333, HQ, 2, dlse_on=True, seed=3)
+
+
+@gpu
+def test_rows_without_keys():
+    """Causal with Sq > Sk: the first Sq - Sk rows see no key (forward LSE -inf): dq rows 0, no NaN."""
+    dq, dk, dv = run_case(torch.float16, 64, True, 1, 300, 100, 4, 4, seed=5)
+    assert (dq[:, :200] == 0).all() and dq[:, 200:].abs().sum() > 0
+
+
+@gpu
+def test_strided_views():
+    """Inputs and outputs as head-padded views of larger NaN-filled buffers (strides multiples of 8
+    but not compact); the padding stays NaN."""
+    torch.manual_seed(7)
+    dt, D, B, Sq, Sk, Hq, Hkv = torch.bfloat16, 64, 2, 130, 257, 4, 2
+
+    def view(shape):
+        buf = torch.randn(*shape[:-1], shape[-1] + 16, device="cuda", dtype=dt)
+        return buf[..., :D]
+
+    q, dout = view((B, Sq, Hq, D)), view((B, Sq, Hq, D))
+    k, v = view((B, Sk, Hkv, D)), view((B, Sk, Hkv, D))
+    scale = 0.3
+    o32, lse32, dq32, dk32, dv32 = reference(q, k, v, dout, False, scale, torch.float32)
+    _, _, dq16, dk16, dv16 = reference(q, k, v, dout, False, scale, dt)
+    out = torch.full((B, Sq, Hq, D + 8), NAN, device="cuda", dtype=dt)[..., :D]
+    out.copy_(o32)
+    bufs = [torch.full((*t.shape[:-1], D + 24), NAN, device="cuda", dtype=dt) for t in (q, k, v)]
+    dq, dk, dv = (b[..., 8:8 + D] for b in bufs)
+    BW.flash_attn_backward(dout, q, k, v, out, lse32.transpose(1, 2).contiguous().transpose(1, 2), causal=False,
+                           softmax_scale=scale, dq=dq, dk=dk, dv=dv)
+    torch.cuda.synchronize()
+    for name, got, ref, ref16 in (("dq", dq, dq32, dq16), ("dk", dk, dk32, dk16), ("dv", dv, dv32, dv16)):
+        check_grad(name, got, ref, ref16)
+    for b in bufs:
+        assert torch.isnan(b[..., :8]).all() and torch.isnan(b[..., 8 + D:]).all()
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_with_flash_attn_forward(causal):
+    """out and lse from the real forward (flash_attn(..., return_lse=True)), allocated gradients."""
+    from cute_kernels.attention.forward import flash_attn
+
+    torch.manual_seed(11)
+    dt, D, B, Sq, Sk, Hq, Hkv = torch.bfloat16, 128, 2, 1000, 777, 8, 2
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dt)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn(q, k, v, causal=causal, return_lse=True)
+    assert lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
+    dq, dk, dv = BW.flash_attn_backward(dout, q, k, v, out, lse, causal=causal)
+    _, _, dq32, dk32, dv32 = reference(q, k, v, dout, causal, D ** -0.5, torch.float32)
+    _, _, dq16, dk16, dv16 = reference(q, k, v, dout, causal, D ** -0.5, dt)
+    for name, got, ref, ref16 in (("dq", dq, dq32, dq16), ("dk", dk, dk32, dk16), ("dv", dv, dv32, dv16)):
+        check_grad(name, got, ref, ref16)
+
+
+@gpu
+def test_empty_problems():
+    dt = torch.bfloat16
+    q = torch.randn(1, 5, 2, 64, device="cuda", dtype=dt)
+    k = torch.randn(1, 0, 2, 64, device="cuda", dtype=dt)
+    lse = torch.full((1, 2, 5), -math.inf, device="cuda")
+    dq, dk, dv = BW.flash_attn_backward(torch.randn_like(q), q, k, k.clone(), torch.zeros_like(q), lse)
+    assert (dq == 0).all() and dk.shape == k.shape
+
+
+@gpu
+def test_validation_names_the_argument():
+    dt = torch.bfloat16
+    q = torch.randn(1, 5, 2, 64, device="cuda", dtype=dt)
+    k = torch.randn(1, 7, 1, 64, device="cuda", dtype=dt)
+    lse = torch.zeros(1, 2, 5, device="cuda")
+    args = dict(dout=torch.randn_like(q), q=q, k=k, v=k.clone(), out=torch.randn_like(q), lse=lse)
+
+    def call(**over):
+        a = {**args, **over}
+        kw = {n: a.pop(n) for n in list(a) if n not in ("dout", "q", "k", "v", "out", "lse")}
+        return BW.flash_attn_backward(a["dout"], a["q"], a["k"], a["v"], a["out"], a["lse"], **kw)
+
+    with pytest.raises(ValueError, match="dout"):
+        call(dout=torch.randn(1, 6, 2, 64, device="cuda", dtype=dt))
+    with pytest.raises(TypeError, match="dout"):
+        call(dout=torch.randn(1, 5, 2, 64, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="lse"):
+        call(lse=torch.zeros(1, 5, 2, device="cuda"))
+    with pytest.raises(TypeError, match="lse"):
+        call(lse=torch.zeros(1, 2, 5, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="dk"):
+        call(dk=torch.empty(1, 7, 2, 64, device="cuda", dtype=dt))
+    with pytest.raises(ValueError, match="dq"):
+        call(dq=torch.empty(1, 5, 2, 32, device="cuda", dtype=dt))
+    with pytest.raises(TypeError, match="causal"):
+        call(causal="yes")
+    with pytest.raises(ValueError, match="head_dim"):
+        q2 = torch.randn(1, 5, 2, 256, device="cuda", dtype=dt)
+        k2 = torch.randn(1, 7, 1, 256, device="cuda", dtype=dt)
+        BW.flash_attn_backward(torch.randn_like(q2), q2, k2, k2.clone(), torch.randn_like(q2), lse)
+    with pytest.raises(ValueError, match="out"):
+        call(out=torch.randn(1, 4, 2, 64, device="cuda", dtype=dt))
