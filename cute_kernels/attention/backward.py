@@ -80,7 +80,8 @@ def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv
         if t is not None:
             _check_like(name, t, like.shape, like.dtype, like.device)
             if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
-                _err(ValueError, f"{name} has a stride of 0 (strides {t.stride()}): an expanded tensor cannot be written")
+                _err(ValueError, f"{name} has a stride of 0 (strides {t.stride()}): an expanded tensor "
+                                 "cannot be written")
     return scale
 
 

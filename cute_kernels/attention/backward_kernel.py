@@ -144,16 +144,11 @@ class FlashAttnBwdSm90:
     """The kernel for one :class:`FlashBwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
 
     def __init__(self, cfg: FlashBwdConfig):
-        self.cfg = cfg
-        t = cfg.tile
+        self.cfg, t = cfg, cfg.tile
         self.dtype = to_cutlass(cfg.dtype)
-        self.D = t.head_dim
-        self.tile_m = t.tile_m
-        self.tile_n = t.tile_n
-        self.stages = t.stages
+        self.D, self.tile_m, self.tile_n, self.stages = t.head_dim, t.tile_m, t.tile_n, t.stages
         self.causal = cfg.causal
-        self.num_wg = t.consumer_warpgroups
-        self.num_mma_threads = 128 * self.num_wg
+        self.num_mma_threads = 128 * t.consumer_warpgroups  # the consumer warpgroups' threads
 
     # ---------------------------------------------------------------- host entry (traced once)
     @cute.jit
@@ -243,7 +238,8 @@ class FlashAttnBwdSm90:
         kv_ring = ring.TxRing(storage.kv_bar.data_ptr(), 1)
         if tidx == 0:
             kv_ring.init()
-        pipe_q = ring.make_tma_pipeline(storage.q_bars.data_ptr(), self.stages, t.stage_bytes, 4 * self.num_wg,
+        consumer_warps = self.num_mma_threads // 32
+        pipe_q = ring.make_tma_pipeline(storage.q_bars.data_ptr(), self.stages, t.stage_bytes, consumer_warps,
                                         cute.make_layout((1, 1, 1)), 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
