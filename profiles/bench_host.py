@@ -233,10 +233,10 @@ def decode_cases(dev):
         lo = DE._launchers[DE._key(q, k, v, s, None, o, None, splits, True)]
         variants = {
             "key": lambda splits=splits: DE._launchers.get(DE._key(q, k, v, s, None, o, None, splits, True)),
-            "launcher": lambda la=la: la(q, k, v, s, None, None, None, D ** -0.5, False),
-            "launcher_out": lambda lo=lo: lo(q, k, v, s, None, o, None, D ** -0.5, False),
-            "floor": floor_variant(la, q, q, k, v, s, None, None, None, D ** -0.5, False),
-            "floor_out": floor_variant(lo, q, q, k, v, s, None, o, None, D ** -0.5, False),
+            "launcher": lambda la=la: la(q, k, v, None, False, D ** -0.5, s, None, None),
+            "launcher_out": lambda lo=lo: lo(q, k, v, o, False, D ** -0.5, s, None, None),
+            "floor": floor_variant(la, q, q, k, v, None, False, D ** -0.5, s, None, None),
+            "floor_out": floor_variant(lo, q, q, k, v, o, False, D ** -0.5, s, None, None),
             "public": lambda splits=splits: decode_attn(q, k, v, cache_seqlens=s, num_splits=splits),
             "public_out": lambda splits=splits: decode_attn(q, k, v, cache_seqlens=s, num_splits=splits, out=o),
             "bare": bare, "bare_alloc": bare_alloc, "bare_alloc_out": bare_alloc_out,

@@ -393,10 +393,16 @@ def decode_attn(
                 hit = None
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        res = fh.run_hit(hit, checked, softmax_scale, return_lse, q, k_cache, v_cache, out, cache_seqlens, block_table,
-                         workspace)
-        if res is not None:
-            return res
+        # forward_host.run_hit's steps written out (a call and star-args show in decode's host time)
+        if hit is not None and return_lse.__class__ is bool and (checked is False or not _plan_mod.checked_env()):
+            scale = fh.fast_scale(hit, softmax_scale)
+            if scale is not None:
+                try:
+                    o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace)
+                except Exception:  # the compiled function refused an argument: the checks below name it
+                    pass
+                else:
+                    return (o, lse) if return_lse else o
     # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)

@@ -401,7 +401,16 @@ def flash_attn(
                     hit = None
             except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
                 key = hit = None
-            res = fh.run_hit(hit, False, softmax_scale, return_lse, q, k, v, out)
+            # run_hit's steps written out: the most frequent call, where a call and star-args show
+            scale = None if hit is None or return_lse.__class__ is not bool else fh.fast_scale(hit, softmax_scale)
+            if scale is not None:
+                try:
+                    o, lse = hit(q, k, v, out, return_lse, scale)
+                except Exception:  # the compiled function refused an argument: the checks name it
+                    pass
+                else:
+                    return (o, lse) if return_lse else o
+            res = None
         elif cu_seqlens_k is not None and (block_table is not None or seqused_k is not None):
             res = None  # an error the checks name
         elif block_table is not None or seqused_k is not None:
