@@ -42,17 +42,23 @@ def warmup_gemm(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch
     also without a GPU, so a build machine can fill ``CUTE_KERNELS_CACHE_DIR`` for a GPU one.  Majors:
     'row' or 'col' of the torch-ordered a (M, K) and b (K, N)."""
     _check_problem("warmup_gemm", m, n, k, batch, a_major, b_major)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b, c = _meta_operands(m, n, k, batch, dtype, a_major, b_major, out_dtype, with_c)
+    make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=True)
+
+
+def _meta_operands(m, n, k, batch, dtype, a_major, b_major, out_dtype, with_c):
+    """``(a, b, c)`` for planning a problem on the meta device: 16-byte aligned contiguous buffers of
+    the given majors ("row" / "col"), c None unless ``with_c``.  Meta tensors have no storage, so a
+    (10**6 x 10**6) problem plans without allocating its operands."""
 
     def operand(rows, cols, major):
-        lead = (batch,) if batch else ()
-        if major == "row":
-            return torch.empty((*lead, rows, cols), dtype=dtype, device=dev)
-        return torch.empty((*lead, cols, rows), dtype=dtype, device=dev).transpose(-1, -2)
+        shape = (rows, cols) if batch is None else (batch, rows, cols)
+        t = torch.empty(shape, dtype=dtype, device="meta")
+        return t if major == "row" else t.mT.contiguous().mT
 
     a, b = operand(m, k, a_major), operand(k, n, b_major)
-    c = torch.empty((*((batch,) if batch else ()), m, n), dtype=out_dtype or dtype, device=dev) if with_c else None
-    make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=dev == "cpu")
+    c = torch.empty(*a.shape[:-1], n, dtype=out_dtype or dtype, device="meta") if with_c else None
+    return a, b, c
 
 
 def _check_problem(who, m, n, k, batch, a_major, b_major) -> None:
@@ -95,15 +101,8 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
     kernel: its name, compile configuration and derived facts (tile, cluster, stages, raster as run,
     work units per SM).  Operands are 16-byte aligned contiguous buffers of the given majors ("row" /
     "col"; a leading dimension that breaks TMA's 16-byte rule shows the cp.async path)."""
-
-    def operand(rows, cols, major):
-        shape = (rows, cols) if batch is None else (batch, rows, cols)
-        t = torch.empty(shape, dtype=dtype, device="meta")
-        return t if major == "row" else t.mT.contiguous().mT
-
     _check_problem("explain", m, n, k, batch, a_major, b_major)
-    a, b = operand(m, k, a_major), operand(k, n, b_major)
-    c = torch.empty(*a.shape[:-1], n, dtype=out_dtype or dtype, device="meta") if with_c else None
+    a, b, c = _meta_operands(m, n, k, batch, dtype, a_major, b_major, out_dtype, with_c)
     with jit.dry_run():
         plan = make_plan(a, b, None, c, 1.0 if with_c else 0.0, out_dtype, allow_cpu=True)
     out = []

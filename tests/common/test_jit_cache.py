@@ -1,15 +1,27 @@
 """The compile cache's disk layer on the CPU (compiles for sm_90a, no GPU): a clean entry loads without
 compiling; a corrupted object file fails its checksum, is recompiled and overwritten, with one warning;
 an unusable cache directory compiles without the disk cache, with one warning; two processes compiling
-the same kernel at once compile it once (the per-entry file lock).  The kernel is the cheapest one, the
-merge of attention states (~1 s to compile)."""
+the same kernel at once compile it once (the per-entry file lock).
+
+Issue 35: a FIFO or a symbolic link in an entry's place never blocks nor is read; a hit takes no lock,
+so a read-only cache filled by another user (root) is used; a directory or entry owned by another user
+or writable by group or others is not loaded (host code: whoever can write it runs code as this
+user).  Issue 31: an entry with its linked .so loads in a process that never imports the DSL.
+
+The kernel is the cheapest one, the merge of attention states (~1 s to compile)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -56,9 +68,17 @@ def _entry(d: Path) -> Path:
     return obj
 
 
+def _sums(obj: Path) -> dict:
+    """The entry's checksum file: file name -> checksum."""
+    lines = Path(str(obj)[: -len(".o")] + ".sha256").read_text().splitlines()
+    return {name: digest for digest, name in (line.split("  ") for line in lines)}
+
+
 def _valid(obj: Path) -> bool:
-    sums = Path(str(obj)[: -len(".o")] + ".sha256")
-    return sums.read_text().strip() == hashlib.sha256(obj.read_bytes()).hexdigest()
+    """The .o, and the .so where the entry has one, match the checksums."""
+    sums = _sums(obj)
+    files = [obj] + [obj.with_suffix(".so")] * (obj.with_suffix(".so").name in sums)
+    return all(sums.get(f.name) == hashlib.sha256(f.read_bytes()).hexdigest() for f in files)
 
 
 def test_clean_entry_loads_without_compiling(cache):
@@ -160,4 +180,256 @@ def test_two_processes_compile_once(cache):
     assert all(p.returncode == 0 for p in procs), outs
     counts = [tuple(int(x) for x in o.split()[1::2]) for o, _ in outs]
     assert sorted(counts) == [(0, 1), (1, 0)], outs
+    assert _valid(_entry(cache))
+
+
+def _stem(d: Path) -> Path:
+    return Path(str(_entry(d))[: -len(".o")])
+
+
+def _messages(warned) -> list[str]:
+    return [str(x.message) for x in warned]
+
+
+@pytest.mark.parametrize("ext", ["o", "sha256"])
+def test_fifo_in_an_entry_does_not_block(cache, ext):
+    """A FIFO in place of the object or checksum file: not opened for a blocking read (the old cache
+    blocked there forever, holding the entry's lock); one warning, recompiled, replaced by a file."""
+    _get_counting_warnings()
+    path = Path(f"{_stem(cache)}.{ext}")
+    path.unlink()
+    os.mkfifo(path)
+    done, blocked = threading.Event(), []
+
+    def release():  # a reader still blocked after 60 s is the bug: give it EOF, so the test fails, not hangs
+        if done.wait(60):
+            return
+        blocked.append(path)
+        while not done.is_set():
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                time.sleep(0.1)
+
+    threading.Thread(target=release, daemon=True).start()
+    try:
+        fn, compiles, warned = _get_counting_warnings()
+    finally:
+        done.set()
+    assert not blocked, "a FIFO in the cache blocked the process"
+    assert fn is not None and compiles == 1
+    assert len(warned) == 1 and "not a regular file" in _messages(warned)[0], _messages(warned)
+    assert stat.S_ISREG(os.lstat(path).st_mode) and _valid(_entry(cache))
+
+
+def test_symlink_in_an_entry_is_not_followed(cache, tmp_path):
+    """A link in place of the object file (even to a valid copy) is not read: recompiled, replaced."""
+    _get_counting_warnings()
+    obj = _entry(cache)
+    copy = tmp_path / "elsewhere.o"
+    copy.write_bytes(obj.read_bytes())
+    obj.unlink()
+    obj.symlink_to(copy)
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 1
+    assert len(warned) == 1 and "symbolic link" in _messages(warned)[0], _messages(warned)
+    assert not obj.is_symlink() and _valid(obj)
+
+
+def test_hit_takes_no_lock(cache, monkeypatch):
+    """A hit needs no write access: with the entry's lock impossible to take (a read-only cache), a
+    valid entry still loads, without a compile or a warning."""
+    _get_counting_warnings()
+
+    def no_lock(self):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self.path))
+
+    monkeypatch.setattr(jit._FileLock, "__enter__", no_lock)
+    hits = jit.stats["disk_hits"]
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 0 and not warned and jit.stats["disk_hits"] == hits + 1
+
+
+_READER = """
+import json, os, sys, warnings
+if sys.argv[1] == "as-another-user":  # root's cache read by uid 12345 (the files stay root's)
+    os.geteuid = lambda: 12345
+from cute_kernels.attention.merge import MergeConfig, merge_builder
+from cute_kernels.common import jit
+get = lambda cfg: jit.get_compiled("merge_states", cfg, merge_builder(cfg))
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    assert get(MergeConfig("float32", "bfloat16", 64)) is not None  # in the shipped cache
+    hit = dict(jit.stats)
+    assert get(MergeConfig("float32", "float16", 64)) is not None  # not in it
+print(json.dumps(dict(hit=hit, end=jit.stats, warned=[str(x.message) for x in w
+                                                    if issubclass(x.category, jit.CompileCacheWarning)])))
+"""
+
+
+def test_read_only_cache_of_another_user_is_used(cache, tmp_path):
+    """A cache filled on one machine and shipped read-only.  As root: root's files, read by a process
+    that cannot write them (CAP_DAC_OVERRIDE dropped) and checks them as uid 12345 would; otherwise
+    this user's own files made read-only.  A hit loads without compiling or warning; a miss compiles
+    with one warning and writes nothing."""
+    root = os.geteuid() == 0
+    setpriv = shutil.which("setpriv")
+    if root and setpriv is None:
+        pytest.skip("root writes into read-only directories, and setpriv (to drop that) is missing")
+    _get_counting_warnings()
+    ro = tmp_path / "shipped"
+    shutil.copytree(cache, ro)
+    names = sorted(p.name for p in ro.iterdir())
+    for p in [*ro.iterdir(), ro]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(ro), CUTE_KERNELS_LOG_LEVEL="WARNING")
+    cmd = [sys.executable, "-c", _READER, "as-another-user" if root else "as-self"]
+    if root:
+        cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        ro.chmod(0o755)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert (r["hit"]["compiles"], r["hit"]["disk_hits"]) == (0, 1), r
+    assert (r["end"]["compiles"], r["end"]["disk_hits"]) == (1, 1), r
+    assert len(r["warned"]) == 1 and "cannot write the compile cache" in r["warned"][0], r
+    assert sorted(p.name for p in ro.iterdir()) == names
+
+
+def _owned_by_someone_else(path: Path, monkeypatch) -> None:
+    """Make ``path`` another user's: as root, chown it to uid 12345; otherwise this process pretends to
+    run as another uid (so every file it owns looks foreign)."""
+    if os.geteuid() == 0:
+        os.chown(path, 12345, -1)
+    else:
+        uid = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
+
+
+@pytest.mark.parametrize("how", ["other-owner", "group-writable", "other-writable"])
+def test_untrusted_cache_dir_is_not_used(cache, monkeypatch, how):
+    """A directory another user owns or group / others may write: its (valid) entry is not loaded, one
+    warning, compiled without the disk cache, nothing written."""
+    _get_counting_warnings()
+    names = sorted(p.name for p in cache.iterdir())
+    if how == "other-owner":
+        _owned_by_someone_else(cache, monkeypatch)
+    else:
+        cache.chmod(0o770 if how == "group-writable" else 0o707)
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 1
+    why = "owned by uid" if how == "other-owner" else "writable by group or others"
+    assert len(warned) == 1 and why in _messages(warned)[0], _messages(warned)
+    assert "without the disk cache" in _messages(warned)[0]
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 1 and not warned
+    assert sorted(p.name for p in cache.iterdir()) == names
+
+
+@pytest.mark.parametrize("ext", ["o", "sha256", "so"])
+@pytest.mark.parametrize("how", ["other-owner", "group-writable", "other-writable"])
+def test_untrusted_entry_is_recompiled(cache, how, ext):
+    """An entry file another user owns or group / others may write: not loaded, one warning, recompiled
+    and replaced by this user's files (the directory is trusted: this user may replace them)."""
+    _get_counting_warnings()
+    path = Path(f"{_stem(cache)}.{ext}")
+    if not path.exists():
+        pytest.skip("no .so in the entry: no C compiler (cc) to link one")
+    if how == "other-owner":
+        if os.geteuid() != 0:
+            pytest.skip("making one file another user's needs root (chown)")
+        os.chown(path, 12345, -1)
+    else:
+        path.chmod(0o664 if how == "group-writable" else 0o646)
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 1
+    why = "owned by uid 12345" if how == "other-owner" else "writable by group or others"
+    assert len(warned) == 1 and why in _messages(warned)[0] and "recompiling" in _messages(warned)[0], _messages(warned)
+    st = path.stat()
+    assert st.st_uid == os.geteuid() and not st.st_mode & 0o022 and _valid(_entry(cache))
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 0 and not warned
+
+
+def test_new_cache_is_private_whatever_the_umask(tmp_path, monkeypatch):
+    """A new cache directory is mode 0700 and its files are not group-writable, also under umask 002
+    (else this user's own entries would be refused as untrusted)."""
+    d = tmp_path / "new" / "cache"
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(d))
+    monkeypatch.setenv("CUTE_KERNELS_DISK_CACHE", "1")
+    old = os.umask(0o002)
+    try:
+        fn, compiles, warned = _get_counting_warnings()
+    finally:
+        os.umask(old)
+    try:
+        assert fn is not None and compiles == 1 and not warned
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+        assert [f.name for f in d.iterdir() if f.stat().st_mode & 0o022] == []
+        fn, compiles, warned = _get_counting_warnings()
+        assert fn is not None and compiles == 0 and not warned
+    finally:
+        _forget()
+
+
+_NO_DSL = """
+import sys, types
+# the package without its __init__ (which imports every op, and with them the DSL)
+pkg = types.ModuleType("cute_kernels")
+pkg.__path__ = ["cute_kernels"]
+sys.modules["cute_kernels"] = pkg
+from cute_kernels.common import jit
+
+def refuse():
+    raise AssertionError("a disk hit compiled")
+
+fn = jit.get_compiled("probe", ("merge", 64), refuse)
+print("cutlass" in sys.modules, type(fn).__module__, jit.stats["disk_hits"], jit.stats["compiles"])
+from cute_kernels.attention.merge import MergeConfig, merge_builder  # the DSL after a .so load: compiles
+cfg = MergeConfig("float32", "float16", 64)
+assert jit.get_compiled("merge_states", cfg, merge_builder(cfg)) is not None
+print("cutlass" in sys.modules, jit.stats["compiles"])
+"""
+
+
+def test_linked_entry_loads_without_the_dsl(cache):
+    """An entry with its linked .so loads in a process that has not imported the DSL, through TVM-FFI
+    alone, and leaves it unimported; the DSL imported afterwards still compiles."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc): entries are .o files only, loaded through the DSL")
+    key = jit.full_key("probe", ("merge", 64))
+    try:
+        assert jit.get_compiled("probe", ("merge", 64), merge_builder(CFG)) is not None
+    finally:
+        jit._memory.pop(key, None)
+    assert len(list(cache.glob("probe-*.so"))) == 1
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(cache), CUTE_KERNELS_LOG_LEVEL="WARNING")
+    out = subprocess.run([sys.executable, "-c", _NO_DSL], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "tvm_ffi.core", "1", "0", "True", "1"], out.stdout
+
+
+def test_unloadable_linked_entry_falls_back_to_the_object_file(cache, monkeypatch):
+    """A .so that cannot be loaded here (no single DSL runtime library found) is not an error: the .o
+    loads through the DSL, no compile, no warning."""
+    _get_counting_warnings()
+    monkeypatch.setattr(jit, "_runtime_libraries", lambda: None)
+    hits = jit.stats["disk_hits"]
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 0 and not warned and jit.stats["disk_hits"] == hits + 1
+
+
+def test_corrupt_linked_entry_recompiles(cache):
+    _get_counting_warnings()
+    so = _stem(cache).with_suffix(".so")
+    if not so.exists():
+        pytest.skip("no .so in the entry: no C compiler (cc) to link one")
+    with open(so, "r+b") as f:
+        f.seek(4096)
+        f.write(os.urandom(1024))
+    fn, compiles, warned = _get_counting_warnings()
+    assert fn is not None and compiles == 1
+    assert len(warned) == 1 and f"{so} fails its checksum" in _messages(warned)[0], _messages(warned)
     assert _valid(_entry(cache))
