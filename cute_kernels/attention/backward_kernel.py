@@ -335,20 +335,20 @@ class FlashAttnBwdSm90:
         # (key, query) coordinates of this thread's S^T elements within the tile
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
         tScS_mn = fs.acc_mn_view(thr_sdp.partition_C(cS))
-        # this thread's dQ elements in the accumulator: (MMA, M, N, m tiles)
-        gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.D), (None, 0))
-        tQgdQ = thr_dq.partition_C(gdQ)
+        # the (row, column) of this thread's dQ elements in a query tile; the head's (Sq_pad, D) rows
+        tQcQ = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.D)))
+        gdQ = mdQacc[batch, head, None, None]
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if m_max > m_min:
             kv_ring.wait(0, 0)
         for i in cutlass.range(m_mask - m_min, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
-                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQgdQ, pipe_q,
+                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, True)
         for i in cutlass.range(m_max - m_mask, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
-                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQgdQ, pipe_q,
+                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block, m_mask + i, mma_tidx, False)
 
         if m_max > m_min:
@@ -360,7 +360,7 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
-                   tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQgdQ, pipe_q, read, scale_log2, seqlen_q,
+                   tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q, read, scale_log2, seqlen_q,
                    seqlen_k, n_block, m_block, mma_tidx, masked: cutlass.Constexpr[bool]):
         """Query tile ``m_block`` (see the module docstring).  Returns the advanced ring state."""
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
@@ -418,9 +418,10 @@ class FlashAttnBwdSm90:
         read.advance()
 
         # dQ into the fp32 accumulator (rows past Sq land in its padding)
-        g = tQgdQ[None, None, None, m_block]
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            cute.arch.atomic_add(g.iterator + cute.crd2idx(g.layout.get_hier_coord(i), g.layout), acc_dQ[i])
+        row0 = m_block * self.tile_m
+        for i in cutlass.range(cute.size(acc_dQ), unroll_full=True):
+            row, col = tQcQ[i]
+            cute.arch.atomic_add(gdQ.iterator + cute.crd2idx((row0 + row, col), gdQ.layout), acc_dQ[i])
         return read
 
     @cute.jit
