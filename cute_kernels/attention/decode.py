@@ -264,6 +264,7 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softm
 # every check (validate, scale, num_splits) and launched
 # ------------------------------------------------------------------------------------------------
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _empty = torch.empty
 _F32 = torch.float32
 _FAST_TYPES = fh.FAST_TYPES
@@ -380,8 +381,14 @@ def decode_attn(
             out-of-bounds memory accesses: lengths are clamped to [0, capacity] and page ids to
             [0, num_pages) (a negative id reads page 0), on the GPU and on the CPU path alike.
 
-    Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.
+    Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.  Not
+    differentiable: with grad enabled, an input that requires grad raises ValueError (a result
+    without gradients would be silently wrong); ``flash_attn`` has the backward.
     """
+    if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
+                            or getattr(v_cache, "requires_grad", False)):
+        raise ValueError("decode_attn: an input requires grad, and decode_attn has no backward; call it under "
+                         "torch.no_grad() / torch.inference_mode(), or use flash_attn (differentiable)")
     key = None
     if (checked is None or checked is False) and not _is_compiling():  # the fast path (see _key)
         try:

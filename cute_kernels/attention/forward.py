@@ -32,6 +32,8 @@ from ..common import jit
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
 from ..common.scheduler import tile_counter  # noqa: F401  (FW.tile_counter: the benches pass it to bare launches)
 from . import forward_host as fh
+from . import forward_autograd
+from .forward_autograd import check_differentiable
 from . import forward_kernel
 from .decode_plan import check_flag, checked_default
 from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _scale, check_cu_seqlens,  # noqa: F401
@@ -229,6 +231,9 @@ def _(q, k, v, causal, softmax_scale, window_left=-1, window_right=-1, cu_seqlen
     return q.new_empty(q.shape), q.new_empty(_lse_shape(c, q), dtype=torch.float32)
 
 
+forward_autograd.register(_flash_attn_op)
+
+
 @torch.library.custom_op("cute_kernels::flash_attn_", mutates_args=("out", "lse"), device_types=None)
 def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1,
@@ -305,6 +310,7 @@ def _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, m
 # the host fast path (:mod:`.forward_host`): launchers made by a checked call that launched
 # ------------------------------------------------------------------------------------------------
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _FAST = fh.FAST_TYPES
 #: call metadata (the ``forward_host`` keys) -> launcher (:func:`.forward_host.make_launcher`)
 _launchers: dict = {}
@@ -390,7 +396,10 @@ def flash_attn(
     if alibi_slopes is not None or type(dropout_p) is not float or type(softcap) is not float or dropout_p or softcap:
         check_unsupported(dropout_p, softcap, alibi_slopes)
     key = None
-    if (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
+    if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+                            or getattr(v, "requires_grad", False)):
+        pass  # the differentiable op (the checked path)
+    elif (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
         if block_table is None and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None:
             try:
                 if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and max_seqlen_q is None \
@@ -433,10 +442,13 @@ def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_s
     """:func:`flash_attn`'s checked path: validate into a :class:`Call`, launch (eager) or trace the
     custom ops, and keep the launcher under ``key`` (the fast path's, None: none)."""
     check_flag(return_lse, "return_lse", "flash_attn")
-    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+    tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor) or (isinstance(q, torch.Tensor) and q.is_meta)
     c = _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                   window_size, checked, block_table, seqused_k, check_ptrs=not tracing, check_values=not tracing)
-    if tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        check_differentiable(c, q, out)  # autograd records the functional op (forward_autograd)
+        out, lse = _flash_attn_op(q, k, v, c.causal, c.scale)
+    elif tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
         out, lse = _traced(c, q, k, v, out)
     else:  # eager: no dispatcher
         if out is None:

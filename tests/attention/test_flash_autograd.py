@@ -1,0 +1,203 @@
+"""``flash_attn`` under autograd: inputs that require grad go through the functional custom op, whose
+registered formula runs the backward kernels (``cute_kernels::flash_attn_backward``).
+
+CPU (meta tensors: the ops' fake implementations, nothing launched): gradients reach q, k, v with
+their shapes, through the output and through a returned LSE, also after a no-grad call cached a
+launcher for the same metadata; calls the backward cannot take (``out=``, paged, packed, windows,
+head dim 256) raise a ValueError naming the argument before any launch; so does ``decode_attn``
+(no backward) with an input that requires grad.
+
+GPU: gradients against a float32 autograd reference (per tensor and per row: at most 2x the error of
+the same math in the input dtype plus an epsilon), with and without an LSE gradient, after a no-grad
+call cached a launcher for the same metadata; ``torch.compile(fullgraph=True)`` and CUDA-graph capture
+of a forward + backward step.
+"""
+
+import pytest
+import torch
+from cute_kernels.attention import forward as FW
+from cute_kernels.attention import forward_validate as FV
+from cute_kernels.testing import count_launches
+
+BF = torch.bfloat16
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def meta_ok(monkeypatch):
+    """Meta tensors pass the device check: the ops' fake implementations run (a CPU-only torch cannot run
+    autograd on fake CUDA tensors)."""
+    monkeypatch.setattr(FV, "_check_devices", lambda named: None)
+
+
+def meta_qkv(B=2, Sq=40, Sk=70, Hq=8, Hkv=2, D=128, grad=True):
+    q = torch.empty(B, Sq, Hq, D, dtype=BF, device="meta", requires_grad=grad)
+    k = torch.empty(B, Sk, Hkv, D, dtype=BF, device="meta", requires_grad=grad)
+    v = torch.empty(B, Sk, Hkv, D, dtype=BF, device="meta", requires_grad=grad)
+    return q, k, v
+
+
+def test_gradients_reach_every_input(meta_ok):
+    q, k, v = meta_qkv()
+    with torch.no_grad():
+        FW.flash_attn(q, k, v, causal=True)  # a launcher for this metadata would not serve a grad call
+    out = FW.flash_attn(q, k, v, causal=True)
+    assert out.grad_fn is not None
+    out.float().sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    q2, k2, v2 = meta_qkv()
+    o, lse = FW.flash_attn(q2, k2, v2, return_lse=True)
+    assert lse.shape == (2, 8, 40) and o.shape == q2.shape
+    dq, dk = torch.autograd.grad(lse.sum(), (q2, k2))  # through the LSE alone
+    assert dq.shape == q2.shape and dk.shape == k2.shape
+    q3, k3, v3 = meta_qkv()
+    o3 = FW.flash_attn(q3.detach(), k3, v3.detach())  # one input requiring grad is enough
+    (dk3,) = torch.autograd.grad(o3.float().sum(), (k3,))
+    assert dk3.shape == k3.shape
+
+
+def test_no_grad_and_detached_inputs_record_nothing(meta_ok):
+    q, k, v = meta_qkv(grad=False)
+    assert FW.flash_attn(q, k, v).grad_fn is None
+    q, k, v = meta_qkv()
+    with torch.no_grad():
+        assert FW.flash_attn(q, k, v).grad_fn is None
+
+
+@pytest.mark.parametrize("what,kw,match", [
+    ("out", "out", "out= cannot be used when an input requires grad"),
+    ("window", dict(window_size=(16, 0)), "window_size has no backward yet"),
+    ("head_dim", "d256", r"head dims \(64, 96, 128\), got 256"),
+    ("paged", "paged", r"block_table \(paged K/V\) has no backward yet"),
+    ("packed", "packed", r"cu_seqlens \(packed sequences\) has no backward yet"),
+])
+def test_calls_without_a_backward_are_refused(meta_ok, what, kw, match):
+    q, k, v = meta_qkv(D=256 if kw == "d256" else 128)
+    args, extra = (q, k, v), {}
+    if kw == "out":
+        extra = dict(out=torch.empty(q.shape, dtype=BF, device="meta"))
+    elif kw == "paged":
+        pool = torch.empty(10, 16, 2, 128, dtype=BF, device="meta", requires_grad=True)
+        args = (q, pool, pool)
+        extra = dict(block_table=torch.empty(2, 5, dtype=torch.int32, device="meta"),
+                     seqused_k=torch.empty(2, dtype=torch.int32, device="meta"))
+    elif kw == "packed":
+        qp = torch.empty(30, 8, 128, dtype=BF, device="meta", requires_grad=True)
+        kp = torch.empty(50, 2, 128, dtype=BF, device="meta")
+        cu = torch.empty(3, dtype=torch.int32, device="meta")
+        args, extra = (qp, kp, kp), dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=20, max_seqlen_k=30)
+    elif isinstance(kw, dict):
+        extra = kw
+    with count_launches() as n, pytest.raises(ValueError, match=match):
+        FW.flash_attn(*args, **extra)
+    assert n.total() == 0
+
+
+def test_decode_attn_refuses_inputs_that_need_gradients():
+    """decode_attn has no backward: a result without gradients would be silently wrong."""
+    from cute_kernels.attention.decode import decode_attn
+
+    q = torch.randn(1, 1, 4, 64).to(BF).requires_grad_(True)
+    k = torch.randn(1, 32, 2, 64).to(BF)
+    lens = torch.tensor([32], dtype=torch.int32)
+    with count_launches() as n, pytest.raises(ValueError, match="decode_attn has no backward"):
+        decode_attn(q, k, k, cache_seqlens=lens)
+    assert n.total() == 0
+    with torch.no_grad():
+        assert decode_attn(q, k, k, cache_seqlens=lens).shape == q.shape  # (the CPU reference path)
+    assert decode_attn(q.detach(), k, k, cache_seqlens=lens).shape == q.shape
+
+
+# -------------------------------------------------------------------------------------------- GPU
+def _reference_grads(q, k, v, dout, causal, dlse=None):
+    """float32 autograd of explicit attention (bottom-right causal, GQA by repeat), and the same math in
+    the input dtype: (grads32, grads_dtype)."""
+    def math(q, k, v, dt):
+        G = q.shape[2] // k.shape[2]
+        qt, kt, vt = (t.to(dt).transpose(1, 2) for t in (q, k, v))
+        kt, vt = kt.repeat_interleave(G, 1), vt.repeat_interleave(G, 1)
+        s = (qt @ kt.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+        Sq, Sk = s.shape[-2:]
+        if causal:
+            s = s.masked_fill(~torch.ones(Sq, Sk, dtype=torch.bool, device=s.device).tril(Sk - Sq), float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dt)
+        return (p @ vt).transpose(1, 2), lse
+
+    res = []
+    for dt in (torch.float32, q.dtype):
+        qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        o, lse = math(qq, kk, vv, dt)
+        loss = (o.float() * dout.float()).sum() + (0 if dlse is None else (lse.nan_to_num(0.0) * dlse).sum())
+        res.append(torch.autograd.grad(loss, (qq, kk, vv)))
+    return res
+
+
+def _assert_grads(got, ref32, refdt, what):
+    for name, g, r, d in zip("qkv", got, ref32, refdt):
+        g, r, d = g.float(), r.float(), d.float()
+        assert torch.isfinite(g).all(), f"{what} d{name}: non-finite"
+        tol = 2 * (d - r).abs().amax(dim=(-1, -2), keepdim=True) + 1e-3 * r.abs().amax().clamp_min(1e-3)
+        err = (g - r).abs().amax(dim=(-1, -2), keepdim=True)
+        assert (err <= tol).all(), f"{what} d{name}: worst row error {err.max().item():.3g} > {tol.flatten()[err.flatten().argmax()].item():.3g}"
+
+
+@gpu
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal", [
+    (2, 128, 128, 8, 2, 128, True), (1, 17, 300, 4, 4, 64, False), (2, 1000, 777, 8, 1, 96, True),
+    (1, 257, 129, 4, 2, 128, True),  # rows with no key (causal, Sq > Sk)
+])
+def test_autograd_matches_float32(B, Sq, Sk, Hq, Hkv, D, causal):
+    g = torch.Generator(device="cuda").manual_seed(B * Sq + Sk)
+    q = torch.randn(B, Sq, Hq, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    dout = torch.randn(B, Sq, Hq, D, device="cuda", generator=g).to(BF)
+    dlse = torch.randn(B, Hq, Sq, device="cuda", generator=g)
+    with torch.no_grad():
+        FW.flash_attn(q, k, v, causal=causal)  # a launcher for this metadata: the grad call must not use it
+    with count_launches() as n:
+        o, lse = FW.flash_attn(q, k, v, causal=causal, return_lse=True)
+    assert n["flash_attn"] == 1 and o.grad_fn is not None
+    got = torch.autograd.grad((o.float() * dout.float()).sum(), (q, k, v), retain_graph=True)
+    _assert_grads(got, *_reference_grads(q, k, v, dout, causal), f"{(B, Sq, Sk, Hq, Hkv, D, causal)}")
+    got = torch.autograd.grad((o.float() * dout.float()).sum() + (lse.nan_to_num(0.0) * dlse).sum(), (q, k, v))
+    _assert_grads(got, *_reference_grads(q, k, v, dout, causal, dlse), "with dlse")
+
+
+@gpu
+def test_compile_and_cuda_graph_of_a_training_step():
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, 256, 8 if i == 0 else 2, 128, device="cuda", generator=g).to(BF).requires_grad_(True)
+               for i in range(3))
+
+    def step(q, k, v):
+        o = FW.flash_attn(q, k, v, causal=True)
+        return torch.autograd.grad(o.float().square().sum(), (q, k, v))
+
+    ref = step(q, k, v)
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(step, fullgraph=True)(q, k, v)
+    finally:
+        torch._dynamo.reset()
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)  # the same kernels, the same bits
+    static = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    step(*static)  # warm-up outside the capture (compiles, allocator)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*static)
+    with torch.no_grad():
+        for s, t in zip(static, (q, k, v)):
+            s.copy_(t * 0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = step(*(t.detach().mul(0.5).requires_grad_(True) for t in (q, k, v)))
+    for a, b in zip(out, want):
+        assert torch.equal(a, b)
