@@ -162,8 +162,10 @@ def test_read_only_cache_dir_compiles_without_disk_cache(tmp_path, monkeypatch):
 
 
 _WORKER = """
+import sys
 from cute_kernels.attention.merge import MergeConfig, merge_builder
 from cute_kernels.common import jit
+jit.source_fingerprint = lambda: sys.argv[1]  # the test's: the checkout may change meanwhile
 cfg = MergeConfig("float32", "bfloat16", 64)
 assert jit.get_compiled("merge_states", cfg, merge_builder(cfg)) is not None
 print("compiles", jit.stats["compiles"], "disk_hits", jit.stats["disk_hits"])
@@ -174,8 +176,8 @@ def test_two_processes_compile_once(cache):
     """Two processes asking for the same kernel at once: the file lock makes one compile and the
     other load its object file."""
     env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(cache), CUTE_KERNELS_LOG_LEVEL="WARNING")
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, jit.source_fingerprint()], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     counts = [tuple(int(x) for x in o.split()[1::2]) for o, _ in outs]
@@ -256,6 +258,7 @@ if sys.argv[1] == "as-another-user":  # root's cache read by uid 12345 (the file
     os.geteuid = lambda: 12345
 from cute_kernels.attention.merge import MergeConfig, merge_builder
 from cute_kernels.common import jit
+jit.source_fingerprint = lambda: sys.argv[2]  # the test's: the checkout may change meanwhile
 get = lambda cfg: jit.get_compiled("merge_states", cfg, merge_builder(cfg))
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
@@ -283,7 +286,7 @@ def test_read_only_cache_of_another_user_is_used(cache, tmp_path):
     for p in [*ro.iterdir(), ro]:
         p.chmod(0o555 if p.is_dir() else 0o444)
     env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(ro), CUTE_KERNELS_LOG_LEVEL="WARNING")
-    cmd = [sys.executable, "-c", _READER, "as-another-user" if root else "as-self"]
+    cmd = [sys.executable, "-c", _READER, "as-another-user" if root else "as-self", jit.source_fingerprint()]
     if root:
         cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
     try:
@@ -382,6 +385,9 @@ pkg.__path__ = ["cute_kernels"]
 sys.modules["cute_kernels"] = pkg
 from cute_kernels.common import jit
 
+jit.source_fingerprint = lambda: sys.argv[1]  # the test's: the checkout may change meanwhile
+
+
 def refuse():
     raise AssertionError("a disk hit compiled")
 
@@ -406,7 +412,8 @@ def test_linked_entry_loads_without_the_dsl(cache):
         jit._memory.pop(key, None)
     assert len(list(cache.glob("probe-*.so"))) == 1
     env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(cache), CUTE_KERNELS_LOG_LEVEL="WARNING")
-    out = subprocess.run([sys.executable, "-c", _NO_DSL], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _NO_DSL, jit.source_fingerprint()], env=env, capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["False", "tvm_ffi.core", "1", "0", "True", "1"], out.stdout
 
