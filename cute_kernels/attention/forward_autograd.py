@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from ..testing import LAUNCHES
+
 __all__ = ["check_differentiable", "register", "BWD_HEAD_DIMS"]
 
 #: Head dims the backward kernels run (``layouts.attention.BWD_HEAD_DIMS``, read without the DSL).
@@ -44,6 +46,7 @@ def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .backward import flash_attn_backward
 
+    LAUNCHES["flash_attn_backward"] += 1
     return flash_attn_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dlse=dlse)
 
 

@@ -9,12 +9,15 @@ Routing (:func:`route`, pure: shapes, dtypes, strides and flags, never tensor va
 =====================================================  =============================================
 case                                                   runs
 =====================================================  =============================================
-not causal, 1 <= Sq <= 16 and Sq < Sk                  ``decode_attn`` (lengths = Sk), D 64/128/256
+not causal, 1 <= Sq <= 16 and Sq < Sk, no grad        ``decode_attn`` (lengths = Sk), D 64/128/256
 not causal, any other Sq, Sk                           ``flash_attn``, D 64/128
 causal, Sq == Sk                                       ``flash_attn(causal=True)`` (top-left = bottom-right)
 causal, Sq < Sk                                        ``flash_attn(causal=True)`` on the first Sq keys
 causal, Sq > Sk                                        torch (top-left mask; the kernels are bottom-right)
 =====================================================  =============================================
+
+An input that requires grad (grad enabled) runs on ``flash_attn``, which is differentiable (the
+backward kernels: D 64/128 here), never on ``decode_attn``.
 
 torch's ``is_causal`` is top-left aligned: query i sees keys j <= i.  With Sq < Sk no query sees a
 key past Sq - 1, so it equals the bottom-right mask over the first Sq keys (a slice, no copy).  With
@@ -22,8 +25,7 @@ Sq > Sk the rows past Sk see every key, which no single bottom-right call gives:
 
 Everything else falls back to torch's own function (one warning per distinct reason, the first time
 it occurs; the result is torch's, including its errors): any ``attn_mask`` (its values are never
-read), ``dropout_p != 0``, inputs that require grad while grad is enabled (no backward yet), tensors
-that are not 4-d, not on one CUDA device, on a GPU other than Hopper, not all float16 or all
+read), ``dropout_p != 0``, tensors that are not 4-d, not on one CUDA device, on a GPU other than Hopper, not all float16 or all
 bfloat16, key/value shapes that differ or do not match the query's batch and head dim, Hq != Hkv
 without ``enable_gqa`` (torch raises), Hq not a multiple of Hkv, empty inputs, a scale that is not a
 positive finite number, a head dim the chosen kernel lacks, strides the kernels cannot take (head dim
@@ -47,6 +49,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..attention.decode import decode_attn
 from ..attention.forward import HEAD_DIMS as FLASH_HEAD_DIMS
 from ..attention.forward import flash_attn
+from ..attention.forward_autograd import BWD_HEAD_DIMS
 
 __all__ = ["sdpa", "route", "sdpa_stats", "DECODE_MAX_Q", "DECODE_HEAD_DIMS"]
 
@@ -66,7 +69,7 @@ _HOPPER: dict = {}
 # fallback reasons (stable strings: one warning per reason)
 R_MASK = "attn_mask is given (its values are never inspected)"
 R_DROPOUT = "dropout_p != 0"
-R_GRAD = "an input requires grad while grad is enabled (no backward yet)"
+R_GRAD_HEAD_DIM = "an input requires grad and the head dim has no backward (64/96/128)"
 R_RANK = "inputs are not 4-d (batch, heads, seq, head_dim) tensors"
 R_DEVICE = "inputs are not all on one CUDA device"
 R_ARCH = "the GPU is not Hopper (sm_90)"
@@ -123,8 +126,7 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
     qkv = (query, key, value)
     if not all(isinstance(t, torch.Tensor) for t in qkv) or any(t.dim() != 4 for t in qkv):
         return "torch", R_RANK
-    if torch.is_grad_enabled() and any(t.requires_grad for t in qkv):
-        return "torch", R_GRAD
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in qkv)  # flash_attn has the backward
     dev = query.device
     if dev.type not in _KERNEL_DEVICES or key.device != dev or value.device != dev:
         return "torch", R_DEVICE
@@ -148,12 +150,14 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
         return "torch", R_SCALE
     if not all(_strides_ok(t) for t in qkv):
         return "torch", R_STRIDES
-    if not is_causal and 1 <= Sq <= DECODE_MAX_Q and Sq < Sk:
+    if not is_causal and 1 <= Sq <= DECODE_MAX_Q and Sq < Sk and not grad:
         if D not in DECODE_HEAD_DIMS:
             return "torch", R_HEAD_DIM
         return "decode_attn", f"Sq <= {DECODE_MAX_Q} against a longer K/V, not causal"
     if D not in FLASH_HEAD_DIMS:
         return "torch", R_HEAD_DIM
+    if grad and D not in BWD_HEAD_DIMS:
+        return "torch", R_GRAD_HEAD_DIM
     if is_causal and Sq < Sk:
         return "flash_attn", "causal with Sq < Sk: top-left mask = bottom-right over the first Sq keys"
     return "flash_attn", "causal, Sq == Sk" if is_causal else "prefill, not causal"
@@ -198,7 +202,7 @@ def sdpa(
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     sdpa_stats[where] += 1
     if scale is None:  # torch's default 1 / sqrt(D), a Python float also when D is symbolic (torch.compile)
-        scale = next(1.0 / math.sqrt(d) for d in DECODE_HEAD_DIMS if q.shape[-1] == d)
+        scale = next(1.0 / math.sqrt(d) for d in set(FLASH_HEAD_DIMS + DECODE_HEAD_DIMS) if q.shape[-1] == d)
     if where == "decode_attn":
         B, Sk = k.shape[0], k.shape[1]
         lens = torch.full((B,), Sk, dtype=torch.int32, device=q.device)

@@ -145,10 +145,13 @@ def test_route_fallback_reasons(reason, q, k, v, kw):
 
 
 def test_route_grad():
+    """An input that requires grad runs on flash_attn (differentiable), also for decode-sized queries."""
     q = t(1, 2, 8, 64).requires_grad_()
-    assert S.route(q, t(1, 2, 8, 64), t(1, 2, 8, 64)) == ("torch", S.R_GRAD)
+    assert S.route(q, t(1, 2, 8, 64), t(1, 2, 8, 64))[0] == "flash_attn"
+    q1 = t(1, 2, 1, 64).requires_grad_()
+    assert S.route(q1, t(1, 2, 100, 64), t(1, 2, 100, 64))[0] == "flash_attn"
     with torch.no_grad():
-        assert S.route(q, t(1, 2, 8, 64), t(1, 2, 8, 64))[0] == "flash_attn"
+        assert S.route(q1, t(1, 2, 100, 64), t(1, 2, 100, 64))[0] == "decode_attn"
     with torch.inference_mode():
         assert S.route(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64))[0] == "flash_attn"
 
@@ -204,7 +207,6 @@ def cpu_fallback_cases():
     yield S.R_HEAD_DIM, (c(1, 2, 8, 80),) * 3, {}
     yield S.R_STRIDES, (misaligned(1, 2, 8, 64), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}
     yield S.R_STRIDES, (c(1, 2, 64, 8).transpose(-1, -2), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}  # head dim strided
-    yield S.R_GRAD, (c(1, 2, 8, 64).requires_grad_(), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}
 
 
 def _run_both(args, kw):
