@@ -23,7 +23,8 @@ from ..common.dtypes import name_of
 from ..common.softmax import LOG2_E
 from . import backward_kernel as bk
 from . import backward_prepost as bp
-from .forward_validate import _err, validate
+from .forward_softmax import WINDOW_UNBOUNDED
+from .forward_validate import _err, check_window, validate
 
 __all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile"]
 
@@ -62,13 +63,13 @@ def _check_rows(name: str, t, shape: tuple, device) -> None:
         _err(ValueError, f"{name} is on {t.device}, q on {device}: all tensors must be on one device")
 
 
-def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse) -> float:
+def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse, window_size=None):
     """Every check before a launch, each error naming its argument (``TypeError`` / ``ValueError``);
-    returns the softmax scale.  q, k, v, out as :func:`~.forward_validate.validate`; dout and dq like q,
-    dk and dv like k; lse (and dlse) fp32 (B, Hq, Sq)."""
+    returns ``(scale, causal, window)`` (:func:`~.forward_validate.check_window`: window None when it
+    bounds nothing beyond causal).  q, k, v, out as :func:`~.forward_validate.validate`; dout and dq
+    like q, dk and dv like k; lse (and dlse) fp32 (B, Hq, Sq)."""
     scale = validate(q, k, v, out=out, softmax_scale=softmax_scale)
-    if type(causal) is not bool:
-        _err(TypeError, f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    causal, window = check_window(window_size, causal)
     if q.shape[-1] not in LA.BWD_HEAD_DIMS:
         _err(ValueError, f"q head_dim {q.shape[-1]}: the backward supports head dims {LA.BWD_HEAD_DIMS}")
     _check_like("dout", dout, q.shape, q.dtype, q.device)
@@ -82,19 +83,20 @@ def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv
             if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
                 _err(ValueError, f"{name} has a stride of 0 (strides {t.stride()}): an expanded tensor "
                                  "cannot be written")
-    return scale
+    return scale, causal, window
 
 
 _PLANS: dict = {}
 
 
-def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False):
-    """The three configurations a call compiles (main, pre-pass, post-pass); memoized."""
-    key = (dtype, head_dim, causal, has_dlse)
+def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False, window: bool = False):
+    """The three configurations a call compiles (main, pre-pass, post-pass); memoized.  ``window``: a
+    sliding window of any sides (causal then False: it is the window's right side)."""
+    key = (dtype, head_dim, causal, has_dlse, window)
     plan = _PLANS.get(key)
     if plan is None:
         name = name_of(dtype)
-        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal),
+        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal and not window, window),
                               bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse),
                               bp.BwdPrepostConfig("convert", name, head_dim))
     return plan
@@ -105,13 +107,17 @@ def _compiled(plan):
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, dq=None, dk=None, dv=None,
-                        dlse=None):
-    """``(dq, dk, dv)`` of ``out = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale)``
-    for the output gradient ``dout`` (and the LSE gradient ``dlse``, if any).  q, out, dout (B, Sq, Hq,
-    D), k, v (B, Sk, Hkv, D) in float16 / bfloat16, D in :data:`layouts.attention.BWD_HEAD_DIMS`, any
-    16-byte-aligned strides; lse (B, Hq, Sq) fp32 from the forward.  ``dq`` / ``dk`` / ``dv``: written
-    in place if given (any 16-byte strides), else allocated.  GQA / MQA: dk, dv sum their query heads."""
-    scale = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse)
+                        dlse=None, window_size=None):
+    """``(dq, dk, dv)`` of ``out = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale,
+    window_size=window_size)`` for the output gradient ``dout`` (and the LSE gradient ``dlse``, if
+    any).  q, out, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in float16 / bfloat16, D in
+    :data:`layouts.attention.BWD_HEAD_DIMS`, any 16-byte-aligned strides; lse (B, Hq, Sq) fp32 from the
+    forward.  ``dq`` / ``dk`` / ``dv``: written in place if given (any 16-byte strides), else
+    allocated.  GQA / MQA: dk, dv sum their query heads.  ``window_size=(left, right)`` as
+    ``flash_attn``'s (-1: unbounded; causal is (-1, 0)); windows other than causal are compiled and
+    emulated on the CPU but not yet run on a GPU."""
+    scale, causal, window = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse,
+                                              window_size)
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     dq = torch.empty_like(q) if dq is None else dq
@@ -121,7 +127,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv
-    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None))
+    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None, window is not None))
     if main is None:  # jit.dry_run
         return dq, dk, dv
     pad = LA.BWD_ROW_PAD
@@ -133,7 +139,11 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     dk_acc = torch.zeros(B, Sk, Hkv, D, **f32)
     dv_acc = torch.zeros(B, Sk, Hkv, D, **f32)
     pre(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_acc)
-    main(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, scale * LOG2_E)
+    if window is None:
+        main(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, scale * LOG2_E)
+    else:  # sides of -1 (unbounded) reach past any length
+        wl, wr = (WINDOW_UNBOUNDED if w < 0 else w for w in window)
+        main(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, scale * LOG2_E, wl, wr)
     post(dq_acc.permute(0, 2, 1, 3)[:, :Sq], dq, scale)
     post(dk_acc, dk, scale)
     post(dv_acc, dv, 1.0)

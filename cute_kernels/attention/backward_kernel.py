@@ -27,11 +27,11 @@ One CTA per (KV tile of ``tile_n`` = 128 keys, query head, batch); 3 warpgroups
   dS^T has one buffer: a warpgroup writes it only after both finished the previous tile's dQ wgmma
   (a named barrier of the two), and reads it after both wrote it (a second one).
 
-Epilogue: dK * scale and dV are not scaled here: each thread adds its rows of dK and dV (keys < Sk)
+Epilogue: dK and dV are not scaled here: each thread adds its rows of dK and dV (keys < Sk)
 into the fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV head (GQA) add into the same
 rows -- and the post-pass scales and converts them (:mod:`.backward_prepost`).
 
-Query tiles of a KV tile n (:func:`m_block_range`): causal (bottom-right), query ``q`` sees key ``k``
+Query tiles of a KV tile n (:mod:`.backward_mask`): causal (bottom-right), query ``q`` sees key ``k``
 iff ``k <= q + Sk - Sq``, so tile n is seen from query tile ``(n * tile_n + Sq - Sk) // tile_m`` on;
 the tiles that cross the diagonal and all tiles of the key-length tail are masked, the others not.
 Query rows past Sq (zero-filled by the TMA unit) have LSE_log2 = +inf in the padded pre-pass
@@ -56,6 +56,7 @@ from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import probs_from_lse
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
+from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
 
 #: the named barriers of the two consumer warpgroups around the dS^T buffer
 BAR_DS_FREE = int(NamedBarrierId.FIRST_FREE)
@@ -71,68 +72,22 @@ class FlashBwdConfig:
     head_dim: int  # one of layouts.attention.BWD_HEAD_DIMS
     causal: bool
     tile: LA.BwdTile
+    #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
+    window: bool = False
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
             raise ValueError(f"FlashBwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
         if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
             raise ValueError(f"FlashBwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
+        if self.window and self.causal:
+            raise ValueError("FlashBwdConfig: a window config folds causal into its right side (causal=False)")
 
 
-def bwd_config(dtype: str, head_dim: int, causal: bool) -> FlashBwdConfig:
+def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False) -> FlashBwdConfig:
     """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
-    return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=LA.bwd_tile(dtype, head_dim))
-
-
-# ------------------------------------------------------------------------------------------------
-# which query tiles a KV tile meets, the transposed mask
-# ------------------------------------------------------------------------------------------------
-@cute.jit
-def m_block_range(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
-                  tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool]):
-    """``(m_min, m_max, m_mask)`` for KV tile ``n_block``: it meets query tiles ``m_min .. m_max - 1``;
-    tiles ``m_min .. m_mask - 1`` need a mask (the causal diagonal), and all of them when the KV tile
-    holds the key-length tail.  The producer and the consumers call this with the same arguments."""
-    m_max = (seqlen_q + tile_m - 1) // tile_m
-    m_min = Int32(0)
-    m_mask = Int32(0)
-    if const_expr(causal):
-        first_q = n_block * tile_n + seqlen_q - seqlen_k  # the first query that sees the tile's first key
-        m_min = cutlass.min(cutlass.max(first_q, 0) // tile_m, m_max)
-        # every row of query tile m sees every key of the tile iff m * tile_m >= first_q + tile_n - 1
-        m_mask = cutlass.min(cutlass.max((cutlass.max(first_q + tile_n - 1, 0) + tile_m - 1) // tile_m, m_min), m_max)
-    if (n_block + 1) * tile_n > seqlen_k:
-        m_mask = m_max
-    return m_min, m_max, m_mask
-
-
-def m_block_range_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool):
-    """:func:`m_block_range` in plain Python (tests check it against brute force)."""
-    m_max = -(-seqlen_q // tile_m)
-    m_min, m_mask = 0, 0
-    if causal:
-        first_q = n_block * tile_n + seqlen_q - seqlen_k
-        m_min = min(max(first_q, 0) // tile_m, m_max)
-        m_mask = min(max(-(-max(first_q + tile_n - 1, 0) // tile_m), m_min), m_max)
-    if (n_block + 1) * tile_n > seqlen_k:
-        m_mask = m_max
-    return m_min, m_max, m_mask
-
-
-@cute.jit
-def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
-                 seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                 causal: cutlass.Constexpr[bool]):
-    """Set the transposed scores (rows: keys, columns: queries) of invisible pairs to -inf: key >= Sk,
-    or (causal) key > query + Sk - Sq.  ``tScS_mn``: this thread's (key, query) coordinates in the tile."""
-    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-        key = n_block * tile_n + tScS_mn[r, 0][0]
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            visible = key < seqlen_k
-            if const_expr(causal):
-                q = m_block * tile_m + tScS_mn[0, c][1]
-                visible = visible & (key <= q + seqlen_k - seqlen_q)
-            s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
+    return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=LA.bwd_tile(dtype, head_dim),
+                          window=bool(window))
 
 
 def _rows_first(t: cute.Tensor) -> cute.Tensor:
@@ -158,6 +113,21 @@ class FlashAttnBwdSm90:
         """q, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in the input dtype; the pre-pass's LSE_log2 and
         Delta (B, Hq, Sq_pad) fp32; the fp32 accumulators dQ (B, Hq, Sq_pad, D, zeroed by the pre-pass),
         dK and dV (B, Sk, Hkv, D, zeroed)."""
+        self.setup_and_launch(mQ, mK, mV, mdO, mLSE2, mDelta, mdQacc, mdKacc, mdVacc, scale_log2, stream)
+
+    @cute.jit
+    def call_window(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+                    mDelta: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,
+                    scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
+        """:meth:`__call__` with a sliding window (sides >= 0, :data:`~.forward_softmax.WINDOW_UNBOUNDED`: none)."""
+        self.setup_and_launch(mQ, mK, mV, mdO, mLSE2, mDelta, mdQacc, mdKacc, mdVacc, scale_log2, stream, window_left,
+                              window_right)
+
+    @cute.jit
+    def setup_and_launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                         mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
+                         mdVacc: cute.Tensor, scale_log2: Float32, stream, window_left=None, window_right=None):
+        """The entries' common body: TMA atoms, shared storage, grid, launch (window sides: None if dense)."""
         t = self.cfg.tile
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mdO.element_type != self.dtype):
@@ -206,6 +176,7 @@ class FlashAttnBwdSm90:
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             mdQacc, mdKacc, mdVacc, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sRow_layout,
+            window_left, window_right,
         ).launch(
             grid=[num_n_blocks, num_heads, batch],
             block=[t.threads, 1, 1],
@@ -222,7 +193,7 @@ class FlashAttnBwdSm90:
                seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32, tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
-               sRow_layout: cute.Layout):
+               sRow_layout: cute.Layout, window_left, window_right):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
@@ -255,16 +226,26 @@ class FlashAttnBwdSm90:
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(t.producer_regs)
             if warp_idx == 0:
-                m_min, m_max, _ = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+                m_min, m_max, _, _ = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO,
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
                              m_min, m_max)
         else:
             cute.arch.setmaxregister_increase(t.consumer_regs)
-            m_min, m_max, m_mask = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+            m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
             self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, kv_ring,
                          pipe_q, mdQacc, mdKacc, mdVacc, scale_log2, seqlen_q, seqlen_k, n_block, head,
-                         qhead_per_kvhead, batch, m_min, m_max, m_mask, tidx - 128)
+                         qhead_per_kvhead, batch, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right)
+
+    @cute.jit
+    def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
+        """``(m_min, m_max, m_lo, m_hi)``: the query tiles of KV tile ``n_block``, ``m_lo .. m_hi - 1``
+        without a mask (dense: ``m_hi = m_max``; :func:`m_block_range`, :func:`m_block_range_window`)."""
+        if const_expr(self.cfg.window):
+            return m_block_range_window(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, window_left,
+                                        window_right)
+        m_min, m_max, m_mask = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+        return m_min, m_max, m_mask, m_max
 
     @cute.jit
     def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO, sK,
@@ -301,8 +282,9 @@ class FlashAttnBwdSm90:
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                 sQ, sdO, sK, sV, sdS, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdQacc: cute.Tensor,
                 mdKacc: cute.Tensor, mdVacc: cute.Tensor, scale_log2: Float32, seqlen_q, seqlen_k, n_block, head,
-                qhead_per_kvhead, batch, m_min, m_max, m_mask, mma_tidx):
-        """Consumer warpgroups: every query tile of the KV tile, then the dK / dV epilogue."""
+                qhead_per_kvhead, batch, m_min, m_max, m_lo, m_hi, mma_tidx, window_left, window_right):
+        """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
+        unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
         wg_first = wg * 128
         thr_sdp = tiled_mma_sdp.get_slice(mma_tidx)
@@ -342,14 +324,21 @@ class FlashAttnBwdSm90:
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if m_max > m_min:
             kv_ring.wait(0, 0)
-        for i in cutlass.range(m_mask - m_min, unroll=1):
+        for i in cutlass.range(m_lo - m_min, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q,
-                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, True)
-        for i in cutlass.range(m_max - m_mask, unroll=1):
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, True,
+                                   window_left, window_right)
+        for i in cutlass.range(m_hi - m_lo, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q,
-                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_mask + i, mma_tidx, False)
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_lo + i, mma_tidx, False)
+        if const_expr(self.cfg.window):  # the window's far edge: masked again
+            for i in cutlass.range(m_max - m_hi, unroll=1):
+                read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
+                                       tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ,
+                                       pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx,
+                                       True, window_left, window_right)
 
         if m_max > m_min:
             # the tile's coordinates read again: kept live across the loop they would spill (D = 64)
@@ -361,7 +350,8 @@ class FlashAttnBwdSm90:
     @cute.jit
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
                    tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q, read, scale_log2, seqlen_q,
-                   seqlen_k, n_block, m_block, mma_tidx, masked: cutlass.Constexpr[bool]):
+                   seqlen_k, n_block, m_block, mma_tidx, masked: cutlass.Constexpr[bool], window_left=None,
+                   window_right=None):
         """Query tile ``m_block`` (see the module docstring).  Returns the advanced ring state."""
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
         acc_S = cute.make_rmem_tensor(acc_shape, Float32)
@@ -376,7 +366,10 @@ class FlashAttnBwdSm90:
         warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
 
         s_mn = fs.acc_mn_view(acc_S)
-        if const_expr(masked):
+        if const_expr(masked and self.cfg.window):
+            apply_window_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m,
+                                window_left, window_right)
+        elif const_expr(masked):
             apply_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m, self.causal)
         probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
 
@@ -443,7 +436,8 @@ def backward_builder(cfg: FlashBwdConfig):
     """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled`: symbolic B, Sq,
     Sk, Hq, Hkv, Sq_pad (a multiple of :data:`layouts.attention.BWD_ROW_PAD`) and a fresh symbolic
     stride for every stride of q, k, v, dout (stride(-1) = 1); the fp32 buffers compact.  Arguments:
-    ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)``."""
+    ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)``, and a window
+    config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`)."""
 
     def build():
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
@@ -468,6 +462,9 @@ def backward_builder(cfg: FlashBwdConfig):
         mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         k = FlashAttnBwdSm90(cfg)
+        if cfg.window:
+            return k.call_window, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), Int32(0), Int32(0),
+                                   stream)
         return k, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), stream)
 
     return build

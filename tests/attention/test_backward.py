@@ -3,12 +3,13 @@
 Every gradient against a float32 autograd reference of masked attention (explicit math), per tensor
 and per row (the D values of one (batch, position, head)): ``max|g - ref| <= 2 * max|g_torch - ref| +
 eps`` with ``g_torch`` the same math computed by torch in the input dtype (autograd in fp16 / bf16) and
-``eps`` one machine epsilon of the row's largest reference value (plus 1e-5); fresh random inputs;
-outputs poisoned with NaN before the launch; lengths 1/17/128/1000/4097 with Sq != Sk, GQA 1/4/8,
-D 64/96/128, fp16/bf16, causal (bottom-right) and not; rows that see no key (causal, Sq > Sk: zero
-dq rows, no NaN); strided views of NaN-filled buffers; the LSE gradient; the real forward's out / lse;
-validation errors naming their argument.  CPU tests (tile walk, emulation, compiles) are in
-``test_backward_compile.py``.
+``eps`` one machine epsilon of the row's largest reference value (plus 1e-5, plus the effect of
+``out``'s rounding on FlashAttention's ``Delta = rowsum(dO * out)``: :func:`out_rounding_effect`);
+fresh random inputs; outputs poisoned with NaN before the launch; lengths 1/17/128/1000/4097 with
+Sq != Sk, GQA 1/4/8, D 64/96/128, fp16/bf16, causal (bottom-right) and not; rows that see no key
+(causal, Sq > Sk: zero dq rows, no NaN); sliding windows (written, not yet run on a GPU); strided
+views of NaN-filled buffers; the LSE gradient; the real forward's out / lse; validation errors
+naming their argument.  CPU tests (tile walk, emulation, compiles) are in ``test_backward_compile.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def _precompile():
         return
     plans = [BW.bwd_plan(dt, d, c, dl) for dt in DTYPES for d in LA.BWD_HEAD_DIMS for c in (False, True)
              for dl in (False, True)]
+    plans += [BW.bwd_plan(torch.bfloat16, d, False, False, True) for d in LA.BWD_HEAD_DIMS]
     errors = BW.precompile(plans)
     assert not errors, errors
     yield
@@ -47,18 +49,26 @@ def _precompile():
         print(f"max error {key}: {err:.3e} (torch in dtype: {base:.3e})")
 
 
-def reference(q, k, v, dout, causal, scale, dtype, dlse=None, return_p=False):
+def reference(q, k, v, dout, causal, scale, dtype, dlse=None, return_p=False, window=None):
     """``(out, lse, dq, dk, dv)`` of masked attention computed by torch in ``dtype`` with autograd:
     bottom-right causal, GQA by repeat_interleave (its backward sums the groups), rows that see no key
-    give out = 0, lse = -inf and zero gradients (``return_p``: the probabilities (B, Hq, Sq, Sk) too)."""
+    give out = 0, lse = -inf and zero gradients (``return_p``: the probabilities (B, Hq, Sq, Sk) too;
+    ``window``: (left, right) sides, -1 unbounded, instead of causal)."""
     G = q.shape[2] // k.shape[2]
     qd, kd, vd = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
     kk, vv = kd.repeat_interleave(G, 2), vd.repeat_interleave(G, 2)
     s = torch.einsum("bqhd,bkhd->bhqk", qd, kk) * scale
     Sq, Sk = q.shape[1], k.shape[1]
     has_key = torch.ones(Sq, dtype=torch.bool, device=q.device)
-    if causal:
-        vis = torch.arange(Sk, device=q.device)[None, :] <= torch.arange(Sq, device=q.device)[:, None] + Sk - Sq
+    if causal or window is not None:
+        left, right = window if window is not None else (-1, 0)
+        key = torch.arange(Sk, device=q.device)[None, :]
+        pos = torch.arange(Sq, device=q.device)[:, None] + Sk - Sq
+        vis = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+        if left >= 0:
+            vis = vis & (key >= pos - left)
+        if right >= 0:
+            vis = vis & (key <= pos + right)
         s = s.masked_fill(~vis, MASKED)
         has_key = vis.any(-1)
     lse = torch.logsumexp(s, -1)
@@ -119,7 +129,7 @@ def check_grads(triples, key=None, slack=(None, None, None)):
     assert not problems, "; ".join(problems)
 
 
-def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0):
+def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window=None):
     torch.manual_seed(seed)
     dev = "cuda"
     q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dtype)
@@ -128,21 +138,24 @@ def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0):
     dout = torch.randn(B, Sq, Hq, D, device=dev, dtype=dtype)
     dlse = torch.randn(B, Hq, Sq, device=dev, dtype=torch.float32) if dlse_on else None
     scale = D ** -0.5
-    o32, lse32, dq32, dk32, dv32, p32 = reference(q, k, v, dout, causal, scale, torch.float32, dlse, True)
-    _, _, dq16, dk16, dv16 = reference(q, k, v, dout, causal, scale, dtype, dlse)
+    o32, lse32, dq32, dk32, dv32, p32 = reference(q, k, v, dout, causal, scale, torch.float32, dlse, True, window)
+    _, _, dq16, dk16, dv16 = reference(q, k, v, dout, causal, scale, dtype, dlse, window=window)
     out = o32.to(dtype)
     dq = torch.full_like(q, NAN)
     dk = torch.full_like(k, NAN)
     dv = torch.full_like(v, NAN)
-    rq, rk, rv = BW.flash_attn_backward(dout, q, k, v, out, lse32, causal=causal, dq=dq, dk=dk, dv=dv, dlse=dlse)
+    rq, rk, rv = BW.flash_attn_backward(dout, q, k, v, out, lse32, causal=causal, dq=dq, dk=dk, dv=dv, dlse=dlse,
+                                        window_size=window)
     assert rq is dq and rk is dk and rv is dv
     torch.cuda.synchronize()
-    key = f"{str(dtype)[6:]} D={D} {'causal' if causal else 'full'}"
+    key = f"{str(dtype)[6:]} D={D} {'causal' if causal else 'full'}{'' if window is None else ' window'}"
     slack_q, slack_k = out_rounding_effect(p32, q, k, dout, out, o32, scale)
     check_grads((("dq", dq, dq32, dq16), ("dk", dk, dk32, dk16), ("dv", dv, dv32, dv16)), key,
                 (slack_q, slack_k, None))
     if causal and Sq > Sk:  # rows that see no key: exactly zero
         assert (dq[:, : Sq - Sk] == 0).all()
+    empty = ~torch.isfinite(lse32).any(0).any(0)
+    assert (dq[:, empty] == 0).all()
     return dq, dk, dv
 
 
@@ -167,6 +180,18 @@ def test_backward_matches_reference(dtype, D, causal, i):
 def test_gqa_groups(G, causal):
     """Every group size on one shape (dk / dv sum their query heads)."""
     run_case(torch.bfloat16, 128, causal, 2, 300, 200, HQ, HQ // G, seed=G)
+
+
+WINDOW_CASES = [((0, 0), 300, 200), ((5, 0), 1000, 1000), ((0, 7), 200, 300), ((40, 3), 333, 257),
+                ((130, 130), 1000, 4097), ((300, -1), 4097, 1000), ((-1, 200), 17, 128)]
+
+
+@gpu
+@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("window,Sq,Sk", WINDOW_CASES, ids=[f"w{w[0]}_{w[1]}-{a}x{b}" for w, a, b in WINDOW_CASES])
+def test_window(window, Sq, Sk, D):
+    """Sliding windows (bf16, GQA 4): near-edge masked, unmasked and far-edge masked query tiles."""
+    run_case(torch.bfloat16, D, False, 1, Sq, Sk, HQ, 2, seed=Sq + Sk, window=window)
 
 
 @gpu

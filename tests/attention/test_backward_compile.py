@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from cute_kernels.attention import backward_kernel as bk
+from cute_kernels.attention import backward_mask as bm
 from layouts import attention as LA
 
 CONFIGS = list(itertools.product(("bfloat16", "float16"), LA.BWD_HEAD_DIMS, (False, True)))
@@ -54,7 +55,7 @@ def test_m_block_range_brute_force(causal):
     tm, tn = 8, 16
     for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64), (1, 7, 16, 17, 40, 64)):
         for n in range(-(-Sk // tn)):
-            m_min, m_max, m_mask = bk.m_block_range_py(n, Sq, Sk, tm, tn, causal)
+            m_min, m_max, m_mask = bm.m_block_range_py(n, Sq, Sk, tm, tn, causal)
             assert 0 <= m_min <= m_mask <= m_max <= -(-Sq // tm), (Sq, Sk, n)
             keys = range(n * tn, (n + 1) * tn)
             for m in range(-(-Sq // tm)):
@@ -69,12 +70,58 @@ def test_m_block_range_brute_force(causal):
                 assert any(visible(q, k, Sq, Sk, causal) for q in rows for k in keys), (Sq, Sk, n)
 
 
-def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn):
+def visible_window(q, k, Sq, Sk, left, right):
+    """Query q (position p = q + Sk - Sq) sees key k iff k < Sk and p - left <= k <= p + right (-1: unbounded)."""
+    p = q + Sk - Sq
+    return 0 <= k < Sk and (left < 0 or k >= p - left) and (right < 0 or k <= p + right)
+
+
+WINDOWS = [(-1, -1), (-1, 0), (0, 0), (3, 0), (0, 5), (7, 9), (16, -1), (-1, 16), (40, 40), (100, 0), (0, 100)]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=[f"w{l}_{r}" for l, r in WINDOWS])
+def test_m_block_range_window_brute_force(window):
+    """Every visible (q, k) of a real row lies in a visited query tile of k's KV tile; tiles outside
+    m_min .. m_max - 1 hold none; tiles m_lo .. m_hi - 1 hold only visible pairs (every real row, every
+    key of the KV tile); the first and last visited tiles hold a visible pair (of some row of the tile,
+    counting the rows past Sq the kernel computes with P = 0)."""
+    left, right = window
+    tm, tn = 8, 16
+    for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64), (1, 7, 16, 17, 40, 64)):
+        for n in range(-(-Sk // tn)):
+            m_min, m_max, m_lo, m_hi = bm.m_block_range_window_py(n, Sq, Sk, tm, tn, left, right)
+            assert 0 <= m_min <= m_lo <= m_hi <= m_max <= -(-Sq // tm), (Sq, Sk, n)
+            keys = range(n * tn, (n + 1) * tn)
+            for m in range(-(-Sq // tm)):
+                rows = range(m * tm, min((m + 1) * tm, Sq))
+                vis = [visible_window(q, k, Sq, Sk, left, right) for q in rows for k in keys]
+                if not m_min <= m < m_max:
+                    assert not any(vis), (Sq, Sk, n, m)
+                if m_lo <= m < m_hi:
+                    assert all(vis), (Sq, Sk, n, m)
+            for m in ((m_min, m_max - 1) if m_max > m_min else ()):
+                assert any(visible_window(q, k, Sq, Sk, left, right) for q in range(m * tm, (m + 1) * tm)
+                           for k in keys), (Sq, Sk, n, m)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_range_reduces_to_dense(causal):
+    """(-1, -1) and (-1, 0) visit the dense ranges' tiles and leave the same ones unmasked (a key-length
+    tail's tiles, all masked, are the window's far edge rather than its near one)."""
+    for Sq, Sk in itertools.product((1, 17, 33, 64), (1, 8, 17, 64)):
+        for n in range(-(-Sk // 16)):
+            m_min, m_max, m_mask = bm.m_block_range_py(n, Sq, Sk, 8, 16, causal)
+            w_min, w_max, m_lo, m_hi = bm.m_block_range_window_py(n, Sq, Sk, 8, 16, -1, 0 if causal else -1)
+            assert (w_min, w_max) == (m_min, m_max) and set(range(m_lo, m_hi)) == set(range(m_mask, m_max))
+
+
+def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn, window=None):
     """The kernels' algorithm in float64 for (Sq, Hq, D) / (Sk, Hkv, D) tensors of one batch: the
     pre-pass (Delta, LSE_log2 with +inf for empty and padding rows, padded to BWD_ROW_PAD), then per
     (KV tile, query head) the query tiles of m_block_range with zero-filled rows past Sq / Sk, the
     transposed mask on tiles below m_mask, P^T, dS^T, dV / dK sums, dQ added into the padded
-    accumulator; dK / dV summed over each KV head's query heads; the post-pass scales."""
+    accumulator; dK / dV summed over each KV head's query heads; the post-pass scales.  ``window``:
+    (left, right) sides (-1: unbounded), the window walk (masked, unmasked, masked far edge)."""
     Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[:2]
     G = Hq // Hkv
@@ -99,18 +146,27 @@ def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn):
         hk = h // G
         for n in range(-(-Sk // tn)):
             kt, vt = rows(k[:, hk], n * tn, tn), rows(v[:, hk], n * tn, tn)
-            m_min, m_max, m_mask = bk.m_block_range_py(n, Sq, Sk, tm, tn, causal)
+            if window is None:
+                m_min, m_max, m_lo = bm.m_block_range_py(n, Sq, Sk, tm, tn, causal)
+                m_hi = m_max
+            else:
+                m_min, m_max, m_lo, m_hi = bm.m_block_range_window_py(n, Sq, Sk, tm, tn, *window)
             dk_t = torch.zeros(tn, D, dtype=torch.float64)
             dv_t = torch.zeros(tn, D, dtype=torch.float64)
             for m in range(m_min, m_max):
                 qt, dot = rows(q[:, h], m * tm, tm), rows(do[:, h], m * tm, tm)
                 st = kt @ qt.T  # (keys, queries)
-                if m < m_mask:
+                if not m_lo <= m < m_hi:
                     key = n * tn + torch.arange(tn)[:, None]
-                    qi = m * tm + torch.arange(tm)[None, :]
+                    pos = m * tm + torch.arange(tm)[None, :] + Sk - Sq
                     vis = key < Sk
-                    if causal:
-                        vis = vis & (key <= qi + Sk - Sq)
+                    if window is not None:
+                        if window[0] >= 0:
+                            vis = vis & (key >= pos - window[0])
+                        if window[1] >= 0:
+                            vis = vis & (key <= pos + window[1])
+                    elif causal:
+                        vis = vis & (key <= pos)
                     st = st.masked_fill(~vis, -math.inf)
                 pt = torch.exp2(st * scale_log2 - lse2[h, m * tm:(m + 1) * tm][None, :])
                 dpt = vt @ dot.T
@@ -124,15 +180,16 @@ def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn):
     return (dq_acc[:, :Sq].permute(1, 0, 2) * scale, dk_acc * scale, dv_acc)
 
 
-def reference_grads(q, k, v, do, causal, scale):
+def reference_grads(q, k, v, do, causal, scale, window=None):
     """float64 autograd of masked attention; rows that see no key give 0; also returns out and LSE."""
     G = q.shape[1] // k.shape[1]
     q, k, v = (x.double().requires_grad_() for x in (q, k, v))
     kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
     s = torch.einsum("qhd,khd->hqk", q, kk) * scale
     Sq, Sk = q.shape[0], k.shape[0]
-    if causal:
-        vis = torch.arange(Sk)[None, :] <= torch.arange(Sq)[:, None] + Sk - Sq
+    if causal or window is not None:
+        vis = torch.tensor([[visible_window(i, j, Sq, Sk, *(window or (-1, 0))) for j in range(Sk)]
+                            for i in range(Sq)])
         s = s.masked_fill(~vis, -math.inf)
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
@@ -156,6 +213,26 @@ def test_emulated_backward_matches_autograd(causal, Sq, Sk, Hq, Hkv):
     scale = D ** -0.5
     o, lse, dq_ref, dk_ref, dv_ref = reference_grads(q, k, v, do, causal, scale)
     dq, dk, dv = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, 128)
+    for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
+
+
+@pytest.mark.parametrize("window", [(0, 0), (5, 0), (0, 7), (40, 3), (130, 130), (300, -1), (-1, 200)],
+                         ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("Sq,Sk,Hq,Hkv", [(17, 300, 2, 1), (300, 17, 2, 2), (200, 200, 4, 2), (333, 257, 1, 1)])
+def test_emulated_window_backward_matches_autograd(window, Sq, Sk, Hq, Hkv):
+    """The window walk (masked near edge, unmasked, masked far edge) equals autograd of windowed
+    attention, rows that see no key included."""
+    g = torch.Generator().manual_seed(1)
+    D = 16
+    q = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
+    v = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
+    do = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
+    scale = D ** -0.5
+    o, lse, dq_ref, dk_ref, dv_ref = reference_grads(q, k, v, do, False, scale, window)
+    dq, dk, dv = emulate_backward(q, k, v, o, do, lse, False, scale, 64, 128, window)
     for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
         assert torch.isfinite(got).all()
         assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
@@ -190,6 +267,21 @@ def test_backward_compiles_without_spills(dtype, head_dim, causal):
 
 
 @pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+def test_window_backward_compiles_without_spills(head_dim):
+    """A window config: the far-edge loop adds a third body (masked); otherwise as the dense ones."""
+    from cute_kernels.tools import inspect as ins
+
+    cfg = bk.bwd_config("bfloat16", head_dim, False, window=True)
+    t = cfg.tile
+    rep = ins.inspect_builder(bk.backward_builder(cfg))
+    print(f"D={head_dim} window: {rep.summary()}")
+    k = rep.kernels[0]
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    assert k.instructions["HGMMA"] == 3 * (2 * head_dim // 16 + 2 * t.tile_m // 16 + t.tile_n // 16), rep.summary()
+    assert _sass_counts(rep)["LDG"] == 0
+
+
+@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("kind,has_dlse", [("prepass", False), ("prepass", True), ("convert", False)])
 def test_prepost_compile(kind, has_dlse, head_dim):
     """The pre- and post-pass kernels compile with no local memory; their row loads are vectors."""
@@ -213,3 +305,5 @@ def test_config_rules():
     with pytest.raises(ValueError):
         bp.BwdPrepostConfig("middle", "bfloat16", 128)
     assert bk.bwd_config("bfloat16", 128, True) != bk.bwd_config("bfloat16", 128, False)
+    with pytest.raises(ValueError, match="folds causal"):
+        bk.bwd_config("bfloat16", 128, True, window=True)

@@ -1,0 +1,119 @@
+"""Index math of the attention backward kernel (:mod:`.backward_kernel`): which query tiles a KV
+tile meets and which of them need a mask, and the mask of the transposed scores S^T (rows: keys,
+columns: queries) -- dense (key-length tail, bottom-right causal) and sliding windows.  The
+conventions are the forward's (:mod:`.forward_softmax`): query ``q`` at position ``p = q + Sk - Sq``
+sees key ``k`` iff ``k < Sk`` and, causal, ``k <= p``; with a window ``(left, right)``, iff
+``p - left <= k <= p + right``.  The ``@cute.jit`` functions run inside a kernel trace; the ``_py``
+ones are the same ranges in plain Python, for tests."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from . import forward_softmax as fs
+
+@cute.jit
+def m_block_range(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                  tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool]):
+    """``(m_min, m_max, m_mask)`` for KV tile ``n_block``: it meets query tiles ``m_min .. m_max - 1``;
+    tiles ``m_min .. m_mask - 1`` need a mask (the causal diagonal), and all of them when the KV tile
+    holds the key-length tail.  The producer and the consumers call this with the same arguments."""
+    m_max = (seqlen_q + tile_m - 1) // tile_m
+    m_min = Int32(0)
+    m_mask = Int32(0)
+    if const_expr(causal):
+        first_q = n_block * tile_n + seqlen_q - seqlen_k  # the first query that sees the tile's first key
+        m_min = cutlass.min(cutlass.max(first_q, 0) // tile_m, m_max)
+        # every row of query tile m sees every key of the tile iff m * tile_m >= first_q + tile_n - 1
+        m_mask = cutlass.min(cutlass.max((cutlass.max(first_q + tile_n - 1, 0) + tile_m - 1) // tile_m, m_min), m_max)
+    if (n_block + 1) * tile_n > seqlen_k:
+        m_mask = m_max
+    return m_min, m_max, m_mask
+
+
+def m_block_range_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool):
+    """:func:`m_block_range` in plain Python (tests check it against brute force)."""
+    m_max = -(-seqlen_q // tile_m)
+    m_min, m_mask = 0, 0
+    if causal:
+        first_q = n_block * tile_n + seqlen_q - seqlen_k
+        m_min = min(max(first_q, 0) // tile_m, m_max)
+        m_mask = min(max(-(-max(first_q + tile_n - 1, 0) // tile_m), m_min), m_max)
+    if (n_block + 1) * tile_n > seqlen_k:
+        m_mask = m_max
+    return m_min, m_max, m_mask
+
+
+@cute.jit
+def m_block_range_window(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                         tile_n: cutlass.Constexpr[int], window_left: Int32, window_right: Int32):
+    """``(m_min, m_max, m_lo, m_hi)`` for KV tile ``n_block`` under a sliding window (query ``q`` at
+    position ``p = q + Sk - Sq`` sees keys ``p - window_left <= k <= p + window_right``, ``k < Sk``; sides
+    >= 0, :data:`~.forward_softmax.WINDOW_UNBOUNDED` for none): it meets query tiles ``m_min .. m_max - 1``;
+    tiles ``m_lo .. m_hi - 1`` need no mask, the others do.  ``m_min <= m_lo <= m_hi <= m_max``."""
+    off = seqlen_k - seqlen_q
+    k_first = n_block * tile_n
+    k_last = k_first + tile_n - 1
+    # rows whose position lies in [k_first - window_right, k_last + window_left]
+    m_max = cutlass.min((seqlen_q + tile_m - 1) // tile_m,
+                        (cutlass.max(k_last + window_left - off + 1, 0) + tile_m - 1) // tile_m)
+    m_min = cutlass.min(cutlass.max(k_first - window_right - off, 0) // tile_m, m_max)
+    # unmasked: the tile's first row sees k_last (p_first + right >= k_last), its last row k_first
+    # (p_last - left <= k_first), and the KV tile holds no key >= Sk
+    m_lo = (cutlass.max(k_last - window_right - off, 0) + tile_m - 1) // tile_m
+    m_hi = cutlass.max(k_first + window_left - off + 1, 0) // tile_m
+    if (n_block + 1) * tile_n > seqlen_k:
+        m_hi = m_lo
+    m_lo = cutlass.max(cutlass.min(m_lo, m_max), m_min)
+    m_hi = cutlass.max(cutlass.min(m_hi, m_max), m_lo)
+    return m_min, m_max, m_lo, m_hi
+
+
+def m_block_range_window_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, window_left: int,
+                            window_right: int):
+    """:func:`m_block_range_window` in plain Python; sides of -1 mean unbounded, as at the API."""
+    wl = fs.WINDOW_UNBOUNDED if window_left < 0 else window_left
+    wr = fs.WINDOW_UNBOUNDED if window_right < 0 else window_right
+    off = seqlen_k - seqlen_q
+    k_first, k_last = n_block * tile_n, n_block * tile_n + tile_n - 1
+    m_max = min(-(-seqlen_q // tile_m), -(-max(k_last + wl - off + 1, 0) // tile_m))
+    m_min = min(max(k_first - wr - off, 0) // tile_m, m_max)
+    m_lo = -(-max(k_last - wr - off, 0) // tile_m)
+    m_hi = max(k_first + wl - off + 1, 0) // tile_m
+    if (n_block + 1) * tile_n > seqlen_k:
+        m_hi = m_lo
+    m_lo = max(min(m_lo, m_max), m_min)
+    m_hi = max(min(m_hi, m_max), m_lo)
+    return m_min, m_max, m_lo, m_hi
+
+
+@cute.jit
+def apply_window_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
+                        seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
+                        window_left: Int32, window_right: Int32):
+    """:func:`apply_mask_t` for a sliding window: a (key, query) score stays iff ``key < Sk`` and
+    ``p - window_left <= key <= p + window_right`` for the query's position ``p = q + Sk - Sq``."""
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        key = n_block * tile_n + tScS_mn[r, 0][0]
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            p = m_block * tile_m + tScS_mn[0, c][1] + seqlen_k - seqlen_q
+            visible = (key < seqlen_k) & (key >= p - window_left) & (key <= p + window_right)
+            s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
+
+
+@cute.jit
+def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
+                 seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
+                 causal: cutlass.Constexpr[bool]):
+    """Set the transposed scores (rows: keys, columns: queries) of invisible pairs to -inf: key >= Sk,
+    or (causal) key > query + Sk - Sq.  ``tScS_mn``: this thread's (key, query) coordinates in the tile."""
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        key = n_block * tile_n + tScS_mn[r, 0][0]
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            visible = key < seqlen_k
+            if const_expr(causal):
+                q = m_block * tile_m + tScS_mn[0, c][1]
+                visible = visible & (key <= q + seqlen_k - seqlen_q)
+            s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
