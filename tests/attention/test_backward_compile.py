@@ -198,24 +198,27 @@ def reference_grads(q, k, v, do, causal, scale, window=None):
     return o.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
+def check_emulation(Sq, Sk, Hq, Hkv, causal, window, seed):
+    """Emulated kernels (64 x 128 tiles, D = 16) vs float64 autograd, every gradient finite."""
+    g = torch.Generator().manual_seed(seed)
+    D = 16
+    q, do = (torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64) for _ in range(2))
+    scale = D ** -0.5
+    o, lse, dq_ref, dk_ref, dv_ref = reference_grads(q, k, v, do, causal, scale, window)
+    dq, dk, dv = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, 128, window)
+    for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Sq,Sk,Hq,Hkv", [(1, 1, 1, 1), (17, 130, 2, 1), (130, 17, 4, 2), (70, 70, 2, 2),
                                           (200, 77, 1, 1), (5, 300, 3, 1)])
 def test_emulated_backward_matches_autograd(causal, Sq, Sk, Hq, Hkv):
     """The tile algorithm, emulated at the real tile sizes (64 x 128), equals autograd, including rows
     that see no key (causal, Sq > Sk: zero gradients) and GQA sums."""
-    g = torch.Generator().manual_seed(0)
-    D = 16
-    q = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
-    k = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
-    v = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
-    do = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
-    scale = D ** -0.5
-    o, lse, dq_ref, dk_ref, dv_ref = reference_grads(q, k, v, do, causal, scale)
-    dq, dk, dv = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, 128)
-    for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
-        assert torch.isfinite(got).all()
-        assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
+    check_emulation(Sq, Sk, Hq, Hkv, causal, None, 0)
 
 
 @pytest.mark.parametrize("window", [(0, 0), (5, 0), (0, 7), (40, 3), (130, 130), (300, -1), (-1, 200)],
@@ -224,18 +227,7 @@ def test_emulated_backward_matches_autograd(causal, Sq, Sk, Hq, Hkv):
 def test_emulated_window_backward_matches_autograd(window, Sq, Sk, Hq, Hkv):
     """The window walk (masked near edge, unmasked, masked far edge) equals autograd of windowed
     attention, rows that see no key included."""
-    g = torch.Generator().manual_seed(1)
-    D = 16
-    q = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
-    k = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
-    v = torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64)
-    do = torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64)
-    scale = D ** -0.5
-    o, lse, dq_ref, dk_ref, dv_ref = reference_grads(q, k, v, do, False, scale, window)
-    dq, dk, dv = emulate_backward(q, k, v, o, do, lse, False, scale, 64, 128, window)
-    for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
-        assert torch.isfinite(got).all()
-        assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
+    check_emulation(Sq, Sk, Hq, Hkv, False, window, 1)
 
 
 # ------------------------------------------------------------------------------------------ compile
