@@ -34,7 +34,7 @@ from contextlib import contextmanager
 __all__ = ["KEYS", "LAUNCHES", "LaunchCounter", "count_launches", "launch_count"]
 
 #: every key the ops count under (``op`` or ``op:path``)
-KEYS = ("gemm", "gemm:fake", "flash_attn", "decode_attn", "decode_attn:cpu", "merge_states",
+KEYS = ("gemm", "gemm:fake", "flash_attn", "flash_attn_backward", "decode_attn", "decode_attn:cpu", "merge_states",
         "merge_states:torch")
 
 #: the live counters, incremented in place by the ops (``LAUNCHES["gemm"] += 1``); read them
