@@ -175,10 +175,13 @@ def test_compile_and_cuda_graph_of_a_training_step():
         o = FW.flash_attn(q, k, v, causal=True)
         return torch.autograd.grad(o.float().square().sum(), (q, k, v))
 
+    def loss(q, k, v):  # compiled whole (AOTAutograd traces the backward); autograd.grad stays outside
+        return FW.flash_attn(q, k, v, causal=True).float().square().sum()
+
     ref = step(q, k, v)
     torch._dynamo.reset()
     try:
-        got = torch.compile(step, fullgraph=True)(q, k, v)
+        got = torch.autograd.grad(torch.compile(loss, fullgraph=True)(q, k, v), (q, k, v))
     finally:
         torch._dynamo.reset()
     for a, b in zip(got, ref):
