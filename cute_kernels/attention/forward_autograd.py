@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..testing import LAUNCHES
 
@@ -66,10 +67,10 @@ def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
     """``t`` as the backward takes it: a gradient autograd hands over may be a broadcast (zero-stride)
     or misaligned view; those become a fresh contiguous copy."""
     ok = t.stride(-1) == 1 and all(s % 8 == 0 and s > 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
-    if ok:
+    if ok and not isinstance(t, FakeTensor):
         try:
             ok = t.data_ptr() % 16 == 0
-        except RuntimeError:  # traced (AOTAutograd's fake / functional tensors have no data): strides decide
+        except RuntimeError:  # traced (AOTAutograd's functional tensors have no data): strides decide
             pass
     return t if ok else t.clone(memory_format=torch.contiguous_format)
 
