@@ -285,3 +285,21 @@ def _(a, b, c, alpha, beta, out_dtype):
     if beta != 0.0 and c is None:
         raise ValueError("gemm: beta != 0 needs c")
     return a.new_empty((*a.shape[:-1], b.shape[-1]), dtype=out_dtype or a.dtype)
+
+
+def _namespace() -> None:
+    """``cute_kernels.gemm`` is the function :func:`gemm` (the name hides the subpackage), so the
+    subpackage's names are the function's attributes too: ``cute_kernels.gemm.explain(...)``,
+    ``cute_kernels.gemm.warmup_gemm``, ``cute_kernels.gemm.plan.config_buckets``,
+    ``cute_kernels.gemm.tune``, ... -- every module of the package, each already imported by this one."""
+    import importlib
+    import sys
+
+    package = __name__.rpartition(".")[0]
+    for name in ("plan", "tune", "tuned", "heuristics", "validate", "launch", "views", "kernel", "epilogue",
+                 "splitk_kernel", "cpasync_kernel"):
+        setattr(gemm, name, importlib.import_module(f"{package}.{name}"))
+    gemm.host, gemm.explain, gemm.warmup_gemm = sys.modules[__name__], explain, warmup_gemm
+
+
+_namespace()
