@@ -26,11 +26,14 @@ from ..testing import LAUNCHES
 from . import launch
 from . import plan as _plan_mod
 from .plan import make_plan, run
+from .autograd import check_differentiable
+from .autograd import register as register_autograd
 from .tune import tune_gemm
 from .validate import check_operands, check_scalars
 
 _PLAIN_SCALARS = (float, int)  # alpha / beta types that need no check (one type() test each)
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _empty = torch.empty
 #: operand types the fast path takes (subclasses such as FakeTensor always take the checked path)
 _FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
@@ -136,8 +139,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     Under ``torch.compile`` this goes through the ``cute_kernels::gemm`` custom op.
     ``tune=True`` benchmarks candidate configs for this shape once (results persist on disk and are
     used by later calls, tuned or not); see :mod:`cute_kernels.gemm.tune`.
+    Differentiable (:mod:`cute_kernels.gemm.autograd`): with grad enabled and an input that requires
+    grad, the call goes through the functional op (``out=`` then raises ValueError).
     """
     ta, tb = type(alpha), type(beta)
+    if _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
+                            or getattr(c, "requires_grad", False)):
+        return _differentiable(a, b, out, c, alpha, beta, out_dtype, tune)
     if (ta is float or ta is int) and (tb is float or tb is int) and tune is False and not _is_compiling():
         # the fast path (module doc); anything unusual goes to _run, which checks it
         try:
@@ -167,6 +175,18 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
             return out
         return res
     return _run(a, b, out, c, alpha, beta, out_dtype)
+
+
+def _differentiable(a, b, out, c, alpha, beta, out_dtype, tune):
+    """A call that needs gradients: through the functional op, whose autograd formula (:mod:`.autograd`)
+    runs the backward GEMMs; the op's implementation checks the operands as an eager call does."""
+    check_scalars(alpha, beta)
+    check_differentiable(out, tune)
+    if type(tune) is not bool:
+        raise TypeError(f"gemm: tune must be a bool, got {type(tune).__name__} {tune!r}")
+    if tune:
+        tune_gemm(a.detach(), b.detach(), out_dtype=out_dtype)
+    return _gemm_op(a, b, c, float(alpha), float(beta), out_dtype)
 
 
 # ---------------------------------------------------------------------------- the fast path
@@ -278,6 +298,9 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: fl
     return _run(a, b, None, c, alpha, beta, out_dtype)
 
 
+register_autograd(_gemm_op)
+
+
 @_gemm_op.register_fake
 def _(a, b, c, alpha, beta, out_dtype):
     # the eager path's checks (shapes, dtypes), so a traced call fails where an eager one would
@@ -297,7 +320,7 @@ def _namespace() -> None:
 
     package = __name__.rpartition(".")[0]
     for name in ("plan", "tune", "tuned", "heuristics", "validate", "launch", "views", "kernel", "epilogue",
-                 "splitk_kernel", "cpasync_kernel"):
+                 "autograd", "splitk_kernel", "cpasync_kernel"):
         setattr(gemm, name, importlib.import_module(f"{package}.{name}"))
     gemm.host, gemm.explain, gemm.warmup_gemm = sys.modules[__name__], explain, warmup_gemm
 

@@ -1,0 +1,44 @@
+"""Autograd of ``gemm``: ``out = alpha * a @ b + beta * c`` has the gradients
+
+    da = alpha * dout @ b^T,    db = alpha * a^T @ dout,    dc = beta * dout,
+
+two more GEMMs on the same kernels (the transposes are column-major views, no copy), registered as the
+formula of the functional op ``cute_kernels::gemm`` (:mod:`.host` routes calls that need gradients
+through it).  An fp32 output's gradient is rounded to the operands' dtype for the two GEMMs (the
+kernels take 16-bit operands; the accumulation stays fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["register", "check_differentiable"]
+
+
+def check_differentiable(out, tune) -> None:
+    """``ValueError`` for what a call that needs gradients cannot take."""
+    if out is not None:
+        raise ValueError("gemm: out= cannot be used when an input requires grad (autograd needs the output it "
+                         "allocates); call it under torch.no_grad() or drop out=")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b, c, alpha, beta, out_dtype = inputs
+    ctx.save_for_backward(a, b)
+    ctx.alpha, ctx.beta = alpha, beta
+    ctx.c_dtype = None if c is None else c.dtype
+
+
+def register(op) -> None:
+    """Register the formula on the functional op ``op`` (``cute_kernels::gemm``)."""
+
+    def backward(ctx, dout):
+        a, b = ctx.saved_tensors
+        g = dout.to(a.dtype).contiguous()  # (a broadcast gradient, e.g. of .sum(), has zero strides)
+        need_a, need_b, need_c = ctx.needs_input_grad[:3]
+        da = op(g, b.transpose(-1, -2), None, ctx.alpha, 0.0, None) if need_a else None
+        db = op(a.transpose(-1, -2), g, None, ctx.alpha, 0.0, None) if need_b else None
+        dc = (dout * ctx.beta).to(ctx.c_dtype) if need_c else None
+        return da, db, dc, None, None, None
+
+    op.register_autograd(backward, setup_context=_setup_context)
