@@ -345,15 +345,15 @@ _ORIG = "_cute_kernels_orig_forward"
 
 def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` on ``cute_kernels.gemm`` (the weight read as a column-major B, no copy) for
-    16-bit CUDA inputs of the weight's dtype on Hopper without grad; ``F.linear`` otherwise.  Every
+    16-bit CUDA inputs of the weight's dtype on Hopper, with grad too (gemm is differentiable: the
+    backward's two GEMMs run on it); ``F.linear`` otherwise.  Every
     step of a decode loop runs this once per linear: the tests are the cheap ones (device indices,
     not ``torch.device`` objects, but for the Hopper check, cached per index).  The transpose view is made on
     every call: a kept one could outlive ``weight.data = ...`` (same object, same memory, new shape)."""
     w = self.weight
     dev = x.get_device()  # -1: CPU, meta
     if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or x.dim() < 1 or x.shape[-1] != w.shape[1]
-            or x.numel() == 0 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-            or not _is_hopper(x.device)):
+            or x.numel() == 0 or not _is_hopper(x.device)):
         return F.linear(x, w, self.bias)
     out = gemm(x.reshape(-1, w.shape[1]), w.t())
     return out.view(*x.shape[:-1], w.shape[0])
@@ -363,7 +363,7 @@ def patch_linear(model: nn.Module, *, require_cuda: bool = True) -> int:
     """Route every bias-free ``nn.Linear`` with a 2-D float16/bfloat16 weight (on CUDA, unless
     ``require_cuda=False``) through ``cute_kernels.gemm``; returns how many were patched (already
     patched ones are not counted again).  The patched forward runs ``F.linear`` for inputs the GEMM
-    does not take (CPU, other dtypes, grad).  :func:`unpatch_linear` restores them."""
+    does not take (CPU, other dtypes).  :func:`unpatch_linear` restores them."""
     n = 0
     for mod in model.modules():
         w = getattr(mod, "weight", None)
