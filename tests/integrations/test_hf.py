@@ -291,14 +291,17 @@ def test_left_padded_batch_on_the_gpu_falls_back_to_sdpa():
 @gpu
 def test_llama_trains_on_the_kernels():
     """20 AdamW steps of a tiny Llama (bf16, random init, one batch of 4 x 128 tokens, memorized) with
-    cute_kernels and with sdpa from the same init and data: every layer's attention ran forward and backward on the kernels
+    cute_kernels (with and without ``patch_linear``) and with sdpa from the same init and data: every layer's attention ran forward and backward on the kernels
     at every step, and the losses agree step by step within 2% (bf16 attention gradients differ in
     rounding between the two; 20 steps of AdamW at lr 1e-3 keep the trajectories close)."""
     L, steps = 2, 20
     losses = {}
-    for attn in ("sdpa", "cute_kernels"):
+    for run in ("sdpa", "cute_kernels", "cute_kernels+linear"):
+        attn = run.split("+")[0]
         model = tiny_llama(torch.bfloat16, attn=attn, hidden_size=256, intermediate_size=512, num_hidden_layers=L,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000).cuda().train()
+        if run.endswith("+linear"):
+            assert hf.patch_linear(model) == L * 7 + 1
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         ids = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(9)).cuda()  # one batch: learnable
         hf.reset_stats()
@@ -308,13 +311,17 @@ def test_llama_trains_on_the_kernels():
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
-                losses.setdefault(attn, []).append(loss.item())
+                losses.setdefault(run, []).append(loss.item())
         if attn == "cute_kernels":
             assert hf.hf_stats == {"flash_attn": steps * L, "decode_attn": 0, "fallback": 0}, hf.hf_stats
             assert n["flash_attn"] == steps * L and n["flash_attn_backward"] == steps * L, n.as_dict()
-    ref, got = losses["sdpa"], losses["cute_kernels"]
-    rel = [abs(a - b) / abs(a) for a, b in zip(ref, got)]
-    print("losses sdpa", [round(x, 4) for x in ref], "cute_kernels", [round(x, 4) for x in got],
-          f"max relative difference {max(rel):.4f}")
-    assert ref[-1] < ref[0] and got[-1] < got[0]  # it learns
-    assert max(rel) < 0.02, rel
+        if run.endswith("+linear"):  # forward (7 per layer + lm_head) and backward (two per weight) GEMMs
+            assert n["gemm"] >= steps * (L * 7 + 1) * 2, n.as_dict()
+    ref = losses["sdpa"]
+    for run in ("cute_kernels", "cute_kernels+linear"):
+        got = losses[run]
+        rel = [abs(a - b) / abs(a) for a, b in zip(ref, got)]
+        print(f"losses sdpa {[round(x, 4) for x in ref]} {run} {[round(x, 4) for x in got]} "
+              f"max relative difference {max(rel):.4f}")
+        assert ref[-1] < ref[0] and got[-1] < got[0]  # it learns
+        assert max(rel) < 0.02, (run, rel)
