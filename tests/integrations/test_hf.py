@@ -30,13 +30,12 @@ from transformers.masking_utils import (  # noqa: E402
     ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask, sliding_window_causal_mask_function)
 
 from cute_kernels.attention import decode as D  # noqa: E402
-from cute_kernels.attention import forward as FW  # noqa: E402
 from cute_kernels.integrations import hf  # noqa: E402
 from cute_kernels.testing import count_launches  # noqa: E402
 from cute_kernels.integrations import sdpa as S  # noqa: E402
 
-from _hf_models import (PREFIX, assert_same_generation, cpu_as_gpu, flash_standin, generate,  # noqa: E402,F401
-                        ours, tiny_llama, tiny_model)
+from _hf_models import (PREFIX, assert_same_generation, cpu_as_gpu, generate, ours, tiny_llama,  # noqa: E402,F401
+                        tiny_model)
 
 gpu = pytest.mark.gpu
 
