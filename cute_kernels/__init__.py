@@ -1,6 +1,6 @@
 """cute-kernels: Hopper (sm_90a) kernels in the CuTe Python DSL, JIT-compiled and cached.
 
-Public API: :func:`gemm`, :func:`flash_attn`, :func:`decode_attn`, :func:`merge_states`, :func:`merge_state`,
+Public API: :func:`gemm`, :func:`flash_attn` (differentiable), :func:`flash_attn_backward`, :func:`decode_attn`, :func:`merge_states`, :func:`merge_state`,
 :func:`warmup`, :func:`sdpa` (torch's ``scaled_dot_product_attention`` on the kernels).  Kernels compile at
 first use for their configuration and are cached in memory and on disk (``CUTE_KERNELS_CACHE_DIR``).
 
@@ -20,7 +20,8 @@ from . import gemm as _gemm_package  # noqa: E402,F401
 
 del gemm  # the subpackage's binding: ``cute_kernels.gemm`` reads the function below
 
-_OPS = {"gemm": ".gemm.host", "flash_attn": ".attention.forward", "decode_attn": ".attention.decode",
+_OPS = {"gemm": ".gemm.host", "flash_attn": ".attention.forward", "flash_attn_backward": ".attention.backward",
+        "decode_attn": ".attention.decode",
         "merge_states": ".attention.merge", "merge_state": ".attention.merge", "sdpa": ".integrations.sdpa"}
 
 
@@ -36,4 +37,4 @@ def _register_ops(name: str) -> None:
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {**_OPS, "warmup": ".common.jit"}, before=_register_ops)
 
 __version__ = "0.1.0"
-__all__ = ["gemm", "flash_attn", "decode_attn", "merge_states", "merge_state", "warmup", "sdpa"]
+__all__ = ["gemm", "flash_attn", "flash_attn_backward", "decode_attn", "merge_states", "merge_state", "warmup", "sdpa"]

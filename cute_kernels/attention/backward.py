@@ -2,8 +2,8 @@
 side: validation, the buffers, and the three launches (:mod:`.backward_prepost`'s pre-pass,
 :mod:`.backward_kernel`, the post-pass converting dQ, dK and dV).
 
-Not wired into autograd and not exported from :mod:`cute_kernels` (the host path does that).  The
-gradients are those of ``out, lse = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale,
+``cute_kernels.flash_attn_backward`` (FlashAttention's ``_flash_attn_backward``); autograd calls it
+through ``cute_kernels::flash_attn_backward`` (:mod:`.forward_autograd`).  The gradients are those of ``out, lse = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale,
 return_lse=True)``: ``lse`` (B, Hq, Sq) fp32, natural log, ``-inf`` for a row that sees no key (its
 gradients are 0).  ``dlse`` (optional, (B, Hq, Sq) fp32): the gradient arriving at ``lse``.
 
@@ -26,7 +26,7 @@ from . import backward_prepost as bp
 from .forward_softmax import WINDOW_UNBOUNDED
 from .forward_validate import _err, check_window, validate
 
-__all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile"]
+__all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile", "warmup_flash_attn_backward"]
 
 _ALIGN = 8  # elements of a 16-bit type in 16 bytes: TMA boxes and vector accesses
 
@@ -162,3 +162,27 @@ def precompile(plans, processes=None) -> list[str]:
     """Compile the kernels of ``plans`` (:func:`bwd_plan` results) into the disk cache in parallel
     processes; returns error strings."""
     return jit.precompile_configs(_get_any, [c for p in plans for c in p], processes)
+
+
+def warmup_flash_attn_backward(spec) -> None:
+    """Compile (or load) the three kernels a backward call would run, without a GPU: ``spec`` is a
+    :func:`bwd_plan` result or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128,
+    causal=bool, dlse=bool, window=bool)`` (``dlse``: a gradient arriving at the LSE)."""
+    if isinstance(spec, dict):
+        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window"}
+        if extra:
+            raise ValueError(f"warmup flash_attn_backward: unknown keys {sorted(extra)} "
+                             "(dtype, head_dim, causal, dlse, window)")
+        dtype = spec.get("dtype", torch.bfloat16)
+        if isinstance(dtype, str):
+            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, dtype)
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"warmup flash_attn_backward: dtype must be float16 or bfloat16, got {dtype}")
+        head_dim = spec.get("head_dim", 128)
+        if head_dim not in LA.BWD_HEAD_DIMS:
+            raise ValueError(f"warmup flash_attn_backward: head_dim must be one of {LA.BWD_HEAD_DIMS}, got {head_dim}")
+        spec = bwd_plan(dtype, head_dim, spec.get("causal", False), spec.get("dlse", False), spec.get("window", False))
+    _compiled(spec)
+
+
+jit.register_warmup("flash_attn_backward", warmup_flash_attn_backward)

@@ -108,6 +108,23 @@ def test_decode_attn_refuses_inputs_that_need_gradients():
     assert decode_attn(q.detach(), k, k, cache_seqlens=lens).shape == q.shape
 
 
+def test_warmup_knows_the_backward():
+    """``warmup`` compiles the backward's three kernels (main, pre-pass, post-pass) of a config, and the
+    CLI's / users' spec types are checked like the forward's."""
+    import cute_kernels
+    from cute_kernels.attention import backward as BW
+    from cute_kernels.common import jit
+
+    with jit.dry_run() as dry:
+        assert cute_kernels.warmup([("flash_attn_backward", dict(dtype="bfloat16", head_dim=64, causal=True))]) == 1
+    assert [c for _, c in dry.seen] == list(BW.bwd_plan(torch.bfloat16, 64, True))
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        cute_kernels.warmup([("flash_attn_backward", dict(causal="no"))])
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        cute_kernels.warmup([("flash_attn_backward", dict(head_dim=256))])
+    assert cute_kernels.flash_attn_backward is BW.flash_attn_backward
+
+
 # -------------------------------------------------------------------------------------------- GPU
 def _reference_grads(q, k, v, dout, causal, dlse=None):
     """float32 autograd of explicit attention (bottom-right causal, GQA by repeat), and the same math in
