@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .args import OneLineParser, int_in, one_line
+from .args import BOUNDS_HELP, MAX_DIM, OneLineParser, check_fits, gemm_bytes, int_in, one_line
 
 PROG = "cute-kernels"
 DTYPES = ("bfloat16", "float16")
@@ -41,6 +41,10 @@ _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DECODE_HEAD_DIMS = (64, 128, 256)
 DECODE_MAX_SQ = 16
 DECODE_MAX_PAGE_SIZE = 1024
+#: KV splits a decode plan may be asked for (the heuristic picks at most two per SM)
+DECODE_MAX_SPLITS = 1024
+#: the head dims of the attention kernels whose states merge_states merges (warmup merge)
+MERGE_HEAD_DIMS = (64, 96, 128, 256)
 
 
 class UsageError(Exception):
@@ -54,10 +58,10 @@ def _torch_dtype(name: str | None):
 
 
 def _add_gemm_problem(p: argparse.ArgumentParser) -> None:
-    p.add_argument("m", type=int_in(0), help="rows of a and of the output")
-    p.add_argument("n", type=int_in(0), help="columns of b and of the output")
-    p.add_argument("k", type=int_in(0), help="the reduction length (columns of a, rows of b)")
-    p.add_argument("--batch", type=int_in(1), default=None, help="batch count (default: a 2-d problem)")
+    p.add_argument("m", type=int_in(0, MAX_DIM), help="rows of a and of the output")
+    p.add_argument("n", type=int_in(0, MAX_DIM), help="columns of b and of the output")
+    p.add_argument("k", type=int_in(0, MAX_DIM), help="the reduction length (columns of a, rows of b)")
+    p.add_argument("--batch", type=int_in(1, MAX_DIM), default=None, help="batch count (default: a 2-d problem)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="a and b element type (default bfloat16)")
     p.add_argument("--out-dtype", default=None, choices=OUT_DTYPES, help="output element type (default: --dtype)")
     p.add_argument("--a-major", default="row", choices=("row", "col"),
@@ -65,13 +69,24 @@ def _add_gemm_problem(p: argparse.ArgumentParser) -> None:
     p.add_argument("--b-major", default="row", choices=("row", "col"),
                    help="b (K, N) stored row-major (N contiguous) or column-major (default row)")
     p.add_argument("--with-c", action="store_true", help="alpha * a @ b + beta * c with a C operand, beta != 0")
+    p.set_defaults(check=_check_gemm, check_prog=p.prog)
+
+
+def _check_gemm(a: argparse.Namespace) -> None:
+    """The problem's a, b, output (and c) fit in a GPU's memory (each size is bounded by its parser)."""
+    dtype = getattr(a, "dtype", "bfloat16")
+    out = getattr(a, "out_dtype", None) or dtype
+    nbytes = gemm_bytes(a.m, a.n, a.k, getattr(a, "batch", None), _ELEM_BYTES[dtype], _ELEM_BYTES[out],
+                        getattr(a, "with_c", False))
+    check_fits(f"gemm {a.m}x{a.n}x{a.k}" + (f" batch {a.batch}" if getattr(a, "batch", None) else "")
+               + ": a, b and the output" + (" and c" if getattr(a, "with_c", False) else ""), nbytes)
 
 
 def _add_decode_problem(p: argparse.ArgumentParser) -> None:
-    p.add_argument("batch", type=int_in(1), help="sequences in the batch")
-    p.add_argument("heads_q", type=int_in(1), help="query heads (a multiple of heads_kv)")
-    p.add_argument("heads_kv", type=int_in(1), help="key/value heads")
-    p.add_argument("capacity", type=int_in(1),
+    p.add_argument("batch", type=int_in(1, MAX_DIM), help="sequences in the batch")
+    p.add_argument("heads_q", type=int_in(1, MAX_DIM), help="query heads (a multiple of heads_kv)")
+    p.add_argument("heads_kv", type=int_in(1, MAX_DIM), help="key/value heads")
+    p.add_argument("capacity", type=int_in(1, MAX_DIM),
                    help="KV tokens the cache holds per sequence: Lmax (contiguous) or block-table width x page size")
     p.add_argument("--head-dim", type=int, default=128, choices=DECODE_HEAD_DIMS, help="head dimension (default 128)")
     p.add_argument("--sq", type=int_in(1, DECODE_MAX_SQ), default=1,
@@ -79,12 +94,20 @@ def _add_decode_problem(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int_in(1, DECODE_MAX_PAGE_SIZE), default=None,
                    help=f"tokens per page of a paged cache, 1..{DECODE_MAX_PAGE_SIZE} (default: contiguous cache)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="q / K / V element type (default bfloat16)")
-    p.add_argument("--num-splits", type=int_in(1), default=None, help="KV splits (default: the heuristic's)")
+    p.add_argument("--num-splits", type=int_in(1, DECODE_MAX_SPLITS), default=None,
+                   help=f"KV splits, 1..{DECODE_MAX_SPLITS} (default: the heuristic's)")
+    p.set_defaults(check=_check_decode, check_prog=p.prog)
 
 
 def _check_decode(a: argparse.Namespace) -> None:
+    """Heads group evenly; q, K, V, the output (and a block table) fit in a GPU's memory."""
     if a.heads_q % a.heads_kv:
-        raise UsageError(f"heads_q ({a.heads_q}) must be a multiple of heads_kv ({a.heads_kv})")
+        raise ValueError(f"heads_q ({a.heads_q}) must be a multiple of heads_kv ({a.heads_kv})")
+    e = _ELEM_BYTES[a.dtype]
+    nbytes = (2 * a.batch * a.sq * a.heads_q * a.head_dim * e + 2 * a.batch * a.capacity * a.heads_kv * a.head_dim * e
+              + (a.batch * -(-a.capacity // a.page_size) * 4 if a.page_size else 0))
+    check_fits(f"decode b{a.batch} hq{a.heads_q} hkv{a.heads_kv} capacity {a.capacity} D{a.head_dim}: q, K, V and "
+               "the output", nbytes)
 
 
 # ---- plan ----------------------------------------------------------------------------------------
@@ -98,7 +121,6 @@ def _gemm_rows(a: argparse.Namespace) -> list[dict]:
 def _decode_row(a: argparse.Namespace) -> dict:
     from ..attention import explain as decode_explain
 
-    _check_decode(a)
     return decode_explain(a.batch, a.heads_q, a.heads_kv, a.capacity, head_dim=a.head_dim, sq=a.sq,
                           page_size=a.page_size, dtype=_torch_dtype(a.dtype), num_splits=a.num_splits)
 
@@ -152,15 +174,18 @@ def cmd_warmup(a: argparse.Namespace) -> int:
     else:
         from ..attention import MergeConfig
 
-        if a.head_dim * _ELEM_BYTES[a.dtype] % 16:
-            raise UsageError(f"--head-dim {a.head_dim}: {a.dtype} rows must be a multiple of 16 bytes "
-                             "(merge_states computes other head dims with torch)")
         kernels = ["merge_states"]
         todo = [("merge_states", MergeConfig(dtype_in=a.dtype, dtype_out=a.dtype, head_dim=a.head_dim))]
         title = f"merge_states {a.dtype} D{a.head_dim}"
     before = dict(jit.stats)
     t0 = time.perf_counter()
-    jit.warmup(todo)
+    try:
+        jit.warmup(todo)
+    except RuntimeError as e:  # warmup_gemm allocates real (unread) operands; a host short of memory refuses
+        if "allocate" not in str(e):
+            raise
+        raise UsageError(f"{title}: this machine cannot allocate the operands the warm-up builds ({one_line(e)})") \
+            from None
     dt = time.perf_counter() - t0
     compiled = jit.stats["compiles"] - before["compiles"]
     loaded = jit.stats["disk_hits"] - before["disk_hits"]
@@ -304,8 +329,21 @@ def cmd_charts(a: argparse.Namespace) -> int:
 
 
 # ---- parser --------------------------------------------------------------------------------------
+def _version() -> str:
+    """The installed distribution's version, else the package's own (a source tree not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cute-kernels")
+    except metadata.PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     d = sub.add_parser("demo", help="run (GPU) or compile (CPU) every kernel",
@@ -327,29 +365,30 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
         ks = p.add_subparsers(dest="kernel", required=True, metavar="KERNEL")
         g = ks.add_parser("gemm", help="gemm(a, b): tiles, cluster, raster, split-K",
-                          description=f"{name} for gemm(a, b) with a (M, K) and b (K, N).")
+                          description=f"{name} for gemm(a, b) with a (M, K) and b (K, N).  {BOUNDS_HELP}")
         _add_gemm_problem(g)
         dd = ks.add_parser("decode", help="decode_attn: tiles, split count, load path",
-                           description=f"{name} for decode_attn(q, k_cache, v_cache, ...).")
+                           description=f"{name} for decode_attn(q, k_cache, v_cache, ...).  {BOUNDS_HELP}")
         _add_decode_problem(dd)
         if name == "warmup":
             mg = ks.add_parser("merge", help="merge_states: the exact merge of attention states",
                                description="warmup for merge_states(o_parts, lse_parts): one kernel per "
                                            "element type and head dimension (any number of parts and rows).")
-            mg.add_argument("--head-dim", type=int_in(1), default=128, help="head dimension (default 128)")
+            mg.add_argument("--head-dim", type=int, default=128, choices=MERGE_HEAD_DIMS,
+                            help="head dimension: one of the attention kernels' (default 128)")
             mg.add_argument("--dtype", default="float32", choices=OUT_DTYPES,
                             help="o_parts element type, also the output's (default float32)")
         p.set_defaults(func=func)
 
     t = sub.add_parser("tune", help="autotune a kernel for one shape (needs a GPU)",
                        description="Time the GEMM's candidate configurations for one shape on the GPU and "
-                                   "persist the fastest; later gemm() calls of that shape use it.")
+                                   f"persist the fastest; later gemm() calls of that shape use it.  {BOUNDS_HELP}")
     t.add_argument("kernel", choices=("gemm",), help="the kernel to tune (gemm)")
-    t.add_argument("m", type=int_in(1), help="rows of a")
-    t.add_argument("n", type=int_in(1), help="columns of b")
-    t.add_argument("k", type=int_in(1), help="the reduction length")
+    t.add_argument("m", type=int_in(1, MAX_DIM), help="rows of a")
+    t.add_argument("n", type=int_in(1, MAX_DIM), help="columns of b")
+    t.add_argument("k", type=int_in(1, MAX_DIM), help="the reduction length")
     t.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="a and b element type (default bfloat16)")
-    t.set_defaults(func=cmd_tune)
+    t.set_defaults(func=cmd_tune, check=_check_gemm, check_prog=t.prog)
 
     c = sub.add_parser("charts", help="PNG charts and tables from recorded benchmark results (no GPU)",
                        description="Draw each results file's ratios to the peers (with the ceiling marked), "
@@ -384,6 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench.main(argv[1:])
     ap = build_parser()
     args = ap.parse_args(argv)  # a bad argument: one line, SystemExit(2)
+    if getattr(args, "check", None) is not None:  # bounds across arguments, before any work: as a parse error
+        try:
+            args.check(args)
+        except ValueError as e:
+            ap.exit(2, f"{args.check_prog}: error: {one_line(e)} (see {args.check_prog} --help)\n")
     try:
         return args.func(args)
     except (UsageError, ValueError, TypeError, OSError) as e:  # the library's argument checks, an --out path

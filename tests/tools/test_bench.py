@@ -252,9 +252,25 @@ def test_unknown_files_are_refused(tmp_path):
 def test_bench_usage_and_bad_kind(capsys):
     assert cli.main(["bench", "--help"]) == 0
     assert "gemm" in capsys.readouterr().out
+    assert cli.main(["bench"]) == 2  # no kind: the usage, on stderr
+    cap = capsys.readouterr()
+    assert cap.out == "" and "usage: cute-kernels bench" in cap.err
     assert cli.main(["bench", "nothing"]) == 2
     assert "unknown kind 'nothing'" in capsys.readouterr().err
     assert cli.main(["bench", "all", "--shapes", "1x1x1"]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_bench_all_help(capsys, flag, monkeypatch):
+    """``bench all --help`` prints the options ``all`` passes on and runs nothing."""
+    import cute_kernels.tools.bench as B
+
+    monkeypatch.setattr(B, "_module", lambda k: pytest.fail(f"ran {k}"))
+    assert cli.main(["bench", "all", flag]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.startswith("usage: cute-kernels bench all") and cap.err == ""
+    for opt in ("--quick", "--out DIR", "--repeats N"):
+        assert opt in cap.out
 
 
 def test_bench_bad_option_is_one_line(capsys):
@@ -267,8 +283,10 @@ def test_bench_bad_option_is_one_line(capsys):
 
 @pytest.mark.skipif(HAS_GPU, reason="the no-GPU message")
 def test_bench_without_gpu_says_so(capsys):
-    assert cli.main(["bench", "decode", "--quick"]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().out
+    for kind in ("gemm", "attention", "decode"):
+        assert cli.main(["bench", kind, "--quick"]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and cap.err.count("\n") == 1 and "error: needs a CUDA device" in cap.err, cap
 
 
 def test_bench_model_missing_is_a_note(monkeypatch, capsys):
@@ -299,6 +317,19 @@ def test_bench_all_runs_every_kind_with_the_shared_options(monkeypatch):
     calls.clear()
     assert B.main(["all", "--repeats", "2"]) == 1
     assert calls[-1] == ("model", ["--rounds", "2"]) and calls[0] == ("gemm", ["--repeats", "2"])
+
+
+def test_bench_all_failure_is_on_stderr(monkeypatch, capsys):
+    import cute_kernels.tools.bench as B
+
+    class Broken:
+        def main(self, argv, prog=None):
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(B, "_module", lambda k: Broken())
+    assert B.main(["all", "--quick"]) == 1
+    cap = capsys.readouterr()
+    assert "failed: RuntimeError: boom" in cap.err and "failed" not in cap.out
 
 
 def test_missing_peer_is_a_note(monkeypatch):

@@ -309,7 +309,7 @@ def test_list_dry_run_and_no_gpu_exit(capsys, monkeypatch):
     assert out.count("accepted") == 4 and out.count("precompiles") == 3 and "causal=False varlen=False window=True" in out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert AV.main(["--only", "window"]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().out
+    assert "error: needs a CUDA device" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         AV.main(["--only", "nothing"])
     assert e.value.code == 2

@@ -165,6 +165,94 @@ def test_entry_point_bad_argument_is_one_line():
                      "128, 256) (see cute-kernels plan decode --help)"], r.stderr
 
 
+# ---- bounds --------------------------------------------------------------------------------------
+H200_GIB = "140.4 GiB"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "gemm", "4611686018427387904", "8", "8"], ["argument m", "in 0..2147483647"]),
+    (["plan", "gemm", "99999999999", "99999999999", "99999999999"], ["argument m", "in 0..2147483647"]),
+    (["plan", "gemm", "8", "8", "2147483648"], ["argument k", "in 0..2147483647"]),
+    (["plan", "gemm", "200000", "200000", "200000"], ["223.5 GiB", H200_GIB]),
+    (["plan", "gemm", "100000", "100000", "8", "--batch", "8"], ["batch 8", H200_GIB]),
+    (["plan", "gemm", "8", "8", "8", "--batch", "2147483648"], ["argument --batch", "in 1..2147483647"]),
+    (["plan", "decode", "1", "32", "8", "4611686018427387904"], ["argument capacity", "in 1..2147483647"]),
+    (["plan", "decode", "1000", "32", "8", "10000000"], ["q, K, V and the output", H200_GIB]),
+    (["plan", "decode", "1", "32", "8", "1024", "--num-splits", "5000"], ["--num-splits", "in 1..1024"]),
+    (["warmup", "gemm", "1000000", "8", "1000000"], ["cute-kernels warmup gemm: error:", "1,862.7 GiB", H200_GIB]),
+    (["warmup", "decode", "1", "2147483647", "1", "8"], ["q, K, V and the output", H200_GIB]),
+    (["warmup", "merge", "--head-dim", "100000", "--dtype", "float32"], ["--head-dim", "invalid choice: 100000"]),
+    (["tune", "gemm", "300000", "300000", "300000"], ["cute-kernels tune: error:", H200_GIB]),
+    (["layouts", "gemm", "--what", "raster", "--plan", "4611686018427387904,8,8"], ["--plan", "1..2147483647"]),
+    (["layouts", "gemm", "--what", "raster", "--plan", "300000,300000,8"], ["--plan", H200_GIB]),
+    (["layouts", "gemm", "--what", "raster", "--plan", "2147483647,8,8"], ["16777216 work tiles", "at most 65536"]),
+    (["layouts", "gemm", "--what", "raster", "--problem", "99999999999,99999999999"], ["--problem", "1..2147483647"]),
+    (["layouts", "gemm", "--what", "raster", "--problem", "2147483647,2147483647"], ["work tiles", "at most 65536"]),
+    # 256 x 256 tiles are 65536, but a swizzle of 3 pads them to 86 strips of 3: 66048
+    (["layouts", "gemm", "--what", "raster", "--problem", "32768,32768", "--tile", "128,128,64", "--swizzle", "3"],
+     ["66048 work tiles"]),
+    (["layouts", "gemm", "--what", "raster", "--num-ctas", "100000"], ["--num-ctas", "1..1024"]),
+    (["layouts", "gemm", "--what", "raster", "--swizzle", "1000"], ["--swizzle", "1..64"]),
+    (["layouts", "gemm", "--tile", "128,100000,64"], ["--tile", "1..256"]),
+    (["layouts", "gemm", "--cluster", "1,64"], ["--cluster", "1..16"]),
+    (["layouts", "gemm", "--what", "layout", "--layout", "(100000,100000):(1,100000)"], ["10000000000 elements"]),
+    (["layouts", "gemm", "--what", "layout", "--layout", "(4,0)"], ["positive integers"]),
+])
+def test_sizes_are_bounded_in_one_line(capsys, argv, words):
+    """Every size is bounded where it is parsed, before any planning, allocation or compile: one line
+    naming the argument or the bound, status 2, nothing on stdout."""
+    import time
+
+    t0 = time.perf_counter()
+    rc, out, err = run_main(capsys, argv)
+    assert_one_line_error(rc, err, *words)
+    assert out == "" and time.perf_counter() - t0 < 30
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "gemm", "2147483647", "8", "8"], ["plan", "gemm", "8", "8", "2147483647", "--a-major", "col"],
+    ["plan", "decode", "1", "1", "1", "500000000", "--head-dim", "64"],
+    ["layouts", "gemm", "--what", "raster", "--problem", "32768,32768", "--tile", "128,128,64", "--swizzle", "4"],
+])
+def test_sizes_at_the_bounds_run(capsys, argv):
+    """The largest sizes the bounds let through plan (and draw) without an error."""
+    rc, out, err = run_main(capsys, argv)
+    assert rc in (0, None) and out and "error" not in err, err[-2000:]
+
+
+@pytest.mark.parametrize("argv", [
+    ["layouts", "gemm", "--what", "raster", "--problem", "99999999999,99999999999", "--num-ctas", "132"],
+    ["warmup", "merge", "--head-dim", "100000", "--dtype", "float32"],
+])
+def test_runaway_sizes_are_refused_in_a_shell(argv):
+    """What a shell sees for the sizes that used to take all the memory or compile for minutes: a
+    process allowed 4 GB more data memory than it starts with and 150 s answers in one line, status 2."""
+    code = ("import re, resource, sys\n"
+            "from cute_kernels.tools import cli, layouts_cli\n"  # imported before the limit
+            "data = int(re.search(r'VmData:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)) * 1024\n"
+            "resource.setrlimit(resource.RLIMIT_DATA, (data + 4 * 2**30,) * 2)\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=150)
+    lines = [l for l in r.stderr.splitlines() if "Warning" not in l and "warnings.warn" not in l]
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and ": error: " in lines[0], r.stderr[-2000:]
+
+
+def test_bounds_are_in_the_help(capsys):
+    for argv in (["plan", "gemm"], ["warmup", "decode"], ["tune"], ["layouts"]):
+        rc, out, _ = run_main(capsys, [*argv, "--help"])
+        text = " ".join(out.split())
+        assert rc == 0 and "2^31 - 1" in text and "H200's memory" in text, (argv, out)
+    rc, out, _ = run_main(capsys, ["warmup", "merge", "--help"])
+    assert "{64,96,128,256}" in out
+
+
+def test_version(capsys):
+    from importlib import metadata
+
+    rc, out, _ = run_main(capsys, ["--version"])
+    assert rc == 0 and out == f"cute-kernels {metadata.version('cute-kernels')}\n"
+
+
 # ---- warmup --------------------------------------------------------------------------------------
 def test_warmup_gemm_compiles_what_plan_shows(capsys):
     """``warmup gemm`` compiles (or loads) the kernels ``plan gemm`` lists; a second run is a cache hit."""
@@ -192,7 +280,20 @@ def test_warmup_merge(capsys):
     assert rc == 0, err
     assert out.startswith("merge_states bfloat16 D64: merge_states"), out
     rc, _, err = run_main(capsys, ["warmup", "merge", "--head-dim", "7", "--dtype", "bfloat16"])
-    assert_one_line_error(rc, err, "multiple of 16 bytes")
+    assert_one_line_error(rc, err, "--head-dim", "invalid choice: 7", "64, 96, 128, 256")
+
+
+def test_warmup_host_memory_is_one_line(capsys, monkeypatch):
+    """The library's warm-up allocates the GEMM's operands (unread); a host that cannot is one line."""
+    from cute_kernels.common import jit
+
+    def refuse(todo):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 120000000000 bytes")
+
+    monkeypatch.setattr(jit, "warmup", refuse)
+    rc, out, err = run_main(capsys, ["warmup", "gemm", "200000", "8", "300000"])
+    assert_one_line_error(rc, err, "cannot allocate the operands", "120000000000 bytes")
+    assert out == ""
 
 
 # ---- layouts -------------------------------------------------------------------------------------
@@ -205,6 +306,29 @@ def test_layouts_text(capsys):
 def test_layouts_bad_argument_one_line(capsys):
     rc, _, err = run_main(capsys, ["layouts", "nope"])
     assert_one_line_error(rc, err, "cute-kernels layouts: error:", "invalid choice: 'nope'")
+
+
+@pytest.mark.parametrize("out, fmt, words", [
+    ("x.jpg", None, ["--out", "x.jpg", ".txt, .svg, .png"]),
+    ("x", None, ["--out"]),
+    ("x.svg", "png", ["--format png does not match"]),
+    ("x.png", "text", ["--format text does not match"]),
+])
+def test_layouts_refuses_formats_it_does_not_write(capsys, tmp_path, out, fmt, words):
+    path = tmp_path / out
+    rc, stdout, err = run_main(capsys, ["layouts", "gemm", "--out", str(path), *(["--format", fmt] if fmt else [])])
+    assert_one_line_error(rc, err, *words)
+    assert not path.exists() and stdout == ""
+
+
+@pytest.mark.parametrize("name, fmt", [("x.txt", "text"), ("x.SVG", "svg"), ("x.png", "png")])
+def test_layouts_writes_what_the_extension_says(capsys, tmp_path, name, fmt):
+    path = tmp_path / name
+    rc, _, err = run_main(capsys, ["layouts", "gemm", "--out", str(path), "--format", fmt])
+    assert rc == 0 and f"({fmt})" in err
+    head = path.read_bytes()[:8]
+    assert head.startswith(b"\x89PNG") if fmt == "png" else head.startswith(b"<svg") or head.startswith(b"<?xml") \
+        if fmt == "svg" else not head.startswith((b"<", b"\x89"))
 
 
 # ---- demo / report -------------------------------------------------------------------------------

@@ -30,6 +30,15 @@ USAGE = f"""usage: {PROG} {{{','.join(KINDS)},all}} [options]
 Options of one kind: {PROG} KIND --help.  Common ones: --quick (two small shapes, one round: about
 a minute), --shapes LIST, --out DIR (default profiles/results), --repeats N.
 """
+ALL_USAGE = f"""usage: {PROG} all [--quick] [--out DIR] [--repeats N]
+
+Runs {', '.join(KINDS)} in turn (a kind not in this version is skipped with a note), each with these
+options only (model takes --repeats as its --rounds); the exit status is the worst kind's.
+
+  --quick       two small shapes per kind, one round (about a minute each)
+  --out DIR     folder for the JSON + markdown results (default profiles/results)
+  --repeats N   interleaved timing rounds
+"""
 
 
 def _module(kind: str):
@@ -65,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     """``cute-kernels bench KIND [options]``; returns the exit status (the worst of ``all``'s kinds)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)  # no kind: a usage error
         return 0 if argv else 2
     kind, rest = argv[0], argv[1:]
     if kind not in (*KINDS, "all"):
@@ -78,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG} {kind}: skipped, cute_kernels.tools.bench_model is not in this version")
             return 0
         return mod.main(rest) if kind == "model" else mod.main(rest, prog=f"{PROG} {kind}")
+    if any(a in ("-h", "--help") for a in rest):
+        print(ALL_USAGE)
+        return 0
     try:
         shared = _shared(rest)
     except ValueError as e:
@@ -98,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # a kind's argument error: report and go on with the next kind
             rc = e.code if isinstance(e.code, int) else 2
         except Exception as e:  # noqa: BLE001 - one kind failing must not lose the others' results
-            print(f"{PROG} {k}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            print(f"{PROG} {k}: failed: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr, flush=True)
             rc = 1
         status = max(status, rc or 0)
     return status

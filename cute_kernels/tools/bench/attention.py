@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import os
 import re
+import sys
 
 from ..args import OneLineParser, int_in
 from . import results
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None, prog: str = "cute-kernels bench attentio
     import torch
 
     if not torch.cuda.is_available():
-        print(f"{prog}: needs a CUDA device (charts from recorded results: cute-kernels charts)")
+        print(f"{prog}: error: needs a CUDA device (charts from recorded results: cute-kernels charts)", file=sys.stderr)
         return 2
     doc = run(shapes, 1 if args.quick else args.repeats, args.quick)
     js, md = results.write(doc, args.out, args.tag or ("quick" if args.quick else ""))

@@ -56,6 +56,7 @@ import dataclasses
 import inspect
 import os
 import statistics
+import sys
 import time
 
 from ..args import OneLineParser, int_in
@@ -70,7 +71,7 @@ from .attention_varlen_calls import (  # noqa: F401
 )
 
 KIND = "attention-varlen"
-TITLE = "Attention forward bf16: packed (varlen), paged and windowed"
+TITLE = results.TITLES[KIND]
 OURS, PEER, MATMUL = "cute", "fa4", "cublas_same_flops"
 DENSE_EQ, DENSE_SEQ, FA4_DENSE_EQ = "cute_dense_eqflops", "cute_dense_per_seq", "fa4_dense_eqflops"
 MISMATCH_ATOL = 2e-2  # full-output |diff| to FA4 that flags an entry (bf16 kernels agree to ~1e-3)
@@ -351,7 +352,7 @@ def markdown(doc: dict) -> str:
     """The shared table (:func:`results.markdown`) with this benchmark's title and ceiling, then the
     per-case figures: lengths, the dense comparison, the correctness checks and the call forms."""
     md = results.markdown(doc)
-    md = md.replace(f"# {KIND},", f"# {TITLE},", 1).replace(
+    md = md.replace(
         "(the ceiling: none)", "(the ceiling: a bf16 cuBLAS matmul of the same FLOPs, cublas_same_flops)")
     lines = ["", "## Per case"]
     for r in doc["rows"]:
@@ -481,7 +482,7 @@ def main(argv: list | None = None, prog: str = "bench_attention.py --varlen") ->
     import torch
 
     if not torch.cuda.is_available():
-        print(f"{prog}: needs a CUDA device (--list and --dry-run run without one)")
+        print(f"{prog}: error: needs a CUDA device (--list and --dry-run run without one)", file=sys.stderr)
         return 2
     tag = args.tag or ("quick" if args.quick else "")
     doc = run(selected, 1 if args.quick else args.repeats, args.quick, roofs=not args.no_roofs,

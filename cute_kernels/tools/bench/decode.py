@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 
 from ..args import OneLineParser, int_in
 from . import results
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None, prog: str = "cute-kernels bench decode")
     import torch
 
     if not torch.cuda.is_available():
-        print(f"{prog}: needs a CUDA device (charts from recorded results: cute-kernels charts)")
+        print(f"{prog}: error: needs a CUDA device (charts from recorded results: cute-kernels charts)", file=sys.stderr)
         return 2
     doc = run(shapes, 1 if args.quick else args.repeats, args.quick)
     tag = args.tag or ("quick" if args.quick else "size-sweep" if args.size_sweep else "")

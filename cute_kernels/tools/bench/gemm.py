@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None, prog: str = "cute-kernels bench gemm") -
     import torch
 
     if not torch.cuda.is_available():
-        print(f"{prog}: needs a CUDA device (charts from recorded results: cute-kernels charts)")
+        print(f"{prog}: error: needs a CUDA device (charts from recorded results: cute-kernels charts)", file=sys.stderr)
         return 2
     doc = run(shapes, 1 if args.quick else args.repeats, args.quick, args.quack_tuned and not args.quick, args.tune,
               variants, preset=args.preset)

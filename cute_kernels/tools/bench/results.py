@@ -31,7 +31,7 @@ ROLES = ("ours", "peer", "ceiling", "variant")
 RATE = {"gemm": ("tflops", "TFLOP/s"), "attention": ("tflops", "TFLOP/s"), "attention-varlen": ("tflops", "TFLOP/s"),
         "decode": ("TBps", "TB/s"), "model-decode": ("tokens_per_s", "tok/s")}
 TITLES = {"gemm": "GEMM bf16", "attention": "Attention forward (prefill) bf16",
-          "attention-varlen": "Attention forward bf16: packed, paged, windowed", "decode": "Decode attention bf16",
+          "attention-varlen": "Attention forward bf16: packed (varlen), paged and windowed", "decode": "Decode attention bf16",
           "model-decode": "End-to-end decode step, Llama-3-8B shapes"}
 
 
