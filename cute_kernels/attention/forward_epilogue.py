@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
-from cutlass.tensor_utils import LayoutEnum
 
 from ..common.barriers import NamedBarrierId
 from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
+from ..common.wgmma import store_acc_to_smem
 from . import forward_seqlen as fsl
 
 
@@ -56,17 +55,7 @@ class FwdEpilogue:
             if warp_idx == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
-        c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
-        r2s_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma_pv))
-        thr_r2s = tiled_r2s.get_slice(mma_tidx)
-        tRS_sO = thr_r2s.partition_D(sO)
-        # the accumulators in the copy's value order ((values, copies)), moved into a tensor shaped
-        # like the copy's source (the same linear order: copy j takes values 8j .. 8j+7)
-        tRS_rO_acc = tiled_r2s.retile(rO)
-        tRS_rO = cute.make_tensor(tRS_rO_acc.iterator, cute.composition(
-            tRS_rO_acc.layout, cute.make_layout(cute.shape(thr_r2s.partition_S(sO)))))
-        cute.copy(tiled_r2s, tRS_rO, tRS_sO)
+        store_acc_to_smem(tiled_mma_pv, rO, sO, mma_tidx, self.dtype)
         cute.arch.fence_proxy("async.shared", space="cta")  # smem writes visible to the TMA unit
         cute.arch.barrier(barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads)
         if const_expr(self.varlen):
