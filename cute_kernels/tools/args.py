@@ -29,11 +29,8 @@ def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
             v = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}" + ("" if hi is None else f" (in {lo}..{hi})")
-                                             + f", got {v}")
-        if hi is not None and v > hi:
-            raise argparse.ArgumentTypeError(f"must be in {lo}..{hi}, got {v}")
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {f'>= {lo}' if hi is None else f'in {lo}..{hi}'}, got {v}")
         return v
 
     parse.__name__ = "integer"

@@ -206,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "work tiles are drawn")
     p.add_argument("--num-ctas", type=int_in(1, 1024), default=132,
                    help="raster: persistent CTAs, 1..1024 (default 132 = SMs)")
-    p.add_argument("--swizzle", type=int_in(1, 64),
-                   help="raster: group width for L2 reuse, 1..64 (default 1, or --plan's)")
+    p.add_argument("--swizzle", type=int_in(1),
+                   help="raster: group width for L2 reuse (default 1, or --plan's); the padding units it adds "
+                        "count towards the work-tile bound")
     p.add_argument("--raster", choices=("m", "n"), help="raster: direction (default m, or --plan's)")
     p.add_argument("--plan", type=_ints(3, MAX_DIM), help="M,N,K: start from the tiles, cluster and raster that "
                                                           "cute_kernels.gemm runs for this bf16 problem")
