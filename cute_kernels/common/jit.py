@@ -263,8 +263,12 @@ def compile_now(builder: Builder, *, tvm_ffi: bool = True, extra_options: str = 
     """Compile without any cache (used by the cache itself and by :mod:`cute_kernels.tools.inspect`)."""
     import cutlass.cute as cute
 
-    fn, args = builder()
-    with _compile_lock:
+    with _compile_lock, warnings.catch_warnings():
+        # The kernels unroll their register loops in Python on purpose (``range_constexpr`` over a
+        # fragment, up to a few hundred iterations): the DSL's advice to use a device loop instead
+        # does not apply, and it would print once per loop per compile.
+        warnings.filterwarnings("ignore", message="This static loop has")
+        fn, args = builder()
         return cute.compile(fn, *args, options=compile_options(tvm_ffi=tvm_ffi, extra=extra_options))
 
 
