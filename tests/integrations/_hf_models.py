@@ -12,9 +12,19 @@ transformers = pytest.importorskip(
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from cute_kernels.attention import forward as FW  # noqa: E402
+from cute_kernels.integrations import hf  # noqa: E402
 from cute_kernels.integrations import sdpa as S  # noqa: E402
 
 PREFIX = "cute_kernels attention:"
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    """(autouse where imported) The integration registered, its counters and warned reasons zeroed."""
+    hf.register()
+    hf.reset_stats()
+    yield
+    hf.reset_stats()
 
 
 def flash_standin(q, k, v, *, causal=False, softmax_scale=None):

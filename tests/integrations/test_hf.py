@@ -34,18 +34,10 @@ from cute_kernels.integrations import hf  # noqa: E402
 from cute_kernels.testing import count_launches  # noqa: E402
 from cute_kernels.integrations import sdpa as S  # noqa: E402
 
-from _hf_models import (PREFIX, assert_same_generation, cpu_as_gpu, generate, ours, tiny_llama,  # noqa: E402,F401
-                        tiny_model)
+from _hf_models import (PREFIX, assert_same_generation, cpu_as_gpu, fresh, generate,  # noqa: E402,F401
+                        ours, tiny_llama, tiny_model)
 
 gpu = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    hf.register()
-    hf.reset_stats()
-    yield
-    hf.reset_stats()
 
 
 # -------------------------------------------------------------------------------------------- CPU

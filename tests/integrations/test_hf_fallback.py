@@ -26,19 +26,11 @@ transformers = pytest.importorskip(
 
 from cute_kernels.integrations import hf  # noqa: E402
 
-from _hf_models import (FAMILIES, PREFIX, assert_same_generation, cpu_as_gpu, generate, ours,  # noqa: E402,F401
-                        tiny_model)
+from _hf_models import (FAMILIES, PREFIX, assert_same_generation, cpu_as_gpu, fresh,  # noqa: E402,F401
+                        generate, ours, tiny_model)
 
 gpu = pytest.mark.gpu
 TOL = 2e-2  # bf16 inputs and output against a float64 reference
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    hf.register()
-    hf.reset_stats()
-    yield
-    hf.reset_stats()
 
 
 def reference(q, k, v, scale, *, causal=True, softcap=None, sinks=None, bias=None, mask=None):
