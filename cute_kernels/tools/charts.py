@@ -315,18 +315,15 @@ def make(paths: list[str | Path], out_dir: str | Path, dpi: int = 110) -> list[P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for d in kinds:
-        fig = _figure(max(6.0, 0.9 * len(d["rows"]) + 2), 3.6)
-        ratio_axes(fig.add_subplot(), d)
-        p = out / f"{_stem(d)}-ratios.png"
-        fig.savefig(p, dpi=dpi)
-        written.append(p)
-    for d in reads:
-        fig = _figure(max(6.0, 1.1 * len(d["rows"]) + 2), 3.8)
-        reads_axes(fig.add_subplot(), d)
-        p = out / f"{_stem(d)}-reads.png"
-        fig.savefig(p, dpi=dpi)
-        written.append(p)
+    # one picture per file: (its documents, axes drawer, file suffix, width per row, height)
+    for group, draw, suffix, per_row, height in ((kinds, ratio_axes, "ratios", 0.9, 3.6),
+                                                 (reads, reads_axes, "reads", 1.1, 3.8)):
+        for d in group:
+            fig = _figure(max(6.0, per_row * len(d["rows"]) + 2), height)
+            draw(fig.add_subplot(), d)
+            p = out / f"{_stem(d)}-{suffix}.png"
+            fig.savefig(p, dpi=dpi)
+            written.append(p)
     on_roofline = [d for d in kinds if d["kind"] in KIND_MARKERS]
     if on_roofline:
         fig = _figure(7.5, 5.0)
