@@ -1,0 +1,93 @@
+"""Helpers of the host fast paths (a launcher per call metadata, :mod:`.jit`'s compiled functions):
+the cheapest callable of a compiled kernel, buffers shared by the launches of one stream, and
+allocation sizes in ``torch.empty``'s fastest form.  Pure torch: no DSL import."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["direct", "stream_query", "stream_buffers", "size_args", "fresh_or_scratch"]
+
+
+# What the TVM-FFI entry of every compiled kernel checks of each tensor argument against the fake
+# tensors it was compiled with, raising ValueError / TypeError before any launch: rank, dtype (an int
+# parameter takes signed or unsigned of its width), device type, one device index for all tensors,
+# the assumed data-pointer alignment, static sizes and sizes shared by several tensors (one symbol),
+# static strides and stride divisibility -- strides of size-1 dims excepted.  A host fast path keys
+# its launchers on the rest (the plan's inputs, strides, anything the kernel assumes but cannot
+# check) and counts a launch only once the call returned.
+
+
+def direct(fn):
+    """The cheapest callable equivalent to ``fn``, a function :func:`get_compiled` returned: a kernel
+    compiled in this process is a DSL object whose Python ``__call__`` adapts keyword arguments before
+    calling the TVM-FFI function underneath; a kernel loaded from the disk cache is that TVM-FFI
+    function already.  Host fast paths call the result with every argument positionally (as they
+    call a loaded kernel) and keep ``fn`` referenced too (it owns the loaded CUDA library).
+
+    Fast-path keys rely on what that TVM-FFI function checks of its arguments itself, before it
+    launches anything (the comment above): a launcher's call it refuses raises, launches nothing,
+    and the op then takes its checked path, which names the argument."""
+    get = getattr(fn, "__tvm_ffi_object__", None)
+    exe = getattr(fn, "execution_args", None)
+    if get is None or exe is None or getattr(exe, "has_pointer_address_arg_specs", True):
+        return fn
+    raw = get()
+    return fn if raw is None else raw
+
+
+def stream_query():
+    """``(capturing, current_stream)``: ``capturing()`` is whether torch's current CUDA stream is being
+    captured into a graph, ``current_stream(device_index)`` a hashable token of the current stream of
+    a device.  Torch's C entry points when it has them (tenths of a microsecond; ``torch.cuda``'s
+    Python functions take microseconds), else those functions (a CPU-only build: never called)."""
+    C = torch._C
+    if hasattr(C, "_cuda_isCurrentStreamCapturing") and hasattr(C, "_cuda_getCurrentStream"):
+        return C._cuda_isCurrentStreamCapturing, C._cuda_getCurrentStream
+    return (torch.cuda.is_current_stream_capturing,
+            lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
+_capturing, _current_stream = stream_query()
+
+
+def stream_buffers(cache: dict, device, make: Callable[[], Any]):
+    """Buffers that launches on one stream may share (they run in order): ``make()`` once per (device,
+    stream), kept in ``cache``; while a CUDA graph is being captured a fresh ``make()`` every call (the
+    graph keeps it, so graphs replayed side by side share none).  A non-CUDA device (the CPU tests'
+    stub kernels) has no streams: one per device."""
+    if device.type != "cuda":
+        key = (device, None)
+    elif _capturing():
+        return make()
+    else:
+        key = (device, _current_stream(device.index))
+    buf = cache.get(key)
+    if buf is None:
+        buf = cache[key] = make()
+    return buf
+
+
+def size_args(shape) -> tuple:
+    """``shape`` as ``torch.empty``'s positional sizes: ``torch.empty(*size_args(s), ...)`` parses a few
+    hundred nanoseconds faster than ``torch.empty(s, ...)`` (a tuple, slower still a ``torch.Size``),
+    which host fast paths pay on every allocation; ``((),)`` for a 0-d shape."""
+    return tuple(int(n) for n in shape) or ((),)
+
+
+def fresh_or_scratch(empty: Callable, shape, dtype, device) -> Callable[[bool], Any]:
+    """``get(fresh)``: ``empty(shape, dtype=dtype, device=device)`` when ``fresh``, else one scratch
+    tensor made by the first such call and returned to every later one -- for an output a kernel must
+    write but no caller reads (a launcher's LSE when the call did not ask for it): calls on any stream,
+    and CUDA graphs, may share it."""
+    scratch, size = [], size_args(shape)
+
+    def get(fresh: bool):
+        if fresh:
+            return empty(*size, dtype=dtype, device=device)
+        if not scratch:
+            scratch.append(empty(*size, dtype=dtype, device=device))
+        return scratch[0]
+    return get
