@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import to_cutlass
+from ..common.overlap import extent, refuse_overlap
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
@@ -130,7 +131,8 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
         q, key = q.clone(memory_format=torch.contiguous_format), None  # (contiguous() keeps a misaligned q)
     if P > 1 and workspace is not None:
         _check_workspace(workspace, P, B, Sq, Hq, D)
-    launch = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device)
+    launch = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device,
+                       (q, k_cache, v_cache, cache_seqlens, block_table, workspace))
     launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace)
     if key is not None:
         _launchers[key] = launch
@@ -289,7 +291,7 @@ def _key(q, k, v, s, bt, out, ws, num_splits, causal) -> tuple:
             type(num_splits), num_splits, causal)
 
 
-def _launcher(fn, keep, P, qshape, dtype, dev):
+def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6):
     """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
     forward's launcher convention, :func:`.forward_host.run_hit`): allocates out (unless given) and the
     LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
@@ -298,15 +300,32 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
     them: two allocations fewer per call) or, while a CUDA graph is being captured, fresh ones that
     the graph keeps.  Without ``want_lse`` the kernel writes the LSE
     into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA
-    graphs too) may share it."""
+    graphs too) may share it.
+
+    A given out (or, split, workspace) must not overlap an input or each other (issue 35): validation
+    refused that for the call the launcher was made from, and each later call with the same metadata
+    (:func:`_key`: shapes and strides fix the byte extents of ``operands``, the first call's (q, k, v,
+    cache_seqlens, block_table, workspace); out is contiguous) is checked against its data pointers
+    before the launch; a refused one takes the checked path, which names it."""
     B, Sq, Hq, D = qshape
     lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
     lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
+    qe, ke, ve, se, bte, wse = (0 if t is None else extent(t) for t in operands)
+    o_ext = B * Sq * Hq * D * dtype.itemsize
+
+    def guard(q, k, v, out, s, bt, ws):
+        ins = (("q", q, qe), ("k_cache", k, ke), ("v_cache", v, ve), ("cache_seqlens", s, se), ("block_table", bt, bte))
+        if out is not None:
+            refuse_overlap("decode_attn", "out", out, o_ext, ins + (("workspace", ws, wse),))
+        if ws is not None:
+            refuse_overlap("decode_attn", "workspace", ws, wse, ins)
 
     if P == 1:
         def launch(q, k, v, out, lse, scale, s, bt, ws):
             if out is None:
                 out = _empty(*osize, dtype=dtype, device=dev)
+            else:
+                guard(q, k, v, out, s, bt, None)  # (one split: the workspace is not used)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
@@ -323,6 +342,8 @@ def _launcher(fn, keep, P, qshape, dtype, dev):
             return _empty(*pshape, dtype=_F32, device=dev), _empty(*plshape, dtype=_F32, device=dev)
 
         def launch(q, k, v, out, lse, scale, s, bt, ws):
+            if out is not None or ws is not None:
+                guard(q, k, v, out, s, bt, ws)
             if out is None:
                 out = _empty(*osize, dtype=dtype, device=dev)
             if lse.__class__ is bool:
@@ -413,13 +434,16 @@ def decode_attn(
     # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
-    _plan_mod.validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=not compiling)
+    _plan_mod.validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=not compiling,
+                       devices=False)
     B, Sq, Hq, D = q.shape
     scale = _plan_mod.resolve_scale(softmax_scale, D)
     num_splits = _plan_mod.check_num_splits(num_splits)
     _plan_mod.check_flag(causal, "causal", "decode_attn")
     _plan_mod.check_flag(checked, "checked", "decode_attn", allow_none=True)
     _plan_mod.check_flag(return_lse, "return_lse", "decode_attn")
+    # devices last: a bad scalar with meta tensors is named as such
+    _plan_mod.check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace)
     if not compiling and _plan_mod.checked_default(checked):
         _plan_mod.check_device_values(k_cache, cache_seqlens, block_table)
     if not compiling and workspace is not None:

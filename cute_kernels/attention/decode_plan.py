@@ -4,7 +4,6 @@ device.  :func:`explain` runs the same code on meta tensors (any machine, nothin
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from layouts.attention import DecodeTile, decode_tile
 
 from ..common.arch import current_arch
 from ..common.dtypes import HALF_TORCH, name_of
+from ..common.overlap import check_written
+from .forward_validate import INT32_LIMIT, check_scale, shown
 
 __all__ = ["DecodeConfig", "make_config", "choose_num_splits", "workspace_numel", "explain",
            "TMA_EF_MAX_KV_BYTES", "load_for"]
@@ -137,7 +138,9 @@ def check_num_splits(num_splits, who: str = "decode_attn") -> Optional[int]:
         raise TypeError(f"{who}: num_splits must be an int or None, got {type(num_splits).__name__} "
                         f"{num_splits!r}") from None
     if n < 1:
-        raise ValueError(f"{who}: num_splits must be >= 1, got {n}")
+        raise ValueError(f"{who}: num_splits must be >= 1, got {shown(n)}")
+    if n >= INT32_LIMIT:  # the kernel's grid x and the op schema's int
+        raise ValueError(f"{who}: num_splits must be < 2**31, got {shown(n)}")
     return n
 
 
@@ -149,20 +152,15 @@ def resolve_scale(softmax_scale, head_dim):
         return head_dim ** -0.5  # head_dim is validated (64 / 128 / 256): positive and finite
     if isinstance(softmax_scale, (torch.SymFloat, torch.SymInt)):
         return softmax_scale
-    # a tensor: float() of a CUDA one would synchronize (flash_attn rejects tensors too)
-    if isinstance(softmax_scale, (bool, str, torch.Tensor)) or not hasattr(softmax_scale, "__float__"):
-        raise TypeError(f"decode_attn: softmax_scale must be a number, got {type(softmax_scale).__name__}")
-    scale = float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"decode_attn: softmax_scale must be a positive finite number, got {softmax_scale}")
-    return scale
+    return check_scale(softmax_scale, "decode_attn")  # flash_attn's rule: a real number in (0, max]
 
 
-def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True):
+def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True, devices=True):
     """Every check the host can make without reading device data, in a fixed order: types, ranks,
     shapes, dtypes, strides, pointers, devices (last, so a shape fault on a tensor of the wrong device
     gets the shape's message).  Each message starts with the argument it is about.  ``check_ptrs=False``
-    skips the data-pointer alignment (fake tensors)."""
+    skips the data-pointer alignment (fake tensors); ``devices=False`` leaves the device check to the
+    caller (:func:`check_devices`, after its scalar checks)."""
     def err(cls, msg):
         raise cls(f"decode_attn: {msg}")
 
@@ -240,18 +238,32 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
     for name, t in (("out", out), ("workspace", workspace)):
         if t is not None and not t.is_contiguous():
             err(ValueError, f"{name} must be contiguous, got shape {tuple(t.shape)} and stride {t.stride()}")
+    # overlap: what the kernels write (out; split, workspace) over what they read, or over each other
+    ins = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+           ("block_table", block_table))
+    if out is not None:
+        check_written("decode_attn", "out", out, ins + (("workspace", workspace),))
+    if workspace is not None:
+        check_written("decode_attn", "workspace", workspace, ins)
     # pointers
     if check_ptrs:
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("out", out), ("workspace", workspace)):
             if t is not None and t.data_ptr() % 16 != 0:
                 err(ValueError, f"{name} must be 16-byte aligned (data pointer offset {t.data_ptr() % 16})")
-    # devices, last
+    if devices:
+        check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace)
+
+
+def check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace) -> None:
+    """The last check of :func:`validate`: one device, CUDA or CPU (the torch reference)."""
     dev = q.device
     if dev.type not in ("cuda", "cpu"):
-        err(ValueError, f"q is on {dev}; decode_attn runs on CUDA tensors (CPU tensors: the torch reference)")
-    for name, t in named[1:]:
-        if t.device != dev:
-            err(ValueError, f"{name} is on {t.device}, q on {dev}: all tensors must be on one device")
+        raise ValueError(f"decode_attn: q is on {dev}; decode_attn runs on CUDA tensors (CPU tensors: the torch "
+                         f"reference)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+                    ("block_table", block_table), ("out", out), ("workspace", workspace)):
+        if t is not None and t.device != dev:
+            raise ValueError(f"decode_attn: {name} is on {t.device}, q on {dev}: all tensors must be on one device")
 
 
 def capacity(k_cache, block_table) -> int:

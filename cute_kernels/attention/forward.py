@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
+from ..common.overlap import check_written
 from ..common.scheduler import tile_counter  # noqa: F401  (FW.tile_counter: the benches pass it to bare launches)
 from . import forward_host as fh
 from . import forward_autograd
@@ -200,8 +201,10 @@ def _run(c: Call, q, k, v, out, lse, key=None) -> None:
     fn = get_forward_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
-    launch = fh.make_launcher(fn, q, _lse_shape(c, q), cfg.tile.dynamic, c.mode, c.window, c.max_seqlens())
-    launch(q, k, v, out, lse, c.scale, *c.device_tensors())
+    dev = c.device_tensors()
+    launch = fh.make_launcher(fn, q, _lse_shape(c, q), cfg.tile.dynamic, c.mode, c.window, c.max_seqlens(),
+                              inputs=(q, k, v, *dev), out=out)
+    launch(q, k, v, out, lse, c.scale, *dev)
     if key is not None:
         _launchers[key] = launch
 
@@ -241,6 +244,10 @@ def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        max_seqlen_q: int = 0, max_seqlen_k: int = 0, block_table: Optional[torch.Tensor] = None,
                        seqused_k: Optional[torch.Tensor] = None) -> None:
     _check_ptrs(q, k, v, out)
+    # traced calls checked on fake tensors, without pointers (nor, symbolic, all of out's strides)
+    check_written("flash_attn", "out", out, (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                                             ("cu_seqlens_k", cu_seqlens_k), ("block_table", block_table),
+                                             ("seqused_k", seqused_k)))
     _run(_op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                   max_seqlen_k, block_table, seqused_k), q, k, v, out, lse)
 

@@ -20,11 +20,13 @@ import math
 import torch
 
 from ..common import jit
+from ..common.overlap import extent, refuse_overlap
 from ..common.scheduler import tile_counter
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from .decode_plan import checked_env
 from .forward_softmax import WINDOW_UNBOUNDED
+from .forward_validate import MAX_SOFTMAX_SCALE
 
 _empty = torch.empty
 #: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
@@ -80,11 +82,13 @@ def paged_key(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, max_s
 
 def fast_scale(hit, softmax_scale):
     """The scale a hit launches with; None when softmax_scale needs the checks (they say what is wrong
-    with it, or take a numpy scalar)."""
+    with it, or take a numpy scalar).  The bound is the checks' (:func:`.forward_validate.check_scale`):
+    an int past the float range (``10**400 < math.inf`` is True) or a float whose ``scale * log2(e)``
+    overflows float32 goes to them."""
     if softmax_scale is None:
         return hit.default_scale
     ts = type(softmax_scale)
-    return softmax_scale if (ts is float or ts is int) and 0.0 < softmax_scale < math.inf else None
+    return softmax_scale if (ts is float or ts is int) and 0.0 < softmax_scale <= MAX_SOFTMAX_SCALE else None
 
 
 def lookup(launchers: dict, make_key, args: tuple, tensors: tuple):
@@ -118,7 +122,7 @@ def run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, *device_tenso
 
 
 # ---------------------------------------------------------------------------------------- launchers
-def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_seqlens=()):
+def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_seqlens=(), inputs=(), out=None):
     """The launcher of a compiled forward ``fn`` for calls shaped as ``q``: allocates out (unless
     given) and the LSE (``lse``: a tensor, or a bool -- True a fresh (``lshape``) one, False a scratch
     one made by the first such call and never read), launches, counts.  Every launch of the forward
@@ -129,8 +133,21 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     * ``"dense"``: none (a window other than (-1, -1): the window entry);
     * ``"packed"``: ``cu_seqlens_q, cu_seqlens_k`` (``max_seqlens``: (max_seqlen_q, max_seqlen_k));
     * ``"paged"``: ``block_table, seqused_k``;
-    * ``"paged_packed"``: ``cu_seqlens_q, block_table, seqused_k`` (``max_seqlens``: (max_seqlen_q,))."""
+    * ``"paged_packed"``: ``cu_seqlens_q, block_table, seqused_k`` (``max_seqlens``: (max_seqlen_q,)).
+
+    A given out must not overlap an input (issue 35): validation refuses it before a launcher is made,
+    and each launch with a given out checks its data pointer against the inputs' byte ranges, whose
+    sizes (``inputs``: the call's ``(q, k, v, *device tensors)``, and ``out``) are fixed by the metadata
+    a launcher is kept under (shapes, strides), so a fast-path hit with an overlapping out raises
+    before launching (the checked path then names it)."""
     qshape, dtype, dev, run = jit.size_args(q.shape), q.dtype, q.device, jit.direct(fn)
+    names = ("q", "k", "v") + {"dense": (), "packed": ("cu_seqlens_q", "cu_seqlens_k"),
+                               "paged": ("block_table", "seqused_k"),
+                               "paged_packed": ("cu_seqlens_q", "block_table", "seqused_k")}.get(mode, ())
+    exts, o_ext = tuple(extent(t) for t in inputs), (0 if out is None else extent(out))
+
+    def guard(out, *ts):
+        refuse_overlap("flash_attn", "out", out, o_ext, zip(names, ts, exts))
     lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
     wl, wr = window_args(*window)
 
@@ -138,6 +155,8 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
         def launch(q, k, v, out, lse, scale):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
+            else:
+                guard(out, q, k, v)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
@@ -147,6 +166,8 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
         def launch(q, k, v, out, lse, scale):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
+            else:
+                guard(out, q, k, v)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E, wl, wr)
@@ -158,6 +179,8 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
         def launch(q, k, v, out, lse, scale, cu_seqlens_q, cu_seqlens_k):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
+            else:
+                guard(out, q, k, v, cu_seqlens_q, cu_seqlens_k)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, cu_seqlens_k, mq, mk, scale * LOG2_E,
@@ -168,6 +191,8 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
         def launch(q, k, v, out, lse, scale, block_table, seqused_k):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
+            else:
+                guard(out, q, k, v, block_table, seqused_k)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), block_table, seqused_k, scale * LOG2_E, wl, wr)
@@ -179,6 +204,8 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
         def launch(q, k, v, out, lse, scale, cu_seqlens_q, block_table, seqused_k):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
+            else:
+                guard(out, q, k, v, cu_seqlens_q, block_table, seqused_k)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), cu_seqlens_q, mq, block_table, seqused_k,

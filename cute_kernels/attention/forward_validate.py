@@ -6,16 +6,25 @@ checked mode's reading of cu_seqlens (the only place their values reach the host
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from typing import Optional
 
 import torch
 
 from ..common.dtypes import HALF_TORCH
+from ..common.overlap import check_written
 
 #: Head dims the kernel runs (``layouts.attention.FWD_HEAD_DIMS``).
 HEAD_DIMS = (64, 96, 128, 256)
 _ALIGN_ELEMS = 8  # 16 bytes of a 16-bit element type: TMA boxes and 16-byte vector accesses
+#: the largest softmax_scale: the kernels take ``scale * log2(e)`` as a float32, which must stay finite
+MAX_SOFTMAX_SCALE = 3.4028234663852886e38 / 1.4426950408889634
+#: host ints the kernels take as Int32 (max_seqlen): below 2**31
+INT32_LIMIT = 1 << 31
+#: the largest window side: the kernel's "unbounded" (-1) is this value, and key positions plus a
+#: side must stay within int32 (:data:`.forward_softmax.WINDOW_UNBOUNDED`)
+MAX_WINDOW_SIDE = 1 << 30
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,9 +101,8 @@ def _check_rest(named, softmax_scale, check_ptrs: bool, extra=(), ints=()) -> fl
         if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]):
             _err(ValueError, f"{name} strides must be multiples of {_ALIGN_ELEMS} elements (16 bytes), "
                              f"got strides {t.stride()}")
-    if out is not None and any(s == 0 and n > 1 for s, n in zip(out.stride(), out.shape)):
-        _err(ValueError, f"out has a stride of 0 (strides {out.stride()}, shape {tuple(out.shape)}): several "
-                         f"elements share memory (an expanded tensor cannot be written)")
+    if out is not None:  # elements sharing an address (a stride of 0), or out over an input it reads
+        check_written("flash_attn", "out", out, list(named[:3]) + list(extra))
     if check_ptrs:
         _check_ptrs(*(t for _, t in named))
     scale = _scale(softmax_scale, D)
@@ -147,6 +155,8 @@ def _max_seqlen(value, name: str) -> int:
         _err(TypeError, f"{name} must be a Python int, got {type(value).__name__} {value!r}")
     if value < 0:
         _err(ValueError, f"{name} must be >= 0, got {value}")
+    if value >= INT32_LIMIT:  # the kernel takes it as an Int32 (and the op schema as an int64)
+        _err(ValueError, f"{name} must be < 2**31 (the kernel takes an int32), got {shown(value)}")
     return int(value)
 
 
@@ -168,6 +178,8 @@ def check_window(window_size, causal: bool) -> tuple[bool, Optional[tuple[int, i
             _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
         if w < -1:
             _err(ValueError, f"window_size {side} must be >= -1 (-1: unbounded), got {w}")
+        if w > MAX_WINDOW_SIDE:  # the kernel takes sides as Int32 next to positions (-1 runs as 2**30)
+            _err(ValueError, f"window_size {side} must be at most 2**30 (pass -1 for unbounded), got {shown(w)}")
         sides.append(int(w))
     left, right = sides
     if type(causal) is not bool:  # a string or a tensor would pass as its truth value
@@ -215,16 +227,36 @@ def _check_devices(named) -> None:
 def _scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
+    return check_scale(softmax_scale, "flash_attn")
+
+
+def shown(value) -> str:
+    """``repr(value)``, but an int too long to print in full (10**5000 would raise) by its size."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}an int of {value.bit_length()} bits"
+    return repr(value)
+
+
+def check_scale(softmax_scale, who: str) -> float:
+    """A given softmax scale as the float the kernels take: a real number (Python, numpy or symbolic)
+    in (0, :data:`MAX_SOFTMAX_SCALE`]; TypeError for a tensor, a bool, a string or a complex number,
+    ValueError for a value out of range (an int past the float range included)."""
     if isinstance(softmax_scale, torch.Tensor):  # float() of a CUDA tensor would synchronize
-        _err(TypeError, "softmax_scale must be a Python number or None, not a tensor")
-    if isinstance(softmax_scale, (bool, str, bytes)):  # float("0.1") / float(True) would pass
-        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__} {softmax_scale!r}")
+        raise TypeError(f"{who}: softmax_scale must be a Python number or None, not a tensor")
+    # float("0.1") / float(True) would pass; float() of a complex numpy scalar drops its imaginary part
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"{who}: softmax_scale must be a real number or None, got {type(softmax_scale).__name__} "
+                        f"{shown(softmax_scale)}")
     try:
         s = float(softmax_scale)
     except (TypeError, ValueError):
-        _err(TypeError, f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(s) and s > 0):
-        _err(ValueError, f"softmax_scale must be a positive finite number, got {softmax_scale}")
+        raise TypeError(f"{who}: softmax_scale must be a real number or None, got "
+                        f"{type(softmax_scale).__name__}") from None
+    except OverflowError:  # an int past the float range (10**400)
+        s = math.inf
+    if not (0.0 < s <= MAX_SOFTMAX_SCALE):  # NaN fails too
+        raise ValueError(f"{who}: softmax_scale must be a positive finite number of at most {MAX_SOFTMAX_SCALE:.3g} "
+                         f"(the kernels take scale * log2(e) as a float32), got {shown(softmax_scale)}")
     return s
 
 

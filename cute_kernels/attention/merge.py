@@ -10,7 +10,12 @@ over disjoint subsets merge exactly into the state over their union::
     lse = m + log(sum_i w_i)
 
 An empty subset has ``lse = -inf``; its ``o`` is ignored (treated as 0 even if it holds NaN), and
-if every part is empty the result is ``o = 0, lse = -inf``.  The LSE base is *e* (as in
+if every part is empty the result is ``o = 0, lse = -inf``.  A part with ``lse = +inf`` dominates, as
+in ``torch.logsumexp``: when ``m = +inf`` the weights are ``w_i = 1`` for the parts with
+``lse_i = +inf`` and 0 for the others, so ``o`` is the mean of the infinite parts' outputs and
+``lse = +inf`` (``exp(lse_i - m)`` would be ``exp(nan)`` for them).  The kernel's merge step
+(:meth:`MergeStatesKernel.merge_row`, :func:`_part_weight`) and the torch math
+(:func:`merge_states_torch`) implement this one definition.  The LSE base is *e* (as in
 FlashAttention), not 2 (FlashInfer): convert base-2 LSEs with ``lse_e = lse_2 * ln(2)``.
 
 CUDA tensors run a CuTe kernel (:class:`MergeStatesKernel`, also the split decode's combine step),
@@ -40,6 +45,18 @@ __all__ = ["merge_states", "merge_state", "MergeStatesKernel", "MergeConfig", "l
 # ------------------------------------------------------------------------------------------------
 # CuTe combine kernel
 # ------------------------------------------------------------------------------------------------
+@cute.jit
+def _part_weight(lse: Float32, lse_max_safe: Float32) -> Float32:
+    """A part's weight in the merge (module doc): ``exp(lse - max)``, or, when the max is +inf, 1 for
+    the parts at +inf and 0 for the others (``lse_from_safe_max`` then gives +inf)."""
+    w = sm.lse_state_weight(lse, lse_max_safe)
+    if lse_max_safe == Float32.inf:
+        w = Float32(0.0)
+        if lse == Float32.inf:
+            w = Float32(1.0)
+    return w
+
+
 class MergeStatesKernel:
     """Merge ``P`` partial states per row; one warp per row, lanes split the head dimension.
 
@@ -131,7 +148,7 @@ class MergeStatesKernel:
             p_l = g * 32 + lane
             w_l = Float32(0.0)
             if p_l < num_parts:
-                w_l = sm.lse_state_weight(self._ld_lse(mLp, p_l, b, s, h), lse_max_safe)
+                w_l = _part_weight(self._ld_lse(mLp, p_l, b, s, h), lse_max_safe)
             n_in_group = cutlass.min(num_parts - g * 32, 32)
             # blocks of `unroll` parts: issue all loads first (clamped to a valid part), then FMA
             for q0 in cutlass.range(0, n_in_group, self.unroll, unroll=1):
@@ -290,6 +307,8 @@ def merge_states_torch(o_parts: torch.Tensor, lse_parts: torch.Tensor):
     m = lse.amax(dim=0)
     m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     w = torch.exp(lse - m_safe.unsqueeze(0))  # exp(-inf) = 0 for empty parts
+    # a max of +inf: the parts at +inf weigh 1, the others 0 (the kernel's _part_weight)
+    w = torch.where(torch.isposinf(m_safe).unsqueeze(0), torch.isposinf(lse).float(), w)
     w_sum = w.sum(dim=0)
     contrib = torch.where((w > 0).unsqueeze(-1), w.unsqueeze(-1) * o32, torch.zeros_like(o32))
     acc = contrib.sum(dim=0)

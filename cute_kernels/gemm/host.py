@@ -22,6 +22,7 @@ import torch
 
 from ..common import jit
 from ..common.arch import current_arch
+from ..common.overlap import extent, refuse_overlap
 from ..testing import LAUNCHES
 from . import launch
 from . import plan as _plan_mod
@@ -259,24 +260,36 @@ def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
     fn, ws = p.fn, None
     if isinstance(fn, launch.SwappedLauncher):
         if not fn.torch_order:  # the transposes are host views: the plan's own launcher makes them
-            _launchers[key] = _launcher(p, p.fn, None, a.device)
+            _launchers[key] = _launcher(p, p.fn, None, a.device, (a, b, out, c))
             return
         fn = fn.fn
     if isinstance(fn, launch.WorkspaceLauncher):
         fn, ws = fn.fn, fn
-    _launchers[key] = _launcher(p, jit.direct(fn), ws, a.device)
+    _launchers[key] = _launcher(p, jit.direct(fn), ws, a.device, (a, b, out, c))
 
 
-def _launcher(p, fn, ws, dev):
+def _launcher(p, fn, ws, dev, operands):
     """The launcher of one plan: allocate the output (on ``dev``), call ``fn`` (with the
     workspace of ``ws``, a :class:`.launch.WorkspaceLauncher`, when there is one), count once it returned
-    (a call the compiled function refuses raises before launching anything)."""
+    (a call the compiled function refuses raises before launching anything).  A given out must not
+    overlap a, b or c (but may be c exactly): validation refused it for the call the launcher was made
+    from, and a later call with the same metadata (:func:`_key`: shapes and strides, so the byte
+    extents of ``operands``, the first call's (a, b, out, c), are the same) is checked against its
+    data pointers before the launch, the refused one then taking the checked path that names it."""
     shape, dtype, has_c = jit.size_args(p.shape), p.out_dtype, p.has_c
+    a_ext, b_ext, o_ext, c_ext = (0 if t is None else extent(t) for t in operands)
+
+    def guard(a, b, out, c):
+        if c is not None and c.data_ptr() == out.data_ptr() and c.stride() == out.stride() and c.dtype == out.dtype:
+            c = None  # out=c: each element read, then written
+        refuse_overlap("gemm", "out", out, o_ext, (("a", a, a_ext), ("b", b, b_ext), ("c", c, c_ext)))
 
     if ws is None:
         def launch_(a, b, out, c, alpha, beta):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
+            else:
+                guard(a, b, out, c)
             fn(a, b, out, c if has_c else out, float(alpha), float(beta))
             LAUNCHES["gemm"] += 1
             return out
@@ -284,6 +297,8 @@ def _launcher(p, fn, ws, dev):
         def launch_(a, b, out, c, alpha, beta):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
+            else:
+                guard(a, b, out, c)
             w, cnt = ws.workspace(dev)
             fn(a, b, out, c if has_c else out, w, cnt, float(alpha), float(beta))
             LAUNCHES["gemm"] += 1

@@ -26,6 +26,7 @@ from .cpasync_kernel import choose_vec_bytes, cpasync_tiles
 from .kernel import GemmConfig, epi_defer_ok
 from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 from .validate import canonical_strides, check_operands, check_types, major_of, tma_ok
+from .validate import ptr_bits as _ptr_bits
 
 #: split-K modes a :class:`PlanChoice` may force: the two split-K kernels, "none" (the unsplit
 #: persistent kernel) and "swap" (the transposed skinny plan); None: the planner's own choice
@@ -267,7 +268,7 @@ _plans: dict[tuple, Plan] = {}
 
 
 def _signature(a, b, out, c, beta, out_dtype):
-    ptr_bits = (a.data_ptr() | b.data_ptr() | (out.data_ptr() if out is not None else 0)) & 15
+    ptr_bits = _ptr_bits(a, b, out)  # (0 for fake tensors, whose data_ptr() warns)
     # type(a): a fake tensor (data pointer 0) never finds a real call's plan
     return (type(a), a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype, ptr_bits,
             None if out is None else (out.shape, out.stride(), out.dtype, out.device),

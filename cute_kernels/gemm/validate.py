@@ -5,8 +5,10 @@ from __future__ import annotations
 import numbers
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
+from ..common.overlap import check_written
 
 _OUT_DTYPES = tuple(TORCH_TO_NAME)
 
@@ -17,12 +19,22 @@ def tma_ok(t: torch.Tensor, major: str, store: bool = False) -> bool:
     store at the next 16-byte boundary of each row, not at the extent, so a box ending past N writes
     the elements from N up to that boundary (another tensor's data when ``t`` is a column slice)."""
     es = t.element_size()
-    if t.data_ptr() % 16:
+    if ptr_bits(t):
         return False
     unit = t.dim() - 1 if major == "row" else t.dim() - 2
     if store and (t.shape[unit] * es) % 16:
         return False
     return all((s * es) % 16 == 0 for i, s in enumerate(t.stride()) if i != unit and t.shape[i] > 1)
+
+
+def ptr_bits(*ts) -> int:
+    """The low 4 bits of the data pointers of ``ts`` (None skipped), OR-ed: 0 when all are 16-byte
+    aligned.  A fake tensor counts as aligned: its pointer means nothing, and reading it warns."""
+    bits = 0
+    for t in ts:
+        if t is not None and not isinstance(t, FakeTensor):
+            bits |= t.data_ptr()
+    return bits & 15
 
 
 def major_of(t: torch.Tensor, name: str, rows: str, cols: str) -> str:
@@ -67,14 +79,6 @@ def check_scalars(alpha, beta) -> None:
             raise TypeError(f"gemm: {name} must be a real number (int or float), got {type(v).__name__} {v!r}")
 
 
-def _no_overlap(name: str, t: torch.Tensor) -> None:
-    """An output written by the kernels must not have two elements at one address (a stride-0 dim of
-    size > 1, e.g. an ``expand``-ed tensor): its tiles would race."""
-    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
-        raise ValueError(f"gemm: {name} of shape {tuple(t.shape)} has strides {tuple(t.stride())}: a stride of 0 "
-                         f"makes several elements share memory (an expanded tensor cannot be written)")
-
-
 def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
     """Raise TypeError / ValueError for anything ``gemm`` cannot take; returns the output shape.
     Types, dtypes and shapes first, devices last: a CPU or meta operand with a shape fault gets the
@@ -103,7 +107,8 @@ def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
             raise TypeError(f"gemm: out dtype {out.dtype} must be float16, bfloat16 or float32")
         if out_dtype is not None and out.dtype != out_dtype:
             raise TypeError(f"gemm: out dtype {out.dtype} does not match out_dtype {out_dtype}")
-        _no_overlap("out", out)
+        # elements sharing an address (a stride of 0), or over a / b (c: only exactly, out=c)
+        check_written("gemm", "out", out, (("a", a), ("b", b), ("c", c)), same_ok=("c",))
     if c is not None:
         if tuple(c.shape) != shape:
             raise ValueError(f"gemm: c has shape {tuple(c.shape)}, expected {shape}")

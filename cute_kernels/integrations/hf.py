@@ -163,6 +163,11 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv
     mask (boolean, (B, 1, q_length, kv_length)), which makes the attention function fall back."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):  # .all() would raise AttributeError
+        raise TypeError(f"mask_function: attention_mask must be a torch.Tensor or None, got "
+                        f"{type(attention_mask).__name__}")
+    if mask_function is not None and not callable(mask_function):
+        raise TypeError(f"mask_function: mask_function must be callable or None, got {type(mask_function).__name__}")
     fn = causal_mask_function if mask_function is None else mask_function
     if fn is causal_mask_function and local_size is None and _no_padding(attention_mask):
         return None
@@ -359,11 +364,21 @@ def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], w.shape[0])
 
 
+def _check_model(who: str, model) -> None:
+    """TypeError naming ``model`` unless it is an ``nn.Module`` (``model.modules()`` would raise
+    AttributeError)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{who}: model must be a torch.nn.Module, got {type(model).__name__}")
+
+
 def patch_linear(model: nn.Module, *, require_cuda: bool = True) -> int:
     """Route every bias-free ``nn.Linear`` with a 2-D float16/bfloat16 weight (on CUDA, unless
     ``require_cuda=False``) through ``cute_kernels.gemm``; returns how many were patched (already
     patched ones are not counted again).  The patched forward runs ``F.linear`` for inputs the GEMM
     does not take (CPU, other dtypes).  :func:`unpatch_linear` restores them."""
+    _check_model("patch_linear", model)
+    if type(require_cuda) is not bool:  # a string would pass as its truth value
+        raise TypeError(f"patch_linear: require_cuda must be a bool, got {type(require_cuda).__name__} {require_cuda!r}")
     n = 0
     for mod in model.modules():
         w = getattr(mod, "weight", None)
@@ -379,6 +394,7 @@ def patch_linear(model: nn.Module, *, require_cuda: bool = True) -> int:
 
 def unpatch_linear(model: nn.Module) -> int:
     """Undo :func:`patch_linear`; returns how many layers were restored."""
+    _check_model("unpatch_linear", model)
     n = 0
     for mod in model.modules():
         if not hasattr(mod, _ORIG):

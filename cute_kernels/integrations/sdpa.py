@@ -196,9 +196,18 @@ def sdpa(
     Returns (B, Hq, Sq, D) in the input dtype: on the kernels a transposed view of a contiguous
     (B, Sq, Hq, D) tensor (``.transpose(1, 2).contiguous()`` of it is free).
     """
+    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
+        if type(flag) is not bool:  # torch's function takes only a bool (an int or a string raises there too)
+            raise TypeError(f"sdpa: {name} must be bool, not {type(flag).__name__}")
     where, reason = route(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, scale)
     if where == "torch":
         return _fallback(reason, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if query.device.type == "meta":
+        # meta tensors route as a GPU's (planning), but nothing runs on them: torch's function gives
+        # its meta result (shape, dtype, autograd) as on any device, where the kernels' device checks raise
+        sdpa_stats["torch"] += 1
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=is_causal,
+                                              scale=scale, enable_gqa=enable_gqa)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     sdpa_stats[where] += 1
     if scale is None:  # torch's default 1 / sqrt(D), a Python float also when D is symbolic (torch.compile)

@@ -96,6 +96,38 @@ def test_cpu_nan_lse_propagates():
     assert torch.isfinite(lse[1:]).all()
 
 
+def _posinf_parts(D, device="cpu"):
+    """Five rows of three parts: row 0 one part at +inf, row 1 two at +inf (the others finite / empty),
+    row 2 all at +inf, row 3 one at +inf among empty ones, row 4 finite (the ordinary merge)."""
+    inf = math.inf
+    lp = torch.tensor([[inf, 1.0, inf, -inf, 0.5], [0.0, inf, inf, inf, 2.0], [-inf, inf, inf, -inf, -1.0]])
+    op = torch.randn(3, 5, D, generator=torch.Generator().manual_seed(3))
+    return op.to(device), lp.to(device)
+
+
+def _posinf_expected(op, lp):
+    """torch.logsumexp's LSE and, where it is +inf, the mean of the outputs of the parts at +inf."""
+    lse = torch.logsumexp(lp, 0)
+    at_inf = torch.isposinf(lp).float()
+    o_inf = (at_inf.unsqueeze(-1) * op).sum(0) / at_inf.sum(0).clamp(min=1).unsqueeze(-1)
+    return torch.where(torch.isposinf(lse).unsqueeze(-1), o_inf, merge_states_torch(op, lp)[0]), lse
+
+
+def test_cpu_posinf_lse_dominates():
+    """Issue 35: a part with LSE +inf gave o = 0 and LSE NaN, where logsumexp gives +inf: it dominates
+    (o = its output, the mean of them if several; LSE +inf), in merge_states and merge_state."""
+    op, lp = _posinf_parts(8)
+    o, lse = merge_states(op, lp)
+    ref_o, ref_l = _posinf_expected(op, lp)
+    assert torch.equal(lse, ref_l) and torch.isposinf(lse[:4]).all()
+    torch.testing.assert_close(o, ref_o)
+    torch.testing.assert_close(o[0], op[0, 0])
+    torch.testing.assert_close(o[1], (op[1, 1] + op[2, 1]) / 2)
+    o2, l2 = merge_state(op[0], lp[0], op[1], lp[1])
+    assert torch.isposinf(l2[:4]).all()
+    torch.testing.assert_close(o2[0], op[0, 0])
+
+
 @pytest.mark.parametrize(
     "o,l,exc,match",
     [
@@ -216,3 +248,14 @@ def test_gpu_merge_deterministic_noncontiguous():
     for _ in range(10):
         o, lse = merge_states(op_nc, lp)
         assert torch.equal(o, first[0]) and torch.equal(lse, first[1])
+
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_posinf_lse_dominates(D):
+    """The kernel's merge step gives the CPU math's result for LSEs at +inf (issue 35)."""
+    op, lp = _posinf_parts(D, device="cuda")
+    o, lse = merge_states(op, lp)
+    ref_o, ref_l = _posinf_expected(op.cpu(), lp.cpu())
+    assert torch.equal(lse.cpu(), ref_l)
+    torch.testing.assert_close(o.cpu(), ref_o, atol=1e-5, rtol=1e-5)
