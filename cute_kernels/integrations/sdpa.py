@@ -50,6 +50,7 @@ from ..attention.decode import decode_attn
 from ..attention.forward import HEAD_DIMS as FLASH_HEAD_DIMS
 from ..attention.forward import flash_attn
 from ..attention.forward_autograd import BWD_HEAD_DIMS
+from ..attention.forward_validate import MAX_SOFTMAX_SCALE
 
 __all__ = ["sdpa", "route", "sdpa_stats", "DECODE_MAX_Q", "DECODE_HEAD_DIMS"]
 
@@ -79,7 +80,7 @@ R_GQA_FLAG = "heads of query and key/value differ without enable_gqa (torch's er
 R_GQA_DIV = "query heads are not a multiple of key/value heads"
 R_EMPTY = "an input has a zero-size dimension"
 R_CAUSAL = "is_causal with Sq > Sk (torch's mask is top-left aligned; the kernels' is bottom-right)"
-R_SCALE = "scale is not a positive finite number"
+R_SCALE = "scale is not a positive finite number the kernels take (at most float32 max / log2(e))"
 R_HEAD_DIM = "head dim not supported by the kernel (flash_attn: 64/128; decode_attn: 64/128/256)"
 R_STRIDES = ("strides the kernels cannot take (head dim not contiguous, other strides not multiples of "
              "8 elements, zero strides, or data pointers not 16-byte aligned)")
@@ -116,7 +117,8 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
     """Where ``sdpa`` with these arguments runs: ``("flash_attn" | "decode_attn" | "torch", reason)``.
 
     Pure: reads shapes, dtypes, devices, strides, flags and data-pointer alignment, never values.  Meta
-    tensors count as tensors on a Hopper GPU (for planning and tests).  For the kernels, ``reason``
+    tensors count as tensors on a Hopper GPU (for planning and tests; :func:`sdpa` gives them torch's
+    meta result).  For the kernels, ``reason``
     says which case applies; for ``"torch"`` it is the fallback reason.
     """
     if attn_mask is not None:
@@ -146,7 +148,8 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
         return "torch", R_EMPTY
     if is_causal and Sq > Sk:
         return "torch", R_CAUSAL
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    # (a comparison, not float(): 10**400 would overflow; the kernels' bound on scale * log2(e))
+    if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale <= MAX_SOFTMAX_SCALE):
         return "torch", R_SCALE
     if not all(_strides_ok(t) for t in qkv):
         return "torch", R_STRIDES
@@ -194,7 +197,8 @@ def sdpa(
         enable_gqa: Hq a multiple of Hkv; query head h reads key/value head h // (Hq / Hkv).
 
     Returns (B, Hq, Sq, D) in the input dtype: on the kernels a transposed view of a contiguous
-    (B, Sq, Hq, D) tensor (``.transpose(1, 2).contiguous()`` of it is free).
+    (B, Sq, Hq, D) tensor (``.transpose(1, 2).contiguous()`` of it is free).  ``is_causal`` and
+    ``enable_gqa`` must be bools (TypeError otherwise, as torch's function).
     """
     for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
         if type(flag) is not bool:  # torch's function takes only a bool (an int or a string raises there too)

@@ -210,6 +210,15 @@ def test_sdpa_on_meta_tensors_is_torchs():
         assert (out.shape, out.dtype, out.device) == (ref.shape, ref.dtype, ref.device)
 
 
+def test_sdpa_routes_scales_the_kernels_refuse_to_torch():
+    """route() raised OverflowError for 10**400 (math.isfinite); 1e300 reached flash_attn, which refuses
+    it, where torch's function computes."""
+    q = z(1, 2, 4, 64, device="meta")
+    for bad in (10 ** 400, 1e300, float("nan"), -1, 0):
+        assert S.route(q, q, q, scale=bad) == ("torch", S.R_SCALE), bad
+    assert S.route(q, q, q, scale=MAX_SOFTMAX_SCALE)[0] == "flash_attn"
+
+
 @pytest.mark.parametrize("kw", [dict(is_causal=1), dict(enable_gqa="yes"), dict(is_causal=np.bool_(True))],
                          ids=str)
 def test_sdpa_flags_are_bools_as_in_torch(kw):
