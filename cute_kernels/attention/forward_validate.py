@@ -154,7 +154,7 @@ def _max_seqlen(value, name: str) -> int:
     except TypeError:
         _err(TypeError, f"{name} must be a Python int, got {type(value).__name__} {value!r}")
     if value < 0:
-        _err(ValueError, f"{name} must be >= 0, got {value}")
+        _err(ValueError, f"{name} must be >= 0, got {shown(value)}")
     if value >= INT32_LIMIT:  # the kernel takes it as an Int32 (and the op schema as an int64)
         _err(ValueError, f"{name} must be < 2**31 (the kernel takes an int32), got {shown(value)}")
     return int(value)
@@ -177,7 +177,7 @@ def check_window(window_size, causal: bool) -> tuple[bool, Optional[tuple[int, i
         except TypeError:
             _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
         if w < -1:
-            _err(ValueError, f"window_size {side} must be >= -1 (-1: unbounded), got {w}")
+            _err(ValueError, f"window_size {side} must be >= -1 (-1: unbounded), got {shown(w)}")
         if w > MAX_WINDOW_SIDE:  # the kernel takes sides as Int32 next to positions (-1 runs as 2**30)
             _err(ValueError, f"window_size {side} must be at most 2**30 (pass -1 for unbounded), got {shown(w)}")
         sides.append(int(w))
@@ -233,7 +233,7 @@ def _scale(softmax_scale, head_dim: int) -> float:
 def shown(value) -> str:
     """``repr(value)``, but an int too long to print in full (10**5000 would raise) by its size."""
     if isinstance(value, int) and value.bit_length() > 128:
-        return f"{'-' if value < 0 else ''}an int of {value.bit_length()} bits"
+        return f"{'a negative' if value < 0 else 'an'} int of {value.bit_length()} bits"
     return repr(value)
 
 
