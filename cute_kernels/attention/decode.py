@@ -392,7 +392,8 @@ def decode_attn(
         causal: bottom-right causal among the new tokens (token t sees positions <= L - Sq + t).
         softmax_scale: default D ** -0.5.
         return_lse: also return the (B, Hq, Sq) float32 natural-log LSE.
-        out: optional (B, Sq, Hq, D) contiguous output buffer.
+        out: optional (B, Sq, Hq, D) contiguous output buffer, not overlapping an input or the
+            workspace (ValueError).
         workspace: optional float32 buffer of at least ``workspace_numel(num_splits, B, Sq, Hq, D)``
             elements (:func:`decode_attn_workspace`).
         checked: validate device values (lengths within the capacity, page ids in range) on the host;

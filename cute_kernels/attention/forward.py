@@ -361,7 +361,8 @@ def flash_attn(
         softmax_scale: default 1 / sqrt(D).
         return_lse: also return the (B, Hq, Sq) float32 natural-log LSE of each row
             (``merge_states(o_parts, lse_parts.transpose(-1, -2))`` merges key splits).
-        out: optional (B, Sq, Hq, D) output buffer of q's dtype and device, same stride rules as q.
+        out: optional (B, Sq, Hq, D) output buffer of q's dtype and device, same stride rules as q;
+            its memory must not overlap an input's, nor its elements each other's (ValueError).
         cu_seqlens_q, cu_seqlens_k: packed (variable-length) sequences: q / out (total_q, Hq, D),
             k / v (total_k, Hkv, D), sequence b its rows ``cu_seqlens[b] .. cu_seqlens[b + 1] - 1``;
             (B + 1,) int32 tensors on q's device, both or neither.  Zero-length sequences are fine;

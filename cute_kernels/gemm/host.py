@@ -136,7 +136,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     """``out = alpha * a @ b + beta * c`` on Hopper tensor cores (fp32 accumulation).
 
     a: (M, K) or (L, M, K); b: (K, N) or (L, K, N); fp16/bf16, each row- or column-major.
-    out / out_dtype: fp16, bf16 or fp32 (default: a's dtype).  c: same shape as out, any strides.
+    out / out_dtype: fp16, bf16 or fp32 (default: a's dtype); out must not overlap a, b or c (out=c
+    exactly is fine), nor its elements each other's (ValueError).  c: same shape as out, any strides.
     Under ``torch.compile`` this goes through the ``cute_kernels::gemm`` custom op.
     ``tune=True`` benchmarks candidate configs for this shape once (results persist on disk and are
     used by later calls, tuned or not); see :mod:`cute_kernels.gemm.tune`.
