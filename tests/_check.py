@@ -242,3 +242,13 @@ def no_compiles():
     before = jit.stats["compiles"]
     yield
     assert jit.stats["compiles"] == before, "a fast-path call compiled"
+
+
+# ---- attention masks: the rule the window walks of the forward and the backward are checked against
+def visible_window(q, k, Sq, Sk, left, right):
+    """Query q (position p = q + Sk - Sq) sees key k iff k < Sk and p - left <= k <= p + right (-1: unbounded)."""
+    p = q + Sk - Sq
+    return 0 <= k < Sk and (left < 0 or k >= p - left) and (right < 0 or k <= p + right)
+
+
+WINDOWS = [(-1, -1), (-1, 0), (0, 0), (3, 0), (0, 5), (7, 9), (16, -1), (-1, 16), (40, 40), (100, 0), (0, 100)]

@@ -14,6 +14,7 @@ import torch
 from cute_kernels.attention import backward_kernel as bk
 from cute_kernels.attention import backward_mask as bm
 from layouts import attention as LA
+from _check import WINDOWS, visible_window  # noqa: E402
 
 CONFIGS = list(itertools.product(("bfloat16", "float16"), LA.BWD_HEAD_DIMS, (False, True)))
 
@@ -70,13 +71,6 @@ def test_m_block_range_brute_force(causal):
                 assert any(visible(q, k, Sq, Sk, causal) for q in rows for k in keys), (Sq, Sk, n)
 
 
-def visible_window(q, k, Sq, Sk, left, right):
-    """Query q (position p = q + Sk - Sq) sees key k iff k < Sk and p - left <= k <= p + right (-1: unbounded)."""
-    p = q + Sk - Sq
-    return 0 <= k < Sk and (left < 0 or k >= p - left) and (right < 0 or k <= p + right)
-
-
-WINDOWS = [(-1, -1), (-1, 0), (0, 0), (3, 0), (0, 5), (7, 9), (16, -1), (-1, 16), (40, 40), (100, 0), (0, 100)]
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=[f"w{l}_{r}" for l, r in WINDOWS])
