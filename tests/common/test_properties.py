@@ -648,6 +648,7 @@ def test_merge_states_empty_part_list_names_o_parts():
 
 
 # ------------------------------------------------------------------------------ the tuning table (issue 19)
+@pytest.mark.filterwarnings("ignore:cute-kernels. cannot read the tuning table")  # provoked here on purpose
 def test_tuning_table_never_raises(tmp_path):
     """An unusable cache directory, an unreadable or malformed table, and a malformed entry mean
     "untuned" with one warning each; storing into a directory that cannot be created keeps the
