@@ -18,7 +18,7 @@ set_dsl_arch_env()  # before anything imports cutlass
 # (its __init__ is as lazy) so that its later import never rebinds ``cute_kernels.gemm``, the function.
 from . import gemm as _gemm_package  # noqa: E402,F401
 
-del gemm  # the subpackage's binding: ``cute_kernels.gemm`` reads the function below
+del globals()["gemm"]  # the import system's binding of the subpackage: ``cute_kernels.gemm`` reads the function
 
 _OPS = {"gemm": ".gemm.host", "flash_attn": ".attention.forward", "flash_attn_backward": ".attention.backward",
         "decode_attn": ".attention.decode",
