@@ -56,6 +56,24 @@ def test_gradients_reach_every_input(meta_ok):
     assert dk3.shape == k3.shape
 
 
+def test_an_unused_lse_sends_no_gradient(meta_ok, monkeypatch):
+    """The backward gets dlse=None unless the LSE was used (no zeros tensor read through the dLSE path)."""
+    from cute_kernels.attention import forward_autograd as FA
+
+    seen, orig = [], FA._flash_attn_backward_op
+
+    def spy(dout, q, k, v, out, lse, dlse, causal, scale):
+        seen.append(dlse is None)
+        return orig(dout, q, k, v, out, lse, dlse, causal, scale)
+
+    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
+    q, k, v = meta_qkv()
+    torch.autograd.grad(FW.flash_attn(q, k, v).float().sum(), (q,))
+    o, lse = FW.flash_attn(q, k, v, return_lse=True)
+    torch.autograd.grad(o.float().sum() + lse.sum(), (q,))
+    assert seen == [True, False]
+
+
 def test_no_grad_and_detached_inputs_record_nothing(meta_ok):
     q, k, v = meta_qkv(grad=False)
     assert FW.flash_attn(q, k, v).grad_fn is None
