@@ -10,14 +10,14 @@ Routing (:func:`route`, pure: shapes, dtypes, strides and flags, never tensor va
 case                                                   runs
 =====================================================  =============================================
 not causal, 1 <= Sq <= 16 and Sq < Sk, no grad        ``decode_attn`` (lengths = Sk), D 64/128/256
-not causal, any other Sq, Sk                           ``flash_attn``, D 64/128
+not causal, any other Sq, Sk                           ``flash_attn``, D 64/96/128/256
 causal, Sq == Sk                                       ``flash_attn(causal=True)`` (top-left = bottom-right)
 causal, Sq < Sk                                        ``flash_attn(causal=True)`` on the first Sq keys
 causal, Sq > Sk                                        torch (top-left mask; the kernels are bottom-right)
 =====================================================  =============================================
 
 An input that requires grad (grad enabled) runs on ``flash_attn``, which is differentiable (the
-backward kernels: D 64/128 here), never on ``decode_attn``.
+backward kernels: D 64/96/128), never on ``decode_attn``.
 
 torch's ``is_causal`` is top-left aligned: query i sees keys j <= i.  With Sq < Sk no query sees a
 key past Sq - 1, so it equals the bottom-right mask over the first Sq keys (a slice, no copy).  With
@@ -81,7 +81,7 @@ R_GQA_DIV = "query heads are not a multiple of key/value heads"
 R_EMPTY = "an input has a zero-size dimension"
 R_CAUSAL = "is_causal with Sq > Sk (torch's mask is top-left aligned; the kernels' is bottom-right)"
 R_SCALE = "scale is not a positive finite number the kernels take (at most float32 max / log2(e))"
-R_HEAD_DIM = "head dim not supported by the kernel (flash_attn: 64/128; decode_attn: 64/128/256)"
+R_HEAD_DIM = "head dim not supported by the kernel (flash_attn: 64/96/128/256; decode_attn: 64/128/256)"
 R_STRIDES = ("strides the kernels cannot take (head dim not contiguous, other strides not multiples of "
              "8 elements, zero strides, or data pointers not 16-byte aligned)")
 
