@@ -10,12 +10,11 @@ kernels take 16-bit operands; the accumulation stays fp32).
 
 from __future__ import annotations
 
-import torch
 
 __all__ = ["register", "check_differentiable"]
 
 
-def check_differentiable(out, tune) -> None:
+def check_differentiable(out) -> None:
     """``ValueError`` for what a call that needs gradients cannot take."""
     if out is not None:
         raise ValueError("gemm: out= cannot be used when an input requires grad (autograd needs the output it "

@@ -145,10 +145,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     grad, the call goes through the functional op (``out=`` then raises ValueError).
     """
     ta, tb = type(alpha), type(beta)
-    if _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
-                            or getattr(c, "requires_grad", False)):
-        return _differentiable(a, b, out, c, alpha, beta, out_dtype, tune)
-    if (ta is float or ta is int) and (tb is float or tb is int) and tune is False and not _is_compiling():
+    grad = _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
+                                or getattr(c, "requires_grad", False))
+    if (not grad and (ta is float or ta is int) and (tb is float or tb is int) and tune is False
+            and not _is_compiling()):
         # the fast path (module doc); anything unusual goes to _run, which checks it
         try:
             hit = (_launchers.get(_key(a, b, out, c, beta, out_dtype))
@@ -165,11 +165,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
         check_scalars(alpha, beta)
     if type(tune) is not bool:  # a string would pass as its truth value
         raise TypeError(f"gemm: tune must be a bool, got {type(tune).__name__} {tune!r}")
+    if grad:  # out= first: the tuning below would time a call that then fails
+        check_differentiable(out)
     if tune:  # validate before timing any candidate
         check_operands(a, b, out, c, out_dtype)
         if beta != 0.0 and c is None:
             raise ValueError("gemm: beta != 0 needs c")
-        tune_gemm(a, b, out_dtype=(out.dtype if out is not None else out_dtype))
+        tune_gemm(a.detach(), b.detach(), out_dtype=(out.dtype if out is not None else out_dtype))
+    if grad:  # through the functional op: its autograd formula (:mod:`.autograd`) runs the backward GEMMs
+        return _gemm_op(a, b, c, float(alpha), float(beta), out_dtype)
     if _is_compiling():
         res = torch.ops.cute_kernels.gemm(a, b, c, float(alpha), float(beta), out_dtype)
         if out is not None:
@@ -177,18 +181,6 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
             return out
         return res
     return _run(a, b, out, c, alpha, beta, out_dtype)
-
-
-def _differentiable(a, b, out, c, alpha, beta, out_dtype, tune):
-    """A call that needs gradients: through the functional op, whose autograd formula (:mod:`.autograd`)
-    runs the backward GEMMs; the op's implementation checks the operands as an eager call does."""
-    check_scalars(alpha, beta)
-    check_differentiable(out, tune)
-    if type(tune) is not bool:
-        raise TypeError(f"gemm: tune must be a bool, got {type(tune).__name__} {tune!r}")
-    if tune:
-        tune_gemm(a.detach(), b.detach(), out_dtype=out_dtype)
-    return _gemm_op(a, b, c, float(alpha), float(beta), out_dtype)
 
 
 # ---------------------------------------------------------------------------- the fast path
