@@ -295,8 +295,8 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6):
     """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
     forward's launcher convention, :func:`.forward_host.run_hit`): allocates out (unless given) and the
     LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
-    (a call the compiled function refuses raises uncounted).  Every launch goes through one.  With P > 1 the partial outputs and LSEs are views of the given
-    workspace, else the launcher's own per stream (calls on one stream are ordered, so each reuses
+    (a call the compiled function refuses raises uncounted).  Every launch goes through one.  With
+    P > 1 the partial outputs and LSEs are views of the given workspace, else the launcher's own per stream (calls on one stream are ordered, so each reuses
     them: two allocations fewer per call) or, while a CUDA graph is being captured, fresh ones that
     the graph keeps.  Without ``want_lse`` the kernel writes the LSE
     into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA

@@ -60,6 +60,12 @@ def first_overlap(out: torch.Tensor, out_extent: int, named) -> Optional[str]:
     return None
 
 
+def same_view(t: torch.Tensor, out: torch.Tensor) -> bool:
+    """``t`` is exactly the view ``out`` (same data pointer, strides and dtype): an elementwise
+    read-then-write, as gemm's ``out=c``, is no overlap."""
+    return t.data_ptr() == out.data_ptr() and t.stride() == out.stride() and t.dtype == out.dtype
+
+
 def check_written(who: str, name: str, out: torch.Tensor, inputs, same_ok=()) -> None:
     """ValueError naming ``name`` when ``out`` has elements sharing an address or overlaps one of
     ``inputs`` ((name, tensor or None) pairs); ``same_ok``: names of inputs that ``out`` may be
@@ -74,7 +80,7 @@ def check_written(who: str, name: str, out: torch.Tensor, inputs, same_ok=()) ->
     for iname, t in inputs:
         if t is None or not has_addresses(t):
             continue
-        if iname in same_ok and t.data_ptr() == out.data_ptr() and t.stride() == out.stride() and t.dtype == out.dtype:
+        if iname in same_ok and same_view(t, out):
             continue
         if first_overlap(out, n, ((iname, t, extent(t)),)):
             raise ValueError(f"{who}: {name} overlaps {iname} in memory: the kernel would overwrite an input it is "

@@ -10,7 +10,6 @@ kernels take 16-bit operands; the accumulation stays fp32).
 
 from __future__ import annotations
 
-
 __all__ = ["register", "check_differentiable"]
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ..common import jit
 from ..common.arch import current_arch
-from ..common.overlap import extent, refuse_overlap
+from ..common.overlap import extent, refuse_overlap, same_view
 from ..testing import LAUNCHES
 from . import launch
 from . import plan as _plan_mod
@@ -273,7 +273,7 @@ def _launcher(p, fn, ws, dev, operands):
     a_ext, b_ext, o_ext, c_ext = (0 if t is None else extent(t) for t in operands)
 
     def guard(a, b, out, c):
-        if c is not None and c.data_ptr() == out.data_ptr() and c.stride() == out.stride() and c.dtype == out.dtype:
+        if c is not None and same_view(c, out):
             c = None  # out=c: each element read, then written
         refuse_overlap("gemm", "out", out, o_ext, (("a", a, a_ext), ("b", b, b_ext), ("c", c, c_ext)))
 
