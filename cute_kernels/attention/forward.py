@@ -404,10 +404,9 @@ def flash_attn(
     if alibi_slopes is not None or type(dropout_p) is not float or type(softcap) is not float or dropout_p or softcap:
         check_unsupported(dropout_p, softcap, alibi_slopes)
     key = None
-    if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-                            or getattr(v, "requires_grad", False)):
-        pass  # the differentiable op (the checked path)
-    elif (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
+    grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+                                or getattr(v, "requires_grad", False))  # then: the differentiable op
+    if not grad and (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
         if block_table is None and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None:
             try:
                 if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and max_seqlen_q is None \
@@ -442,18 +441,19 @@ def flash_attn(
         if res is not None:
             return res
     return _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                    max_seqlen_k, window_size, checked, block_table, seqused_k, key)
+                    max_seqlen_k, window_size, checked, block_table, seqused_k, key, grad)
 
 
 def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-             window_size, checked, block_table, seqused_k, key):
+             window_size, checked, block_table, seqused_k, key, grad):
     """:func:`flash_attn`'s checked path: validate into a :class:`Call`, launch (eager) or trace the
-    custom ops, and keep the launcher under ``key`` (the fast path's, None: none)."""
+    custom ops, and keep the launcher under ``key`` (the fast path's, None: none); ``grad``: an input
+    requires grad (with grad enabled): through the functional op, which autograd records."""
     check_flag(return_lse, "return_lse", "flash_attn")
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor) or (isinstance(q, torch.Tensor) and q.is_meta)
     c = _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                   window_size, checked, block_table, seqused_k, check_ptrs=not tracing, check_values=not tracing)
-    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if grad:
         check_differentiable(c, q, out)  # autograd records the functional op (forward_autograd)
         out, lse = _flash_attn_op(q, k, v, c.causal, c.scale)
     elif tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
