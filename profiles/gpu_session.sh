@@ -30,7 +30,8 @@
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]
 #   host          profiles/bench_host.py (first-call time, host time per call)
 #   host-ab       profiles/bench_host.py --no-first-call on the BEFORE tree (default .ab_before: a `git archive`
-#                 of cute_kernels layouts profiles) and on this one, alternated, HOST_AB_RUNS rounds (default 2)
+#                 of cute_kernels layouts profiles) and on this one, alternated, HOST_AB_RUNS rounds (default 2), both
+#                 pinned to core HOST_AB_CPU (default 3)
 #   import-time   whole-process `import torch` / `import cute_kernels` (this tree, then BEFORE if present),
 #                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run
 #   bench-model   profiles/bench_model.py (end-to-end decode of a Llama-3-8B-shaped model)              [MODEL_S]
@@ -77,11 +78,11 @@ for step in "$@"; do
     bench-test) CK_COMMIT=$commit py 500 -m pytest -q -m gpu -p no:cacheprovider tests/tools/test_bench.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/bench-test.log" ;;
     read-ceiling) py "${CEIL_S:-300}" profiles/read_ceiling.py --out "$OUT" 2>&1 | quiet | tee "$OUT/read-ceiling.log" ;;
     host) CK_COMMIT=$commit py 200 profiles/bench_host.py --out "$OUT" 2>&1 | tee "$OUT/bench-host.log" ;;
-    host-ab) before=$(cd "${BEFORE:-.ab_before}" && pwd)
+    host-ab) before=$(cd "${BEFORE:-.ab_before}" && pwd); pin="taskset -c ${HOST_AB_CPU:-3}"  # both sides on one core
       for r in $(seq "${HOST_AB_RUNS:-2}"); do
         echo "--- round $r: before ($before)"; (cd "$before" && PYTHONPATH="$before:$PYTHONPATH" CK_COMMIT=before \
-          timeout 200 python3 profiles/bench_host.py --no-first-call --out /tmp/host-ab-before)
-        echo "--- round $r: after ($commit)"; CK_COMMIT=$commit py 200 profiles/bench_host.py --no-first-call --out /tmp/host-ab-after
+          timeout 200 $pin python3 profiles/bench_host.py --no-first-call --out /tmp/host-ab-before)
+        echo "--- round $r: after ($commit)"; CK_COMMIT=$commit timeout 200 $pin python3 profiles/bench_host.py --no-first-call --out /tmp/host-ab-after
       done 2>&1 | quiet | tee "$OUT/host-ab.log" ;;
     import-time) before=$(cd "${BEFORE:-.ab_before}" 2>/dev/null && pwd)
       for r in $(seq "${IMPORT_RUNS:-5}"); do
