@@ -4,7 +4,7 @@ From results files (:mod:`.bench.records` reads this package's schema and the ol
 formats of ``profiles/results/``):
 
 - ``<kind>-<date>-<commit>-ratios.png`` per file of the kinds with peers (gemm, attention,
-  attention-varlen, decode, model-decode): each implementation's speed relative to the best peer of
+  attention-varlen, attention-backward, decode, model-decode): each implementation's speed relative to the best peer of
   its shape (best peer's time / its time; above 1 is faster), ours highlighted, the same-run ceiling
   marked (a black bar across the group);
 - ``read-ceiling-<date>-<commit>-reads.png`` per bare-read ceiling file: each target's bytes read per
@@ -35,8 +35,9 @@ PEER_COLORS = ["#1b9e77", "#7570b3", "#386cb0", "#66a61e", "#a6761d", "#e7298a"]
 VARIANT_COLOR = "#bbbbbb"
 BARE_READ_COLORS = ["#444444", "#888888", "#bbbbbb"]
 #: the kinds on the roofline (rows with FLOPs and bytes)
-KIND_MARKERS = {"gemm": "o", "attention": "s", "attention-varlen": "D", "decode": "^"}
-KIND_COLORS = {"gemm": "#d95f02", "attention": "#7570b3", "attention-varlen": "#e7298a", "decode": "#1b9e77"}
+KIND_MARKERS = {"gemm": "o", "attention": "s", "attention-varlen": "D", "attention-backward": "v", "decode": "^"}
+KIND_COLORS = {"gemm": "#d95f02", "attention": "#7570b3", "attention-varlen": "#e7298a", "attention-backward": "#a6761d",
+               "decode": "#1b9e77"}
 #: every kind :func:`make` draws: those with peers (ratio charts) and the bare-read ceilings
 READ_CEILING = "read-ceiling"
 DRAWN = (*results.RATE, READ_CEILING)

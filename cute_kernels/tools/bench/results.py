@@ -29,9 +29,10 @@ SCHEMA = "cute-kernels-bench/1"
 ROLES = ("ours", "peer", "ceiling", "variant")
 #: what each kind's rate column is: (key in an impl, unit)
 RATE = {"gemm": ("tflops", "TFLOP/s"), "attention": ("tflops", "TFLOP/s"), "attention-varlen": ("tflops", "TFLOP/s"),
-        "decode": ("TBps", "TB/s"), "model-decode": ("tokens_per_s", "tok/s")}
+        "attention-backward": ("tflops", "TFLOP/s"), "decode": ("TBps", "TB/s"), "model-decode": ("tokens_per_s", "tok/s")}
 TITLES = {"gemm": "GEMM bf16", "attention": "Attention forward (prefill) bf16",
-          "attention-varlen": "Attention forward bf16: packed (varlen), paged and windowed", "decode": "Decode attention bf16",
+          "attention-varlen": "Attention forward bf16: packed (varlen), paged and windowed",
+          "attention-backward": "Attention backward bf16 (dq, dk, dv)", "decode": "Decode attention bf16",
           "model-decode": "End-to-end decode step, Llama-3-8B shapes"}
 
 
@@ -213,6 +214,8 @@ def _ceiling_words(kind: str) -> str:
     return {"gemm": "a bare read of A and B for memory-bound shapes, a square cuBLAS matmul of the same "
                     "FLOPs for compute-bound ones",
             "attention": "our kernel with the mask and softmax compiled out (mma_bound)",
+            "attention-backward": "our backward's main kernel with the mask and softmax-gradient math compiled out "
+                                  "(mma_bound; its pre- and post-passes not run)",
             "decode": "a bare read of the KV bytes"}.get(kind, "none")
 
 
