@@ -23,6 +23,13 @@ A head dim our kernel does not support yet (``flash_attn`` raises ValueError) sk
 ``mma_bound`` with a note; the peers are still timed.  Peers that are not installed are skipped with a note.
 
     cute-kernels bench attention [--quick] [--shapes b4_h32_s4096_d128_full,...] [--out DIR]
+
+``--backward``: the backward instead (issue 32; :mod:`.attention_backward`): each side's
+``torch.autograd.grad`` of one forward's output on these shapes, FLOPs 2.5x the forward's, its own
+``mma_bound``, the gradients checked against cuDNN's, the ratio to cuDNN against the issue's target;
+results of kind ``attention-backward``.
+
+    cute-kernels bench attention --backward [--quick] [--shapes ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -275,10 +282,17 @@ def build_parser(prog: str = "cute-kernels bench attention") -> argparse.Argumen
     ap.add_argument("--tag", default="", help="suffix of the file names after the kind")
     ap.add_argument("--out", "--out-dir", dest="out", default=os.path.join("profiles", "results"),
                     help="folder for the JSON and markdown (default profiles/results)")
+    ap.add_argument("--backward", action="store_true",
+                    help="benchmark the backward (dq, dk, dv) instead: see --backward --help")
     return ap
 
 
 def main(argv: list[str] | None = None, prog: str = "cute-kernels bench attention") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--backward" in argv:  # the backward benchmark, its own options
+        from . import attention_backward
+
+        return attention_backward.main([a for a in argv if a != "--backward"], prog=f"{prog} --backward")
     ap = build_parser(prog)
     args = ap.parse_args(argv)
     try:

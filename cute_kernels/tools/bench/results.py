@@ -214,8 +214,8 @@ def _ceiling_words(kind: str) -> str:
     return {"gemm": "a bare read of A and B for memory-bound shapes, a square cuBLAS matmul of the same "
                     "FLOPs for compute-bound ones",
             "attention": "our kernel with the mask and softmax compiled out (mma_bound)",
-            "attention-backward": "our backward's main kernel with the mask and softmax-gradient math compiled out "
-                                  "(mma_bound; its pre- and post-passes not run)",
+            "attention-backward": "our backward's main kernel with its elementwise work compiled out "
+                                  "(mma_bound; the pre- and post-passes not run)",
             "decode": "a bare read of the KV bytes"}.get(kind, "none")
 
 
