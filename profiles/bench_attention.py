@@ -11,6 +11,15 @@ dense kernel at the same work (the code: :mod:`cute_kernels.tools.bench.attentio
     python profiles/bench_attention.py --varlen [--quick] [--only varlen,window,paged] [--repeats N]
                                        [--tag T] [--out-dir DIR]
                                        [--list | --dry-run]   (these two: no GPU)
+
+``--backward``: issue 32's backward benchmark instead -- each side's ``torch.autograd.grad(out, (q, k, v),
+dout)`` (ours, cuDNN SDPA, FA2 SDPA, FA4) on the same shapes, FLOPs 2.5x the forward's, beside the
+backward's MMA bound (``mma_only=True``), every side's gradients checked against cuDNN's first, the
+ratio to cuDNN against the target (geomean >= 1.0x, none below 0.9x) (the code:
+:mod:`cute_kernels.tools.bench.attention_backward`; GPU step ``bench-attention-backward``):
+
+    python profiles/bench_attention.py --backward [--quick] [--only SUBSTR] [--shapes NAMES] [--repeats N]
+                                       [--tag T] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from cute_kernels.tools.bench import attention, attention_varlen  # noqa: F401
+from cute_kernels.tools.bench import attention, attention_backward, attention_varlen  # noqa: F401
 from cute_kernels.tools.bench.attention import SHAPES, build_impls, flops_bytes  # noqa: F401
 
 if __name__ == "__main__":
@@ -30,4 +39,8 @@ if __name__ == "__main__":
         argv.remove("--varlen")
         sys.exit(attention_varlen.main(["--out", os.path.join(HERE, "results"), *argv],
                                        prog="bench_attention.py --varlen"))
+    if "--backward" in argv:  # attention.main hands it to attention_backward; named so in its messages
+        argv.remove("--backward")
+        sys.exit(attention_backward.main(["--out", os.path.join(HERE, "results"), *argv],
+                                         prog="bench_attention.py --backward"))
     sys.exit(attention.main(["--out", os.path.join(HERE, "results"), *argv], prog="bench_attention.py"))

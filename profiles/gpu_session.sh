@@ -25,6 +25,8 @@
 #   bench-attention  profiles/bench_attention.py (the forward vs cuDNN / FA2 SDPA / FA4, + its MMA bound) [BENCH_S]
 #   bench-attention-varlen  profiles/bench_attention.py --varlen (issue 18: packed / windowed / paged vs FA4,
 #                 our dense kernel at the same work; ~2-3 min cold)       [BENCH_VARLEN_S, BENCH_VARLEN_ARGS]
+#   bench-attention-backward  profiles/bench_attention.py --backward (issue 32: dq/dk/dv vs cuDNN / FA2 SDPA / FA4,
+#                 + the backward's MMA bound, gradients checked against cuDNN's)                 [BENCH_BWD_S]
 #   bench-quick   cute-kernels bench all --quick (gemm, attention, decode, model; ~1 min each)       [QUICK_S]
 #   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s)
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]
@@ -67,6 +69,7 @@ for step in "$@"; do
     bench-gemm) py "${BENCH_S:-400}" profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-attention) CK_COMMIT=$commit py "${BENCH_S:-400}" profiles/bench_attention.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-attention.log" ;;
     bench-attention-varlen) CK_COMMIT=$commit py "${BENCH_VARLEN_S:-420}" profiles/bench_attention.py --varlen --out-dir "$OUT" ${BENCH_VARLEN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-attention-varlen.log" ;;
+    bench-attention-backward) CK_COMMIT=$commit py "${BENCH_BWD_S:-420}" profiles/bench_attention.py --backward --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-attention-backward.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-decode) py "${BENCH_S:-300}" profiles/bench_gemm.py --preset decode --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm-decode.log" ;;
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | quiet | tee "$OUT/gemm-raster-cand.log" ;;

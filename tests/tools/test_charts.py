@@ -137,13 +137,24 @@ def _written_by_the_library(kind: str, tmp_path: Path) -> Path:
         return attention_varlen.write(json.loads((RESULTS / named[kind]).read_text()), tmp_path)[0]
     if kind == "read-ceiling":  # profiles/read_ceiling.py's file
         return RESULTS / named[kind]
+    if kind == "attention-backward":  # no record yet: the forward fixture's rows as backward rows
+        from cute_kernels.tools.bench import attention_backward
+
+        fwd = json.loads((DATA / "fixture-attention.json").read_text())
+        rows = [attention_backward.make_row(r["shape"], *(r["params"][x] for x in ("B", "Hq", "Hkv", "S", "D", "causal")),
+                                            {n: e["times_us"] for n, e in r["impls"].items()
+                                             if n in ("cute", "mma_bound", *attention_backward.PEERS)},
+                                            "cudnn_sdpa", {"cute": {"dq": 0.004, "dk": 0.005, "dv": 0.003}}, [])
+                for r in fwd["rows"]]
+        return attention_backward.write(attention_backward.document(fwd["meta"], rows, fwd["roofs"]), tmp_path)[0]
     return results.write(json.loads((DATA / f"fixture-{kind}.json").read_text()), tmp_path)[0]
 
 
-@pytest.mark.parametrize("kind", ["gemm", "attention", "decode", "attention-varlen", "model-decode", "read-ceiling"])
+@pytest.mark.parametrize("kind", ["gemm", "attention", "decode", "attention-varlen", "attention-backward", "model-decode",
+                                  "read-ceiling"])
 def test_every_kind_the_library_writes_is_drawn(tmp_path, capsys, kind):
     """``cute-kernels charts FILE`` on each results kind the package writes (the bench kinds, the varlen
-    forward's, the model benchmark's) and the bare-read ceilings: a picture and a table naming the file."""
+    forward's, the backward's, the model benchmark's) and the bare-read ceilings: a picture and a table naming the file."""
     from cute_kernels.tools.bench import KINDS
 
     assert set(KINDS) - {"model"} | {"model-decode"} <= {"gemm", "attention", "decode", "model-decode"}

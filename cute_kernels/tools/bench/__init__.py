@@ -3,7 +3,8 @@
     cute-kernels bench gemm|attention|decode|model|all [--quick] [--shapes ...] [--out DIR] [...]
 
 Each kind is a module with ``main(argv) -> int`` and a ``run(...)`` returning a results document
-(:mod:`.results`): :mod:`.gemm`, :mod:`.attention`, :mod:`.decode`; ``model`` is the end-to-end
+(:mod:`.results`): :mod:`.gemm`, :mod:`.attention` (``--backward``: :mod:`.attention_backward`, results
+of kind ``attention-backward``), :mod:`.decode`; ``model`` is the end-to-end
 decode benchmark of :mod:`cute_kernels.tools.bench_model` (when present).  ``all`` runs each kind in
 turn with the options they share (``--quick``, ``--out``, ``--repeats``).  Every peer of a shape is
 timed by the same timer in interleaved rounds (:mod:`.timing`), beside a same-run ceiling
@@ -21,7 +22,8 @@ PROG = "cute-kernels bench"
 USAGE = f"""usage: {PROG} {{{','.join(KINDS)},all}} [options]
 
   gemm        cute-kernels gemm vs cuBLAS / quack
-  attention   flash_attn vs cuDNN SDPA / FA2 SDPA / FA4, with its MMA bound
+  attention   flash_attn vs cuDNN SDPA / FA2 SDPA / FA4, with its MMA bound; --backward: its
+              gradients (autograd.grad of one forward) vs the same peers, with the backward's MMA bound
   decode      decode_attn vs cuDNN SDPA / FA2 SDPA / FA4, with a bare read of the KV bytes
   model       end-to-end decode of a model (cute_kernels.tools.bench_model)
   all         gemm, attention, decode (and model when present), with the shared options
