@@ -387,8 +387,9 @@ class BwdTile:
             raise ValueError("BwdTile: a dQ split by columns needs tile_m = 64")
         if self.dq_cols_per_wg % 8:
             raise ValueError(f"BwdTile: {self.dq_cols_per_wg} dQ columns per warpgroup is not a wgmma N")
-        if self.stages < 1:
-            raise ValueError("BwdTile: at least 1 stage")
+        if self.stages < 2:
+            raise ValueError("BwdTile: at least 2 stages (a dS^T buffer per stage; the kernel writes one while "
+                             "the other warpgroup may read the previous one)")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:
             raise ValueError(f"BwdTile: {self.smem_bytes()} B of shared memory > {FWD_SMEM_CAPACITY} B")
 
@@ -434,11 +435,24 @@ class BwdTile:
 
     @property
     def ds_bytes(self) -> int:
+        """One dS^T buffer (there is one per ring stage)."""
         return self.tile_n * self.tile_m * self.elem_bytes
 
+    @property
+    def dq_rows_per_wg(self) -> int:
+        """dQ rows one consumer warpgroup computes (the M of its dQ wgmma)."""
+        return FWD_WGMMA_M
+
+    @property
+    def dq_wg_bytes(self) -> int:
+        """One warpgroup's fp32 dQ tile, staged in shared memory for the TMA reduce-add."""
+        return self.dq_rows_per_wg * self.dq_cols_per_wg * 4
+
     def smem_bytes(self) -> int:
-        """K, V, the Q / dO / LSE / Delta ring, dS^T, barriers and alignment slack."""
-        return 2 * self.kv_tile_bytes + self.stages * self.stage_bytes + self.ds_bytes + 3 * FWD_SMEM_SLACK
+        """K, V, the Q / dO / LSE / Delta ring, a dS^T per stage, the warpgroups' fp32 dQ tiles, barriers
+        and alignment slack."""
+        return (2 * self.kv_tile_bytes + self.stages * (self.stage_bytes + self.ds_bytes)
+                + self.consumer_warpgroups * self.dq_wg_bytes + 3 * FWD_SMEM_SLACK)
 
 
 def bwd_tile(dtype: str, head_dim: int) -> BwdTile:
@@ -481,9 +495,21 @@ def make_bwd_smem_layout_v(t: BwdTile):
 
 
 def make_bwd_smem_layout_ds(t: BwdTile):
-    """(tile_n, tile_m) dS^T, query rows contiguous (the C layout of S^T, written by stmatrix); the
-    transposed view (tile_m, tile_n) is dQ = dS K's MN-major A operand (64 rows per warpgroup)."""
-    return cute.tile_to_shape(_bwd_atom(t, FWD_WGMMA_M), (t.tile_n, t.tile_m), (0, 1))
+    """(tile_n, tile_m, stages) dS^T, one per ring stage, query rows contiguous (the C layout of S^T,
+    written by stmatrix); the transposed view (tile_m, tile_n) is dQ = dS K's MN-major A operand (64
+    rows per warpgroup).  One buffer per stage: a warpgroup writes stage s's while the other may still
+    read the previous stage's (no barrier before the write)."""
+    return cute.tile_to_shape(_bwd_atom(t, FWD_WGMMA_M), (t.tile_n, t.tile_m, t.stages), (0, 1, 2))
+
+
+def make_bwd_smem_layout_dq(t: BwdTile):
+    """(dq_rows_per_wg, dq_cols_per_wg, consumer_warpgroups) fp32: each consumer warpgroup's dQ tile,
+    rows of ``dq_cols_per_wg`` floats swizzled (the widest swizzle dividing them: conflict-free float2
+    stores of the accumulator), the source of the TMA reduce-add into the fp32 dQ accumulator."""
+    f32 = cutlass.Float32
+    kind = sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, f32, t.dq_cols_per_wg)
+    atom = warpgroup.make_smem_layout_atom(kind, f32)
+    return cute.tile_to_shape(atom, (t.dq_rows_per_wg, t.dq_cols_per_wg, t.consumer_warpgroups), (0, 1, 2))
 
 
 def make_bwd_tiled_mma_sdp(t: BwdTile):

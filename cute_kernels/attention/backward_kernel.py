@@ -5,27 +5,31 @@ LSE and the pre-pass's ``Delta = rowsum(dO * O)`` (:mod:`.backward_prepost`).
 One CTA per (KV tile of ``tile_n`` = 128 keys, query head, batch); 3 warpgroups
 (:class:`layouts.attention.BwdTile`):
 
-* warpgroup 0, the producer (24 registers): warp 0 loads the K and V tiles of the query head's KV
-  head once (one mbarrier, :class:`~cute_kernels.common.ring.TxRing`), then, for every query tile
-  that sees one of the CTA's keys, its Q, dO and the pre-pass's LSE (base 2) and Delta rows into one
-  ``stages``-deep TMA ring (:func:`~cute_kernels.common.ring.make_tma_pipeline`,
-  :func:`~cute_kernels.common.tma.tma_produce_stage`);
+* warpgroup 0, the producer (24 registers): warp 0 (``LOAD_WARP``) loads the K and V tiles of the
+  query head's KV head once (one mbarrier, :class:`~cute_kernels.common.ring.TxRing`), then, for every
+  query tile that sees one of the CTA's keys, its Q, dO and the pre-pass's LSE (base 2) and Delta rows
+  into one ``stages``-deep TMA ring (:func:`~cute_kernels.common.ring.make_tma_pipeline`,
+  :func:`~cute_kernels.common.tma.tma_produce_stage`); warp 1 (``DQ_WARP``) adds each consumer
+  warpgroup's fp32 dQ tile into the dQ accumulator (B, Hq, Sq_pad, D) in global memory with one TMA
+  reduce-add per tile (``cp.reduce.async.bulk.tensor``), so the consumers never wait on it;
 * warpgroups 1 and 2, the consumers (240 registers): warpgroup w owns keys 64w .. 64w+63 of the tile
-  and their dK, dV accumulators.  Per query tile m (``tile_m`` rows):
+  and their dK, dV accumulators.  Per query tile m (``tile_m`` rows, ring stage s):
 
   1. S^T = K Q^T and dP^T = V dO^T (wgmma, both operands from shared memory; rows are keys, columns
      queries);
   2. mask (key-length tail, causal diagonal: only the tiles that need it), P^T = exp2(S^T * scale_log2
      - LSE_log2[query]) (:func:`~cute_kernels.common.softmax.probs_from_lse`), dS^T = P^T (dP^T -
      Delta[query]);
-  3. dV += P^T dO, dK += dS^T Q: P^T / dS^T in 16 bits are the register A operands (the accumulator
-     relabelled, as the forward's P), dO / Q the MN-major B operands (transposed views);
-  4. dS^T to shared memory (stmatrix), both warpgroups synchronize, dQ = dS K (wgmma: the transposed
-     dS^T view and the transposed K tile, both MN-major), each thread adds its dQ values into the fp32
-     accumulator (B, Hq, Sq_pad, D) in global memory (``red.global.add``).
+  3. dS^T to stage s's shared buffer (stmatrix) while dV += P^T dO runs (P^T in 16 bits, the
+     accumulator relabelled as the forward's P, is the register A operand; dO the MN-major B operand);
+  4. both warpgroups wrote their rows of dS^T (one named barrier): dQ = dS K (wgmma, the transposed dS^T
+     view and the transposed K tile, both MN-major; warpgroup w computes its half of dQ's columns),
+     then dK += dS^T Q (register A operand) runs while dQ goes to the warpgroup's fp32 tile in shared
+     memory for the dQ warp (two named barriers per warpgroup: tile free, tile written).
 
-  dS^T has one buffer: a warpgroup writes it only after both finished the previous tile's dQ wgmma
-  (a named barrier of the two), and reads it after both wrote it (a second one).
+  A dS^T buffer per stage: a warpgroup writes stage s's while the other may still be reading the
+  previous stage's; it last read stage s's two tiles ago, before it passed the barrier of step 4 of the
+  tile in between.
 
 Epilogue: dK and dV are not scaled here: each thread adds its rows of dK and dV (keys < Sk)
 into the fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV head (GQA) add into the same
@@ -58,9 +62,14 @@ from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
 
-#: the named barriers of the two consumer warpgroups around the dS^T buffer
-BAR_DS_FREE = int(NamedBarrierId.FIRST_FREE)
-BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE) + 1
+#: the named barrier of the consumer warpgroups: every warpgroup wrote its rows of this stage's dS^T
+BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
+#: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
+#: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
+BAR_DQ_EMPTY = int(NamedBarrierId.FIRST_FREE) + 1
+BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
+#: the producer warpgroup's warps: the loads (Q, dO, LSE, Delta; K, V once) and the dQ reduce-adds
+LOAD_WARP, DQ_WARP = 0, 1
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,10 @@ class FlashBwdConfig:
     tile: LA.BwdTile
     #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
     window: bool = False
+    #: the MMA bound of the benchmark (``cute-kernels bench attention --backward``): the mask, the
+    #: exponentials and dS compiled out (P = S, dS = dP in 16 bits); loads, the five GEMMs and the
+    #: dQ / dK / dV reductions as in the real kernel.  Wrong gradients: never planned for a call.
+    mma_only: bool = False
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
@@ -137,11 +150,14 @@ class FlashAttnBwdSm90:
         qhead_per_kvhead = num_heads // mK.shape[2]
         mQ, mK, mV, mdO = (fsl.bshd_to_sdhb(x) for x in (mQ, mK, mV, mdO))
         mLSE2, mDelta = _rows_first(mLSE2), _rows_first(mDelta)
+        # (B, Hq, Sq_pad, D) -> (Sq_pad, D, Hq, B): rows first, as the TMA reduce takes it
+        mdQacc = cute.make_tensor(mdQacc.iterator, cute.select(mdQacc.layout, mode=[2, 3, 1, 0]))
 
         sQ_layout = LA.make_bwd_smem_layout_q(t)
         sK_layout = LA.make_bwd_smem_layout_k(t)
         sV_layout = LA.make_bwd_smem_layout_v(t)
         sdS_layout = LA.make_bwd_smem_layout_ds(t)
+        sdQ_layout = LA.make_bwd_smem_layout_dq(t)
         sRow_layout = cute.make_layout((self.tile_m, self.stages))
         tiled_mma_sdp = LA.make_bwd_tiled_mma_sdp(t)
         tiled_mma_dkv = LA.make_bwd_tiled_mma_dkv(t)
@@ -155,6 +171,9 @@ class FlashAttnBwdSm90:
         row_box = cute.make_layout(self.tile_m)
         tma_lse, tma_mLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, row_box, (self.tile_m,))
         tma_delta, tma_mDelta = cpasync.make_tiled_tma_atom(g2s, mDelta, row_box, (self.tile_m,))
+        dq_box = (t.dq_rows_per_wg, t.dq_cols_per_wg)
+        tma_dq, tma_mdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc,
+                                                      cute.select(sdQ_layout, mode=[0, 1]), dq_box)
 
         stages = self.stages
 
@@ -169,14 +188,15 @@ class FlashAttnBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
 
         self.shared_storage = SharedStorage
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
         self.kernel(
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
-            mdQacc, mdKacc, mdVacc, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
-            tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sRow_layout,
-            window_left, window_right,
+            tma_dq, tma_mdQ, mdKacc, mdVacc, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
+            tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
+            sRow_layout, window_left, window_right,
         ).launch(
             grid=[num_n_blocks, num_heads, batch],
             block=[t.threads, 1, 1],
@@ -189,19 +209,20 @@ class FlashAttnBwdSm90:
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor,
                tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
                tma_lse: cute.CopyAtom, mLSE: cute.Tensor, tma_delta: cute.CopyAtom, mDelta: cute.Tensor,
-               mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor, scale_log2: Float32,
-               seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32, tiled_mma_sdp: cute.TiledMma,
-               tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma, sQ_layout: cute.ComposedLayout,
-               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
-               sRow_layout: cute.Layout, window_left, window_right):
+               tma_dq: cute.CopyAtom, mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,
+               scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
+               tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
+               window_left, window_right):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
-        if warp_idx == 0:
-            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_delta):
+        if warp_idx == LOAD_WARP:
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_delta, tma_dq):
                 cpasync.prefetch_descriptor(atom)
 
         smem = cutlass.memory.SmemAllocator()
@@ -220,22 +241,25 @@ class FlashAttnBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDelta = storage.sDelta.get_tensor(sRow_layout)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(t.producer_regs)
-            if warp_idx == 0:
-                m_min, m_max, _, _ = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
+            m_min, m_max, _, _ = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
+            if warp_idx == LOAD_WARP:
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO,
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
                              m_min, m_max)
+            elif warp_idx == DQ_WARP:
+                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max)
         else:
             cute.arch.setmaxregister_increase(t.consumer_regs)
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
-            self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sLSE, sDelta, kv_ring,
-                         pipe_q, mdQacc, mdKacc, mdVacc, scale_log2, seqlen_q, seqlen_k, n_block, head,
-                         qhead_per_kvhead, batch, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right)
+            self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta,
+                         kv_ring, pipe_q, mdKacc, mdVacc, scale_log2, seqlen_q, seqlen_k, n_block,
+                         qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right)
 
     @cute.jit
     def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
@@ -250,7 +274,7 @@ class FlashAttnBwdSm90:
     @cute.jit
     def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO, sK,
                 sV, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, n_block, head, head_kv, batch, m_min, m_max):
-        """Warp 0: K and V once, then the query tiles ``m_min .. m_max - 1`` (Q, dO, LSE, Delta per stage)."""
+        """The load warp: K and V once, then the query tiles ``m_min .. m_max - 1`` (Q, dO, LSE, Delta per stage)."""
         t = self.cfg.tile
         one = cute.make_layout(1)
         if m_max > m_min:
@@ -279,10 +303,37 @@ class FlashAttnBwdSm90:
                 state = tma.tma_produce_stage(pipe_q, state, copies, m_min + i)
 
     @cute.jit
+    def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max):
+        """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
+        the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
+        w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it."""
+        t = self.cfg.tile
+        nwg = t.consumer_warpgroups
+        one = cute.make_layout(1)
+        # (rows, cols, row tiles, col tiles) of this head's accumulator, and the warpgroups' buffers
+        gdQ = cute.local_tile(mdQacc[None, None, head, batch], (t.dq_rows_per_wg, t.dq_cols_per_wg), (None, None))
+        tDsD, tDgD = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
+        wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
+        for i in cutlass.range(m_max - m_min, unroll=1):
+            m_block = m_min + i
+            for w in cutlass.range_constexpr(nwg):
+                cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+            for w in cutlass.range_constexpr(nwg):
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+                if cute.arch.lane_idx() == 0:
+                    if const_expr(t.dq_split_m):
+                        cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
+                    else:
+                        cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
+                cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0)  # the adds done, not only their reads
+
+    @cute.jit
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-                sQ, sdO, sK, sV, sdS, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdQacc: cute.Tensor,
-                mdKacc: cute.Tensor, mdVacc: cute.Tensor, scale_log2: Float32, seqlen_q, seqlen_k, n_block, head,
-                qhead_per_kvhead, batch, m_min, m_max, m_lo, m_hi, mma_tidx, window_left, window_right):
+                sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdKacc: cute.Tensor,
+                mdVacc: cute.Tensor, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
+                m_max, m_lo, m_hi, mma_tidx, window_left, window_right):
         """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
         unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
@@ -291,7 +342,6 @@ class FlashAttnBwdSm90:
         wg_sdp = tiled_mma_sdp.get_slice(wg_first)
         thr_dkv = tiled_mma_dkv.get_slice(mma_tidx)
         wg_dkv = tiled_mma_dkv.get_slice(wg_first)
-        thr_dq = tiled_mma_dq.get_slice(mma_tidx)
         wg_dq = tiled_mma_dq.get_slice(wg_first)
 
         # S^T = K Q^T, dP^T = V dO^T: A (MMA, 1, D/16), B (MMA, 1, D/16, stages)
@@ -303,11 +353,15 @@ class FlashAttnBwdSm90:
         t_order = cute.make_ordered_layout((self.D, self.tile_m, self.stages), order=(1, 0, 2))
         tKrQt = tiled_mma_dkv.make_fragment_B(wg_dkv.partition_B(cute.composition(sQ, t_order)))
         tVrdOt = tiled_mma_dkv.make_fragment_B(wg_dkv.partition_B(cute.composition(sdO, t_order)))
-        # dQ = dS K: A = dS as (tile_m, tile_n) (the transposed dS^T), B = K as (D, tile_n)
-        sdS_t = cute.composition(sdS, cute.make_ordered_layout((self.tile_m, self.tile_n), order=(1, 0)))
+        # dQ = dS K: A = dS as (tile_m, tile_n, stages) (the transposed dS^T), B = K as (D, tile_n)
+        sdS_t = cute.composition(sdS, cute.make_ordered_layout((self.tile_m, self.tile_n, self.stages),
+                                                               order=(1, 0, 2)))
         sK_t = cute.composition(sK, cute.make_ordered_layout((self.D, self.tile_n), order=(1, 0)))
         tQrdS = tiled_mma_dq.make_fragment_A(wg_dq.partition_A(sdS_t))
         tQrK = tiled_mma_dq.make_fragment_B(wg_dq.partition_B(sK_t))
+        # this thread's dQ values in its warpgroup's fp32 tile: the tiled MMA's first warpgroup partitions
+        # a (rows, cols) tile as warpgroup w's threads hold theirs
+        tdQsdQ = tiled_mma_dq.get_slice(mma_tidx % 128).partition_C(sdQ[None, None, wg])
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)
@@ -317,27 +371,24 @@ class FlashAttnBwdSm90:
         # (key, query) coordinates of this thread's S^T elements within the tile
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
         tScS_mn = fs.acc_mn_view(thr_sdp.partition_C(cS))
-        # the (row, column) of this thread's dQ elements in a query tile; the head's (Sq_pad, D) rows
-        tQcQ = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.D)))
-        gdQ = mdQacc[batch, head, None, None]
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if m_max > m_min:
             kv_ring.wait(0, 0)
         for i in cutlass.range(m_lo - m_min, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
-                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q,
-                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, True,
+                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, wg, True,
                                    window_left, window_right)
         for i in cutlass.range(m_hi - m_lo, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
-                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q,
-                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_lo + i, mma_tidx, False)
+                                   tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_lo + i, mma_tidx, wg, False)
         if const_expr(self.cfg.window):  # the window's far edge: masked again
             for i in cutlass.range(m_max - m_hi, unroll=1):
                 read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
-                                       tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ,
-                                       pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx,
+                                       tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn,
+                                       pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
                                        True, window_left, window_right)
 
         if m_max > m_min:
@@ -349,8 +400,8 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
-                   tQrK, acc_dK, acc_dV, sdS, sLSE, sDelta, tScS_mn, tQcQ, gdQ, pipe_q, read, scale_log2, seqlen_q,
-                   seqlen_k, n_block, m_block, mma_tidx, masked: cutlass.Constexpr[bool], window_left=None,
+                   tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q, read, scale_log2, seqlen_q,
+                   seqlen_k, n_block, m_block, mma_tidx, wg, masked: cutlass.Constexpr[bool], window_left=None,
                    window_right=None):
         """Query tile ``m_block`` (see the module docstring).  Returns the advanced ring state."""
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
@@ -366,55 +417,57 @@ class FlashAttnBwdSm90:
         warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
 
         s_mn = fs.acc_mn_view(acc_S)
-        if const_expr(masked and self.cfg.window):
+        if const_expr(self.cfg.mma_only):
+            pass
+        elif const_expr(masked and self.cfg.window):
             apply_window_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m,
                                 window_left, window_right)
         elif const_expr(masked):
             apply_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m, self.causal)
-        probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
-
-        warpgroup.wait_group(0)
-        dp_mn = fs.acc_mn_view(acc_dP)
-        for c in cutlass.range_constexpr(cute.size(dp_mn, mode=[1])):
-            delta = sDelta[tScS_mn[0, c][1], stage]
-            for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
-                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - delta)
-        # both in 16 bits only now: P^T's fp32 copy dies as its 16-bit one is made (registers at D = 64)
+        if const_expr(not self.cfg.mma_only):
+            probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
+        # P^T in 16 bits: the register A operand of dV += P^T dO
         rP = cute.make_rmem_tensor(acc_shape, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+
+        warpgroup.wait_group(0)
+        dp_mn = fs.acc_mn_view(acc_dP)
+        if const_expr(not self.cfg.mma_only):
+            for c in cutlass.range_constexpr(cute.size(dp_mn, mode=[1])):
+                delta = sDelta[tScS_mn[0, c][1], stage]
+                for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
+                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - delta)
         rdS = cute.make_rmem_tensor(acc_shape, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
         tKrdS = cute.make_tensor(rdS.iterator, fs.acc_to_frg_a_layout(rdS.layout))
 
-        # dV += P^T dO, dK += dS^T Q (register A operands)
+        # dS^T -> this stage's buffer (the other warpgroup read the previous stage's), dV += P^T dO meanwhile
+        wgmma.store_acc_to_smem(tiled_mma_sdp, rdS, sdS[None, None, stage], mma_tidx, self.dtype)
         warpgroup.fence()
         wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage, accumulate=True)
         warpgroup.commit_group()
-        wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
-        warpgroup.commit_group()
-
-        # dS^T -> shared memory, once both warpgroups' previous dQ wgmmas have read it
-        cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=self.num_mma_threads)
-        wgmma.store_acc_to_smem(tiled_mma_sdp, rdS, sdS, mma_tidx, self.dtype)
         cute.arch.fence_proxy("async.shared", space="cta")  # visible to the wgmma (async proxy)
         cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
 
-        # dQ = dS K
-        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.get_slice(mma_tidx).partition_shape_C((self.tile_m, self.D)),
-                                       Float32)
-        warpgroup.fence()
-        wgmma.wgmma_tile(tiled_mma_dq, acc_dQ, tQrdS, tQrK, accumulate=False)
+        # dQ = dS K, then dK += dS^T Q (register A operand) while dQ goes to shared memory
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.get_slice(mma_tidx).partition_shape_C(
+            (self.tile_m, self.D)), Float32)
+        wgmma.wgmma_tile(tiled_mma_dq, acc_dQ, tQrdS, tQrK, stage, None, accumulate=False)
         warpgroup.commit_group()
+        wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
+
+        # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
+        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
+        cute.autovec_copy(acc_dQ, tdQsdQ)
+        cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
+        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
+
         warpgroup.wait_group(0)
         pipe_q.consumer_release(read)
         read.advance()
-
-        # dQ into the fp32 accumulator (rows past Sq land in its padding)
-        row0 = m_block * self.tile_m
-        for i in cutlass.range(cute.size(acc_dQ), unroll_full=True):
-            row, col = tQcQ[i]
-            cute.arch.atomic_add(gdQ.iterator + cute.crd2idx((row0 + row, col), gdQ.layout), acc_dQ[i])
         return read
 
     @cute.jit

@@ -23,7 +23,7 @@ from ..common import jit
 
 #: SASS opcodes worth counting in a Hopper kernel.
 COUNTED = (
-    "HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "STSM", "LDSM",
+    "HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "UTMAREDG", "UBLKCP", "LDGSTS", "STSM", "LDSM",
     "LDG", "STG", "LDS", "STS", "LDL", "STL", "BAR", "SYNCS", "FFMA", "MUFU", "SHFL",
 )
 
