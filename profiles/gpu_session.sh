@@ -48,7 +48,7 @@ py() { timeout "$1" python3 "${@:2}"; }
 quiet() { grep -v "Warning:\|warnings.warn"; }
 gpu_tests() {  # gpu_tests SECONDS LOG PATH... [pytest args]: GPU tests on 8 workers, the tail into $OUT/LOG
   local s=$1 log=$2; shift 2
-  py "$s" -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:warnings --tb=short "$@" 2>&1 | tail -n 150 | tee "$OUT/$log"
+  py "$s" -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:warnings --tb=short "$@" 2>&1 | grep -v "^DEBUG \|^INFO " | tail -n 200 | tee "$OUT/$log"
 }
 for step in "$@"; do
   echo "=== $step $(date -u +%T)" | tee -a "$OUT/session.log"

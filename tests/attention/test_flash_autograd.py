@@ -220,7 +220,7 @@ def test_compile_and_cuda_graph_of_a_training_step():
     finally:
         torch._dynamo.reset()
     for a, b in zip(got, ref):
-        assert torch.equal(a, b)  # the same kernels, the same bits
+        _same_up_to_reduction_order(a, b)
     static = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     step(*static)  # warm-up outside the capture (compiles, allocator)
     stream = torch.cuda.Stream()
@@ -238,4 +238,14 @@ def test_compile_and_cuda_graph_of_a_training_step():
     torch.cuda.synchronize()
     want = step(*(t.detach().mul(0.5).requires_grad_(True) for t in (q, k, v)))
     for a, b in zip(out, want):
-        assert torch.equal(a, b)
+        _same_up_to_reduction_order(a, b)
+
+
+def _same_up_to_reduction_order(a, b):
+    """The same kernels on the same inputs: equal but for the order of the fp32 reduce-adds (dQ over KV
+    tiles, dK / dV over a KV head's query heads), which is not fixed (the deterministic mode is part 2):
+    at most 2 bf16 ulps apart, elementwise."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    tol = 2 * 2.0 ** -7 * torch.maximum(a.float().abs(), b.float().abs()) + 1e-6
+    assert ((a.float() - b.float()).abs() <= tol).all(), (a.float() - b.float()).abs().max()
