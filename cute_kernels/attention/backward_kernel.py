@@ -321,11 +321,11 @@ class FlashAttnBwdSm90:
                 cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
             for w in cutlass.range_constexpr(nwg):
                 cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
-                if cute.arch.lane_idx() == 0:
-                    if const_expr(t.dq_split_m):
-                        cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
-                    else:
-                        cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
+                # the whole warp: the TMA copy elects its issuing thread itself (elect.sync, all lanes)
+                if const_expr(t.dq_split_m):
+                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
+                else:
+                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
                 cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0)  # the adds done, not only their reads
 
