@@ -8,8 +8,9 @@ return_lse=True)``: ``lse`` (B, Hq, Sq) fp32, natural log, ``-inf`` for a row th
 gradients are 0).  ``dlse`` (optional, (B, Hq, Sq) fp32): the gradient arriving at ``lse``.
 
 Buffers per call (fp32): LSE_log2 and Delta (B, Hq, Sq_pad), the dQ accumulator (B, Hq, Sq_pad, D)
-(``Sq_pad``: Sq rounded up to :data:`layouts.attention.BWD_ROW_PAD`), the dK and dV accumulators
-(B, Sk, Hkv, D) (zeroed here; the query heads of a KV head add into them).
+(``Sq_pad``: Sq rounded up to :data:`layouts.attention.BWD_ROW_PAD`), and with GQA the dK and dV
+accumulators (B, Sk, Hkv, D) (zeroed here; the query heads of a KV head add into them).  Without GQA
+the main kernel stores dk and dv itself.
 """
 
 from __future__ import annotations
@@ -89,14 +90,16 @@ def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv
 _PLANS: dict = {}
 
 
-def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False, window: bool = False):
+def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False, window: bool = False,
+             gqa: bool = False):
     """The three configurations a call compiles (main, pre-pass, post-pass); memoized.  ``window``: a
-    sliding window of any sides (causal then False: it is the window's right side)."""
-    key = (dtype, head_dim, causal, has_dlse, window)
+    sliding window of any sides (causal then False: it is the window's right side).  ``gqa``: more query
+    heads than KV heads (dK, dV then summed in fp32 accumulators; else the main kernel stores them)."""
+    key = (dtype, head_dim, causal, has_dlse, window, gqa)
     plan = _PLANS.get(key)
     if plan is None:
         name = name_of(dtype)
-        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal and not window, window),
+        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal and not window, window, direct_kv=not gqa),
                               bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse),
                               bp.BwdPrepostConfig("convert", name, head_dim))
     return plan
@@ -127,7 +130,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv
-    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None, window is not None))
+    gqa = Hq != Hkv
+    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa))
     if main is None:  # jit.dry_run
         return dq, dk, dv
     pad = LA.BWD_ROW_PAD
@@ -136,17 +140,20 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     lse2 = torch.empty(B, Hq, Sp, **f32)
     delta = torch.empty(B, Hq, Sp, **f32)
     dq_acc = torch.empty(B, Hq, Sp, D, **f32)  # zeroed by the pre-pass
-    dk_acc = torch.zeros(B, Sk, Hkv, D, **f32)
-    dv_acc = torch.zeros(B, Sk, Hkv, D, **f32)
+    if gqa:  # a KV head's query heads add into its rows
+        dk_out, dv_out = torch.zeros(B, Sk, Hkv, D, **f32), torch.zeros(B, Sk, Hkv, D, **f32)
+    else:  # the main kernel stores them
+        dk_out, dv_out = dk, dv
     pre(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_acc)
     if window is None:
-        main(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, scale * LOG2_E)
+        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale * LOG2_E)
     else:  # sides of -1 (unbounded) reach past any length
         wl, wr = (WINDOW_UNBOUNDED if w < 0 else w for w in window)
-        main(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, scale * LOG2_E, wl, wr)
+        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale * LOG2_E, wl, wr)
     post(dq_acc.permute(0, 2, 1, 3)[:, :Sq], dq, scale)
-    post(dk_acc, dk, scale)
-    post(dv_acc, dv, 1.0)
+    if gqa:
+        post(dk_out, dk, scale)
+        post(dv_out, dv, 1.0)
     return dq, dk, dv
 
 
@@ -167,12 +174,13 @@ def precompile(plans, processes=None) -> list[str]:
 def warmup_flash_attn_backward(spec) -> None:
     """Compile (or load) the three kernels a backward call would run, without a GPU: ``spec`` is a
     :func:`bwd_plan` result or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128,
-    causal=bool, dlse=bool, window=bool)`` (``dlse``: a gradient arriving at the LSE)."""
+    causal=bool, dlse=bool, window=bool, gqa=bool)`` (``dlse``: a gradient arriving at the LSE; ``gqa``: more
+    query heads than KV heads)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window", "gqa"}
         if extra:
             raise ValueError(f"warmup flash_attn_backward: unknown keys {sorted(extra)} "
-                             "(dtype, head_dim, causal, dlse, window)")
+                             "(dtype, head_dim, causal, dlse, window, gqa)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, dtype)
@@ -181,7 +189,8 @@ def warmup_flash_attn_backward(spec) -> None:
         head_dim = spec.get("head_dim", 128)
         if head_dim not in LA.BWD_HEAD_DIMS:
             raise ValueError(f"warmup flash_attn_backward: head_dim must be one of {LA.BWD_HEAD_DIMS}, got {head_dim}")
-        spec = bwd_plan(dtype, head_dim, spec.get("causal", False), spec.get("dlse", False), spec.get("window", False))
+        spec = bwd_plan(dtype, head_dim, spec.get("causal", False), spec.get("dlse", False), spec.get("window", False),
+                        spec.get("gqa", False))
     _compiled(spec)
 
 

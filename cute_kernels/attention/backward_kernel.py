@@ -31,9 +31,10 @@ One CTA per (KV tile of ``tile_n`` = 128 keys, query head, batch); 3 warpgroups
   previous stage's; it last read stage s's two tiles ago, before it passed the barrier of step 4 of the
   tile in between.
 
-Epilogue: dK and dV are not scaled here: each thread adds its rows of dK and dV (keys < Sk)
-into the fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV head (GQA) add into the same
-rows -- and the post-pass scales and converts them (:mod:`.backward_prepost`).
+Epilogue: with one query head per KV head (``direct_kv``) each thread stores its rows of dK (times the
+softmax scale) and dV (keys < Sk) in the input dtype; otherwise (GQA) it adds them, unscaled, into the
+fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV head add into the same rows -- and the
+post-pass scales and converts them (:mod:`.backward_prepost`).
 
 Query tiles of a KV tile n (:mod:`.backward_mask`): causal (bottom-right), query ``q`` sees key ``k``
 iff ``k <= q + Sk - Sq``, so tile n is seen from query tile ``(n * tile_n + Sq - Sk) // tile_m`` on;
@@ -44,6 +45,7 @@ buffers, so their P is 0 with no mask; rows that see no key likewise (their forw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import cutlass
@@ -68,6 +70,8 @@ BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
 #: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
 BAR_DQ_EMPTY = int(NamedBarrierId.FIRST_FREE) + 1
 BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
+#: ln 2: the softmax scale is ``scale_log2 * LN2``
+LN2 = math.log(2.0)
 #: the producer warpgroup's warps: the loads (Q, dO, LSE, Delta; K, V once) and the dQ reduce-adds
 LOAD_WARP, DQ_WARP = 0, 1
 
@@ -87,6 +91,9 @@ class FlashBwdConfig:
     #: exponentials and dS compiled out (P = S, dS = dP in 16 bits); loads, the five GEMMs and the
     #: dQ / dK / dV reductions as in the real kernel.  Wrong gradients: never planned for a call.
     mma_only: bool = False
+    #: dK and dV stored by the kernel, scaled and in the input dtype (Hq == Hkv: no other CTA adds into
+    #: a KV head's rows), instead of added into fp32 accumulators that a post-pass converts
+    direct_kv: bool = False
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
@@ -97,10 +104,11 @@ class FlashBwdConfig:
             raise ValueError("FlashBwdConfig: a window config folds causal into its right side (causal=False)")
 
 
-def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False) -> FlashBwdConfig:
+def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False,
+               direct_kv: bool = False) -> FlashBwdConfig:
     """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
     return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=LA.bwd_tile(dtype, head_dim),
-                          window=bool(window))
+                          window=bool(window), direct_kv=bool(direct_kv))
 
 
 def _rows_first(t: cute.Tensor) -> cute.Tensor:
@@ -395,8 +403,12 @@ class FlashAttnBwdSm90:
             # the tile's coordinates read again: kept live across the loop they would spill (D = 64)
             n_block, head, batch = cute.arch.block_idx()
             head_kv = head // qhead_per_kvhead
-            self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
-            self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
+            if const_expr(self.cfg.direct_kv):
+                self.store_kv_rows(thr_dkv, acc_dK, mdKacc, scale_log2 * LN2, seqlen_k, n_block, head_kv, batch)
+                self.store_kv_rows(thr_dkv, acc_dV, mdVacc, Float32(1.0), seqlen_k, n_block, head_kv, batch)
+            else:
+                self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
+                self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
 
     @cute.jit
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
@@ -482,6 +494,19 @@ class FlashAttnBwdSm90:
                                      acc[i])
 
 
+    @cute.jit
+    def store_kv_rows(self, thr_dkv, acc: cute.Tensor, mOut: cute.Tensor, scale: Float32, seqlen_k, n_block,
+                      head_kv, batch):
+        """Store this thread's rows (keys < Sk) of a dK or dV accumulator, times ``scale``, into the
+        (B, Sk, Hkv, D) gradient in the input dtype (``direct_kv``: this CTA owns those rows)."""
+        cKD = cute.make_identity_tensor((self.tile_n, self.D))
+        tc = thr_dkv.partition_C(cKD)
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            key = n_block * self.tile_n + tc[i][0]
+            if key < seqlen_k:
+                mOut[batch, key, head_kv, tc[i][1]] = (acc[i] * scale).to(self.dtype)
+
+
 # ---- compile entry ------------------------------------------------------------------------------
 
 
@@ -489,7 +514,8 @@ def backward_builder(cfg: FlashBwdConfig):
     """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled`: symbolic B, Sq,
     Sk, Hq, Hkv, Sq_pad (a multiple of :data:`layouts.attention.BWD_ROW_PAD`) and a fresh symbolic
     stride for every stride of q, k, v, dout (stride(-1) = 1); the fp32 buffers compact.  Arguments:
-    ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)``, and a window
+    ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)`` (``direct_kv``: dk, dv
+    in the input dtype, any 16-byte strides, in place of the two accumulators), and a window
     config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`)."""
 
     def build():
@@ -512,8 +538,12 @@ def backward_builder(cfg: FlashBwdConfig):
         mLSE2 = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mDelta = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mdQ = make_fake_compact_tensor(f32, (B, Hq, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
-        mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
-        mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        if cfg.direct_kv:  # dk, dv themselves: the input dtype, any 16-byte strides
+            mdK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+            mdV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+        else:
+            mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+            mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         k = FlashAttnBwdSm90(cfg)
         if cfg.window:
             return k.call_window, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), Int32(0), Int32(0),

@@ -513,7 +513,8 @@ _WARMUP_SPEC_KEYS: dict[str, dict[str, str]] = {
                  out_dtype="dtype|None", with_c="bool"),
     "flash_attn": dict(dtype="dtype|str", head_dim="int", causal="bool", varlen="bool", window="bool",
                        page_size="int"),
-    "flash_attn_backward": dict(dtype="dtype|str", head_dim="int", causal="bool", dlse="bool", window="bool"),
+    "flash_attn_backward": dict(dtype="dtype|str", head_dim="int", causal="bool", dlse="bool", window="bool",
+                                gqa="bool"),
 }
 
 

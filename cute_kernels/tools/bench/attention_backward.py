@@ -144,7 +144,8 @@ def _bound(q, k, v, out, dout, causal):
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     q_, k_, v_ = (t.detach() for t in (q, k, v))
-    main_cfg, pre_cfg, _ = BW.bwd_plan(q.dtype, D, causal)
+    gqa = Hq != Hkv
+    main_cfg, pre_cfg, _ = BW.bwd_plan(q.dtype, D, causal, gqa=gqa)
     main = BW._get_any(dataclasses.replace(main_cfg, mma_only=True))
     pre = BW._get_any(pre_cfg)
     with torch.no_grad():
@@ -153,7 +154,10 @@ def _bound(q, k, v, out, dout, causal):
     f32 = dict(dtype=torch.float32, device=q.device)
     lse2, delta = torch.empty(B, Hq, Sp, **f32), torch.empty(B, Hq, Sp, **f32)
     dq_acc = torch.empty(B, Hq, Sp, D, **f32)
-    dk_acc, dv_acc = torch.zeros(B, S, Hkv, D, **f32), torch.zeros(B, S, Hkv, D, **f32)
+    if gqa:  # fp32 accumulators (as flash_attn_backward zeroes them per call: not timed here)
+        dk_acc, dv_acc = torch.zeros(B, S, Hkv, D, **f32), torch.zeros(B, S, Hkv, D, **f32)
+    else:  # the kernel stores dk, dv in the input dtype
+        dk_acc, dv_acc = torch.empty_like(k_), torch.empty_like(v_)
     pre(out, dout, lse, lse, lse2, delta, dq_acc)
     scale2 = LOG2_E / math.sqrt(D)
 
@@ -332,11 +336,12 @@ def precompile(shapes) -> None:
     from ...attention import forward as FW
     from .timing import precompile_and_report
 
-    dims = [(D, causal) for *_, D, causal in shapes if D in LA.BWD_HEAD_DIMS]
-    fwd = [FW.plan(torch.bfloat16, D, causal) for D, causal in dims]
-    bwd = [c for D, causal in dims for c in BW.bwd_plan(torch.bfloat16, D, causal)]
+    dims = [(D, causal, Hq != Hkv) for _, _, Hq, Hkv, _, D, causal in shapes if D in LA.BWD_HEAD_DIMS]
+    fwd = [FW.plan(torch.bfloat16, D, causal) for D, causal, _ in dims]
+    bwd = [c for D, causal, gqa in dims for c in BW.bwd_plan(torch.bfloat16, D, causal, gqa=gqa)]
     if bound_supported():
-        bwd += [dataclasses.replace(BW.bwd_plan(torch.bfloat16, D, causal)[0], mma_only=True) for D, causal in dims]
+        bwd += [dataclasses.replace(BW.bwd_plan(torch.bfloat16, D, causal, gqa=gqa)[0], mma_only=True)
+                for D, causal, gqa in dims]
     if fwd:
         precompile_and_report(FW.precompile, fwd)
         precompile_and_report(lambda cfgs: BW.precompile([cfgs]), list(dict.fromkeys(bwd)))
