@@ -93,3 +93,41 @@ def refuse_overlap(who: str, name: str, out: torch.Tensor, out_extent: int, name
     if hit is not None:
         raise ValueError(f"{who}: {name} overlaps {hit} in memory: the kernel would overwrite an input it is still "
                          f"reading; pass a separate {name} buffer")
+
+
+def _refused(who: str, name: str, hit: str):
+    raise ValueError(f"{who}: {name} overlaps {hit} in memory: the kernel would overwrite an input it is still "
+                     f"reading; pass a separate {name} buffer")
+
+
+def out_guard(who: str, name: str, out_extent: int, names: tuple, extents: tuple):
+    """A launcher's check, made once per launcher: ``guard(out, *inputs)`` raises (:func:`refuse_overlap`'s
+    error) when ``out``'s ``out_extent`` bytes meet an input's bytes (``extents``, in the order of
+    ``names``; None inputs and empty extents are skipped).  The launcher's key fixes every extent, so
+    only the data pointers are read per call; three inputs (q, k, v; a, b, c), the common case, get a
+    closure with the comparisons written out (no per-call iterator)."""
+    if not out_extent:
+        return lambda out, *ts: None
+    if len(names) == 3:
+        (n1, n2, n3), (e1, e2, e3) = names, extents
+
+        def guard3(out, t1, t2, t3):
+            o = out.data_ptr()
+            end = o + out_extent
+            if t1 is not None and e1:
+                p = t1.data_ptr()
+                if p < end and o < p + e1:
+                    _refused(who, name, n1)
+            if t2 is not None and e2:
+                p = t2.data_ptr()
+                if p < end and o < p + e2:
+                    _refused(who, name, n2)
+            if t3 is not None and e3:
+                p = t3.data_ptr()
+                if p < end and o < p + e3:
+                    _refused(who, name, n3)
+        return guard3
+
+    def guard(out, *ts):
+        refuse_overlap(who, name, out, out_extent, zip(names, ts, extents))
+    return guard

@@ -22,7 +22,7 @@ import torch
 
 from ..common import jit
 from ..common.arch import current_arch
-from ..common.overlap import extent, refuse_overlap, same_view
+from ..common.overlap import extent, out_guard, same_view
 from ..testing import LAUNCHES
 from . import launch
 from . import plan as _plan_mod
@@ -271,11 +271,12 @@ def _launcher(p, fn, ws, dev, operands):
     data pointers before the launch, the refused one then taking the checked path that names it."""
     shape, dtype, has_c = jit.size_args(p.shape), p.out_dtype, p.has_c
     a_ext, b_ext, o_ext, c_ext = (0 if t is None else extent(t) for t in operands)
+    refuse = out_guard("gemm", "out", o_ext, ("a", "b", "c"), (a_ext, b_ext, c_ext))
 
     def guard(a, b, out, c):
         if c is not None and same_view(c, out):
             c = None  # out=c: each element read, then written
-        refuse_overlap("gemm", "out", out, o_ext, (("a", a, a_ext), ("b", b, b_ext), ("c", c, c_ext)))
+        refuse(out, a, b, c)
 
     if ws is None:
         def launch_(a, b, out, c, alpha, beta):
