@@ -63,6 +63,32 @@ def cache(tmp_path, monkeypatch):
     _forget()
 
 
+@pytest.fixture(scope="session")
+def compiled_entry(tmp_path_factory):
+    """A directory holding what one compile of the kernel leaves in a fresh cache (its .o, .so, .sha256,
+    .txt and .lock), compiled once per test process; the compile itself is checked by
+    test_clean_entry_loads_without_compiling."""
+    d = tmp_path_factory.mktemp("entry") / "cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUTE_KERNELS_CACHE_DIR", str(d))
+        mp.setenv("CUTE_KERNELS_DISK_CACHE", "1")
+        fn, compiles, warned = _get_counting_warnings()
+        _forget()
+    assert fn is not None and compiles == 1 and not warned
+    return d
+
+
+@pytest.fixture
+def entry(cache, compiled_entry):
+    """``cache`` as a compile into it leaves it: the directory (mode 0700) and a valid entry, copied
+    (same names, modes and bytes) from :func:`compiled_entry` rather than compiled again."""
+    cache.mkdir(mode=0o700, parents=True)
+    for f in compiled_entry.iterdir():
+        shutil.copy2(f, cache / f.name)
+    assert _valid(_entry(cache))
+    return cache
+
+
 def _entry(d: Path) -> Path:
     (obj,) = d.glob(f"{NAME}-*.o")
     return obj
@@ -91,8 +117,8 @@ def test_clean_entry_loads_without_compiling(cache):
     assert jit.stats["disk_hits"] == hits + 1
 
 
-def test_corrupt_entry_recompiles_and_warns_once(cache):
-    _get_counting_warnings()
+def test_corrupt_entry_recompiles_and_warns_once(entry):
+    cache = entry
     obj = _entry(cache)
     good = obj.read_bytes()
     assert len(good) > 12 * 1024
@@ -113,8 +139,8 @@ def test_corrupt_entry_recompiles_and_warns_once(cache):
     assert jit._load_object(obj) is not None
 
 
-def test_missing_checksum_recompiles(cache):
-    _get_counting_warnings()
+def test_missing_checksum_recompiles(entry):
+    cache = entry
     Path(str(_entry(cache))[: -len(".o")] + ".sha256").unlink()
     fn, compiles, warned = _get_counting_warnings()
     assert fn is not None and compiles == 1 and len(warned) == 1
@@ -194,10 +220,10 @@ def _messages(warned) -> list[str]:
 
 
 @pytest.mark.parametrize("ext", ["o", "sha256"])
-def test_fifo_in_an_entry_does_not_block(cache, ext):
+def test_fifo_in_an_entry_does_not_block(entry, ext):
     """A FIFO in place of the object or checksum file: not opened for a blocking read (the old cache
     blocked there forever, holding the entry's lock); one warning, recompiled, replaced by a file."""
-    _get_counting_warnings()
+    cache = entry
     path = Path(f"{_stem(cache)}.{ext}")
     path.unlink()
     os.mkfifo(path)
@@ -224,9 +250,9 @@ def test_fifo_in_an_entry_does_not_block(cache, ext):
     assert stat.S_ISREG(os.lstat(path).st_mode) and _valid(_entry(cache))
 
 
-def test_symlink_in_an_entry_is_not_followed(cache, tmp_path):
+def test_symlink_in_an_entry_is_not_followed(entry, tmp_path):
     """A link in place of the object file (even to a valid copy) is not read: recompiled, replaced."""
-    _get_counting_warnings()
+    cache = entry
     obj = _entry(cache)
     copy = tmp_path / "elsewhere.o"
     copy.write_bytes(obj.read_bytes())
@@ -238,10 +264,10 @@ def test_symlink_in_an_entry_is_not_followed(cache, tmp_path):
     assert not obj.is_symlink() and _valid(obj)
 
 
-def test_hit_takes_no_lock(cache, monkeypatch):
+def test_hit_takes_no_lock(entry, monkeypatch):
     """A hit needs no write access: with the entry's lock impossible to take (a read-only cache), a
     valid entry still loads, without a compile or a warning."""
-    _get_counting_warnings()
+    cache = entry
 
     def no_lock(self):
         raise PermissionError(errno.EACCES, "Permission denied", str(self.path))
@@ -270,7 +296,7 @@ print(json.dumps(dict(hit=hit, end=jit.stats, warned=[str(x.message) for x in w
 """
 
 
-def test_read_only_cache_of_another_user_is_used(cache, tmp_path):
+def test_read_only_cache_of_another_user_is_used(entry, tmp_path):
     """A cache filled on one machine and shipped read-only.  As root: root's files, read by a process
     that cannot write them (CAP_DAC_OVERRIDE dropped) and checks them as uid 12345 would; otherwise
     this user's own files made read-only.  A hit loads without compiling or warning; a miss compiles
@@ -279,7 +305,7 @@ def test_read_only_cache_of_another_user_is_used(cache, tmp_path):
     setpriv = shutil.which("setpriv")
     if root and setpriv is None:
         pytest.skip("root writes into read-only directories, and setpriv (to drop that) is missing")
-    _get_counting_warnings()
+    cache = entry
     ro = tmp_path / "shipped"
     shutil.copytree(cache, ro)
     names = sorted(p.name for p in ro.iterdir())
@@ -312,10 +338,10 @@ def _owned_by_someone_else(path: Path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("how", ["other-owner", "group-writable", "other-writable"])
-def test_untrusted_cache_dir_is_not_used(cache, monkeypatch, how):
+def test_untrusted_cache_dir_is_not_used(entry, monkeypatch, how):
     """A directory another user owns or group / others may write: its (valid) entry is not loaded, one
     warning, compiled without the disk cache, nothing written."""
-    _get_counting_warnings()
+    cache = entry
     names = sorted(p.name for p in cache.iterdir())
     if how == "other-owner":
         _owned_by_someone_else(cache, monkeypatch)
@@ -333,10 +359,10 @@ def test_untrusted_cache_dir_is_not_used(cache, monkeypatch, how):
 
 @pytest.mark.parametrize("ext", ["o", "sha256", "so"])
 @pytest.mark.parametrize("how", ["other-owner", "group-writable", "other-writable"])
-def test_untrusted_entry_is_recompiled(cache, how, ext):
+def test_untrusted_entry_is_recompiled(entry, how, ext):
     """An entry file another user owns or group / others may write: not loaded, one warning, recompiled
     and replaced by this user's files (the directory is trusted: this user may replace them)."""
-    _get_counting_warnings()
+    cache = entry
     path = Path(f"{_stem(cache)}.{ext}")
     if not path.exists():
         pytest.skip("no .so in the entry: no C compiler (cc) to link one")
@@ -418,18 +444,18 @@ def test_linked_entry_loads_without_the_dsl(cache):
     assert out.stdout.split() == ["False", "tvm_ffi.core", "1", "0", "True", "1"], out.stdout
 
 
-def test_unloadable_linked_entry_falls_back_to_the_object_file(cache, monkeypatch):
+def test_unloadable_linked_entry_falls_back_to_the_object_file(entry, monkeypatch):
     """A .so that cannot be loaded here (no single DSL runtime library found) is not an error: the .o
     loads through the DSL, no compile, no warning."""
-    _get_counting_warnings()
+    cache = entry
     monkeypatch.setattr(jit, "_runtime_libraries", lambda: None)
     hits = jit.stats["disk_hits"]
     fn, compiles, warned = _get_counting_warnings()
     assert fn is not None and compiles == 0 and not warned and jit.stats["disk_hits"] == hits + 1
 
 
-def test_corrupt_linked_entry_recompiles(cache):
-    _get_counting_warnings()
+def test_corrupt_linked_entry_recompiles(entry):
+    cache = entry
     so = _stem(cache).with_suffix(".so")
     if not so.exists():
         pytest.skip("no .so in the entry: no C compiler (cc) to link one")
