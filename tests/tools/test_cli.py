@@ -323,8 +323,12 @@ def test_layouts_refuses_formats_it_does_not_write(capsys, tmp_path, out, fmt, w
 
 @pytest.mark.parametrize("name, fmt", [("x.txt", "text"), ("x.SVG", "svg"), ("x.png", "png")])
 def test_layouts_writes_what_the_extension_says(capsys, tmp_path, name, fmt):
+    """The format written is the one named; the picture is a small one (an 8 x 8 tile raster): drawing
+    the default 64 x 128 accumulator fragment takes seconds (its PNG ~20 s on two cores) and is
+    test_layouts_text's (text) and tests/layouts' (SVG, PNG size)."""
     path = tmp_path / name
-    rc, _, err = run_main(capsys, ["layouts", "gemm", "--out", str(path), "--format", fmt])
+    rc, _, err = run_main(capsys, ["layouts", "gemm", "--what", "raster", "--problem", "1024,1024", "--out", str(path),
+                                   "--format", fmt])
     assert rc == 0 and f"({fmt})" in err
     head = path.read_bytes()[:8]
     assert head.startswith(b"\x89PNG") if fmt == "png" else head.startswith(b"<svg") or head.startswith(b"<?xml") \
