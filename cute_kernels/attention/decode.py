@@ -38,6 +38,7 @@ from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
 from . import forward_host as fh
 from .decode_kernel import DecodeAttnKernel
+from .forward_validate import FLOAT32_MAX, check_softcap
 from .decode_plan import (  # noqa: F401  (the planning API, re-exported)
     TMA_EF_MAX_KV_BYTES, DecodeConfig, choose_num_splits, explain, load_for, make_config, workspace_numel,
 )
@@ -82,9 +83,12 @@ def decode_builder(cfg: DecodeConfig):
             mLSEp = make_fake_compact_tensor(
                 cutlass.Float32, (P, B, Sq, Hq), stride_order=(3, 2, 1, 0), assumed_align=4
             )
-        k = DecodeAttnKernel(cfg.tile, cfg.paged, cfg.page_size, cfg.causal, cfg.split, cfg.load)
+        k = DecodeAttnKernel(cfg.tile, cfg.paged, cfg.page_size, cfg.causal, cfg.split, cfg.load, cfg.softcap, cfg.sink)
+        # softcapping / sinks: softcap_scale, then the sink vector (any stride; its length the host checks)
+        variant = (Float32(1.0),) * cfg.softcap + (
+            make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (s64(),), assumed_align=4),) * cfg.sink
         return k, (mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, Float32(1.0),
-                   make_fake_stream(use_tvm_ffi_env_stream=True))
+                   make_fake_stream(use_tvm_ffi_env_stream=True)) + variant
 
     return build
 
@@ -116,14 +120,14 @@ def _aligned(q, k_cache) -> bool:
 
 
 def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale,
-         key=None) -> None:
+         key=None, softcap=0.0, learnable_sink=None) -> None:
     """Launch a validated CUDA call (out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 written) through a
     launcher (:func:`_launcher`), kept under ``key`` for later calls with the same metadata (not for an
     empty batch, nor a q that needed an aligned copy)."""
     B, Sq, Hq, D = q.shape
     if B == 0:
         return
-    cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal)
+    cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal, bool(softcap), learnable_sink is not None)
     fn = get_decode_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
@@ -132,8 +136,9 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
     if P > 1 and workspace is not None:
         _check_workspace(workspace, P, B, Sq, Hq, D)
     launch = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device,
-                       (q, k_cache, v_cache, cache_seqlens, block_table, workspace))
-    launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace)
+                       (q, k_cache, v_cache, cache_seqlens, block_table, workspace), cfg.variant_args, learnable_sink)
+    launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace,
+           *fh.variant_values(softcap, learnable_sink))
     if key is not None:
         _launchers[key] = launch
 
@@ -153,10 +158,12 @@ def decode_attn_workspace(q: torch.Tensor, num_splits: int) -> torch.Tensor:
 
 
 def decode_attn_reference(
-    q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None
+    q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None, softcap=0.0,
+    learnable_sink=None,
 ):
     """Float32 torch reference (the CPU path; one sequence at a time, lengths read on the host): out
-    (B, Sq, Hq, D) and the natural-log lse (B, Hq, Sq); rows that see no key get 0 and -inf.  Bad
+    (B, Sq, Hq, D) and the natural-log lse (B, Hq, Sq); rows that see no key get 0 and -inf (with a
+    sink: 0 and the sink).  ``softcap`` (0: off) and ``learnable_sink`` as :func:`decode_attn`.  Bad
     device values are treated as the kernel treats them: lengths clamped to [0, capacity], page ids
     to [0, num_pages)."""
     B, Sq, Hq, D = q.shape
@@ -165,6 +172,10 @@ def decode_attn_reference(
     scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
     out = torch.zeros(B, Sq, Hq, D, dtype=torch.float32, device=q.device)
     lse = torch.full((B, Hq, Sq), float("-inf"), dtype=torch.float32, device=q.device)
+    sink = None
+    if learnable_sink is not None:  # (Hq,) -> (Hkv, G, 1, 1), the scores' (head group, row) layout
+        sink = learnable_sink.to(device=q.device, dtype=torch.float32).view(Hkv, G, 1, 1)
+        lse[:] = learnable_sink.to(device=q.device, dtype=torch.float32)[None, :, None]
     lens = cache_seqlens.to("cpu", torch.int64).tolist()
     cap = _plan_mod.capacity(k_cache, block_table)
     for b in range(B):
@@ -181,14 +192,20 @@ def decode_attn_reference(
             vb = v_cache[pages].reshape(-1, Hkv, D)[:L]
         qb = q[b].float().view(Sq, Hkv, G, D)
         s = torch.einsum("tkgd,lkd->kgtl", qb, kb.float()) * scale  # (Hkv, G, Sq, L)
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
         if causal:
             pos = torch.arange(L, device=q.device)
             lim = L - Sq + torch.arange(Sq, device=q.device)  # (Sq,)
             s = s.masked_fill(pos[None, None, None, :] > lim[None, None, :, None], float("-inf"))
         m = s.amax(-1, keepdim=True)
+        if sink is not None:
+            m = torch.maximum(m, sink.expand_as(m))
         m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
         p = torch.exp(s - m)
         l = p.sum(-1, keepdim=True)
+        if sink is not None:  # the sink joins the denominator only
+            l = l + torch.exp(sink - m)
         p = p / torch.where(l > 0, l, torch.ones_like(l))
         o = torch.einsum("kgtl,lkd->tkgd", p, vb.float())  # (Sq, Hkv, G, D)
         out[b] = o.reshape(Sq, Hq, D)
@@ -200,14 +217,16 @@ def decode_attn_reference(
 # torch.library ops and the public function
 # ------------------------------------------------------------------------------------------------
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale,
-                 key=None):
+                 key=None, softcap=0.0, learnable_sink=None):
     if q.device.type not in _KERNEL_DEVICES:
         LAUNCHES["decode_attn:cpu"] += 1
-        o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale)
+        o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, softcap,
+                                     learnable_sink)
         out.copy_(o.to(out.dtype))
         lse.copy_(l)
         return
-    _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale, key)
+    _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale, key,
+         softcap, learnable_sink)
 
 
 @torch.library.custom_op(
@@ -225,12 +244,16 @@ def _decode_attn_out_op(
     num_splits: Optional[int],
     causal: bool,
     softmax_scale: float,
+    softcap: float = 0.0,
+    learnable_sink: Optional[torch.Tensor] = None,
 ) -> None:
-    _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale)
+    _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale,
+                 None, softcap, learnable_sink)
 
 
 @_decode_attn_out_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale):
+def _(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale,
+      softcap=0.0, learnable_sink=None):
     return None
 
 
@@ -244,16 +267,20 @@ def _decode_attn_op(
     num_splits: Optional[int],
     causal: bool,
     softmax_scale: float,
+    softcap: float = 0.0,
+    learnable_sink: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     B, Sq, Hq, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, num_splits, causal, softmax_scale)
+    _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, num_splits, causal, softmax_scale,
+                        softcap, learnable_sink)
     return out, lse
 
 
 @_decode_attn_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softmax_scale):
+def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softmax_scale, softcap=0.0,
+      learnable_sink=None):
     B, Sq, Hq, D = q.shape
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -274,7 +301,7 @@ _FAST_TYPES = fh.FAST_TYPES
 _launchers: dict = {}
 #: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
 _KERNEL_DEVICES = ("cuda",)
-def _key(q, k, v, s, bt, out, ws, num_splits, causal) -> tuple:
+def _key(q, k, v, s, bt, out, ws, num_splits, causal, variant=None) -> tuple:
     """What :func:`~.decode_plan.validate` and the plan read from a call that the compiled function's own
     argument checks (:func:`~cute_kernels.common.jit.direct`) leave open: q's shape, dtype and device
     (``get_device()``: -1 for every non-CUDA device, which never has a launcher), k's shape, the
@@ -283,15 +310,21 @@ def _key(q, k, v, s, bt, out, ws, num_splits, causal) -> tuple:
     table's shape, the workspace's size, the types of the optional tensors (a fake one never hits),
     num_splits (with its type: True is not 1 here) and causal.  The rest -- the other dtypes and
     devices, v's, out's and the lengths' shapes, out's and the lengths' contiguity, 16-byte alignment
-    -- the compiled function checks on every call."""
-    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(), s.dtype,
-            None if bt is None else (type(bt), bt.shape, bt.stride(), bt.dtype),
-            None if out is None else type(out),
-            None if ws is None else (type(ws), ws.shape, ws.stride()),
-            type(num_splits), num_splits, causal)
+    -- the compiled function checks on every call.  ``variant``: ``(softcap, learnable_sink)`` of a
+    call with softcapping or a sink (:func:`.forward_host.variant_key` joins the key)."""
+    key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(), s.dtype,
+           None if bt is None else (type(bt), bt.shape, bt.stride(), bt.dtype),
+           None if out is None else type(out),
+           None if ws is None else (type(ws), ws.shape, ws.stride()),
+           type(num_splits), num_splits, causal)
+    if variant is not None:
+        if variant[1] is not None and type(variant[1]) not in _FAST_TYPES:
+            raise TypeError("fast path: a learnable_sink of another type")
+        key = (key, fh.variant_key(*variant))
+    return key
 
 
-def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6):
+def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(), sink=None):
     """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
     forward's launcher convention, :func:`.forward_host.run_hit`): allocates out (unless given) and the
     LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
@@ -306,7 +339,12 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6):
     refused that for the call the launcher was made from, and each later call with the same metadata
     (:func:`_key`: shapes and strides fix the byte extents of ``operands``, the first call's (q, k, v,
     cache_seqlens, block_table, workspace); out is contiguous) is checked against its data pointers
-    before the launch; a refused one takes the checked path, which names it."""
+    before the launch; a refused one takes the checked path, which names it.
+
+    ``variant`` (the config's ``variant_args``; ``sink``: the first call's sink, for its extent):
+    :func:`_variant_launcher`."""
+    if variant:
+        return _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink)
     B, Sq, Hq, D = qshape
     lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
     lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
@@ -361,6 +399,59 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6):
     return launch
 
 
+def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink):
+    """:func:`_launcher` of a softcapping and / or sink config: ``launch(q, k, v, out, lse, scale, seqlens,
+    block_table, workspace, *values)`` with the values of ``variant`` (softcap: the float, passed as
+    ``softcap * log2(e)`` for the softmax and ``softmax_scale / softcap``; learnable_sink: the tensor,
+    guarded against overlap with out and the workspace too); one body for split and unsplit calls."""
+    B, Sq, Hq, D = qshape
+    lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
+    lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
+    exts = tuple(0 if t is None else extent(t) for t in (*operands, sink))
+    o_ext = B * Sq * Hq * D * dtype.itemsize
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+    softcap_on = "softcap_scale" in variant
+    pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
+    pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
+    lse_off = P * B * Sq * Hq * D
+    parts: dict = {}
+
+    def new_parts():
+        return _empty(*pshape, dtype=_F32, device=dev), _empty(*plshape, dtype=_F32, device=dev)
+
+    def launch(q, k, v, out, lse, scale, s, bt, ws, *vals):
+        if softcap_on and not scale / vals[0] <= FLOAT32_MAX:  # a hit's new scale: the checks name it
+            raise ValueError("decode_attn: softmax_scale / softcap past the float32 range")
+        ws = ws if P > 1 else None  # (one split: the workspace is not used)
+        if out is not None or ws is not None:
+            sk = vals[-1] if sink is not None else None
+            ins = tuple(zip(names + ("learnable_sink",), (q, k, v, s, bt, sk), exts[:5] + exts[6:]))
+            if out is not None:
+                refuse_overlap("decode_attn", "out", out, o_ext, ins + (("workspace", ws, exts[5]),))
+            if ws is not None:
+                refuse_overlap("decode_attn", "workspace", ws, exts[5], ins)
+        if out is None:
+            out = _empty(*osize, dtype=dtype, device=dev)
+        if lse.__class__ is bool:
+            lse = lse_for(lse)
+        if P == 1:
+            o_part = lse_part = None
+        elif ws is None:
+            o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
+        else:
+            off = ws.storage_offset()
+            o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
+        if softcap_on:
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, vals[0] * LOG2_E, scale / vals[0], *vals[1:])
+        else:
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E, *vals)
+        LAUNCHES["decode_attn"] += 1
+        return out, lse
+    launch.default_scale = D ** -0.5
+    launch.keep = keep
+    return launch
+
+
 def decode_attn(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -375,6 +466,8 @@ def decode_attn(
     out: Optional[torch.Tensor] = None,
     workspace: Optional[torch.Tensor] = None,
     checked: Optional[bool] = None,
+    softcap: float = 0.0,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     """Decode attention of 1..16 new tokens per sequence against a KV cache (split-k, GQA, paged).
 
@@ -402,21 +495,30 @@ def decode_attn(
             a length uses raises ValueError.  Unchecked, bad values give wrong results but never
             out-of-bounds memory accesses: lengths are clamped to [0, capacity] and page ids to
             [0, num_pages) (a negative id reads page 0), on the GPU and on the CPU path alike.
+        softcap: score softcapping, ``flash_attn``'s (FlashAttention's definition: the scaled scores
+            become ``softcap * tanh(s / softcap)`` before the mask), a finite number >= 0, 0 off.
+        learnable_sink: ``flash_attn``'s (FlashAttention-4's): a (Hq,) float32 tensor on q's device,
+            one logit per query head added to each row's softmax denominator (not scaled); the LSE
+            is ``log(sum_j exp(s_j) + exp(sink))``, a row without keys gets 0 and the sink.  With
+            splits it enters split 0's partial state only, so the merge counts it once.
 
     Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.  Not
     differentiable: with grad enabled, an input that requires grad raises ValueError (a result
     without gradients would be silently wrong); ``flash_attn`` has the backward.
     """
     if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
-                            or getattr(v_cache, "requires_grad", False)):
+                            or getattr(v_cache, "requires_grad", False)
+                            or getattr(learnable_sink, "requires_grad", False)):
         raise ValueError("decode_attn: an input requires grad, and decode_attn has no backward; call it under "
                          "torch.no_grad() / torch.inference_mode(), or use flash_attn (differentiable)")
     key = None
+    # softcapping or sinks: in the key (forward_host.variant_key), their values after the launch's others
+    variant = None if softcap.__class__ is float and not softcap and learnable_sink is None else (softcap, learnable_sink)
     if (checked is None or checked is False) and not _is_compiling():  # the fast path (see _key)
         try:
             if (type(q) in _FAST_TYPES and type(k_cache) in _FAST_TYPES and type(v_cache) in _FAST_TYPES
                     and type(cache_seqlens) in _FAST_TYPES):
-                key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal)
+                key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal, variant)
                 hit = _launchers.get(key)
             else:
                 hit = None
@@ -427,7 +529,8 @@ def decode_attn(
             scale = fh.fast_scale(hit, softmax_scale)
             if scale is not None:
                 try:
-                    o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace)
+                    o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace,
+                                 *(() if variant is None else fh.variant_values(*variant)))
                 except Exception:  # the compiled function refused an argument: the checks below name it
                     pass
                 else:
@@ -436,25 +539,28 @@ def decode_attn(
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
     _plan_mod.validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=not compiling,
-                       devices=False)
+                       devices=False, learnable_sink=learnable_sink)
     B, Sq, Hq, D = q.shape
     scale = _plan_mod.resolve_scale(softmax_scale, D)
+    # (against a traced symbolic scale: only softcap's own range)
+    softcap = check_softcap(softcap, scale if type(scale) is float else 1.0, "decode_attn")
     num_splits = _plan_mod.check_num_splits(num_splits)
     _plan_mod.check_flag(causal, "causal", "decode_attn")
     _plan_mod.check_flag(checked, "checked", "decode_attn", allow_none=True)
     _plan_mod.check_flag(return_lse, "return_lse", "decode_attn")
     # devices last: a bad scalar with meta tensors is named as such
-    _plan_mod.check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace)
+    _plan_mod.check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink)
     if not compiling and _plan_mod.checked_default(checked):
         _plan_mod.check_device_values(k_cache, cache_seqlens, block_table)
     if not compiling and workspace is not None:
         if q.device.type == "cuda":
-            P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal)[1]
+            P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal, bool(softcap), learnable_sink is not None)[1]
         else:
             P = num_splits or 1
         _check_workspace(workspace, P, B, Sq, Hq, D)
     if compiling and out is None and workspace is None:
-        o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale)
+        o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, softcap,
+                                 learnable_sink)
         return (o, lse) if return_lse else o
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -462,8 +568,8 @@ def decode_attn(
     # eager calls skip the dispatcher; under torch.compile the custom op is traced
     if compiling:
         _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal,
-                            scale)
+                            scale, softcap, learnable_sink)
     else:
         _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale,
-                     key)
+                     key, softcap, learnable_sink)
     return (out, lse) if return_lse else out

@@ -27,9 +27,14 @@ class DecodeAttnKernel:
     the merge kernel after, else write the output directly.  K/V loads (``load``): "cpasync" (every
     thread, rows clamped to the length) or "tma" (warp 0, one load per K/V tile, completion on a
     :class:`TxRing`; V rows between the length and the capacity zeroed before use); same bits.
+    ``softcap``: scores softcapped before the mask (:meth:`~..common.softmax.OnlineSoftmax.softcap`);
+    ``sink``: a per-query-head sink logit in the denominator, entering once (split 0's state: the
+    merge then counts it once, :func:`~..common.softmax.finalize_with_sink`).  Both are compile-time
+    flags whose run-time values (``softcap_scale``, the sink tensor) follow ``scale_log2``.
     """
 
-    def __init__(self, tile: DecodeTile, paged: bool, page_size: int, causal: bool, split: bool, load: str):
+    def __init__(self, tile: DecodeTile, paged: bool, page_size: int, causal: bool, split: bool, load: str,
+                 softcap: bool = False, sink: bool = False):
         assert load in ("cpasync", "tma") and not (load == "tma" and paged), "tma loads: contiguous caches only"
         self.tile = tile
         self.dtype = to_cutlass(tile.dtype)
@@ -47,6 +52,8 @@ class DecodeAttnKernel:
         self.causal = causal
         self.split = split
         self.load = load
+        self.softcap = softcap
+        self.sink = sink
         self.vec = 8  # 16-byte chunks of 16-bit elements
 
     # ---- host side (traced) ----------------------------------------------------------------
@@ -64,7 +71,13 @@ class DecodeAttnKernel:
         mLSEp: Optional[cute.Tensor],  # (P, B, Sq, Hq) fp32 | None
         scale_log2: Float32,
         stream,
+        *variant,  # softcap_scale (softcap configs), then the (Hq,) float32 sink (sink configs)
     ):
+        if const_expr(len(variant) != int(self.softcap) + int(self.sink)):
+            raise TypeError(f"DecodeAttnKernel: softcap={self.softcap} sink={self.sink} take that many trailing "
+                            f"arguments, got {len(variant)}")
+        softcap_scale = variant[0] if const_expr(self.softcap) else None
+        mSink = variant[-1] if const_expr(self.sink) else None
         sQ_layout, sKV_layout = make_decode_smem_layouts(self.tile)
         kv_elems = cute.cosize(sKV_layout)
 
@@ -106,7 +119,7 @@ class DecodeAttnKernel:
         self.kernel(
             mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, scale_log2,
             sQ_layout, sKV_layout, gmem_tiled_copy, tiled_mma, SharedStorage,
-            tma_atom_K, tma_K, tma_atom_V, tma_V, sKV_tma,
+            tma_atom_K, tma_K, tma_atom_V, tma_V, sKV_tma, softcap_scale, mSink,
         ).launch(
             grid=[num_splits, Hkv * n_rb, B],
             block=[self.num_threads, 1, 1],
@@ -146,6 +159,8 @@ class DecodeAttnKernel:
         tma_atom_V: Optional[cute.CopyAtom],
         tma_V: Optional[cute.Tensor],
         sKV_tma: Optional[cute.ComposedLayout],
+        softcap_scale,
+        mSink: Optional[cute.Tensor],
     ):
         tidx, _, _ = cute.arch.thread_idx()
         split, hrb, b = cute.arch.block_idx()
@@ -214,7 +229,7 @@ class DecodeAttnKernel:
         acc_O.fill(0.0)
         acc_O_mn = self._mn_view(acc_O)
         n_rows_thr = cute.size(acc_O_mn, mode=[0])  # 2 rows per thread
-        softmax = sm.OnlineSoftmax.create(scale_log2, n_rows_thr)
+        softmax = sm.OnlineSoftmax.create(scale_log2, n_rows_thr, softcap_scale)
 
         if n_iter > 0:
             gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
@@ -352,7 +367,8 @@ class DecodeAttnKernel:
                     cute.copy(s2r_K, tSsK[None, None, k, stage], tSrK_v[None, None, k])
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
 
-                # ---- mask + online softmax (S becomes P in place, O rescaled) ----
+                # ---- (softcapping,) mask + online softmax (S becomes P in place, O rescaled) ----
+                softmax.softcap(acc_S)
                 acc_S_mn = self._mn_view(acc_S)
                 tok0 = tile * self.n_tile + wn * self.n_warp
                 for r in cutlass.range_constexpr(n_rows_thr):
@@ -374,15 +390,16 @@ class DecodeAttnKernel:
             cute.arch.barrier()  # everyone is done with the K/V ring: reuse it as sAcc
 
         self._epilogue(acc_O, softmax, thr_mma, sAcc, sM, sL, mO, mLSE, mOp, mLSEp, scale_log2,
-                       tidx, lane, wm, wn, rb, R, G, hkv, b, split)
+                       tidx, lane, wm, wn, rb, R, G, hkv, b, split, mSink)
 
     @cute.jit
     def _epilogue(self, acc_O: cute.Tensor, softmax, thr_mma, sAcc: cute.Tensor, sM: cute.Tensor,
                   sL: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mOp: Optional[cute.Tensor],
                   mLSEp: Optional[cute.Tensor], scale_log2: Float32, tidx, lane, wm, wn, rb, R, G, hkv, b,
-                  split):
+                  split, mSink=None):
         """Merge the ``warps_n`` token warps' states of every row and write O and the LSE (the fp32
-        partial state of this split, or the final output)."""
+        partial state of this split, or the final output).  ``mSink`` (sink configs): the row's query
+        head's sink joins the denominator of split 0's state only."""
         # ---- per-warp state -> smem (row sums reduced over the quad); this warp's 16 rows ----
         sAccw = cute.flat_divide(sAcc[None, None, wn], (16, self.D))[None, None, wm, 0]
         tAcc = thr_mma.partition_C(sAccw)
@@ -419,8 +436,16 @@ class DecodeAttnKernel:
                         l_all += e * sL[r, w]
                         v = cute.local_tile(sAcc[r, None, w], (vec_o,), (c,)).load()
                         o.store(o.load() + e * v)
-                    o.store(o.load() * sm.inv_or_zero(l_all))
-                    lse = sm.lse_from_scaled(m_all_s, l_all)
+                    if const_expr(mSink is not None):
+                        sink_log2 = mSink[hkv * G + rr % G] * sm.LOG2_E
+                        if const_expr(self.split):
+                            if split != 0:  # the merge adds the partial states' sums: one sink in all
+                                sink_log2 = -Float32.inf
+                        o_scale, lse = sm.finalize_with_sink(m_all, l_all, scale_log2, sink_log2)
+                        o.store(o.load() * o_scale)
+                    else:
+                        o.store(o.load() * sm.inv_or_zero(l_all))
+                        lse = sm.lse_from_scaled(m_all_s, l_all)
                     t = rr // G
                     g = rr - t * G
                     hq = hkv * G + g

@@ -16,7 +16,7 @@ from layouts.attention import DecodeTile, decode_tile
 from ..common.arch import current_arch
 from ..common.dtypes import HALF_TORCH, name_of
 from ..common.overlap import check_written
-from .forward_validate import INT32_LIMIT, check_scale, shown
+from .forward_validate import INT32_LIMIT, check_scale, check_sink, shown
 
 __all__ = ["DecodeConfig", "make_config", "choose_num_splits", "workspace_numel", "explain",
            "TMA_EF_MAX_KV_BYTES", "load_for"]
@@ -32,10 +32,17 @@ class DecodeConfig:
     causal: bool
     split: bool  # False: num_splits == 1, the kernel writes the output directly
     load: str = "cpasync"  # K/V loads: "cpasync" or "tma" (contiguous caches; :func:`load_for`)
+    softcap: bool = False  # score softcapping (the value a run-time argument)
+    sink: bool = False  # a (Hq,) float32 sink logit per query head (learnable_sink)
 
     def __post_init__(self):
         if self.load not in ("cpasync", "tma") or (self.load == "tma" and self.paged):
             raise ValueError(f"DecodeConfig: load={self.load!r} (tma: contiguous caches only)")
+
+    @property
+    def variant_args(self) -> tuple[str, ...]:
+        """The run-time arguments the kernel takes after ``scale_log2`` (none for plain configs)."""
+        return ("softcap_scale",) * self.softcap + ("learnable_sink",) * self.sink
 
     dtype = property(lambda self: self.tile.dtype)
     head_dim = property(lambda self: self.tile.head_dim)
@@ -58,12 +65,13 @@ def load_for(paged: bool, kv_bytes: int) -> str:
 
 
 def make_config(dtype: torch.dtype, head_dim: int, rows: int, paged: bool, page_size: int, causal: bool,
-                split: bool, kv_bytes: int = 0) -> DecodeConfig:
+                split: bool, kv_bytes: int = 0, softcap: bool = False, sink: bool = False) -> DecodeConfig:
     """The configuration from static facts only.  ``rows`` = (Hq/Hkv) * Sq; ``kv_bytes`` = K + V bytes
-    of the cache's static capacity (picks the load path, :func:`load_for`; 0: cp.async)."""
+    of the cache's static capacity (picks the load path, :func:`load_for`; 0: cp.async); ``softcap`` /
+    ``sink``: the call softcaps / has sinks (the same tile and split count)."""
     return DecodeConfig(tile=decode_tile(name_of(dtype), head_dim, rows), paged=paged,
                         page_size=page_size if paged else 0, causal=causal, split=split,
-                        load=load_for(paged, kv_bytes))
+                        load=load_for(paged, kv_bytes), softcap=bool(softcap), sink=bool(sink))
 
 
 def choose_num_splits(
@@ -155,12 +163,14 @@ def resolve_scale(softmax_scale, head_dim):
     return check_scale(softmax_scale, "decode_attn")  # flash_attn's rule: a real number in (0, max]
 
 
-def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True, devices=True):
+def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True, devices=True,
+             learnable_sink=None):
     """Every check the host can make without reading device data, in a fixed order: types, ranks,
     shapes, dtypes, strides, pointers, devices (last, so a shape fault on a tensor of the wrong device
     gets the shape's message).  Each message starts with the argument it is about.  ``check_ptrs=False``
     skips the data-pointer alignment (fake tensors); ``devices=False`` leaves the device check to the
-    caller (:func:`check_devices`, after its scalar checks)."""
+    caller (:func:`check_devices`, after its scalar checks).  ``learnable_sink``: checked with the dtypes
+    (:func:`~.forward_validate.check_sink`)."""
     def err(cls, msg):
         raise cls(f"decode_attn: {msg}")
 
@@ -224,6 +234,7 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
         err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)}, got dtype {out.dtype}")
     if workspace is not None and workspace.dtype != torch.float32:
         err(ValueError, f"workspace must be a contiguous float32 tensor, got dtype {workspace.dtype}")
+    check_sink(learnable_sink, Hq, None, "decode_attn")
     # strides
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
@@ -240,7 +251,7 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
             err(ValueError, f"{name} must be contiguous, got shape {tuple(t.shape)} and stride {t.stride()}")
     # overlap: what the kernels write (out; split, workspace) over what they read, or over each other
     ins = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
-           ("block_table", block_table))
+           ("block_table", block_table), ("learnable_sink", learnable_sink))
     if out is not None:
         check_written("decode_attn", "out", out, ins + (("workspace", workspace),))
     if workspace is not None:
@@ -251,17 +262,18 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
             if t is not None and t.data_ptr() % 16 != 0:
                 err(ValueError, f"{name} must be 16-byte aligned (data pointer offset {t.data_ptr() % 16})")
     if devices:
-        check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace)
+        check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink)
 
 
-def check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace) -> None:
+def check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink=None) -> None:
     """The last check of :func:`validate`: one device, CUDA or CPU (the torch reference)."""
     dev = q.device
     if dev.type not in ("cuda", "cpu"):
         raise ValueError(f"decode_attn: q is on {dev}; decode_attn runs on CUDA tensors (CPU tensors: the torch "
                          f"reference)")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
-                    ("block_table", block_table), ("out", out), ("workspace", workspace)):
+                    ("block_table", block_table), ("out", out), ("workspace", workspace),
+                    ("learnable_sink", learnable_sink)):
         if t is not None and t.device != dev:
             raise ValueError(f"decode_attn: {name} is on {t.device}, q on {dev}: all tensors must be on one device")
 
@@ -302,24 +314,25 @@ def check_device_values(k_cache, cache_seqlens, block_table):
 _PLANS: dict = {}
 
 
-def plan(q, k_cache, block_table, num_splits, causal):
+def plan(q, k_cache, block_table, num_splits, causal, softcap=False, sink=False):
     """(DecodeConfig, num_splits) from static facts only; memoized (host overhead per call)."""
     key = (tuple(q.shape), q.dtype, k_cache.shape[2], k_cache.shape[1], block_table is not None,
-           capacity(k_cache, block_table), num_splits, causal)
+           capacity(k_cache, block_table), num_splits, causal, softcap, sink)
     hit = _PLANS.get(key)
     if hit is None:
-        hit = _PLANS[key] = plan_uncached(q, k_cache, block_table, num_splits, causal)
+        hit = _PLANS[key] = plan_uncached(q, k_cache, block_table, num_splits, causal, softcap, sink)
     return hit
 
 
-def plan_uncached(q, k_cache, block_table, num_splits, causal):
+def plan_uncached(q, k_cache, block_table, num_splits, causal, softcap=False, sink=False):
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     rows = (Hq // Hkv) * Sq
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
     nbytes = kv_bytes(B, k_cache, block_table)
-    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False, kv_bytes=nbytes)
+    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False, kv_bytes=nbytes, softcap=softcap,
+                       sink=sink)
     if num_splits is None:
         row_blocks = -(-rows // cfg1.m_tile)
         # One CTA per SM per wave although two fit: a bandwidth-bound second CTA adds no bandwidth,
@@ -332,13 +345,13 @@ def plan_uncached(q, k_cache, block_table, num_splits, causal):
         )
     num_splits = check_num_splits(num_splits)
     cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal, split=True,
-                                                   kv_bytes=nbytes)
+                                                   kv_bytes=nbytes, softcap=softcap, sink=sink)
     return cfg, num_splits
 
 
 def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim: int = 128, sq: int = 1,
             page_size: int | None = None, dtype=torch.bfloat16, num_splits: int | None = None,
-            causal: bool = True) -> dict:
+            causal: bool = True, softcap: bool = False, sink: bool = False) -> dict:
     """What ``decode_attn`` would run, on any machine (no GPU, nothing compiled): the real planning
     code (:func:`plan_uncached`) on meta tensors.  ``capacity`` = Lmax of a contiguous cache, or the
     block-table width x ``page_size`` of a paged one (rounded up to whole pages)."""
@@ -360,7 +373,7 @@ def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim:
         k = torch.empty(batch, capacity, heads_kv, head_dim, dtype=dtype, device="meta")
     if heads_q % heads_kv:
         raise ValueError(f"explain: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
-    cfg, splits = plan_uncached(q, k, bt, num_splits, causal)
+    cfg, splits = plan_uncached(q, k, bt, num_splits, causal, bool(softcap), bool(sink))
     row_blocks = -(-((heads_q // heads_kv) * sq) // cfg.m_tile)
     ctas = batch * heads_kv * row_blocks * splits
     return {"config": cfg, "num_splits": splits, "load": "tma+evict_first" if cfg.load == "tma" else cfg.load,

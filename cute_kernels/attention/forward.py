@@ -8,13 +8,16 @@ device and host ints ``max_seqlen_q`` / ``max_seqlen_k`` that size the grid.  Sl
 ``window_size=(left, right)``, dense or packed.  Paged K/V: page pools (num_pages, page_size, Hkv, D)
 with ``block_table`` and ``seqused_k`` on the device (the ``decode_attn`` conventions), q dense or
 packed.  Device values (lengths, pages) never reach the host unless checked mode is on, so CUDA
-graphs replay for any lengths up to the captured maxima.
+graphs replay for any lengths up to the captured maxima.  Softcapping (``softcap``) and attention
+sinks (FlashAttention-4's ``learnable_sink``) are compile-time variants of every kind of call, their
+values run-time arguments; windows take FlashAttention-4's sides (None unbounded, negative sides past
+the diagonal; -1 unbounded too).
 
 One host path for every kind of call: the arguments are validated (:mod:`.forward_validate`: every
 error names its argument, shape errors before device errors, nothing launched) into a :class:`Call`
 (query rows dense or packed; K/V dense, packed or paged; the mask; the scale), and :func:`_run` plans
-it (the compile key is the dtype, head dim, causal, packed, windowed and the page size: never lengths,
-batch or heads), handles empty problems without a launch, and launches through a launcher
+it (the compile key is the dtype, head dim, causal, packed, windowed, the page size and whether it
+softcaps / has sinks: never lengths, batch, heads or the variants' values), handles empty problems without a launch, and launches through a launcher
 (:func:`.forward_host.make_launcher`) that it keeps for later calls with the same metadata (the host
 fast path: a key lookup, then the launcher).  Traced calls (``torch.compile``, fake tensors) go
 through two ``torch.library`` custom ops taking every kind of call: a functional one (where autograd
@@ -38,8 +41,8 @@ from .forward_autograd import check_differentiable
 from . import forward_kernel
 from .decode_plan import check_flag, checked_default
 from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _scale, check_cu_seqlens,  # noqa: F401
-                               check_paged_values, check_unsupported, check_window, page_size_ok, validate,
-                               validate_paged, validate_varlen)
+                               check_paged_values, check_softcap, check_unsupported, check_window, page_size_ok,
+                               validate, validate_paged, validate_varlen)
 
 __all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_cu_seqlens", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
@@ -52,16 +55,18 @@ _PLANS: dict = {}
 
 
 def plan(dtype: torch.dtype, head_dim: int, causal: bool, varlen: bool = False, window: bool = False,
-         page_size: int = 0):
+         page_size: int = 0, softcap: bool = False, sink: bool = False):
     """The kernel configuration (``FlashFwdConfig``) for these static facts (and the SM count of the
-    device, the persistent grid's size); memoized.  Lengths, batch, heads, max_seqlen and the window's
-    sides are not part of it: they are run-time values of the compiled kernel (a window config has
-    ``causal`` False: causal is its right side).  Paged K/V: the page size is (the TMA box height)."""
-    key = (dtype, head_dim, causal, varlen, window, page_size)
+    device, the persistent grid's size); memoized.  Lengths, batch, heads, max_seqlen, the window's
+    sides, the softcap value and the sink logits are not part of it: they are run-time values of the
+    compiled kernel (a window config has ``causal`` False: causal is its right side).  Paged K/V: the
+    page size is (the TMA box height).  ``softcap`` / ``sink``: whether the call softcaps / has sinks."""
+    key = (dtype, head_dim, causal, varlen, window, page_size, softcap, sink)
     cfg = _PLANS.get(key)
     if cfg is None:
         cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal and not window, _num_sms(),
-                                                      varlen=varlen, window=window, page_size=page_size)
+                                                      varlen=varlen, window=window, page_size=page_size,
+                                                      softcap=softcap, sink=sink)
     return cfg
 
 
@@ -81,13 +86,14 @@ def get_forward_kernel(cfg):
 def warmup_flash_attn(spec) -> None:
     """Compile (or load) the kernel a call would run, without a GPU: ``spec`` is a ``FlashFwdConfig``
     or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128 | 256, causal=bool, varlen=bool,
-    window=bool, page_size=int)`` (``window``: a sliding window of any sides; it takes causal in;
-    ``page_size``: paged K/V, 0 for none)."""
+    window=bool, page_size=int, softcap=bool, sink=bool)`` (``window``: a sliding window of any sides; it
+    takes causal in; ``page_size``: paged K/V, 0 for none; ``softcap``: any softcap > 0; ``sink``:
+    ``learnable_sink`` given)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal", "varlen", "window", "page_size"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "varlen", "window", "page_size", "softcap", "sink"}
         if extra:
             raise ValueError(f"warmup flash_attn: unknown keys {sorted(extra)} "
-                             "(dtype, head_dim, causal, varlen, window, page_size)")
+                             "(dtype, head_dim, causal, varlen, window, page_size, softcap, sink)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = next((t for t, n in TORCH_TO_NAME.items() if n == dtype), dtype)
@@ -99,8 +105,14 @@ def warmup_flash_attn(spec) -> None:
         page_size = int(spec.get("page_size", 0))
         if page_size and not page_size_ok(page_size):
             raise ValueError(f"warmup flash_attn: page_size must be 0 or {PAGE_SIZE_RULE}, got {page_size}")
-        spec = plan(dtype, head_dim, bool(spec.get("causal", False)), bool(spec.get("varlen", False)),
-                    bool(spec.get("window", False)), page_size)
+        flags = {}
+        for name in ("causal", "varlen", "window", "softcap", "sink"):
+            flags[name] = spec.get(name, False)
+            if type(flags[name]) is not bool:
+                raise TypeError(f"warmup flash_attn: {name} must be a bool, got {type(flags[name]).__name__} "
+                                f"{flags[name]!r}")
+        spec = plan(dtype, head_dim, flags["causal"], flags["varlen"], flags["window"], page_size, flags["softcap"],
+                    flags["sink"])
     get_forward_kernel(spec)
 
 
@@ -122,8 +134,9 @@ DENSE, PACKED, PAGED, PAGED_PACKED = "dense", "packed", "paged", "paged_packed"
 class Call(NamedTuple):
     """A validated ``flash_attn`` call: the query rows (dense (B, Sq, Hq, D) or packed by
     ``cu_seqlens_q``), the K/V source (dense, packed by ``cu_seqlens_k``, or paged by ``block_table`` /
-    ``seqused_k``), the mask (causal, the window's sides: -1 unbounded) and the scale.  Every path
-    (eager, the custom ops, the launcher a later call reuses) launches from one of these."""
+    ``seqused_k``), the mask (causal, the window's sides: -1 unbounded, other negative sides
+    FlashAttention-4's), the scale, and the variants (softcap: 0 off; the sink logits: None off).
+    Every path (eager, the custom ops, the launcher a later call reuses) launches from one of these."""
 
     mode: str  # DENSE | PACKED | PAGED | PAGED_PACKED
     causal: bool
@@ -136,6 +149,8 @@ class Call(NamedTuple):
     max_seqlen_k: int = 0
     block_table: Optional[torch.Tensor] = None
     seqused_k: Optional[torch.Tensor] = None
+    softcap: float = 0.0
+    learnable_sink: Optional[torch.Tensor] = None
 
     @property
     def window(self) -> tuple[int, int]:
@@ -158,16 +173,20 @@ class Call(NamedTuple):
     def max_seqlens(self) -> tuple:
         return {PACKED: (self.max_seqlen_q, self.max_seqlen_k), PAGED_PACKED: (self.max_seqlen_q,)}.get(self.mode, ())
 
+    def variant_values(self) -> tuple:
+        """What a launch passes after the device tensors (:func:`.forward_host.variant_values`)."""
+        return fh.variant_values(self.softcap, self.learnable_sink)
+
 
 def _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-             max_seqlen_k, block_table, seqused_k) -> Call:
+             max_seqlen_k, block_table, seqused_k, softcap=0.0, learnable_sink=None) -> Call:
     """The :class:`Call` of a custom op's arguments (the mode from which optional tensors are given)."""
     if block_table is not None:
         mode = PAGED if cu_seqlens_q is None else PAGED_PACKED
     else:
         mode = DENSE if cu_seqlens_q is None else PACKED
     return Call(mode, causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                max_seqlen_k, block_table, seqused_k)
+                max_seqlen_k, block_table, seqused_k, softcap, learnable_sink)
 
 
 def _lse_shape(c: Call, q) -> tuple:
@@ -184,27 +203,32 @@ def _no_rows(c: Call, q) -> bool:
 def _run(c: Call, q, k, v, out, lse, key=None) -> None:
     """Launch a validated call (out / lse given), and keep its launcher under ``key`` for later calls
     with the same metadata (:mod:`.forward_host`).  No query row: nothing to do.  No key at all:
-    O = 0, LSE = -inf (dense), or a one-row stand-in K/V whose lengths clamp to 0 (packed).  Nothing
-    here reads a device value (lengths, pages): CUDA graphs replay for any lengths up to the maxima."""
+    O = 0, LSE = -inf or the head's sink (dense), or a one-row stand-in K/V whose lengths clamp to 0
+    (packed).  Nothing here reads a device value (lengths, pages): CUDA graphs replay for any lengths
+    up to the maxima."""
     if _no_rows(c, q):
         return
     if c.mode == DENSE and k.shape[1] == 0:
         out.zero_()
-        lse.fill_(float("-inf"))
+        if c.learnable_sink is None:
+            lse.fill_(float("-inf"))
+        else:  # FlashAttention-4's: a row without keys has the sink alone in its denominator
+            lse.copy_(c.learnable_sink[None, :, None].expand(lse.shape))
         return
     if c.mode == PACKED and k.shape[0] == 0:
         k = v = k.new_zeros((1,) + tuple(k.shape[1:]))
         c, key = c._replace(max_seqlen_k=0), None
     paged = c.mode in (PAGED, PAGED_PACKED)
+    sink = () if c.learnable_sink is None else (c.learnable_sink,)
     cfg = plan(q.dtype, q.shape[-1], c.causal, varlen=c.packed_q, window=c.window != (-1, -1),
-               page_size=k.shape[1] if paged else 0)
+               page_size=k.shape[1] if paged else 0, softcap=bool(c.softcap), sink=bool(sink))
     fn = get_forward_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
     dev = c.device_tensors()
     launch = fh.make_launcher(fn, q, _lse_shape(c, q), cfg.tile.dynamic, c.mode, c.window, c.max_seqlens(),
-                              inputs=(q, k, v, *dev), out=out)
-    launch(q, k, v, out, lse, c.scale, *dev)
+                              inputs=(q, k, v, *dev, *sink), out=out, variant=cfg.variant_args)
+    launch(q, k, v, out, lse, c.scale, *dev, *c.variant_values())
     if key is not None:
         _launchers[key] = launch
 
@@ -216,10 +240,11 @@ def _run(c: Call, q, k, v, out, lse, key=None) -> None:
 def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
                    window_left: int = -1, window_right: int = -1, cu_seqlens_q: Optional[torch.Tensor] = None,
                    cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
-                   block_table: Optional[torch.Tensor] = None,
-                   seqused_k: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   block_table: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None,
+                   softcap: float = 0.0,
+                   learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     c = _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                 max_seqlen_k, block_table, seqused_k)
+                 max_seqlen_k, block_table, seqused_k, softcap, learnable_sink)
     out, lse = q.new_empty(q.shape), q.new_empty(_lse_shape(c, q), dtype=torch.float32)
     _check_ptrs(q, k, v)  # traced calls validated everything else on fake tensors
     _run(c, q, k, v, out, lse)
@@ -228,9 +253,9 @@ def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 @_flash_attn_op.register_fake
 def _(q, k, v, causal, softmax_scale, window_left=-1, window_right=-1, cu_seqlens_q=None, cu_seqlens_k=None,
-      max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None):
+      max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None, softcap=0.0, learnable_sink=None):
     c = _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                 max_seqlen_k, block_table, seqused_k)
+                 max_seqlen_k, block_table, seqused_k, softcap, learnable_sink)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(c, q), dtype=torch.float32)
 
 
@@ -242,26 +267,28 @@ def _flash_attn_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1,
                        cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
                        max_seqlen_q: int = 0, max_seqlen_k: int = 0, block_table: Optional[torch.Tensor] = None,
-                       seqused_k: Optional[torch.Tensor] = None) -> None:
+                       seqused_k: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                       learnable_sink: Optional[torch.Tensor] = None) -> None:
     _check_ptrs(q, k, v, out)
     # traced calls checked on fake tensors, without pointers (nor, symbolic, all of out's strides)
     check_written("flash_attn", "out", out, (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                                              ("cu_seqlens_k", cu_seqlens_k), ("block_table", block_table),
-                                             ("seqused_k", seqused_k)))
+                                             ("seqused_k", seqused_k), ("learnable_sink", learnable_sink)))
     _run(_op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                  max_seqlen_k, block_table, seqused_k), q, k, v, out, lse)
+                  max_seqlen_k, block_table, seqused_k, softcap, learnable_sink), q, k, v, out, lse)
 
 
 @_flash_attn_out_op.register_fake
 def _(q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1, cu_seqlens_q=None,
-      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None):
+      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None, softcap=0.0,
+      learnable_sink=None):
     return None
 
 
 def _traced(c: Call, q, k, v, out):
     """A traced call (torch.compile, fake tensors): through the custom ops."""
     args = (c.causal, c.scale, c.window_left, c.window_right, c.cu_seqlens_q, c.cu_seqlens_k, c.max_seqlen_q,
-            c.max_seqlen_k, c.block_table, c.seqused_k)
+            c.max_seqlen_k, c.block_table, c.seqused_k, c.softcap, c.learnable_sink)
     if out is None:
         return _flash_attn_op(q, k, v, *args)
     lse = q.new_empty(_lse_shape(c, q), dtype=torch.float32)
@@ -273,10 +300,12 @@ def _traced(c: Call, q, k, v, out):
 # validation of a call's arguments into a Call
 # ------------------------------------------------------------------------------------------------
 def _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              window_size, checked, block_table, seqused_k, check_ptrs: bool, check_values: bool) -> Call:
+              window_size, checked, block_table, seqused_k, check_ptrs: bool, check_values: bool, softcap=0.0,
+              learnable_sink=None) -> Call:
     """Every host check of a call (:mod:`.forward_validate`; each error names its argument, nothing
     launched), then the checked mode's reading of device values; returns its :class:`Call`."""
-    causal, window = check_window(window_size, causal)
+    causal, window = check_window(window_size, causal, negative=True)
+    var = dict(softcap=softcap, learnable_sink=learnable_sink)
     check_flag(checked, "checked", "flash_attn", allow_none=True)
     wl, wr = window if window is not None else (-1, -1)
     if block_table is not None or seqused_k is not None:
@@ -289,13 +318,13 @@ def _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, m
         if cu_seqlens_q is None and max_seqlen_q is not None:
             _err(ValueError, "max_seqlen_q is given without cu_seqlens_q (packed queries need both)")
         scale, mq = validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out, softmax_scale,
-                                   max_seqlen_k, check_ptrs=check_ptrs)
+                                   max_seqlen_k, check_ptrs=check_ptrs, **var)
         if check_values and checked_default(checked, "flash_attn"):
             if cu_seqlens_q is not None:
                 check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
             check_paged_values(k, block_table, seqused_k)
         return Call(PAGED if cu_seqlens_q is None else PAGED_PACKED, causal, scale, wl, wr, cu_seqlens_q, None, mq, 0,
-                    block_table, seqused_k)
+                    block_table, seqused_k, check_softcap(softcap, scale), learnable_sink)
     if (cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None
             or max_seqlen_k is not None):
         if cu_seqlens_q is None or cu_seqlens_k is None:
@@ -305,12 +334,14 @@ def _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, m
                 _err(ValueError, f"{given} is given without cu_seqlens_q / cu_seqlens_k (packed sequences need all four)")
             _err(ValueError, f"{given} is given without {missing} (packed sequences need both)")
         scale, mq, mk = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
-                                        softmax_scale, check_ptrs=check_ptrs)
+                                        softmax_scale, check_ptrs=check_ptrs, **var)
         if check_values and checked_default(checked, "flash_attn"):
             check_cu_seqlens(cu_seqlens_q, q.shape[0], mq, "cu_seqlens_q")
             check_cu_seqlens(cu_seqlens_k, k.shape[0], mk, "cu_seqlens_k")
-        return Call(PACKED, causal, scale, wl, wr, cu_seqlens_q, cu_seqlens_k, mq, mk)
-    return Call(DENSE, causal, validate(q, k, v, out, softmax_scale, check_ptrs=check_ptrs), wl, wr)
+        return Call(PACKED, causal, scale, wl, wr, cu_seqlens_q, cu_seqlens_k, mq, mk,
+                    softcap=check_softcap(softcap, scale), learnable_sink=learnable_sink)
+    scale = validate(q, k, v, out, softmax_scale, check_ptrs=check_ptrs, **var)
+    return Call(DENSE, causal, scale, wl, wr, softcap=check_softcap(softcap, scale), learnable_sink=learnable_sink)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -346,6 +377,7 @@ def flash_attn(
     dropout_p: float = 0.0,
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
 
@@ -373,10 +405,15 @@ def flash_attn(
         max_seqlen_q, max_seqlen_k: with cu_seqlens, host ints >= the longest query / key sequence:
             they size the grid (never the compile key).  A longer sequence is cut to max_seqlen (no
             out-of-bounds access); ``checked`` raises instead.
-        window_size: ``(left, right)`` sliding window, -1 unbounded: query i (at position
-            ``p = i + Sk - Sq``) sees keys ``p - left <= j <= p + right``; KV tiles outside every
-            row's window are skipped.  ``causal`` is ``(-1, 0)``: with ``causal=True`` the right side
-            is 0 (a right side > 0 raises).
+        window_size: ``(left, right)`` sliding window, FlashAttention-4's: each side an int or None
+            (unbounded); query i (at position ``p = i + Sk - Sq``) sees keys
+            ``p - left <= j <= p + right``, so a negative right side ends the window before the
+            diagonal and a negative left side starts it after (``left + right >= 0`` when both are
+            bounded: an empty window raises, where FlashAttention-4 runs it as no window).  The one
+            other difference: -1 is unbounded too (FlashAttention-2/3's convention), not "one key
+            after the diagonal".  KV tiles outside every row's window are skipped.  ``causal`` is
+            ``(None, 0)``: with ``causal=True`` the right side is 0 (a right side other than None,
+            -1 or 0 raises).
         checked: with cu_seqlens, read them on the host and raise ValueError for a negative start, a
             decreasing entry, a last entry past total, or a sequence longer than max_seqlen; with
             block_table, a seqused_k outside [0, max_pages * page_size] or a used page id outside
@@ -394,20 +431,41 @@ def flash_attn(
             Out-of-range lengths and page ids are clamped on the device (wrong numbers, no
             out-of-bounds access; ``checked`` raises).  Rows of a sequence's last page past its
             length are read and masked: they must be finite, as the rows around packed sequences.
-        dropout_p, softcap, alibi_slopes: FlashAttention's; only 0 / 0 / None (a ValueError otherwise).
+        softcap: score softcapping (Gemma-2, Grok), FlashAttention's definition: the scaled scores
+            become ``softcap * tanh(q k^T * softmax_scale / softcap)`` before the mask and the softmax;
+            a finite number >= 0, 0 (the default) off.  A compile-time variant of the kernel (the
+            value is a run-time argument); tanh is ``tanh.approx.f32`` as in FlashAttention, its
+            error about ``softcap * 2**-11`` on a score.
+        learnable_sink: FlashAttention-4's attention sinks (gpt-oss): a (Hq,) float32 tensor on q's
+            device, one logit per query head, added to every row's softmax denominator and not
+            multiplied by ``softmax_scale``: ``O = sum_j exp(s_j) v_j / (sum_j exp(s_j) +
+            exp(sink_h))`` and ``LSE = log(sum_j exp(s_j) + exp(sink_h))`` over the scaled (and
+            softcapped) scores s_j of the row's visible keys; a row that sees no key gets O = 0 and
+            LSE = sink_h.  (Merging such LSEs across key splits counts each split's sink: keep the
+            sink in one split only.)
+        dropout_p, alibi_slopes: FlashAttention's; only 0 / None (a ValueError otherwise).
+
+    Softcapping and sinks have no backward yet: with grad enabled and an input (or the sink) that
+    requires grad they raise ValueError.
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
     argument before any launch; nothing synchronizes with the device (unless ``checked``); results are
     bitwise repeatable.  Unchecked calls never read cu_seqlens on the host: a CUDA graph captured
     with given max_seqlen replays correctly for any lengths up to them.
     """
-    if alibi_slopes is not None or type(dropout_p) is not float or type(softcap) is not float or dropout_p or softcap:
-        check_unsupported(dropout_p, softcap, alibi_slopes)
+    if alibi_slopes is not None or type(dropout_p) is not float or dropout_p:
+        check_unsupported(dropout_p, alibi_slopes)
     key = None
     grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-                                or getattr(v, "requires_grad", False))  # then: the differentiable op
+                                or getattr(v, "requires_grad", False)
+                                or getattr(learnable_sink, "requires_grad", False))  # then: the differentiable op
+    # softcapping or sinks: their keys and launch values (forward_host.variant_key / variant_values)
+    variant = None if softcap.__class__ is float and not softcap and learnable_sink is None else (softcap, learnable_sink)
     if not grad and (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
-        if block_table is None and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None:
+        if variant is not None:
+            key, res = _variant_hit(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
+                                    max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k, variant)
+        elif block_table is None and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None:
             try:
                 if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and max_seqlen_q is None \
                         and max_seqlen_k is None:
@@ -441,18 +499,44 @@ def flash_attn(
         if res is not None:
             return res
     return _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                    max_seqlen_k, window_size, checked, block_table, seqused_k, key, grad)
+                    max_seqlen_k, window_size, checked, block_table, seqused_k, key, grad, softcap, learnable_sink)
+
+
+def _variant_hit(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k, window_size, checked, block_table, seqused_k, variant):
+    """The fast path of a call with softcapping or a sink (``variant``: ``(softcap, learnable_sink)``),
+    any mode: ``(key, result)``, the result None when the checked path must run (no launcher under the
+    key, which has the variant's metadata joined: :func:`.forward_host.variant_key`)."""
+    if block_table is not None or seqused_k is not None:
+        if cu_seqlens_k is not None:
+            return None, None  # an error the checks name
+        key, hit = fh.lookup(_launchers, fh.paged_key, (q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
+                             max_seqlen_k, out, causal, window_size), (q, k, v, block_table, seqused_k), variant)
+        dev = (block_table, seqused_k) if cu_seqlens_q is None else (cu_seqlens_q, block_table, seqused_k)
+    elif cu_seqlens_q is not None or cu_seqlens_k is not None:
+        key, hit = fh.lookup(_launchers, fh.packed_key, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                             max_seqlen_k, out, causal, window_size), (q, k, v, cu_seqlens_q, cu_seqlens_k), variant)
+        dev = (cu_seqlens_q, cu_seqlens_k)
+    elif max_seqlen_q is None and max_seqlen_k is None:
+        key, hit = fh.lookup(_launchers, fh.dense_key, (q, k, v, out, causal, window_size), (q, k, v), variant)
+        dev = ()
+    else:
+        return None, None
+    if hit is None:
+        return key, None
+    return key, fh.run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, *dev, *fh.variant_values(*variant))
 
 
 def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-             window_size, checked, block_table, seqused_k, key, grad):
+             window_size, checked, block_table, seqused_k, key, grad, softcap=0.0, learnable_sink=None):
     """:func:`flash_attn`'s checked path: validate into a :class:`Call`, launch (eager) or trace the
     custom ops, and keep the launcher under ``key`` (the fast path's, None: none); ``grad``: an input
     requires grad (with grad enabled): through the functional op, which autograd records."""
     check_flag(return_lse, "return_lse", "flash_attn")
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor) or (isinstance(q, torch.Tensor) and q.is_meta)
     c = _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                  window_size, checked, block_table, seqused_k, check_ptrs=not tracing, check_values=not tracing)
+                  window_size, checked, block_table, seqused_k, check_ptrs=not tracing, check_values=not tracing,
+                  softcap=softcap, learnable_sink=learnable_sink)
     if grad:
         check_differentiable(c, q, out)  # autograd records the functional op (forward_autograd)
         out, lse = _flash_attn_op(q, k, v, c.causal, c.scale)

@@ -25,7 +25,7 @@ BWD_HEAD_DIMS = (64, 96, 128)
 
 def check_differentiable(call, q, out) -> None:
     """A ``ValueError`` naming what keeps a call that needs gradients from the backward: ``out=``, a
-    paged or packed call, a window, a head dim the backward lacks."""
+    paged or packed call, a window, softcapping or sinks, a head dim the backward lacks."""
     if out is not None:
         raise ValueError("flash_attn: out= cannot be used when an input requires grad (autograd needs the "
                          "output it allocates); call it under torch.no_grad() or drop out=")
@@ -36,6 +36,10 @@ def check_differentiable(call, q, out) -> None:
     if call.window != (-1, -1):
         raise ValueError("flash_attn: window_size has no backward yet; inputs that require grad need "
                          "window_size=(-1, -1)")
+    if getattr(call, "softcap", 0.0) or getattr(call, "learnable_sink", None) is not None:
+        what = "softcap" if getattr(call, "softcap", 0.0) else "learnable_sink"
+        raise ValueError(f"flash_attn: {what} has no backward yet; inputs that require grad need softcap=0 and "
+                         "learnable_sink=None (or run under torch.no_grad())")
     if q.shape[-1] not in BWD_HEAD_DIMS:
         raise ValueError(f"flash_attn: the backward runs head dims {BWD_HEAD_DIMS}, got {q.shape[-1]} with an "
                          "input that requires grad")

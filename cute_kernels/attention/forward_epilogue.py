@@ -11,7 +11,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from ..common.barriers import NamedBarrierId
-from ..common.softmax import OnlineSoftmax, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
+from ..common.softmax import LOG2_E, OnlineSoftmax, finalize_with_sink, inv_or_zero, lse_from_scaled, quad_sum, scaled_max
 from ..common.wgmma import store_acc_to_smem
 from . import forward_seqlen as fsl
 
@@ -23,19 +23,26 @@ class FwdEpilogue:
     def epilogue(self, tiled_mma_pv: cute.TiledMma, thr_pv, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
                  softmax: OnlineSoftmax, sO: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
                  tScS_mn: cute.Tensor, scale_log2: Float32, seqlen_q: Int32, m_block, head, batch, j, mma_tidx,
-                 warp_idx, off_q, mO_rows):
+                 warp_idx, off_q, mO_rows, mSink=None):
         """O / l -> input dtype -> sO (the Q buffer, or O's own when persistent) -> TMA store (rows >= Sq
         clipped); LSE per row.  The storing warp waits for the store to have read sO only before the
         next tile overwrites it (and once at the end of the kernel).  Varlen: the TMA store for a tile
         wholly inside its sequence, predicated 16-byte stores from sO for the sequence's partial last
-        tile (rows past it belong to the next sequence)."""
+        tile (rows past it belong to the next sequence).  ``mSink`` (a sink configuration): the query
+        head's sink logit enters every row's denominator (:func:`~..common.softmax.finalize_with_sink`)."""
         # ---- normalize, LSE (rows: the same per-thread rows as S, since both MMAs tile M alike)
         n_rows = cute.size(acc_O_mn, mode=[0])
         lse = cute.make_rmem_tensor((n_rows,), Float32)
+        sink_log2 = None
+        if const_expr(mSink is not None):
+            sink_log2 = mSink[head] * LOG2_E
         for r in cutlass.range_constexpr(n_rows):
             l = quad_sum(softmax.row_sum[r])
-            inv = inv_or_zero(l)
-            lse[r] = lse_from_scaled(scaled_max(softmax.row_max[r], scale_log2), l)
+            if const_expr(mSink is not None):
+                inv, lse[r] = finalize_with_sink(softmax.row_max[r], l, scale_log2, sink_log2)
+            else:
+                inv = inv_or_zero(l)
+                lse[r] = lse_from_scaled(scaled_max(softmax.row_max[r], scale_log2), l)
             acc_O_mn[r, None].store(acc_O_mn[r, None].load() * inv)
 
         # ---- LSE: the quad leader (column 0) of each row, rows < Sq

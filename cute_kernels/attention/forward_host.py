@@ -26,7 +26,7 @@ from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from .decode_plan import checked_env
 from .forward_softmax import WINDOW_UNBOUNDED
-from .forward_validate import MAX_SOFTMAX_SCALE
+from .forward_validate import FLOAT32_MAX, MAX_SOFTMAX_SCALE
 
 _empty = torch.empty
 #: tensor types the fast path takes (subclasses such as FakeTensor always take the checked path)
@@ -34,8 +34,24 @@ FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def window_args(window_left: int, window_right: int) -> tuple[int, int]:
-    """API window sides (-1: unbounded) as the kernel takes them (>= 0)."""
-    return (WINDOW_UNBOUNDED if window_left < 0 else window_left), (WINDOW_UNBOUNDED if window_right < 0 else window_right)
+    """API window sides (-1: unbounded; other negative sides are FlashAttention-4's, the kernel takes
+    them as they are) as the kernel takes them."""
+    return (WINDOW_UNBOUNDED if window_left == -1 else window_left), (WINDOW_UNBOUNDED if window_right == -1 else window_right)
+
+
+def variant_key(softcap, learnable_sink) -> tuple:
+    """What a call with softcapping or a sink adds to its key: softcap with its type (its value: a
+    launcher is made only after the checks passed it, so a NaN or negative one never hits), and the
+    sink's type, shape, stride, dtype and device (never its values)."""
+    sink = None if learnable_sink is None else (type(learnable_sink), learnable_sink.shape, learnable_sink.stride(),
+                                                learnable_sink.dtype, learnable_sink.get_device())
+    return ("variant", type(softcap), softcap, sink)
+
+
+def variant_values(softcap, learnable_sink) -> tuple:
+    """The values a launcher of a variant configuration takes after the device tensors, in the order of
+    :attr:`~.forward_kernel.FlashFwdConfig.variant_args`: softcap (when not 0), the sink (when given)."""
+    return ((softcap,) if softcap else ()) + (() if learnable_sink is None else (learnable_sink,))
 
 
 # ------------------------------------------------------------------------------------------- keys
@@ -91,15 +107,20 @@ def fast_scale(hit, softmax_scale):
     return softmax_scale if (ts is float or ts is int) and 0.0 < softmax_scale <= MAX_SOFTMAX_SCALE else None
 
 
-def lookup(launchers: dict, make_key, args: tuple, tensors: tuple):
+def lookup(launchers: dict, make_key, args: tuple, tensors: tuple, variant=None):
     """``(key, launcher or None)`` of a call in ``launchers`` (key -> :func:`make_launcher`'s launcher):
     ``make_key(*args)`` when every one of ``tensors`` is a plain tensor, else ``(None, None)`` (so is a
-    non-tensor or an unhashable argument: the checks say what)."""
+    non-tensor or an unhashable argument: the checks say what); ``variant``: ``(softcap,
+    learnable_sink)`` of a call with either (:func:`variant_key` joins the key)."""
     try:
         for t in tensors:
             if type(t) not in FAST_TYPES:
                 return None, None
         key = make_key(*args)
+        if variant is not None:
+            if variant[1] is not None and type(variant[1]) not in FAST_TYPES:
+                return None, None
+            key = (key, variant_key(*variant))
         return key, launchers.get(key)
     except (AttributeError, TypeError):
         return None, None
@@ -122,7 +143,8 @@ def run_hit(hit, checked, softmax_scale, return_lse, q, k, v, out, *device_tenso
 
 
 # ---------------------------------------------------------------------------------------- launchers
-def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_seqlens=(), inputs=(), out=None):
+def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_seqlens=(), inputs=(), out=None,
+                  variant=()):
     """The launcher of a compiled forward ``fn`` for calls shaped as ``q``: allocates out (unless
     given) and the LSE (``lse``: a tensor, or a bool -- True a fresh (``lshape``) one, False a scratch
     one made by the first such call and never read), launches, counts.  Every launch of the forward
@@ -139,7 +161,14 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     and each launch with a given out checks its data pointer against the inputs' byte ranges, whose
     sizes (``inputs``: the call's ``(q, k, v, *device tensors)``, and ``out``) are fixed by the metadata
     a launcher is kept under (shapes, strides), so a fast-path hit with an overlapping out raises
-    before launching (the checked path then names it)."""
+    before launching (the checked path then names it).
+
+    ``variant``: the configuration's :attr:`~.forward_kernel.FlashFwdConfig.variant_args`; a launch then
+    takes their values after the device tensors (softcap: the float, learnable_sink: the tensor, which
+    joins ``inputs`` for the overlap guard) and passes the kernel ``softcap * log2(e)`` as the softmax's
+    scale and ``softmax_scale / softcap`` (:func:`variant_launcher`)."""
+    if variant:
+        return variant_launcher(fn, q, lshape, dynamic, mode, window, max_seqlens, inputs, out, tuple(variant))
     qshape, dtype, dev, run = jit.size_args(q.shape), q.dtype, q.device, jit.direct(fn)
     names = ("q", "k", "v") + {"dense": (), "packed": ("cu_seqlens_q", "cu_seqlens_k"),
                                "paged": ("block_table", "seqused_k"),
@@ -216,3 +245,54 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
         raise ValueError(f"make_launcher: unknown mode {mode!r}")
     launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn  # (fn owns run's CUDA library)
     return launch
+
+
+#: (mode) -> the device tensors and max_seqlens in the kernel's order before scale_log2
+_BEFORE_SCALE = {
+    "dense": lambda ts, ms: (),
+    "packed": lambda ts, ms: (ts[0], ts[1], ms[0], ms[1]),
+    "paged": lambda ts, ms: (ts[0], ts[1]),
+    "paged_packed": lambda ts, ms: (ts[0], ms[0], ts[1], ts[2]),
+}
+_DEVICE_NAMES = {"dense": (), "packed": ("cu_seqlens_q", "cu_seqlens_k"), "paged": ("block_table", "seqused_k"),
+                 "paged_packed": ("cu_seqlens_q", "block_table", "seqused_k")}
+
+
+def variant_launcher(fn, q, lshape, dynamic: bool, mode: str, window, max_seqlens, inputs, out, variant: tuple):
+    """:func:`make_launcher` of a softcapping and / or sink configuration: ``launch(q, k, v, out, lse,
+    scale, *device_tensors, *variant_values)`` (one body for every mode; the plain configurations keep
+    the mode-specific ones)."""
+    if mode not in _BEFORE_SCALE:
+        raise ValueError(f"make_launcher: unknown mode {mode!r}")
+    qshape, dtype, dev, run = jit.size_args(q.shape), q.dtype, q.device, jit.direct(fn)
+    n_dev = len(_DEVICE_NAMES[mode])
+    before, ms = _BEFORE_SCALE[mode], tuple(max_seqlens)
+    after = () if mode == "dense" and tuple(window) == (-1, -1) else window_args(*window)
+    softcap_on = "softcap_scale" in variant
+    names = ("q", "k", "v") + _DEVICE_NAMES[mode] + (("learnable_sink",) if "learnable_sink" in variant else ())
+    exts, o_ext = tuple(extent(t) for t in inputs), (0 if out is None else extent(out))
+    lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
+
+    def launch(q, k, v, out, lse, scale, *rest):
+        ts = rest[:n_dev]
+        if softcap_on and not scale / rest[n_dev] <= FLOAT32_MAX:  # a hit's new scale: the checks name it
+            raise ValueError("flash_attn: softmax_scale / softcap past the float32 range")
+        if out is None:
+            out = _empty(*qshape, dtype=dtype, device=dev)
+        else:
+            sink = rest[-1:] if names[-1] == "learnable_sink" else ()
+            refuse_overlap("flash_attn", "out", out, o_ext, zip(names, (q, k, v) + ts + sink, exts))
+        if lse.__class__ is bool:
+            lse = lse_for(lse)
+        extra = rest[n_dev:]
+        if softcap_on:  # scores tanh(q.k * scale / softcap), softmax scale softcap (module softmax's convention)
+            softcap = extra[0]
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), *before(ts, ms), softcap * LOG2_E, *after,
+                scale / softcap, *extra[1:])
+        else:
+            run(q, k, v, out, lse, tile_counter(dev, dynamic), *before(ts, ms), scale * LOG2_E, *after, *extra)
+        LAUNCHES["flash_attn"] += 1
+        return out, lse
+    launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn
+    return launch
+

@@ -49,6 +49,7 @@ intra-warpgroup overlap and ping-pong is :mod:`~cute_kernels.attention.forward_m
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -68,6 +69,7 @@ from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .forward_epilogue import FwdEpilogue
 from .forward_mainloop import OverlappedKVLoop
+from .forward_producer import FwdProducer
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,12 @@ class FlashFwdConfig:
     window: bool = False
     #: paged K/V (:mod:`.forward_paged`): the pool's page size (the TMA box height depends on it), 0 if not
     page_size: int = 0
+    #: score softcapping: ``tanh(S * softcap_scale)`` before the mask (:func:`~..common.softmax.softcap_scores`);
+    #: the entries take the run-time ``softcap_scale`` and ``scale_log2 = softcap * log2(e)``
+    softcap: bool = False
+    #: FlashAttention-4's ``learnable_sink``: a (Hq,) float32 logit per query head added to each row's softmax
+    #: denominator in the epilogue (:func:`~..common.softmax.finalize_with_sink`)
+    sink: bool = False
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
@@ -101,26 +109,47 @@ class FlashFwdConfig:
             raise ValueError("FlashFwdConfig: a window config folds causal into its right side (causal=False)")
         if self.page_size and not fpg.page_size_ok(self.page_size):
             raise ValueError(f"FlashFwdConfig: page_size {self.page_size} must be a multiple of 16 in 16..256")
+        if self.mma_only and (self.softcap or self.sink):
+            raise ValueError("FlashFwdConfig: the MMA bound (mma_only) has no softmax to softcap or sink")
+
+    @property
+    def variant_args(self) -> tuple[str, ...]:
+        """The run-time arguments an entry of this configuration takes after its others
+        (:meth:`FlashAttnFwdSm90.variant`): ``softcap_scale`` (a float) with softcapping, then
+        ``learnable_sink`` (a (Hq,) float32 tensor) with sinks; none for the plain configurations,
+        whose entries keep their arguments."""
+        return ("softcap_scale",) * self.softcap + ("learnable_sink",) * self.sink
 
     @property
     def paged(self) -> bool:
         return self.page_size > 0
 
 
+#: KV tile of softcapping configurations with three consumer warpgroups (D = 64): 128 spills there
+SOFTCAP_TILE_N_3WG = 112
+
+
 def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varlen: bool = False,
-               window: bool = False, page_size: int = 0) -> FlashFwdConfig:
+               window: bool = False, page_size: int = 0, softcap: bool = False, sink: bool = False) -> FlashFwdConfig:
     """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
     :func:`layouts.attention.fwd_tile`).  Varlen: the same tile and schedule, over the sequences' real
     query tiles (:mod:`.forward_seqlen`).  Window: ``causal`` must be False (it is the window's right
     side); its tiles are uneven, so it takes causal's schedule (dynamic, longest first).  Paged K/V:
-    ``page_size`` > 0, dense or packed q (whose schedule it keeps)."""
+    ``page_size`` > 0, dense or packed q (whose schedule it keeps).  Softcapping and sinks: the same
+    tile and schedule (a few more instructions in the softmax / the epilogue), except softcapping with
+    three consumer warpgroups (D = 64): :data:`SOFTCAP_TILE_N_3WG` keys per tile."""
     # a window's tiles are uneven, as causal ones: its schedule (dynamic where the tile is persistent)
     tile = LA.fwd_tile(dtype, head_dim, bool(causal) or bool(window))
+    if softcap and tile.consumer_warpgroups == 3:
+        # D = 64's three 160-register warpgroups: 128 keys per tile spill once 64 tanh per row block are
+        # in flight (ptxas batches the MUFU.TANHs); 112 keys fit
+        tile = dataclasses.replace(tile, tile_n=SOFTCAP_TILE_N_3WG)
     return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=tile, num_sms=int(num_sms),
-                          varlen=bool(varlen), window=bool(window), page_size=int(page_size))
+                          varlen=bool(varlen), window=bool(window), page_size=int(page_size),
+                          softcap=bool(softcap), sink=bool(sink))
 
 
-class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
+class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
     """The kernel for one :class:`FlashFwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
 
     def __init__(self, cfg: FlashFwdConfig):
@@ -148,51 +177,56 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
     # ---------------------------------------------------------------- host entries (traced once)
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 mSched: cute.Tensor, scale_log2: Float32, stream):
-        """Dense (B, S, H, D) tensors, no window."""
-        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream)
+                 mSched: cute.Tensor, scale_log2: Float32, stream, *variant):
+        """Dense (B, S, H, D) tensors, no window.  Every entry ends with the configuration's
+        :attr:`~FlashFwdConfig.variant_args` (none for the plain configurations)."""
+        self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, variant=variant)
 
     @cute.jit
     def call_window(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                    mSched: cute.Tensor, scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
-        """Dense tensors, a sliding window (sides >= 0, :data:`~.forward_softmax.WINDOW_UNBOUNDED`: none)."""
+                    mSched: cute.Tensor, scale_log2: Float32, window_left: Int32, window_right: Int32, stream,
+                    *variant):
+        """Dense tensors, a sliding window (:data:`~.forward_softmax.WINDOW_UNBOUNDED`: an unbounded side;
+        a negative side ends the window before the diagonal or starts it after)."""
         self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, window_left=window_left,
-                              window_right=window_right)
+                              window_right=window_right, variant=variant)
 
     @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                     mSched: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
-                    max_seqlen_k: Int32, scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
+                    max_seqlen_k: Int32, scale_log2: Float32, window_left: Int32, window_right: Int32, stream,
+                    *variant):
         """Packed q / out (total_q, Hq, D), k / v (total_k, Hkv, D), LSE (Hq, total_q), cu_seqlens (B + 1,)
         int32; the window sides are read only by a window config."""
         self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, mCuSeqlensQ, mCuSeqlensK,
-                              max_seqlen_q, max_seqlen_k, window_left, window_right)
+                              max_seqlen_q, max_seqlen_k, window_left, window_right, variant=variant)
 
     @cute.jit
     def call_paged(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                    mSched: cute.Tensor, mBlockTable: cute.Tensor, mSeqUsedK: cute.Tensor, scale_log2: Float32,
-                   window_left: Int32, window_right: Int32, stream):
+                   window_left: Int32, window_right: Int32, stream, *variant):
         """Paged k / v (num_pages, page_size, Hkv, D) with block_table (B, max_pages) and seqused_k (B,)
         int32, dense q / out / LSE; the window sides are read only by a window config."""
         self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, None, None, None, None,
-                              window_left, window_right, mBlockTable, mSeqUsedK)
+                              window_left, window_right, mBlockTable, mSeqUsedK, variant=variant)
 
     @cute.jit
     def call_paged_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                           mLSE: cute.Tensor, mSched: cute.Tensor, mCuSeqlensQ: cute.Tensor, max_seqlen_q: Int32,
                           mBlockTable: cute.Tensor, mSeqUsedK: cute.Tensor, scale_log2: Float32, window_left: Int32,
-                          window_right: Int32, stream):
+                          window_right: Int32, stream, *variant):
         """:meth:`call_paged` with packed q / out (total_q, Hq, D), LSE (Hq, total_q), cu_seqlens_q."""
         self.setup_and_launch(mQ, mK, mV, mO, mLSE, mSched, scale_log2, stream, mCuSeqlensQ, None, max_seqlen_q,
-                              None, window_left, window_right, mBlockTable, mSeqUsedK)
+                              None, window_left, window_right, mBlockTable, mSeqUsedK, variant=variant)
 
     @cute.jit
     def setup_and_launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                          mLSE: cute.Tensor, mSched: cute.Tensor, scale_log2: Float32, stream, mCuSeqlensQ=None,
                          mCuSeqlensK=None, max_seqlen_q=None, max_seqlen_k=None, window_left=None,
-                         window_right=None, mBlockTable=None, mSeqUsedK=None):
+                         window_right=None, mBlockTable=None, mSeqUsedK=None, variant=()):
         """The entries' common body: TMA atoms, shared storage, grid, launch (unused arguments: None)."""
         t = self.cfg.tile
+        softcap_scale, mSink = self.variant(variant)
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mO.element_type != self.dtype):
             raise TypeError(f"FlashAttnFwdSm90: q, k, v, out must all be {self.dtype}")
@@ -252,7 +286,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, tma_o, tma_mO, mLSE, mSched, scale_log2,
             Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead), Int32(num_m_blocks), Int32(num_heads),
             Int32(batch), tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout, mO_rows, mCuSeqlensQ, mCuSeqlensK,
-            max_seqlen_q, max_seqlen_k, window_left, window_right, mBlockTable, mSeqUsedK,
+            max_seqlen_q, max_seqlen_k, window_left, window_right, mBlockTable, mSeqUsedK, softcap_scale, mSink,
         ).launch(
             grid=[grid, 1, 1],
             block=[self.threads, 1, 1],
@@ -268,7 +302,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                num_m_blocks: Int32, num_heads: Int32, num_batch: Int32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, mO_rows, mCuSeqlensQ,
-               mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mBlockTable, mSeqUsedK):
+               mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, mBlockTable, mSeqUsedK,
+               softcap_scale, mSink):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -367,7 +402,8 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                 read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
                                               pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, len_q, len_k,
                                               m_block, head, batch, n_max, n_mask, j, tidx - 128, warp_idx,
-                                              off_q, n_min, n_lo, window_left, window_right, mO_rows)
+                                              off_q, n_min, n_lo, window_left, window_right, mO_rows,
+                                              softcap_scale, mSink)
                 j += 1
                 if const_expr(dynamic):
                     q_ring.wait(0, j)
@@ -376,6 +412,16 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
                     tile = self.tile_of(j)
             if warp_idx == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays valid until the last store read it
+
+    def variant(self, args: tuple):
+        """``(softcap_scale, mSink)`` of an entry's trailing arguments (the configuration's
+        :attr:`~FlashFwdConfig.variant_args`), None for a variant that is off."""
+        names = self.cfg.variant_args
+        if len(args) != len(names):
+            raise TypeError(f"FlashAttnFwdSm90: this configuration's entries end with {names}, got {len(args)} "
+                            "trailing arguments")
+        named = dict(zip(names, args))
+        return named.get("softcap_scale"), named.get("learnable_sink")
 
     @cute.jit
     def tile_of(self, j):
@@ -418,73 +464,15 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         return m_block, head, batch, off_q, len_q, off_k, len_k, n_min, n_max, n_lo, n_mask, scan_b0, scan_base
 
     @cute.jit
-    def produce(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
-                tma_v: cute.CopyAtom, mV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
-                q_ring: ring.TxRing, pipe_k, pipe_v, k_state, v_state, m_block, head, head_kv, batch, n_max,
-                off_q, off_k, n_min, len_k, mBlockTable):
-        """Warp 0: Q once, then the KV tiles n = n_max - 1 down to n_min in the order the consumers read
-        them: K(n_max - 1), then K(n - 1) before V(n) (the consumers issue S(n - 1) = Q K(n - 1)^T
-        before O += P(n) V(n)), and V(n_min) last."""
-        t = self.cfg.tile
-        # Q: (tile_m, D) at query tile m_block of (head, batch); rows >= Sq are zero-filled (varlen:
-        # rows past the sequence are the next one's, discarded)
-        gQ = cute.local_tile(fsl.sequence_rows(mQ, head, batch, off_q, self.varlen), (self.tile_m, self.D),
-                             (m_block, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
-        q_ring.arm(0, t.q_bytes)
-        cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=q_ring.barrier(0))
-
-        if const_expr(self.paged):  # K / V boxes from the sequence's pages
-            tKsK, tKgK = fpg.partition_paged(tma_k, mK, sK, head_kv, self.box_rows, self.D)
-            tVsV, tVgV = fpg.partition_paged(tma_v, mV, sV, head_kv, self.box_rows, self.D)
-        else:
-            # K / V: (tile_n, D, n_tiles) of the KV head; rows >= Sk are zero-filled (varlen: the next
-            # sequence's, masked)
-            gK = cute.local_tile(fsl.sequence_rows(mK, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
-                                 (None, 0))
-            gV = cute.local_tile(fsl.sequence_rows(mV, head_kv, batch, off_k, self.varlen), (self.tile_n, self.D),
-                                 (None, 0))
-            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gV, 0, 2))
-        num_pages = mK.shape[3]  # (paged: the pool's pages; dense: unused)
-        if n_max > n_min:
-            k_state = self.load_kv_tile(pipe_k, k_state, tma_k, tKgK, tKsK, n_max - 1, num_pages, mBlockTable, batch,
-                                        len_k)
-            for i in cutlass.range(n_max - n_min - 1, unroll=1):
-                n_block = n_max - 2 - i
-                k_state = self.load_kv_tile(pipe_k, k_state, tma_k, tKgK, tKsK, n_block, num_pages, mBlockTable,
-                                            batch, len_k)
-                v_state = self.load_kv_tile(pipe_v, v_state, tma_v, tVgV, tVsV, n_block + 1, num_pages,
-                                            mBlockTable, batch, len_k)
-            v_state = self.load_kv_tile(pipe_v, v_state, tma_v, tVgV, tVsV, n_min, num_pages, mBlockTable, batch,
-                                        len_k)
-        return k_state, v_state
-
-    @cute.jit
-    def load_kv_tile(self, pipe, state, atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, n_block,
-                     num_pages, mBlockTable, batch, len_k):
-        """KV tile ``n_block`` into the ring's next slot: one TMA copy, or (paged) a box per page slice
-        (:func:`~.forward_paged.produce_paged_tile`; the last four arguments are read only then).
-        Returns the advanced ring state."""
-        if const_expr(self.paged):
-            state = fpg.produce_paged_tile(pipe, state, atom, tXgX, tXsX, mBlockTable, batch, n_block, len_k,
-                                           num_pages, self.tile_n, self.box_rows, self.page_size)
-        else:
-            state = tma.tma_produce_tiles(pipe, state, atom, tXgX, tXsX, n_block, 1)
-        return state
-
-    @cute.jit
     def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
                 sV: cute.Tensor, sO: cute.Tensor, q_ring: ring.TxRing, q_empty, pipe_k, pipe_v, read_k, read_v,
                 tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor, scale_log2: Float32, seqlen_q: Int32,
                 seqlen_k: Int32, m_block, head, batch, n_max, n_mask, j, mma_tidx, warp_idx, off_q, n_min, n_lo,
-                window_left, window_right, mO_rows):
+                window_left, window_right, mO_rows, softcap_scale, mSink):
         """Consumer warpgroups, the CTA's ``j``-th tile: the KV loop (masked tiles first, then
         unmasked, then a window's left-edge tiles), then the epilogue.  ``seqlen_q`` / ``seqlen_k``: the
-        sequence's lengths.  Returns the advanced ring states."""
+        sequence's lengths; ``softcap_scale`` / ``mSink``: the variants' values (None: off).  Returns the
+        advanced ring states."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
         wg_first = wg * 128  # the warpgroup's slice of the tiled MMAs (operand fragments / descriptors)
         thr_qk = tiled_mma_qk.get_slice(mma_tidx)
@@ -502,7 +490,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.D)), Float32)
         acc_O.fill(0.0)
         acc_O_mn = fs.acc_mn_view(acc_O)
-        softmax = OnlineSoftmax.create(scale_log2, cute.size(acc_O_mn, mode=[0]))
+        softmax = OnlineSoftmax.create(scale_log2, cute.size(acc_O_mn, mode=[0]), softcap_scale)
 
         # (row, col) of this thread's / thread 0's S elements within the (tile_m, tile_n) tile
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
@@ -523,7 +511,7 @@ class FlashAttnFwdSm90(OverlappedKVLoop, FwdEpilogue):
 
         cute.arch.mbarrier_arrive(q_empty)  # every QK wgmma of this tile has retired: Q may be replaced
         self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sO, tma_o, mO, mLSE, tScS_mn, scale_log2,
-                      seqlen_q, m_block, head, batch, j, mma_tidx, warp_idx, off_q, mO_rows)
+                      seqlen_q, m_block, head, batch, j, mma_tidx, warp_idx, off_q, mO_rows, mSink)
         return read_k, read_v
 
 
@@ -541,46 +529,59 @@ def forward_builder(cfg: FlashFwdConfig):
     * dense + window: ``(..., scale_log2, window_left, window_right)``;
     * varlen: ``(q, k, v, out, lse, counter, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
       scale_log2, window_left, window_right)`` (the window read only by a window config);
-    * paged: :func:`~.forward_paged.paged_fake_args`."""
+    * paged: :func:`~.forward_paged.paged_fake_args`;
+
+    then the configuration's :attr:`~FlashFwdConfig.variant_args`: ``softcap_scale`` (a float),
+    ``learnable_sink`` (a float32 vector of any stride, its length not tied to Hq: the host checks it)."""
 
     def build():
-        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+        from cutlass.cute.runtime import make_fake_tensor
 
-        dt = to_cutlass(cfg.dtype)
-        D = cfg.head_dim
-        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-        mSched = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
-        k = FlashAttnFwdSm90(cfg)
-        if cfg.paged:
-            return fpg.paged_fake_args(k, cfg, dt, mSched, stream)
-        if cfg.varlen:
-            Tq, Tk, Hq, Hkv, B1 = (cute.sym_int() for _ in range(5))
-
-            def strides3():
-                return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
-
-            mQ = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
-            mK = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
-            mV = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
-            mO = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
-            mLSE = make_fake_compact_tensor(cutlass.Float32, (Hq, Tq), stride_order=(1, 0), assumed_align=4)
-            mCuQ = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
-            mCuK = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
-            return k.call_varlen, (mQ, mK, mV, mO, mLSE, mSched, mCuQ, mCuK, Int32(1), Int32(1), Float32(1.0),
-                                   Int32(0), Int32(0), stream)
-        B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
-
-        def strides():
-            return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
-
-        mQ = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
-        mK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
-        mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
-        mO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
-        mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
-        if cfg.window:
-            return k.call_window, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), Int32(0), Int32(0), stream)
-        return k, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), stream)
+        entry, args = _plain_fake_args(cfg)
+        extra = {"softcap_scale": Float32(1.0),
+                 "learnable_sink": make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (cute.sym_int64(),),
+                                                    assumed_align=4)}
+        return entry, args + tuple(extra[name] for name in cfg.variant_args)
 
     return build
 
+
+def _plain_fake_args(cfg: FlashFwdConfig):
+    """:func:`forward_builder`'s entry and fake arguments without the variants' (see there)."""
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+    dt = to_cutlass(cfg.dtype)
+    D = cfg.head_dim
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    mSched = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
+    k = FlashAttnFwdSm90(cfg)
+    if cfg.paged:
+        return fpg.paged_fake_args(k, cfg, dt, mSched, stream)
+    if cfg.varlen:
+        Tq, Tk, Hq, Hkv, B1 = (cute.sym_int() for _ in range(5))
+
+        def strides3():
+            return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
+
+        mQ = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
+        mK = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
+        mV = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
+        mO = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
+        mLSE = make_fake_compact_tensor(cutlass.Float32, (Hq, Tq), stride_order=(1, 0), assumed_align=4)
+        mCuQ = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
+        mCuK = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
+        return k.call_varlen, (mQ, mK, mV, mO, mLSE, mSched, mCuQ, mCuK, Int32(1), Int32(1), Float32(1.0),
+                               Int32(0), Int32(0), stream)
+    B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
+
+    def strides():
+        return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
+
+    mQ = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+    mK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+    mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+    mO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+    mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
+    if cfg.window:
+        return k.call_window, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), Int32(0), Int32(0), stream)
+    return k, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), stream)

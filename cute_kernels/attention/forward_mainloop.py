@@ -157,9 +157,10 @@ class OverlappedKVLoop:
     @cute.jit
     def softmax_tile(self, acc_S: cute.Tensor, softmax: OnlineSoftmax, corr: cute.Tensor, mask: fs.TileMask,
                      n_block, masked: cutlass.Constexpr[bool]):
-        """Mask (if ``masked``) and online softmax of one S tile in place (S becomes P, unconverted);
-        each row's O correction into ``corr``."""
+        """Softcapping (a softcapping configuration), mask (if ``masked``) and online softmax of one S
+        tile in place (S becomes P, unconverted); each row's O correction into ``corr``."""
         if const_expr(not self.cfg.mma_only):
+            softmax.softcap(acc_S)  # (softcapping configurations only: before the mask's -inf)
             acc_S_mn = fs.acc_mn_view(acc_S)
             if const_expr(masked):
                 mask.apply(acc_S_mn, n_block)

@@ -72,7 +72,8 @@ def kv_tile_range_window(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_
                          tile_n: cutlass.Constexpr[int], window_left: Int32, window_right: Int32):
     """``(n_min, n_max, n_lo, n_hi)`` for query tile ``m_block`` under a sliding window (row ``q`` at
     position ``p = q + Sk - Sq`` sees keys ``p - window_left <= k <= p + window_right``, ``k < Sk``;
-    both sides >= 0, :data:`WINDOW_UNBOUNDED` for none): the tile visits KV tiles
+    :data:`WINDOW_UNBOUNDED` for an unbounded side, a negative side ends the window before the diagonal
+    (right) or starts it after (left)): the tile visits KV tiles
     ``n_min .. n_max - 1``; tiles ``n_lo .. n_hi - 1`` need no mask, ``n_hi .. n_max - 1`` (right edge,
     key-length tail) and ``n_min .. n_lo - 1`` (left edge) do.  ``n_min <= n_lo <= n_hi <= n_max``;
     ``n_min == n_max`` when no row of the tile sees a key.  Tiles wholly outside every row's window are
@@ -93,9 +94,10 @@ def kv_tile_range_window(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_
 def kv_tile_range_window_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int,
                             window_left: int, window_right: int):
     """:func:`kv_tile_range_window` in plain Python (tests check it against brute force); window sides
-    of -1 mean unbounded, as at the API."""
-    wl = WINDOW_UNBOUNDED if window_left < 0 else window_left
-    wr = WINDOW_UNBOUNDED if window_right < 0 else window_right
+    of -1 mean unbounded, as at the API (other negative sides are FlashAttention-4's: the window ends
+    before the diagonal or starts after it)."""
+    wl = WINDOW_UNBOUNDED if window_left == -1 else window_left
+    wr = WINDOW_UNBOUNDED if window_right == -1 else window_right
     p_first = m_block * tile_m + seqlen_k - seqlen_q
     p_last = p_first + tile_m - 1
     n_max = min(-(-seqlen_k // tile_n), -(-max(p_last + wr + 1, 0) // tile_n))

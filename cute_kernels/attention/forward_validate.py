@@ -34,22 +34,70 @@ def _err(cls, msg):
     raise cls(f"flash_attn: {msg}")
 
 
-def check_unsupported(dropout_p, softcap, alibi_slopes) -> None:
+def check_unsupported(dropout_p, alibi_slopes) -> None:
     """The FlashAttention arguments this forward does not implement: accepted at their neutral values
-    (0, 0, None), anything else a ``ValueError`` (``TypeError`` for a non-number) naming the argument."""
-    for name, value, what in (("dropout_p", dropout_p, "dropout"), ("softcap", softcap, "score softcapping")):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _err(TypeError, f"{name} must be a float, got {type(value).__name__}")
-        if value != 0:
-            _err(ValueError, f"{name}={value!r}: {what} is not supported (an inference forward); pass 0")
+    (0, None), anything else a ``ValueError`` (``TypeError`` for a non-number) naming the argument."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        _err(TypeError, f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0:
+        _err(ValueError, f"dropout_p={dropout_p!r}: dropout is not supported (an inference forward); pass 0")
     if alibi_slopes is not None:
         _err(ValueError, "alibi_slopes: ALiBi is not supported; pass None")
 
 
-def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> float:
+#: the largest float32 (the kernels take ``softmax_scale / softcap`` and ``softcap * log2(e)`` as float32)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_softcap(softcap, softmax_scale: float, who: str = "flash_attn") -> float:
+    """``softcap`` as the float the kernels take: a real number (Python or numpy; TypeError for a bool,
+    a string, a tensor) that is finite and >= 0 (ValueError); 0 turns softcapping off.  With
+    softcapping the scores are ``softcap * tanh(q.k * softmax_scale / softcap)`` (FlashAttention's
+    definition), computed as ``tanh(q.k * (softmax_scale / softcap))`` with ``softcap * log2(e)`` as the
+    softmax's scale: both must be finite float32 numbers."""
+    if isinstance(softcap, torch.Tensor):  # float() of a CUDA tensor would synchronize
+        raise TypeError(f"{who}: softcap must be a Python number, not a tensor")
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"{who}: softcap must be a real number (0: off), got {type(softcap).__name__} {shown(softcap)}")
+    try:
+        c = float(softcap)
+    except (TypeError, ValueError):
+        raise TypeError(f"{who}: softcap must be a real number (0: off), got {type(softcap).__name__}") from None
+    except OverflowError:  # an int past the float range
+        c = math.inf
+    if not (0.0 <= c <= MAX_SOFTMAX_SCALE):  # NaN fails too
+        raise ValueError(f"{who}: softcap must be a finite number >= 0 of at most {MAX_SOFTMAX_SCALE:.3g} (0: off), "
+                         f"got {shown(softcap)}")
+    if c and not softmax_scale / c <= FLOAT32_MAX:
+        raise ValueError(f"{who}: softcap={c!r} is too small for softmax_scale={softmax_scale!r} (the kernels take "
+                         "softmax_scale / softcap as a float32)")
+    return c
+
+
+def check_sink(learnable_sink, heads_q: int, device, who: str = "flash_attn") -> None:
+    """``learnable_sink`` (FlashAttention-4's): None, or a (Hq,) float32 tensor on q's device (any
+    stride), one logit per query head, checked after every other argument but devices, whose check
+    is last (``device`` None: not checked here)."""
+    if learnable_sink is None:
+        return
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"{who}: learnable_sink must be a torch.Tensor or None, got {type(learnable_sink).__name__}")
+    if tuple(learnable_sink.shape) != (heads_q,):
+        raise ValueError(f"{who}: learnable_sink must be ({heads_q},) (one logit per query head), got shape "
+                         f"{tuple(learnable_sink.shape)}")
+    if learnable_sink.dtype != torch.float32:
+        raise TypeError(f"{who}: learnable_sink must be float32, got {learnable_sink.dtype}")
+    if device is not None and learnable_sink.device != device:
+        raise ValueError(f"{who}: learnable_sink is on {learnable_sink.device}, q on {device}: all tensors must be "
+                         "on one device")
+
+
+def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True, softcap=0.0,
+             learnable_sink=None) -> float:
     """Every check the host can make without the device's data; raises ``TypeError`` / ``ValueError``
     naming the argument, and returns the softmax scale (default 1/sqrt(D)).  ``check_ptrs=False``
-    skips the data-pointer alignment (fake tensors)."""
+    skips the data-pointer alignment (fake tensors).  ``softcap`` / ``learnable_sink``:
+    :func:`check_softcap` / :func:`check_sink`, their device with the others' (last)."""
     named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
     for name, t in named:
         if not isinstance(t, torch.Tensor):
@@ -64,14 +112,15 @@ def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True) -> 
         _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {q.shape[3]}")
     if k.shape[0] != B:
         _err(ValueError, f"k batch ({k.shape[0]}) must equal q batch ({B})")
-    return _check_rest(named, softmax_scale, check_ptrs)
+    return _check_rest(named, softmax_scale, check_ptrs, softcap=softcap, learnable_sink=learnable_sink)
 
 
-def _check_rest(named, softmax_scale, check_ptrs: bool, extra=(), ints=()) -> float:
+def _check_rest(named, softmax_scale, check_ptrs: bool, extra=(), ints=(), softcap=0.0, learnable_sink=None) -> float:
     """The checks dense and packed tensors share (head dim, shapes, dtypes, strides, pointers, scale,
-    devices; ``extra``: more (name, tensor) pairs for the device check; ``ints``: (name, tensor) pairs
-    that must be int32 and contiguous in their last dim, checked with the dtypes / strides); the last
-    two modes of q / k are (heads, head_dim)."""
+    softcap, devices; ``extra``: more (name, tensor) pairs for the device check; ``ints``: (name, tensor)
+    pairs that must be int32 and contiguous in their last dim, checked with the dtypes / strides;
+    ``learnable_sink`` with the dtypes, its device with the others'); the last two modes of q / k are
+    (heads, head_dim)."""
     q, k, v = (t for _, t in named[:3])
     out = named[3][1] if len(named) > 3 else None
     Hq, D = q.shape[-2:]
@@ -95,6 +144,9 @@ def _check_rest(named, softmax_scale, check_ptrs: bool, extra=(), ints=()) -> fl
     for name, t in ints:
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             _err(ValueError, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+    if learnable_sink is not None:
+        check_sink(learnable_sink, Hq, None)
+        extra = tuple(extra) + (("learnable_sink", learnable_sink),)
     for name, t in named:
         if t.stride(-1) != 1:
             _err(ValueError, f"{name} must be contiguous in the head dim (stride(-1) == 1), got strides {t.stride()}")
@@ -106,12 +158,14 @@ def _check_rest(named, softmax_scale, check_ptrs: bool, extra=(), ints=()) -> fl
     if check_ptrs:
         _check_ptrs(*(t for _, t in named))
     scale = _scale(softmax_scale, D)
+    check_softcap(softcap, scale)
     _check_devices(list(named) + list(extra))
     return scale
 
 
 def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=None,
-                    softmax_scale=None, check_ptrs: bool = True) -> tuple[float, int, int]:
+                    softmax_scale=None, check_ptrs: bool = True, softcap=0.0,
+                    learnable_sink=None) -> tuple[float, int, int]:
     """:func:`validate` for packed sequences: q / out (total_q, Hq, D), k / v (total_k, Hkv, D),
     cu_seqlens (B + 1,) contiguous int32, max_seqlen ints >= 0.  Returns (scale, max_seqlen_q,
     max_seqlen_k).  The cu_seqlens values stay on the device (:func:`check_cu_seqlens` reads them in
@@ -140,7 +194,8 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     mk = _max_seqlen(max_seqlen_k, "max_seqlen_k")
     if q.shape[-1] not in HEAD_DIMS:
         _err(ValueError, f"q head_dim must be one of {HEAD_DIMS}, got {q.shape[-1]}")
-    return _check_rest(named, softmax_scale, check_ptrs, extra=cus), mq, mk
+    return _check_rest(named, softmax_scale, check_ptrs, extra=cus, softcap=softcap,
+                       learnable_sink=learnable_sink), mq, mk
 
 
 def _max_seqlen(value, name: str) -> int:
@@ -160,24 +215,37 @@ def _max_seqlen(value, name: str) -> int:
     return int(value)
 
 
-def check_window(window_size, causal: bool) -> tuple[bool, Optional[tuple[int, int]]]:
-    """``(causal, window)`` the kernel runs for the arguments: a window ``(left, right)`` of ints >= -1
-    (-1: unbounded); ``causal`` is ``(-1, 0)``, so causal with a window sets its right side to 0
-    (a right side > 0 with causal raises).  ``window`` is None when it bounds nothing beyond causal."""
+def check_window(window_size, causal: bool, negative: bool = False) -> tuple[bool, Optional[tuple[int, int]]]:
+    """``(causal, window)`` the kernel runs for the arguments: a window ``(left, right)``, each side an int
+    or None, -1 and None unbounded; ``causal`` is ``(-1, 0)``, so causal with a window sets its right
+    side to 0 (a right side other than None, -1 or 0 with causal raises).  ``window`` is None when it
+    bounds nothing beyond causal.
+
+    ``negative`` (``flash_attn``'s forward: FlashAttention-4's windows): a side below -1 is allowed, the
+    window then ending before the diagonal (right < -1) or starting after it (left < -1), as long as
+    it is not empty (``left + right >= 0`` when both are bounded: FlashAttention-4 would run an empty
+    window as no window at all, this refuses it).  -1 keeps meaning unbounded (FlashAttention-2/3's
+    convention; in FlashAttention-4 only None is).  Without it (the backward) sides are >= -1."""
     if window_size is None:
         window_size = (-1, -1)
     if isinstance(window_size, torch.Tensor) or not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        _err(TypeError, f"window_size must be a (left, right) pair of ints, got {window_size!r}")
+        _err(TypeError, f"window_size must be a (left, right) pair of ints or None, got {window_size!r}")
     sides = []
     for side, w in zip(("left", "right"), window_size):
+        if w is None:
+            sides.append(-1)
+            continue
         if isinstance(w, bool) or isinstance(w, torch.Tensor):
-            _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
+            _err(TypeError, f"window_size {side} must be an int or None, got {type(w).__name__} {w!r}")
         try:
             w = operator.index(w)
         except TypeError:
-            _err(TypeError, f"window_size {side} must be an int, got {type(w).__name__} {w!r}")
-        if w < -1:
+            _err(TypeError, f"window_size {side} must be an int or None, got {type(w).__name__} {w!r}")
+        if w < -1 and not negative:
             _err(ValueError, f"window_size {side} must be >= -1 (-1: unbounded), got {shown(w)}")
+        if w < -MAX_WINDOW_SIDE:  # the kernel takes sides as Int32 next to positions
+            _err(ValueError, f"window_size {side} must be at least -2**30 (pass None or -1 for unbounded), "
+                             f"got {shown(w)}")
         if w > MAX_WINDOW_SIDE:  # the kernel takes sides as Int32 next to positions (-1 runs as 2**30)
             _err(ValueError, f"window_size {side} must be at most 2**30 (pass -1 for unbounded), got {shown(w)}")
         sides.append(int(w))
@@ -185,9 +253,12 @@ def check_window(window_size, causal: bool) -> tuple[bool, Optional[tuple[int, i
     if type(causal) is not bool:  # a string or a tensor would pass as its truth value
         _err(TypeError, f"causal must be a bool, got {type(causal).__name__} {causal!r}")
     if causal:
-        if right > 0:
-            _err(ValueError, f"window_size right must be 0 or -1 with causal=True (causal is (-1, 0)), got {right}")
+        if right > 0 or right < -1:
+            _err(ValueError, f"window_size right must be 0 or -1 with causal=True (or None; causal is (-1, 0)), got {right}")
         right = 0
+    if left != -1 and right != -1 and left + right < 0:
+        _err(ValueError, f"window_size {(left, right)} is empty (left + right < 0: no key in any row's window; "
+                         "FlashAttention-4 would run it as no window)")
     if right == 0 and left == -1:
         return True, None
     if left == -1 and right == -1:
@@ -284,7 +355,7 @@ MAX_PAGED_CAPACITY = 1 << 30
 
 
 def validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, out=None, softmax_scale=None,
-                   max_seqlen_k=None, check_ptrs: bool = True) -> tuple[float, int]:
+                   max_seqlen_k=None, check_ptrs: bool = True, softcap=0.0, learnable_sink=None) -> tuple[float, int]:
     """:func:`validate` for paged K/V: k / v (num_pages, page_size, Hkv, D), block_table (B, max_pages)
     and seqused_k (B,) int32; q / out dense (B, Sq, Hq, D), or packed (total_q, Hq, D) with
     cu_seqlens_q (B + 1,) int32 and the host int max_seqlen_q; max_seqlen_k a hint within the capacity
@@ -328,7 +399,8 @@ def validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, 
                          f"{MAX_PAGED_CAPACITY} keys")
     mq = _max_seqlen(max_seqlen_q, "max_seqlen_q") if varlen else 0
     check_max_seqlen_k_paged(max_seqlen_k, k, block_table)
-    return _check_rest(named, softmax_scale, check_ptrs, extra=ints, ints=ints), mq
+    return _check_rest(named, softmax_scale, check_ptrs, extra=ints, ints=ints, softcap=softcap,
+                       learnable_sink=learnable_sink), mq
 
 
 def check_max_seqlen_k_paged(max_seqlen_k, k, block_table) -> None:

@@ -13,6 +13,11 @@ Conventions, the same everywhere in the package:
   base 2): ``lse = (m_s + log2(l)) * ln(2)`` (:data:`LN_2`).
 * A row that saw no key has ``m = -inf`` and ``l = 0``: its scaled max is taken as 0 (so ``exp2`` of
   ``-inf`` gives 0, never NaN), its output is 0 and its LSE ``-inf``.
+* Softcapping (FlashAttention's ``softcap * tanh(s * softmax_scale / softcap)``) keeps ``tanh(s *
+  softmax_scale / softcap)`` as the raw score and ``scale_log2 = softcap * log2(e)``
+  (:func:`softcap_scores`); a sink logit joins a row's denominator once, at the end
+  (:func:`finalize_with_sink`): ``lse = log(sum_j exp(s_j) + exp(sink))``, ``O = 0``, ``lse = sink``
+  for a row without keys.
 
 Two states over disjoint key sets merge exactly (the decode kernel's cross-warp combine, the split
 merge kernel): with raw states, weights ``exp2(m_i * scale_log2 - max_s)``; with normalized states
@@ -170,14 +175,25 @@ class OnlineSoftmax:
     n_rows: int
     row_max: cute.Tensor
     row_sum: cute.Tensor
+    #: score softcapping (None: off): the raw scores become ``tanh(s * softcap_scale)`` before the mask
+    #: (:meth:`softcap`), ``softcap_scale = softmax_scale / softcap``, and ``scale_log2`` is then
+    #: ``softcap * log2(e)``
+    softcap_scale: Float32 = None
 
     @staticmethod
-    def create(scale_log2: Float32, n_rows: int) -> "OnlineSoftmax":
+    def create(scale_log2: Float32, n_rows: int, softcap_scale: Float32 = None) -> "OnlineSoftmax":
         row_max = cute.make_rmem_tensor((n_rows,), Float32)
         row_sum = cute.make_rmem_tensor((n_rows,), Float32)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
-        return OnlineSoftmax(scale_log2, n_rows, row_max, row_sum)
+        return OnlineSoftmax(scale_log2, n_rows, row_max, row_sum, softcap_scale)
+
+    @cute.jit
+    def softcap(self, s: cute.Tensor):
+        """Softcapping of a tile of raw scores in place (a no-op without ``softcap_scale``):
+        :func:`softcap_scores`.  Call it before the mask (``tanh(-inf)`` would be -1)."""
+        if cutlass.const_expr(self.softcap_scale is not None):
+            softcap_scores(s, self.softcap_scale)
 
     @cute.jit
     def update_row(self, r, s_row: cute.Tensor, o_row: cute.Tensor):
@@ -216,6 +232,35 @@ class OnlineSoftmax:
         self.row_sum[r] = self.row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
         self.row_max[r] = m_new
         return corr
+
+
+@cute.jit
+def softcap_scores(s: cute.Tensor, softcap_scale: Float32):
+    """``s = tanh(s * softcap_scale)`` in place (registers): FlashAttention's softcapping
+    ``softcap * tanh(s * softmax_scale / softcap)`` with the factor ``softcap`` left to the softmax's
+    scale (``scale_log2 = softcap * log2(e)``), as FlashAttention-2/3 fold it.  ``tanh.approx.f32``
+    (one MUFU.TANH per score, FlashAttention's choice): its relative error, about 2^-11, bounds the
+    score's error by ``softcap * 2^-11``."""
+    s.store(cute.math.tanh(s.load() * softcap_scale, fastmath=True))
+
+
+@cute.jit
+def finalize_with_sink(m: Float32, l: Float32, scale_log2: Float32, sink_log2: Float32):
+    """``(o_scale, lse)`` of a row's raw state (running max ``m`` of its raw scores, ``-inf`` if it saw no
+    key, and its quad-reduced sum ``l`` relative to ``scaled_max(m)``) with a sink logit added to its
+    softmax denominator (FlashAttention-4's ``learnable_sink``; ``sink_log2 = sink * log2(e)``, the
+    sink in natural-log units of the scaled scores, not multiplied by the softmax scale):
+    ``lse = log(sum_j exp(s_j) + exp(sink))`` and ``O = acc * o_scale`` for the unnormalized
+    accumulator ``acc``.  The max is taken with the sink (a sink far above every score cannot
+    overflow the sum); a row without keys gets ``O = 0`` and ``lse = sink``; ``sink = -inf`` is no sink."""
+    m_s = m * scale_log2  # -inf for a row without keys
+    m_new = cute.arch.fmax(m_s, sink_log2)
+    m_safe = m_new
+    if m_new == -Float32.inf:
+        m_safe = Float32(0.0)
+    corr = cute.math.exp2(m_s - m_safe, fastmath=True)
+    l_new = l * corr + cute.math.exp2(sink_log2 - m_safe, fastmath=True)
+    return inv_or_zero(l_new) * corr, lse_from_scaled(m_safe, l_new)
 
 
 @cute.jit

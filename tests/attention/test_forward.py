@@ -228,7 +228,11 @@ BAD_INPUTS = [  # (make kwargs, exception, message pattern naming the argument)
     ("dropout", lambda: _base(dropout_p=0.1), ValueError, r"dropout_p=0.1: dropout is not supported"),
     ("dropout-string", lambda: _base(dropout_p="0.1"), TypeError, "dropout_p must be a float"),
     ("dropout-tensor", lambda: _base(dropout_p=torch.tensor(0.0)), TypeError, "dropout_p must be a float"),
-    ("softcap", lambda: _base(softcap=30.0), ValueError, "softcap=30.0: score softcapping is not supported"),
+    ("softcap-valid", lambda: _base(softcap=30.0), ValueError, "q is on cpu"),  # (supported: test_variants.py)
+    ("softcap-negative", lambda: _base(softcap=-1.0), ValueError, "softcap must be a finite number >= 0"),
+    ("softcap-string", lambda: _base(softcap="30"), TypeError, "softcap must be a real number"),
+    ("sink-dtype", lambda: _base(learnable_sink=torch.zeros(8, dtype=torch.bfloat16)), TypeError,
+     "learnable_sink must be float32"),
     ("alibi", lambda: _base(alibi_slopes=torch.ones(8)), ValueError, "alibi_slopes: ALiBi is not supported"),
     ("alibi-packed", lambda: _base(alibi_slopes=torch.ones(8), cu_seqlens_q=torch.zeros(3, dtype=torch.int32)),
      ValueError, "alibi_slopes"),
@@ -441,7 +445,7 @@ def test_public_surface():
 @pytest.mark.parametrize("spec,match", [
     (dict(dtype=torch.float32, head_dim=128, causal=True), "dtype"),
     (dict(dtype="bfloat16", head_dim=80, causal=True), "head_dim"),
-    (dict(dtype="bfloat16", head_dim=128, softcap=3.0), "unknown keys"),
+    (dict(dtype="bfloat16", head_dim=128, softcapping=True), "unknown keys"),
 ])
 def test_warmup_bad_spec(spec, match):
     with jit.dry_run() as dry, pytest.raises(ValueError, match=match):

@@ -181,8 +181,11 @@ BAD_VARLEN = [
     ("v-shape", dict(v=_bf(9, 2, 64)), ValueError, "v shape"),
     ("out-shape", dict(out=_bf(9, 4, 64)), ValueError, "out shape"),
     ("dtype", dict(q=torch.randn(8, 4, 64)), TypeError, "q must be float16 or bfloat16"),
-    ("window-below", dict(window_size=(-2, 0)), ValueError, "window_size left must be >= -1"),
-    ("window-right-below", dict(window_size=(4, -5)), ValueError, "window_size right must be >= -1"),
+    # FlashAttention-4's negative sides are fine as long as the window is not empty
+    ("window-empty", dict(window_size=(-2, 0)), ValueError, r"window_size \(-2, 0\) is empty"),
+    ("window-right-empty", dict(window_size=(4, -5)), ValueError, r"window_size \(4, -5\) is empty"),
+    ("window-negative-ok", dict(window_size=(5, -5)), ValueError, "q is on cpu"),
+    ("window-below-limit", dict(window_size=(-(2 ** 30) - 1, None)), ValueError, "window_size left must be at least"),
     ("window-float", dict(window_size=(1.5, 0)), TypeError, "window_size left must be an int"),
     ("window-scalar", dict(window_size=4), TypeError, "window_size must be a"),
     ("window-causal-right", dict(window_size=(4, 2), causal=True), ValueError, "right must be 0 or -1 with causal"),
@@ -197,7 +200,8 @@ def test_varlen_bad_inputs_raise_before_any_launch(over, exc, match):
 
 
 BAD_DENSE_WINDOW = [
-    ("window-below", (-3, 1), False, ValueError, "window_size left must be >= -1"),
+    ("window-empty", (-3, 1), False, ValueError, r"window_size \(-3, 1\) is empty"),
+    ("window-causal-negative-right", (4, -2), True, ValueError, "right must be 0 or -1 with causal"),
     ("window-len-3", (1, 2, 3), False, TypeError, "window_size must be a"),
     ("window-bool", (True, 0), False, TypeError, "window_size left must be an int"),
     ("window-tensor", torch.tensor([1, 2]), False, TypeError, "window_size must be a"),
