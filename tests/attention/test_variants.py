@@ -18,7 +18,8 @@ and softcap value, never a sink's values); plans and custom-op schemas; autograd
 GPU (``-m gpu``): the kernels on fresh random data against the float64 reference, elementwise (every
 element within 2x the error of the same math done in the input dtype, per (batch, head)) and per row
 (LSE, rows without keys), with ragged lengths (1, primes, off-tile sizes), GQA, causal and windows
-(negative sides too), packed and paged K/V, and decode with 1 and several splits.
+(negative sides too), packed and paged K/V, and decode with 1 and several splits; a launcher hit with
+new sink values, a sink of -inf as no sink; torch.compile(fullgraph=True) and CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -820,3 +821,28 @@ def test_gpu_decode(D, paged, name, softcap, with_sink):
                       f"decode D={D} splits={splits} Sq={Sq} len={n}")
         for other in results[1:]:
             torch.testing.assert_close(other, results[0], atol=2e-2, rtol=2 ** -7)
+
+
+@gpu
+def test_gpu_torch_compile_and_cuda_graph():
+    """torch.compile(fullgraph=True) traces the custom ops with softcap and the sink (the same bits as
+    eager); a CUDA graph captured with them replays with new sink values and inputs."""
+    from conftest import capture_graph
+
+    q, k, v = _cuda_qkv(2, 100, 150, 8, 2, 128, BF, seed=21, q_scale=2.0)
+    sink = _sink(8, 150, 21)
+    kw = dict(causal=True, softcap=20.0)
+    eager = cute_kernels.flash_attn(q, k, v, learnable_sink=sink, **kw)
+    compiled = torch.compile(lambda q, k, v, s: cute_kernels.flash_attn(q, k, v, learnable_sink=s, **kw), fullgraph=True)
+    assert torch.equal(compiled(q, k, v, sink), eager)
+    qd, kc, vc, s, _, _, _ = _decode_inputs(2, 1, 8, 2, 128, 300, [300, 17])
+    qd, kc, vc, s = qd.cuda(), kc.cuda(), vc.cuda(), s.cuda()
+    dec = lambda q, s_: cute_kernels.decode_attn(q, kc, vc, cache_seqlens=s, softcap=30.0, learnable_sink=s_)  # noqa: E731
+    assert torch.equal(torch.compile(dec, fullgraph=True)(qd, sink), dec(qd, sink))
+    out = torch.empty_like(q)
+    static_sink = sink.clone()
+    graph = capture_graph(lambda: cute_kernels.flash_attn(q, k, v, out=out, learnable_sink=static_sink, **kw))
+    static_sink.sub_(3.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, cute_kernels.flash_attn(q, k, v, learnable_sink=sink - 3.0, **kw))
