@@ -1,4 +1,12 @@
+import dataclasses
+import enum
+import fcntl
+import hashlib
 import os
+import pickle
+import shutil
+import tempfile
+import types
 
 import pytest
 import torch
@@ -11,6 +19,103 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 RUN_SLOW = os.environ.get("CUTE_KERNELS_SLOW_TESTS", "") not in ("", "0")
+
+
+# ---------------------------------------------------------------- one compile per configuration and run
+# A few configurations are compiled and inspected by more than one test (the CLI's compile report lists
+# configurations the kernel families' compile tests check as well; two tests of a family may share one).
+# ``tools.inspect.inspect_builder`` is wrapped so that a run compiles each of them once: the report is
+# kept in a directory made for the run by the controlling pytest process and shared by its xdist
+# workers (a file lock per configuration: a second request waits for the first compile, then reads
+# it).  The key is the builder itself: its code, the code of the functions it closes over and the
+# values it closes over, all of which must be plain (None, bool, int, float, str, tuples, lists, dicts,
+# enums, torch dtypes, dataclass instances of such); a builder closing over anything else is compiled
+# as before, and so is every call without the SASS (``sass=False``) or without nvdisasm (it raises).
+# The key also holds the source fingerprint, arch and compile options of the disk cache's entries.
+_REPORTS_ENV = "CUTE_KERNELS_TEST_REPORTS"
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _code_key(code: types.CodeType) -> str:
+    consts = [_code_key(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    return repr((code.co_filename, code.co_firstlineno, code.co_qualname, code.co_code.hex(), consts,
+                 code.co_names, code.co_freevars))
+
+
+def _plain(v) -> str:
+    """A description of ``v`` that two processes write alike exactly when the values are alike."""
+    if v is None or isinstance(v, (bool, int, float, str, bytes, enum.Enum, torch.dtype)):
+        return f"{type(v).__qualname__}:{v!r}"
+    if isinstance(v, (tuple, list)):
+        return f"{type(v).__name__}({', '.join(_plain(x) for x in v)})"
+    if isinstance(v, dict):
+        return f"dict({', '.join(sorted(f'{_plain(k)}: {_plain(x)}' for k, x in v.items()))})"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        t = type(v)
+        fields = ", ".join(f"{f.name}={_plain(getattr(v, f.name))}" for f in dataclasses.fields(v))
+        return f"{t.__module__}.{t.__qualname__}({fields})"
+    if isinstance(v, types.FunctionType):
+        return _function_key(v)
+    raise _NotPlain(type(v).__qualname__)
+
+
+def _function_key(fn: types.FunctionType) -> str:
+    try:
+        cells = [_plain(c.cell_contents) for c in fn.__closure__ or ()]
+    except ValueError:  # an empty cell
+        raise _NotPlain("empty closure cell") from None
+    return repr((fn.__module__, _code_key(fn.__code__), _plain(fn.__defaults__), _plain(fn.__kwdefaults__), cells))
+
+
+def _share_compile_reports():
+    from cute_kernels.common import jit
+    from cute_kernels.common.arch import current_arch
+    from cute_kernels.tools import inspect as ins
+
+    compile_report = ins.inspect_builder
+
+    def inspect_builder(builder, sass: bool = True):
+        run_dir = os.environ.get(_REPORTS_ENV)
+        if not (sass and run_dir and isinstance(builder, types.FunctionType)) or ins.nvdisasm_path() is None:
+            return compile_report(builder, sass)
+        try:
+            key = _function_key(builder)
+        except _NotPlain:
+            return compile_report(builder, sass)
+        digest = hashlib.sha256(repr((key, jit.source_fingerprint(), current_arch().key(), jit.compile_options()))
+                                .encode()).hexdigest()[:32]
+        path = os.path.join(run_dir, digest)
+        with open(path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with open(path + ".pkl", "rb") as f:
+                    return pickle.load(f)
+            except FileNotFoundError:
+                pass
+            rep = compile_report(builder, sass)
+            with open(f"{path}.{os.getpid()}.tmp", "wb") as f:
+                pickle.dump(rep, f)
+            os.replace(f"{path}.{os.getpid()}.tmp", path + ".pkl")
+            return rep
+
+    ins.inspect_builder = inspect_builder
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and _REPORTS_ENV not in os.environ:  # the controlling process
+        config._cute_kernels_reports = tempfile.mkdtemp(prefix="cute-kernels-test-reports-")
+        os.environ[_REPORTS_ENV] = config._cute_kernels_reports  # the xdist workers start after this
+    _share_compile_reports()
+
+
+def pytest_unconfigure(config):
+    run_dir = getattr(config, "_cute_kernels_reports", None)
+    if run_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os.environ.pop(_REPORTS_ENV, None)
 
 
 def pytest_collection_modifyitems(config, items):

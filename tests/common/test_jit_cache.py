@@ -267,7 +267,6 @@ def test_symlink_in_an_entry_is_not_followed(entry, tmp_path):
 def test_hit_takes_no_lock(entry, monkeypatch):
     """A hit needs no write access: with the entry's lock impossible to take (a read-only cache), a
     valid entry still loads, without a compile or a warning."""
-    cache = entry
 
     def no_lock(self):
         raise PermissionError(errno.EACCES, "Permission denied", str(self.path))
@@ -447,7 +446,6 @@ def test_linked_entry_loads_without_the_dsl(cache):
 def test_unloadable_linked_entry_falls_back_to_the_object_file(entry, monkeypatch):
     """A .so that cannot be loaded here (no single DSL runtime library found) is not an error: the .o
     loads through the DSL, no compile, no warning."""
-    cache = entry
     monkeypatch.setattr(jit, "_runtime_libraries", lambda: None)
     hits = jit.stats["disk_hits"]
     fn, compiles, warned = _get_counting_warnings()
