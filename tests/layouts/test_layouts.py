@@ -66,8 +66,10 @@ def test_evaluate_flattens_higher_modes_and_rank1():
 
 
 @pytest.mark.parametrize("atom_n", [128, 64])
-def test_wgmma_accumulator_fragment(atom_n):
-    own = explore.mma_fragment_ownership(tiles.MmaTile(atom_n=atom_n), "C")
+def test_wgmma_accumulator_fragment(atom_n, c_fragment):
+    # the default MmaTile's atom is 64 x 128: the module's fragment (seconds to evaluate), not a second one
+    mma = tiles.MmaTile(atom_n=atom_n)
+    own = c_fragment if mma == tiles.MmaTile() else explore.mma_fragment_ownership(mma, "C")
     assert own.tile_shape == (64, atom_n) and own.num_threads == 128 and not own.broadcast
     for t in range(128):
         w, lane = divmod(t, 32)
@@ -240,7 +242,7 @@ def test_cli_split_k_plan_tiles(capsys):
     (["gemm", "--what", "raster", "--swizzle", "0"], "argument --swizzle: must be >= 1"),
     (["gemm", "--what", "raster", "--cluster", "2,1", "--num-ctas", "3"], "multiple of the cluster size"),
     (["gemm", "--what", "layout", "--layout", "(4,8:(1"], "cannot parse layout"),
-    (["gemm", "--what", "mma-c", "--out", "/nonexistent-dir/x.svg"], "nonexistent-dir"),
+    (["gemm", "--what", "raster", "--problem", "512,512", "--out", "/nonexistent-dir/x.svg"], "nonexistent-dir"),
 ])
 def test_cli_errors_one_line(capsys, argv, words):
     """A bad argument: exit status 2 and one line on stderr naming the problem, no traceback."""
