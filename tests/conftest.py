@@ -31,7 +31,9 @@ RUN_SLOW = os.environ.get("CUTE_KERNELS_SLOW_TESTS", "") not in ("", "0")
 # values it closes over, all of which must be plain (None, bool, int, float, str, tuples, lists, dicts,
 # enums, torch dtypes, dataclass instances of such); a builder closing over anything else is compiled
 # as before, and so is every call without the SASS (``sass=False``) or without nvdisasm (it raises).
-# The key also holds the source fingerprint, arch and compile options of the disk cache's entries.
+# The key also holds the source fingerprint, arch and compile options of the disk cache's entries.  The
+# library's module-level names a builder reads are taken to be the same in every test: a test that
+# patched one before inspecting would be served the report compiled without the patch (none does).
 _REPORTS_ENV = "CUTE_KERNELS_TEST_REPORTS"
 
 
