@@ -356,25 +356,6 @@ def test_rotated_rounds():
 
 
 # ---- orchestration on the CPU, stand-in timers -------------------------------------------------------------
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """Timers that run the call and return a fixed time per implementation name; no roofs to measure."""
-    monkeypatch.setenv("CK_COMMIT", "test123")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
-    monkeypatch.setattr(ceiling, "measure_roofs", lambda bench, quick=False: {"read_TBps": 4.0, "matmul_TFLOPs": 700.0})
-    speeds = {}
-
-    def bench(fn):
-        fn()
-        return speeds.get(getattr(fn, "name", None), 10.0)
-
-    monkeypatch.setattr(timing, "make_bench", lambda quick: (bench, "stand-in timer"))
-    return speeds
-
-
 def _named(fn, name):
     fn.name = name
     return fn

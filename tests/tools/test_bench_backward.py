@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from cute_kernels.tools import cli
-from cute_kernels.tools.bench import attention, ceiling, records, results, timing
+from cute_kernels.tools.bench import attention, records, results
 from cute_kernels.tools.bench import attention_backward as AB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,23 +208,11 @@ def _named(fn, name):
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch):
-    monkeypatch.setenv("CK_COMMIT", "test123")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
-    monkeypatch.setattr(ceiling, "measure_roofs", lambda bench, quick=False: {"read_TBps": 4.0, "matmul_TFLOPs": 700.0})
+def fake_gpu(fake_gpu, monkeypatch):
+    """tests/tools/conftest.py's stand-ins, with no precompile and an MMA bound to build."""
     monkeypatch.setattr(AB, "precompile", lambda shapes: None)
     monkeypatch.setattr(AB, "bound_supported", lambda: True)
-    speeds = {}
-
-    def bench(fn):
-        fn()
-        return speeds.get(getattr(fn, "name", None), 10.0)
-
-    monkeypatch.setattr(timing, "make_bench", lambda quick: (bench, "stand-in timer"))
-    return speeds
+    return fake_gpu
 
 
 def _stand_in_build(B, Hq, Hkv, S, D, causal, notes):

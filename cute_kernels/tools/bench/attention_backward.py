@@ -351,16 +351,11 @@ def run(shapes, repeats: int = 3, quick: bool = False) -> dict:
     """Benchmark the backward on ``shapes`` (tuples of :data:`SHAPES`); returns the results document."""
     import torch
 
-    from .ceiling import measure_roofs
+    from .ceiling import start_run
     from .progress import Progress
-    from .timing import make_bench, time_rounds
+    from .timing import time_rounds
 
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench attention --backward needs a CUDA device")
-    bench, timer = make_bench(quick)
-    print("measuring the roofs (read, copy, matmul)", flush=True)
-    roofs = measure_roofs(bench, quick)
-    print(f"roofs: {results.roof_words(roofs)}", flush=True)
+    bench, timer, roofs = start_run("bench attention --backward", quick)
     precompile(shapes)
     rows, doc_notes = [], []
     try:

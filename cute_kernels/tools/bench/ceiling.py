@@ -112,3 +112,18 @@ def measure_roofs(bench: Callable[[Callable], float], quick: bool = False) -> di
             "matmul_TFLOPs": 2 * n ** 3 / mm_us / 1e6,
             "how": f"read: {what} of {mib} MiB; copy: torch copy_ of {mib} MiB, bytes read + written; "
                    f"matmul: cuBLAS bf16 {n}^3"}
+
+
+def start_run(what: str, quick: bool = False):
+    """The start every bench kind shares: a CUDA device (else RuntimeError naming ``what``), this run's
+    timer (:func:`.timing.make_bench`) and the device's roofs measured with it and printed.  Returns
+    ``(bench, timer, roofs)``."""
+    from . import results, timing
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a CUDA device")
+    bench, timer = timing.make_bench(quick)
+    print("measuring the roofs (read, copy, matmul)", flush=True)
+    roofs = measure_roofs(bench, quick)
+    print(f"roofs: {results.roof_words(roofs)}", flush=True)
+    return bench, timer, roofs

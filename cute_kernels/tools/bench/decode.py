@@ -206,16 +206,11 @@ def run(shapes, repeats: int = 3, quick: bool = False) -> dict:
     """Benchmark ``shapes`` (tuples of :data:`SHAPES`); returns the results document."""
     import torch
 
-    from .ceiling import bare_read, measure_roofs
+    from .ceiling import bare_read, start_run
     from .progress import Progress
-    from .timing import make_bench, time_rounds
+    from .timing import time_rounds
 
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench decode needs a CUDA device")
-    bench, timer = make_bench(quick)
-    print("measuring the roofs (read, copy, matmul)", flush=True)
-    roofs = measure_roofs(bench, quick)
-    print(f"roofs: {results.roof_words(roofs)}", flush=True)
+    bench, timer, roofs = start_run("bench decode", quick)
     precompile_all(shapes)
     rows = []
     with Progress(len(shapes) * repeats * 7, "bench decode") as prog:

@@ -145,21 +145,16 @@ def run(shapes: Sequence[tuple[int, int, int]], repeats: int = 3, quick: bool = 
 
     import cute_kernels
 
-    from .ceiling import bare_read, matmul_same_flops, measure_roofs
+    from .ceiling import bare_read, matmul_same_flops, start_run
     from .progress import Progress
-    from .timing import bench_clean, make_bench, rotated
+    from .timing import bench_clean, rotated
 
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench gemm needs a CUDA device")
-    bench, timer = make_bench(quick)
+    bench, timer, roofs = start_run("bench gemm", quick)
     notes: list[str] = []
     impls: dict[str, Callable] = {OURS: lambda a, b: cute_kernels.gemm(a, b)}
     impls.update(peer_impls(quack_tuned, notes))
     impls.update(variants or {})
     roles = {n: "ours" if n == OURS else "peer" if n in (CUBLAS, "quack") else "variant" for n in impls}
-    print("measuring the roofs (read, copy, matmul)", flush=True)
-    roofs = measure_roofs(bench, quick)
-    print(f"roofs: {results.roof_words(roofs)}", flush=True)
     precompile(shapes)
 
     dev = torch.device(device)
