@@ -519,28 +519,21 @@ def backward_builder(cfg: FlashBwdConfig):
     config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`)."""
 
     def build():
-        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
         dt = to_cutlass(cfg.dtype)
         D = cfg.head_dim
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
         Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
-
-        def strides():
-            return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
-
-        mQ = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
-        mK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
-        mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
-        mdO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+        mQ, mK, mV, mdO = (fsl.fake_rows(dt, s) for s in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D),
+                                                           (B, Sq, Hq, D)))
         f32 = cutlass.Float32
         mLSE2 = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mDelta = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mdQ = make_fake_compact_tensor(f32, (B, Hq, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         if cfg.direct_kv:  # dk, dv themselves: the input dtype, any 16-byte strides
-            mdK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
-            mdV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
+            mdK, mdV = fsl.fake_rows(dt, (B, Sk, Hkv, D)), fsl.fake_rows(dt, (B, Sk, Hkv, D))
         else:
             mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
             mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)

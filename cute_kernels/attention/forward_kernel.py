@@ -548,7 +548,7 @@ def forward_builder(cfg: FlashFwdConfig):
 
 def _plain_fake_args(cfg: FlashFwdConfig):
     """:func:`forward_builder`'s entry and fake arguments without the variants' (see there)."""
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
     dt = to_cutlass(cfg.dtype)
     D = cfg.head_dim
@@ -559,28 +559,14 @@ def _plain_fake_args(cfg: FlashFwdConfig):
         return fpg.paged_fake_args(k, cfg, dt, mSched, stream)
     if cfg.varlen:
         Tq, Tk, Hq, Hkv, B1 = (cute.sym_int() for _ in range(5))
-
-        def strides3():
-            return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
-
-        mQ = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
-        mK = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
-        mV = make_fake_tensor(dt, (Tk, Hkv, D), strides3(), assumed_align=16)
-        mO = make_fake_tensor(dt, (Tq, Hq, D), strides3(), assumed_align=16)
+        mQ, mK, mV, mO = (fsl.fake_rows(dt, s) for s in ((Tq, Hq, D), (Tk, Hkv, D), (Tk, Hkv, D), (Tq, Hq, D)))
         mLSE = make_fake_compact_tensor(cutlass.Float32, (Hq, Tq), stride_order=(1, 0), assumed_align=4)
         mCuQ = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
         mCuK = make_fake_compact_tensor(cutlass.Int32, (B1,), assumed_align=4)
         return k.call_varlen, (mQ, mK, mV, mO, mLSE, mSched, mCuQ, mCuK, Int32(1), Int32(1), Float32(1.0),
                                Int32(0), Int32(0), stream)
     B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
-
-    def strides():
-        return (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
-
-    mQ = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
-    mK = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
-    mV = make_fake_tensor(dt, (B, Sk, Hkv, D), strides(), assumed_align=16)
-    mO = make_fake_tensor(dt, (B, Sq, Hq, D), strides(), assumed_align=16)
+    mQ, mK, mV, mO = (fsl.fake_rows(dt, s) for s in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D), (B, Sq, Hq, D)))
     mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
     if cfg.window:
         return k.call_window, (mQ, mK, mV, mO, mLSE, mSched, Float32(1.0), Int32(0), Int32(0), stream)

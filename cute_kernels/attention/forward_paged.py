@@ -37,6 +37,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
+from . import forward_seqlen as fsl
 from .forward_validate import page_size_ok  # noqa: F401  (the page sizes the forward takes)
 
 
@@ -104,21 +105,15 @@ def paged_fake_args(kernel, cfg, dt, mSched, stream):
     D = cfg.head_dim
     B, P, Hq, Hkv, S, MP = (cute.sym_int() for _ in range(6))
 
-    def st(n):
-        return tuple(cute.sym_int64(divisibility=8) for _ in range(n - 1)) + (1,)
-
-    mK = make_fake_tensor(dt, (P, cfg.page_size, Hkv, D), st(4), assumed_align=16)
-    mV = make_fake_tensor(dt, (P, cfg.page_size, Hkv, D), st(4), assumed_align=16)
+    mK, mV = fsl.fake_rows(dt, (P, cfg.page_size, Hkv, D)), fsl.fake_rows(dt, (P, cfg.page_size, Hkv, D))
     mBT = make_fake_tensor(cutlass.Int32, (B, MP), (cute.sym_int64(), 1), assumed_align=4)
     mSeqUsedK = make_fake_compact_tensor(cutlass.Int32, (B,), assumed_align=4)
     if cfg.varlen:
-        mQ = make_fake_tensor(dt, (S, Hq, D), st(3), assumed_align=16)
-        mO = make_fake_tensor(dt, (S, Hq, D), st(3), assumed_align=16)
+        mQ, mO = fsl.fake_rows(dt, (S, Hq, D)), fsl.fake_rows(dt, (S, Hq, D))
         mLSE = make_fake_compact_tensor(cutlass.Float32, (Hq, S), stride_order=(1, 0), assumed_align=4)
         mCuQ = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
     else:
-        mQ = make_fake_tensor(dt, (B, S, Hq, D), st(4), assumed_align=16)
-        mO = make_fake_tensor(dt, (B, S, Hq, D), st(4), assumed_align=16)
+        mQ, mO = fsl.fake_rows(dt, (B, S, Hq, D)), fsl.fake_rows(dt, (B, S, Hq, D))
         mLSE = make_fake_compact_tensor(cutlass.Float32, (B, Hq, S), stride_order=(2, 1, 0), assumed_align=4)
         mCuQ = None
     tail = (mBT, mSeqUsedK, Float32(1.0), Int32(0), Int32(0), stream)

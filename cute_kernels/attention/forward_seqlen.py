@@ -191,6 +191,16 @@ def thd_to_sdhb(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.make_layout((s[0], s[2], s[1], 1), stride=(d[0], d[2], d[1], 0)))
 
 
+def fake_rows(dt, shape: tuple) -> cute.Tensor:
+    """A compile-time stand-in for a (B, S, H, D) or (T, H, D) tensor of ``dt`` as the kernels take them:
+    a fresh symbolic stride per mode but the last (multiples of 8 elements: 16 bytes), stride(-1) = 1,
+    16-byte-aligned data."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    strides = tuple(cute.sym_int64(divisibility=8) for _ in shape[:-1]) + (1,)
+    return make_fake_tensor(dt, shape, strides, assumed_align=16)
+
+
 def _threads_per_row(vectors: int) -> int:
     """Threads sharing one row of ``vectors`` 16-byte vectors: the largest power of two <= 16 dividing it."""
     cols = 16
