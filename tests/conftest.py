@@ -264,3 +264,27 @@ def check_gemm_compile(case, **tiles_kw):
     assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(kern.PRODUCER_REGS)}" in rep.sass
     assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(kern.CONSUMER_REGS)}" in rep.sass
     return k, kern, rep.sass
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A bench run's orchestration on the CPU: CUDA calls stubbed, fixed roofs, and a timer that runs the
+    call and returns a fixed time per implementation name (``fn.name``; set them in the returned dict,
+    10 us by default).  Kept here, not in a ``tests/tools/conftest.py``: a second module named
+    ``conftest`` would replace this one in ``sys.modules`` and break ``from conftest import ...``."""
+    from cute_kernels.tools.bench import ceiling, timing
+
+    monkeypatch.setenv("CK_COMMIT", "test123")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(ceiling, "measure_roofs", lambda bench, quick=False: {"read_TBps": 4.0, "matmul_TFLOPs": 700.0})
+    speeds = {}
+
+    def bench(fn):
+        fn()
+        return speeds.get(getattr(fn, "name", None), 10.0)
+
+    monkeypatch.setattr(timing, "make_bench", lambda quick: (bench, "stand-in timer"))
+    return speeds
