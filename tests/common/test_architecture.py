@@ -257,3 +257,11 @@ def test_import_does_not_pull_heavy_optional_packages():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "", f"import cute_kernels imported: {r.stdout.strip()}"
+
+
+def test_tests_have_one_conftest():
+    """Tests import helpers with ``from conftest import ...``; a second ``conftest.py`` under tests/ (no
+    packages there) is imported under the same module name and replaces the first in ``sys.modules``,
+    so those imports fail depending on which tests a worker collected."""
+    found = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("conftest.py"))
+    assert found == ["tests/conftest.py"], found
