@@ -41,6 +41,9 @@
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUTE_KERNELS_CACHE_DIR=${CUTE_KERNELS_CACHE_DIR:-/tmp/ck-cache}
+# Unbuffered: a step killed by its timeout keeps what it printed (block-buffered output into a pipe or
+# file is lost with the process: a timed-out pytest shows no progress at all).
+export PYTHONUNBUFFERED=1
 commit=${CK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  # pass CK_COMMIT: the copy's .git may be stale
 { echo "commit $commit (+ uncommitted: $(git status --porcelain 2>/dev/null | wc -l) files)"; date -u;
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv; } > "$OUT/session.log"
