@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import to_cutlass
-from ..common.overlap import extent, refuse_overlap
+from ..common.overlap import extent, out_guard
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
@@ -351,12 +351,15 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(),
     qe, ke, ve, se, bte, wse = (0 if t is None else extent(t) for t in operands)
     o_ext = B * Sq * Hq * D * dtype.itemsize
 
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+    out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), (qe, ke, ve, se, bte, wse))
+    ws_g = out_guard("decode_attn", "workspace", wse, names, (qe, ke, ve, se, bte))
+
     def guard(q, k, v, out, s, bt, ws):
-        ins = (("q", q, qe), ("k_cache", k, ke), ("v_cache", v, ve), ("cache_seqlens", s, se), ("block_table", bt, bte))
         if out is not None:
-            refuse_overlap("decode_attn", "out", out, o_ext, ins + (("workspace", ws, wse),))
+            out_g(out, q, k, v, s, bt, ws)
         if ws is not None:
-            refuse_overlap("decode_attn", "workspace", ws, wse, ins)
+            ws_g(ws, q, k, v, s, bt)
 
     if P == 1:
         def launch(q, k, v, out, lse, scale, s, bt, ws):
@@ -409,7 +412,10 @@ def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink):
     lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
     exts = tuple(0 if t is None else extent(t) for t in (*operands, sink))
     o_ext = B * Sq * Hq * D * dtype.itemsize
-    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "learnable_sink")
+    in_exts = exts[:5] + exts[6:]
+    out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), in_exts + exts[5:6])
+    ws_g = out_guard("decode_attn", "workspace", exts[5], names, in_exts)
     softcap_on = "softcap_scale" in variant
     pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
     pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
@@ -425,11 +431,10 @@ def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink):
         ws = ws if P > 1 else None  # (one split: the workspace is not used)
         if out is not None or ws is not None:
             sk = vals[-1] if sink is not None else None
-            ins = tuple(zip(names + ("learnable_sink",), (q, k, v, s, bt, sk), exts[:5] + exts[6:]))
             if out is not None:
-                refuse_overlap("decode_attn", "out", out, o_ext, ins + (("workspace", ws, exts[5]),))
+                out_g(out, q, k, v, s, bt, sk, ws)
             if ws is not None:
-                refuse_overlap("decode_attn", "workspace", ws, exts[5], ins)
+                ws_g(ws, q, k, v, s, bt, sk)
         if out is None:
             out = _empty(*osize, dtype=dtype, device=dev)
         if lse.__class__ is bool:

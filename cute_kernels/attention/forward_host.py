@@ -20,7 +20,7 @@ import math
 import torch
 
 from ..common import jit
-from ..common.overlap import extent, refuse_overlap
+from ..common.overlap import extent, out_guard
 from ..common.scheduler import tile_counter
 from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
@@ -174,9 +174,7 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
                                "paged": ("block_table", "seqused_k"),
                                "paged_packed": ("cu_seqlens_q", "block_table", "seqused_k")}.get(mode, ())
     exts, o_ext = tuple(extent(t) for t in inputs), (0 if out is None else extent(out))
-
-    def guard(out, *ts):
-        refuse_overlap("flash_attn", "out", out, o_ext, zip(names, ts, exts))
+    guard = out_guard("flash_attn", "out", o_ext, names, exts)
     lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
     wl, wr = window_args(*window)
 
@@ -271,6 +269,7 @@ def variant_launcher(fn, q, lshape, dynamic: bool, mode: str, window, max_seqlen
     softcap_on = "softcap_scale" in variant
     names = ("q", "k", "v") + _DEVICE_NAMES[mode] + (("learnable_sink",) if "learnable_sink" in variant else ())
     exts, o_ext = tuple(extent(t) for t in inputs), (0 if out is None else extent(out))
+    guard = out_guard("flash_attn", "out", o_ext, names, exts)
     lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
 
     def launch(q, k, v, out, lse, scale, *rest):
@@ -280,8 +279,7 @@ def variant_launcher(fn, q, lshape, dynamic: bool, mode: str, window, max_seqlen
         if out is None:
             out = _empty(*qshape, dtype=dtype, device=dev)
         else:
-            sink = rest[-1:] if names[-1] == "learnable_sink" else ()
-            refuse_overlap("flash_attn", "out", out, o_ext, zip(names, (q, k, v) + ts + sink, exts))
+            guard(out, q, k, v, *ts, *(rest[-1:] if names[-1] == "learnable_sink" else ()))
         if lse.__class__ is bool:
             lse = lse_for(lse)
         extra = rest[n_dev:]

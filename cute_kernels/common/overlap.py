@@ -83,16 +83,7 @@ def check_written(who: str, name: str, out: torch.Tensor, inputs, same_ok=()) ->
         if iname in same_ok and same_view(t, out):
             continue
         if first_overlap(out, n, ((iname, t, extent(t)),)):
-            raise ValueError(f"{who}: {name} overlaps {iname} in memory: the kernel would overwrite an input it is "
-                             f"still reading; pass a separate {name} buffer")
-
-
-def refuse_overlap(who: str, name: str, out: torch.Tensor, out_extent: int, named) -> None:
-    """A launcher's check (:func:`first_overlap`): ValueError naming ``name`` and the input it meets."""
-    hit = first_overlap(out, out_extent, named)
-    if hit is not None:
-        raise ValueError(f"{who}: {name} overlaps {hit} in memory: the kernel would overwrite an input it is still "
-                         f"reading; pass a separate {name} buffer")
+            _refused(who, name, iname)
 
 
 def _refused(who: str, name: str, hit: str):
@@ -101,9 +92,9 @@ def _refused(who: str, name: str, hit: str):
 
 
 def out_guard(who: str, name: str, out_extent: int, names: tuple, extents: tuple):
-    """A launcher's check, made once per launcher: ``guard(out, *inputs)`` raises (:func:`refuse_overlap`'s
-    error) when ``out``'s ``out_extent`` bytes meet an input's bytes (``extents``, in the order of
-    ``names``; None inputs and empty extents are skipped).  The launcher's key fixes every extent, so
+    """A launcher's check, made once per launcher: ``guard(out, *inputs)`` raises a ValueError naming
+    ``name`` and the input it meets when ``out``'s ``out_extent`` bytes meet an input's bytes
+    (``extents``, in the order of ``names``; None inputs and empty extents are skipped).  The launcher's key fixes every extent, so
     only the data pointers are read per call; three inputs (q, k, v; a, b, c), the common case, get a
     closure with the comparisons written out (no per-call iterator)."""
     if not out_extent:
@@ -128,6 +119,15 @@ def out_guard(who: str, name: str, out_extent: int, names: tuple, extents: tuple
                     _refused(who, name, n3)
         return guard3
 
+    live = tuple((i, names[i], e) for i, e in enumerate(extents) if e)
+
     def guard(out, *ts):
-        refuse_overlap(who, name, out, out_extent, zip(names, ts, extents))
+        o = out.data_ptr()
+        end = o + out_extent
+        for i, n, e in live:
+            t = ts[i]
+            if t is not None:
+                p = t.data_ptr()
+                if p < end and o < p + e:
+                    _refused(who, name, n)
     return guard

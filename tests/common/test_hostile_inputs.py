@@ -23,7 +23,7 @@ from cute_kernels.attention import decode as DE
 from cute_kernels.attention import forward as FW
 from cute_kernels.attention import forward_host as FH
 from cute_kernels.attention.forward_validate import MAX_SOFTMAX_SCALE
-from cute_kernels.common.overlap import internal_overlap
+from cute_kernels.common.overlap import internal_overlap, out_guard
 from cute_kernels.gemm import host as GH
 from cute_kernels.integrations import sdpa as S
 from cute_kernels.testing import count_launches
@@ -93,6 +93,25 @@ def test_internal_overlap_rule():
     assert internal_overlap(torch.empty(1, 8).expand(4, 8))
     assert not internal_overlap(torch.empty(4, 8)) and not internal_overlap(torch.empty(8, 4).mT)
     assert not internal_overlap(torch.empty(2, 16, 8)[:, :, :4]) and not internal_overlap(torch.empty(0, 3))
+
+
+def test_out_guard_three_and_many_inputs():
+    """The launchers' per-call guard: the byte ranges meet or not, None inputs and empty extents skipped,
+    the written-out three-input closure and the general one give the same answers."""
+    buf = torch.empty(1024, dtype=torch.uint8)
+    a, b, c, d = buf[0:100], buf[100:200], buf[200:300], buf[300:400]
+    for names in (("a", "b", "c"), ("a", "b", "c", "d")):
+        exts = tuple(100 for _ in names)
+        g = out_guard("op", "out", 100, names, exts)
+        ins = (a, b, c, d)[:len(names)]
+        g(buf[400:500], *ins)  # after the last input: no overlap
+        g(buf[50:150], None, None, *ins[2:])  # the inputs it meets are None
+        named(ValueError, "out overlaps a", lambda: g(buf[99:199], *ins))
+        named(ValueError, "out overlaps b", lambda: g(buf[199:299], None, *ins[1:]))
+        named(ValueError, f"out overlaps {names[-1]}", lambda: g(buf[len(names) * 100 - 1:], *ins))
+        empty = out_guard("op", "out", 100, names, (0,) * len(names))
+        empty(buf[0:100], *ins)  # empty inputs meet nothing
+    out_guard("op", "out", 0, ("a", "b", "c"), (100, 100, 100))(buf[0:0], a, b, c)  # an empty out neither
 
 
 def test_gemm_out_overlapping_an_input_or_itself():
