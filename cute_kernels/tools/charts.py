@@ -9,12 +9,14 @@ formats of ``profiles/results/``):
   marked (a black bar across the group);
 - ``read-ceiling-<date>-<commit>-reads.png`` per bare-read ceiling file: each target's bytes read per
   second by the bare reads, ours and the peers, the target's rate marked;
+- ``gaps-<date>-<commit>-gaps.png`` per ``gaps`` file (issue 36's rows under the paired timer): each
+  row's paired ratio to its reference, coloured by whether it meets the target, the target marked;
 - ``roofline.png``: the device's roofline from its measured read bandwidth and bf16 matmul rate
   (stated on the chart, with where they come from) and every kernel's point per shape (arithmetic
   intensity, achieved TFLOP/s), ours filled, the best peer hollow;
 - ``summary.png``: the ratio panels and the roofline in one small picture (the README's);
-- ``tables.md``: one table per kernel (ratio to the best peer, fraction of the ceiling) and per
-  ceiling file, naming device, date, commit and file.
+- ``tables.md``: one table per kernel (ratio to the best peer, fraction of the ceiling), per
+  ceiling file and per gaps file, naming device, date, commit and file.
 
 Every file named must be drawn: one of no known kind, or with nothing timed in it, is an error
 (ValueError, one line) and nothing is written.
@@ -33,14 +35,16 @@ from .bench import records, results
 OURS_COLOR = "#d95f02"
 PEER_COLORS = ["#1b9e77", "#7570b3", "#386cb0", "#66a61e", "#a6761d", "#e7298a"]
 VARIANT_COLOR = "#bbbbbb"
+MET_COLOR = "#1b9e77"
 BARE_READ_COLORS = ["#444444", "#888888", "#bbbbbb"]
 #: the kinds on the roofline (rows with FLOPs and bytes)
 KIND_MARKERS = {"gemm": "o", "attention": "s", "attention-varlen": "D", "attention-backward": "v", "decode": "^"}
 KIND_COLORS = {"gemm": "#d95f02", "attention": "#7570b3", "attention-varlen": "#e7298a", "attention-backward": "#a6761d",
                "decode": "#1b9e77"}
-#: every kind :func:`make` draws: those with peers (ratio charts) and the bare-read ceilings
+#: every kind :func:`make` draws: those with peers (ratio charts), the bare-read ceilings and the gaps
 READ_CEILING = "read-ceiling"
-DRAWN = (*results.RATE, READ_CEILING)
+GAPS = "gaps"
+DRAWN = (*results.RATE, READ_CEILING, GAPS)
 
 
 class MissingExtra(RuntimeError):
@@ -236,6 +240,50 @@ def reads_axes(ax, doc: dict) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
+def gaps_axes(ax, doc: dict) -> None:
+    """Bars on ``ax``: per row of a ``gaps`` document, its paired ratio (the reference's time / ours;
+    decode: of the bare read + merge), green where it meets the target, orange where not, grey where
+    not judged; the target as a black bar across it."""
+    from matplotlib.patches import Patch
+
+    rows = doc["rows"]
+    ys = [r.get("ratio") or 0.0 for r in rows]
+    colors = [MET_COLOR if r.get("met") else OURS_COLOR if r.get("met") is False else VARIANT_COLOR for r in rows]
+    ax.bar(range(len(rows)), ys, width=0.6, color=colors, edgecolor="black", linewidth=0.6)
+    for j, (r, y) in enumerate(zip(rows, ys)):  # the figure above the bar and its target
+        text = f"{y:.2f}" if y else "failed" if r.get("error") else "not judged"
+        ax.annotate(text, xy=(j, max(y, r["target"])), ha="center", va="bottom", fontsize=6.5, xytext=(0, 3),
+                    textcoords="offset points")
+    ax.hlines([r["target"] for r in rows], [j - 0.4 for j in range(len(rows))], [j + 0.4 for j in range(len(rows))],
+              colors="black", linewidth=2.0)
+    ax.axhline(1.0, color="#555555", linewidth=0.7, linestyle="--")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([_short(r["shape"]) for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_ylim(0, max([1.0, *ys, *(r["target"] for r in rows)]) * 1.35)  # room for the legend
+    ax.set_ylabel("reference time / ours (paired)", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title(f"{_title(doc)} ({_label(doc)})", fontsize=9)
+    ax.legend(handles=[Patch(color=MET_COLOR, label="met"), Patch(color=OURS_COLOR, label="not met"),
+                       Patch(color=VARIANT_COLOR, label="not judged"), Patch(color="black", label="target")],
+              fontsize=6, ncol=4, loc="upper left", framealpha=0.9)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def gaps_tables(docs: list[dict]) -> str:
+    """One markdown table per ``gaps`` file: each row's paired ratio, its target and whether it is met."""
+    out = []
+    for d in docs:
+        out += [f"**{_title(d)}** ({_label(d)}; `{d.get('source', '?')}`):", "",
+                "| workload | reference | ratio | target | met |", "|---|---|---|---|---|"]
+        for r in d["rows"]:
+            ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.3f}"
+            met = {True: "yes", False: "no", None: "not judged"}[r.get("met")]
+            out.append(f"| {r.get('workload', r['shape'])} | {r.get('reference', '-')} | {ratio} | {r['target']} | "
+                       f"{met} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def ceiling_tables(docs: list[dict]) -> str:
     """One markdown table per bare-read ceiling file: each target's fastest bare read beside ours."""
     out = []
@@ -313,12 +361,14 @@ def make(paths: list[str | Path], out_dir: str | Path, dpi: int = 110) -> list[P
     roofs = records.roofs(docs)
     kinds = [d for d in docs if d["kind"] in results.RATE]
     reads = [d for d in docs if d["kind"] == READ_CEILING]
+    gaps = [d for d in docs if d["kind"] == GAPS]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     # one picture per file: (its documents, axes drawer, file suffix, width per row, height)
     for group, draw, suffix, per_row, height in ((kinds, ratio_axes, "ratios", 0.9, 3.6),
-                                                 (reads, reads_axes, "reads", 1.1, 3.8)):
+                                                 (reads, reads_axes, "reads", 1.1, 3.8),
+                                                 (gaps, gaps_axes, "gaps", 0.9, 3.6)):
         for d in group:
             fig = _figure(max(6.0, per_row * len(d["rows"]) + 2), height)
             draw(fig.add_subplot(), d)
@@ -334,7 +384,7 @@ def make(paths: list[str | Path], out_dir: str | Path, dpi: int = 110) -> list[P
         written.append(p)
         written.append(summary(kinds, roofs, out / "summary.png"))
     p = out / "tables.md"
-    p.write_text("\n".join(t for t in (readme_tables(kinds), ceiling_tables(reads)) if t) + "\n")
+    p.write_text("\n".join(t for t in (readme_tables(kinds), ceiling_tables(reads), gaps_tables(gaps)) if t) + "\n")
     written.append(p)
     return written
 

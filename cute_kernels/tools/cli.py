@@ -12,7 +12,8 @@
     cute-kernels tune gemm M N K            autotune the GEMM for one shape (needs a GPU); persisted
     cute-kernels layouts gemm [...]         print / draw tile layouts (cute-kernels layouts --help)
     cute-kernels bench KIND [--quick] [...] GPU: benchmark gemm|attention|decode|model|all against the
-                                            peers, with the same-run ceiling; JSON + markdown to --out
+                                            peers, with the same-run ceiling; JSON + markdown to --out;
+                                            gaps: issue 36's rows against their targets, paired timer
                                             (cute-kernels bench --help)
     cute-kernels charts [RESULTS...] --out DIR
                                             PNG charts (ratios to the peers, the roofline) and tables

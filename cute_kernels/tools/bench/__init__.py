@@ -1,14 +1,15 @@
 """``cute-kernels bench``: the benchmarks of the kernels against their peers, on the GPU.
 
-    cute-kernels bench gemm|attention|decode|model|all [--quick] [--shapes ...] [--out DIR] [...]
+    cute-kernels bench gemm|attention|decode|model|gaps|all [--quick] [--shapes ...] [--out DIR] [...]
 
 Each kind is a module with ``main(argv) -> int`` and a ``run(...)`` returning a results document
 (:mod:`.results`): :mod:`.gemm`, :mod:`.attention` (``--backward``: :mod:`.attention_backward`, results
-of kind ``attention-backward``), :mod:`.decode`; ``model`` is the end-to-end
-decode benchmark of :mod:`cute_kernels.tools.bench_model` (when present).  ``all`` runs each kind in
-turn with the options they share (``--quick``, ``--out``, ``--repeats``).  Every peer of a shape is
-timed by the same timer in interleaved rounds (:mod:`.timing`), beside a same-run ceiling
-(:mod:`.ceiling`); results go to ``--out`` (default ``profiles/results``) as JSON + markdown naming
+of kind ``attention-backward``), :mod:`.decode`; ``model`` is the end-to-end decode benchmark of
+:mod:`cute_kernels.tools.bench_model` (when present); ``gaps`` (:mod:`.gaps`) re-times issue 36's nine
+rows of the others under the paired timer, against their targets, and runs only by name.  ``all``
+runs each of :data:`KINDS` in turn with the options they share (``--quick``, ``--out``,
+``--repeats``).  Every peer of a shape is timed by the same timer in interleaved rounds
+(:mod:`.timing`), beside a same-run ceiling (:mod:`.ceiling`); results go to ``--out`` (default ``profiles/results``) as JSON + markdown naming
 device, date, versions and commit.  ``cute-kernels charts`` draws them (no GPU needed).
 """
 
@@ -18,14 +19,18 @@ import importlib
 import sys
 
 KINDS = ("gemm", "attention", "decode", "model")
+#: kinds run only by name, not by ``all`` (gaps re-times rows of the kinds above)
+ALONE = ("gaps",)
 PROG = "cute-kernels bench"
-USAGE = f"""usage: {PROG} {{{','.join(KINDS)},all}} [options]
+USAGE = f"""usage: {PROG} {{{','.join(KINDS + ALONE)},all}} [options]
 
   gemm        cute-kernels gemm vs cuBLAS / quack
   attention   flash_attn vs cuDNN SDPA / FA2 SDPA / FA4, with its MMA bound; --backward: its
               gradients (autograd.grad of one forward) vs the same peers, with the backward's MMA bound
   decode      decode_attn vs cuDNN SDPA / FA2 SDPA / FA4, with a bare read of the KV bytes
   model       end-to-end decode of a model (cute_kernels.tools.bench_model)
+  gaps        issue 36's nine rows (decode, GEMM, forward), each ours against the figure its target
+              names under the paired timer, met or not; not part of all
   all         gemm, attention, decode (and model when present), with the shared options
               --quick, --out DIR, --repeats N
 
@@ -79,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stdout if argv else sys.stderr)  # no kind: a usage error
         return 0 if argv else 2
     kind, rest = argv[0], argv[1:]
-    if kind not in (*KINDS, "all"):
-        print(f"{PROG}: error: unknown kind {kind!r}; one of {', '.join(KINDS)}, all (see {PROG} --help)",
+    if kind not in (*KINDS, *ALONE, "all"):
+        print(f"{PROG}: error: unknown kind {kind!r}; one of {', '.join(KINDS + ALONE)}, all (see {PROG} --help)",
               file=sys.stderr)
         return 2
     if kind != "all":

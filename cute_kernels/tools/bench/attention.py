@@ -54,8 +54,8 @@ def _supported_head_dims() -> tuple:
     return tuple(getattr(FW, "HEAD_DIMS", (64, 128)))
 
 
-def _ours(impls, notes, q, k, v, causal):
-    """Ours and its MMA bound into ``impls``; a head dim the kernel rejects: a note instead."""
+def _ours(impls, notes, q, k, v, causal, bound=True):
+    """Ours and (``bound``) its MMA bound into ``impls``; a head dim the kernel rejects: a note instead."""
     import torch
 
     from ...attention import forward as FW
@@ -65,9 +65,12 @@ def _ours(impls, notes, q, k, v, causal):
         FW.flash_attn(q, k, v, causal=causal, out=out)
         torch.cuda.synchronize()
     except ValueError as e:
-        notes.append(f"{OURS} and {BOUND}: skipped, flash_attn rejects the shape ({str(e)[:140]})")
+        notes.append(f"{OURS}{f' and {BOUND}' if bound else ''}: skipped, flash_attn rejects the shape "
+                     f"({str(e)[:140]})")
         return
     impls[OURS] = (lambda: FW.flash_attn(q, k, v, causal=causal, out=out), lambda: out)
+    if not bound:
+        return
     B, S, Hq, D = q.shape
     try:  # the MMA bound: the same kernel with the mask and softmax compiled out (P = S)
         cfg = dataclasses.replace(FW.plan(q.dtype, D, causal), mma_only=True)
@@ -112,8 +115,9 @@ def _sdpa(impls, notes, backend, name, qt, kt, vt, causal, Hq, Hkv):
         return
 
 
-def build_impls(B, Hq, Hkv, S, D, causal, notes):
-    """{name: (run, output getter (B, S, Hq, D))}, inputs allocated once."""
+def build_impls(B, Hq, Hkv, S, D, causal, notes, bound=True):
+    """{name: (run, output getter (B, S, Hq, D))}, inputs allocated once; ``bound``: with our MMA
+    bound (a second compiled kernel)."""
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -123,7 +127,7 @@ def build_impls(B, Hq, Hkv, S, D, causal, notes):
     k = torch.randn(B, S, Hkv, D, device="cuda", dtype=dt)
     v = torch.randn(B, S, Hkv, D, device="cuda", dtype=dt)
     impls: dict = {}
-    _ours(impls, notes, q, k, v, causal)
+    _ours(impls, notes, q, k, v, causal, bound)
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     _sdpa(impls, notes, SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa", qt, kt, vt, causal, Hq, Hkv)
     _sdpa(impls, notes, SDPBackend.FLASH_ATTENTION, "fa2_sdpa", qt, kt, vt, causal, Hq, Hkv)

@@ -64,7 +64,7 @@ def select(shapes_arg: str = "", only: str = "", quick: bool = False, size_sweep
     return [s for s in shapes if not only or only in s[0]]
 
 
-def flops_bytes(B: int, Hq: int, Hkv: int, L: int) -> tuple[float, float]:
+def flops_bytes(B: int, Hq: int, Hkv: int, L: int, D: int = D) -> tuple[float, float]:
     """QK and PV FLOPs of one query token per sequence; bf16 K and V bytes read once."""
     return 4.0 * B * Hq * L * D, 2.0 * B * L * Hkv * D * 2
 
@@ -121,6 +121,29 @@ def _sdpa_impl(impls, notes, backend, name, qt, kt, vt, Hq, Hkv):
         notes.append(f"{name}: unavailable ({type(e2).__name__}: {str(e2)[:120]})")
 
 
+def make_inputs(B, Hq, Hkv, L, D=D):
+    """(q (B, 1, Hq, D), K and V caches (B, L, Hkv, D), lengths (B,) all L): bf16 randn, seed 0."""
+    import torch
+
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=dt)
+    k = torch.randn(B, L, Hkv, D, device="cuda", dtype=dt)
+    v = torch.randn(B, L, Hkv, D, device="cuda", dtype=dt)
+    return q, k, v, torch.full((B,), L, dtype=torch.int32, device="cuda")
+
+
+def ours_impl(q, k, v, seqlens):
+    """(callable, output getter): ``decode_attn`` on a contiguous cache as a user calls it (its
+    default plan), into an output allocated once."""
+    import torch
+
+    from ...attention.decode import decode_attn
+
+    out = torch.empty_like(q)
+    return (lambda: decode_attn(q, k, v, cache_seqlens=seqlens, out=out)), (lambda: out)
+
+
 def build_impls(B, Hq, Hkv, L, page, notes):
     """{name: (callable, output getter)} with inputs allocated once: ours contiguous (``cute``) and
     paged (``cute_paged<page>``), then the peers that run here (a note for each that does not)."""
@@ -129,15 +152,8 @@ def build_impls(B, Hq, Hkv, L, page, notes):
 
     from ...attention.decode import decode_attn
 
-    torch.manual_seed(0)
-    dt = torch.bfloat16
-    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=dt)
-    k = torch.randn(B, L, Hkv, D, device="cuda", dtype=dt)
-    v = torch.randn(B, L, Hkv, D, device="cuda", dtype=dt)
-    seqlens = torch.full((B,), L, dtype=torch.int32, device="cuda")
-    impls = {}
-    out_c = torch.empty_like(q)
-    impls[OURS] = (lambda: decode_attn(q, k, v, cache_seqlens=seqlens, out=out_c), lambda: out_c)
+    q, k, v, seqlens = make_inputs(B, Hq, Hkv, L)
+    impls = {OURS: ours_impl(q, k, v, seqlens)}
     kp, vp, bt = to_paged(k, v, page)
     out_p = torch.empty_like(q)
     impls[f"cute_paged{page}"] = (lambda: decode_attn(q, kp, vp, cache_seqlens=seqlens, block_table=bt, out=out_p),

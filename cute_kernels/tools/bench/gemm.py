@@ -60,9 +60,22 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def flops_bytes(m: int, n: int, k: int) -> tuple[float, float]:
-    """2MNK FLOPs; bf16 bytes of A and B read once and the output written once."""
-    return 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n)
+def flops_bytes(m: int, n: int, k: int, batch: int = 1) -> tuple[float, float]:
+    """2MNK FLOPs per batch entry; bf16 bytes of A and B read once and the output written once."""
+    return 2.0 * batch * m * n * k, 2.0 * batch * (m * k + k * n + m * n)
+
+
+#: the largest relative (Frobenius) error of a bf16 result against the float32 product that is timed
+REL_TOL = 2e-2
+
+
+def rel_error(out, ref) -> float:
+    """``out``'s relative Frobenius error against the float32 ``ref``; RuntimeError above
+    :data:`REL_TOL` (a wrong result is not timed)."""
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    if not err < REL_TOL:
+        raise RuntimeError(f"wrong result: rel err {err:.3g}")
+    return err
 
 
 def explicit_config(spec: str):
@@ -98,24 +111,14 @@ def explicit_config(spec: str):
     return run
 
 
-def _warm_one(spec: dict) -> str:
-    """Compile what ``gemm`` runs for ``spec`` into the disk cache (a spawned process's job)."""
-    import cute_kernels
-
-    try:
-        cute_kernels.warmup([("gemm", spec)])
-        return ""
-    except Exception as e:  # noqa: BLE001 - reported; the first call compiles it again
-        return f"{spec}: {type(e).__name__}: {e}"
-
-
 def precompile(shapes) -> None:
     """Our kernels for ``shapes`` compiled in parallel processes before timing (disk cache)."""
     from ...common import jit
+    from .timing import warm_one
 
-    specs = [{"m": m, "n": n, "k": k} for m, n, k in shapes]
+    specs = [("gemm", {"m": m, "n": n, "k": k}) for m, n, k in shapes]
     t0 = time.time()
-    errs = jit.precompile_in_processes(_warm_one, specs)
+    errs = jit.precompile_in_processes(warm_one, specs)
     print(f"precompiled our kernels for {len(specs)} shapes in {time.time() - t0:.1f} s", flush=True)
     for e in errs:
         print("  precompile error:", e[:300], flush=True)
@@ -178,9 +181,7 @@ def run(shapes: Sequence[tuple[int, int, int]], repeats: int = 3, quick: bool = 
                 out = fn(a, b)
                 torch.cuda.synchronize()
                 first_call[(shape, name)] = time.time() - t0
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                if not err < 2e-2:
-                    raise RuntimeError(f"wrong result: rel err {err:.3g}")
+                rel_error(out, ref)
             except Exception as e:  # noqa: BLE001 - the row shows the error instead of a time
                 errors[(shape, name)] = f"{type(e).__name__}: {str(e)[:200]}"
                 print(f"{shape} {name}: {errors[(shape, name)]}", flush=True)

@@ -24,8 +24,10 @@ from . import results
 KINDS = ("gemm", "attention", "decode")
 #: the file in a results folder naming the record of each kind (:func:`latest`)
 MANIFEST = "latest.json"
-#: every kind :func:`load` reads (the package's schema: gemm, attention, attention-varlen, attention-backward, decode)
-READ_KINDS = ("gemm", "attention", "attention-varlen", "attention-backward", "decode", "read-ceiling", "model-decode")
+#: every kind :func:`load` reads (the package's schema: gemm, attention, attention-varlen, attention-backward, decode,
+#: gaps)
+READ_KINDS = ("gemm", "attention", "attention-varlen", "attention-backward", "decode", "gaps", "read-ceiling",
+              "model-decode")
 _DATE_COMMIT = re.compile(r"(\d{4}-\d{2}-\d{2})-([0-9a-f]{7,40})")
 GEMM_PEERS = ("cuBLAS", "quack")
 MATMUL_ROOF = "matmul roof"

@@ -33,7 +33,8 @@ RATE = {"gemm": ("tflops", "TFLOP/s"), "attention": ("tflops", "TFLOP/s"), "atte
 TITLES = {"gemm": "GEMM bf16", "attention": "Attention forward (prefill) bf16",
           "attention-varlen": "Attention forward bf16: packed (varlen), paged and windowed",
           "attention-backward": "Attention backward bf16 (dq, dk, dv)", "decode": "Decode attention bf16",
-          "model-decode": "End-to-end decode step, Llama-3-8B shapes"}
+          "model-decode": "End-to-end decode step, Llama-3-8B shapes",
+          "gaps": "Issue 36 gaps: ours against the targets, paired timer"}
 
 
 def geomean(xs) -> float | None:

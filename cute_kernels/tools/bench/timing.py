@@ -1,4 +1,5 @@
-"""Timers shared by every benchmark; the main figure is always ``triton.testing.do_bench``.
+"""Timers shared by every benchmark; the main figure is ``triton.testing.do_bench``'s, except in
+``bench gaps``, which judges its rows with the paired timer below.
 
 Every implementation of a shape -- ours, the peers and the ceiling -- is timed by the same timer in
 the same process, in interleaved rounds (:func:`time_rounds`): round r runs them in an order rotated
@@ -9,6 +10,12 @@ timed call starts with ~50 MB of dirty L2 lines that HBM must absorb while the k
 kernel that moves tens of MB (decode at batch 1, a 128-row GEMM reading a 32 MB B) that write-back is
 a large part of the measured time and caps every implementation alike.  :func:`bench_clean` times the
 same call after a *read-only* 256 MB pass instead: L2 is just as cold but holds only clean lines.
+
+The paired timer (:func:`paired_times`, :func:`paired_ratio`) judges one implementation against
+another call by call: each repetition calls every implementation once, in an order rotated by the
+repetition, each call after its own L2 flush (``zero_`` of a 256 MiB buffer, as ``do_bench`` flushes)
+and timed alone by CUDA events; a ratio is the median of the per-repetition ratios, so a slow moment
+of the device (clocks, a neighbour) weighs on both sides of the ratios it falls in.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 _BUF: dict = {}
+_ZERO: dict = {}
 
 
 #: GPU cycles spun between the flush and the start event (~200 us at 1.98 GHz), so that the host has
@@ -35,17 +43,20 @@ def bench_events(fn, flush, n: int = 30) -> float:
     time is measured."""
     for _ in range(3):
         fn()
-    ts = []
-    for _ in range(n):
-        flush()
-        torch.cuda._sleep(LEAD_CYCLES)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
+    return statistics.median(event_us(fn, flush) for _ in range(n))
+
+
+def event_us(fn, flush) -> float:
+    """Microseconds of one call of ``fn`` timed by CUDA events: ``flush()``, then a spin of
+    ``LEAD_CYCLES`` on the GPU (the host enqueues the call meanwhile), then the call between two events."""
+    flush()
+    torch.cuda._sleep(LEAD_CYCLES)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3
 
 
 def read_only_flush():
@@ -134,9 +145,66 @@ def time_rounds(impls: dict[str, Callable[[], object]], bench: Callable[[Callabl
 
 def precompile_and_report(precompile, cfgs) -> None:
     """``precompile(cfgs)`` (a kernel family's parallel compile into the disk cache) before timing,
-    with its duration and errors printed."""
+    with its duration and errors printed (configs counted once each, by repr: a warmup spec may be a
+    dict)."""
     t0 = time.time()
     errs = precompile(cfgs)
-    print(f"precompiled {len(set(cfgs))} configs in {time.time() - t0:.1f} s", flush=True)
+    print(f"precompiled {len({repr(c) for c in cfgs})} configs in {time.time() - t0:.1f} s", flush=True)
     for e in errs:
         print("  precompile error:", e[:300], flush=True)
+
+
+def zero_flush() -> Callable[[], object]:
+    """A callable that zeroes a 256 MiB buffer (cached per device): cold L2, flushed by writes."""
+    dev = torch.cuda.current_device()
+    if dev not in _ZERO:
+        _ZERO[dev] = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    return _ZERO[dev].zero_
+
+
+def paired_times(impls: dict[str, Callable[[], object]], reps: int, time_one: Callable[[Callable], float] | None = None,
+                 warmup: int = 3, tick: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """{name: [microseconds per repetition]}: the paired timer.  ``warmup`` untimed calls of each
+    implementation, then ``reps`` repetitions of :func:`time_rounds`, each calling every implementation
+    once in an order rotated by the repetition, each call timed alone by ``time_one(fn)`` -- by default
+    :func:`event_us` after its own :func:`zero_flush`."""
+    if time_one is None:
+        flush = zero_flush()
+
+        def time_one(fn):
+            return event_us(fn, flush)
+
+    for fn in impls.values():
+        for _ in range(warmup):
+            fn()
+    return time_rounds(impls, time_one, reps, tick)
+
+
+def paired_ratio(times: dict[str, list[float]], num, den) -> float:
+    """The median over the repetitions of num's time / den's time in :func:`paired_times`' ``times``.
+    ``num`` and ``den`` are a name or a sequence of names, whose times are summed per repetition (a
+    ceiling made of two kernels timed alone, e.g. a bare read and a merge).  ``paired_ratio(t, "ref",
+    "ours")`` above 1: ours is faster."""
+    def per_rep(names):
+        names = (names,) if isinstance(names, str) else tuple(names)
+        runs = [times[n] for n in names]
+        if not runs or not runs[0] or any(len(r) != len(runs[0]) for r in runs):
+            raise ValueError(f"paired_ratio: {names} need the same number of repetitions (> 0)")
+        return [sum(ts) for ts in zip(*runs)]
+
+    a, b = per_rep(num), per_rep(den)
+    if len(a) != len(b):
+        raise ValueError(f"paired_ratio: {num!r} and {den!r} have {len(a)} and {len(b)} repetitions")
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def warm_one(entry) -> str:
+    """Compile one ``cute_kernels.warmup`` entry ``(kernel name, spec)`` into the disk cache: a job of
+    :func:`cute_kernels.common.jit.precompile_in_processes` (spawned process); "" or the error."""
+    import cute_kernels
+
+    try:
+        cute_kernels.warmup([entry])
+        return ""
+    except Exception as e:  # noqa: BLE001 - reported; the first call compiles it again
+        return f"{entry}: {type(e).__name__}: {e}"
