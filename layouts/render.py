@@ -236,6 +236,11 @@ def to_png(obj: Any, **kwargs: Any) -> bytes:
         ax.set_yticks([r - 0.5 for r in range(g.rows + 1)], minor=True)
         ax.grid(which="minor", color="#888888", linewidth=0.2)
         ax.tick_params(which="minor", length=0)
+        if g.notes:
+            fig.text(0.01, 0.005, "\n".join(g.notes), fontsize=6, va="bottom", family="monospace")
+        # laid out before the cell labels: they sit inside the axes, and measuring thousands of them
+        # for the layout cost more than drawing them
+        fig.tight_layout(rect=(0, 0.012 * len(g.notes) + 0.01, 1, 1))
         pt_per_cell = (fig_w - 1.2) * 72 / g.cols
         fs = 5 if dense else 6
         if labels and dense:  # one label per run, if (nearly) all fit
@@ -247,9 +252,6 @@ def to_png(obj: Any, **kwargs: Any) -> bytes:
             for r, row in enumerate(cell_labels):
                 for c, s in enumerate(row):
                     ax.text(c, r, s, ha="center", va="center", fontsize=fs)
-        if g.notes:
-            fig.text(0.01, 0.005, "\n".join(g.notes), fontsize=6, va="bottom", family="monospace")
-        fig.tight_layout(rect=(0, 0.012 * len(g.notes) + 0.01, 1, 1))
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi)
         plt.close(fig)

@@ -19,6 +19,51 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 RUN_SLOW = os.environ.get("CUTE_KERNELS_SLOW_TESTS", "") not in ("", "0")
+RUN_MATRIX = RUN_SLOW or os.environ.get("CUTE_KERNELS_MATRIX_TESTS", "") not in ("", "0")
+
+# ---------------------------------------------------------------- the compile matrix: a quick tier
+# Compiling one kernel configuration for sm_90a and reading its SASS takes 3-8 s on a 2-core machine,
+# and the compile tests' cross-products (dtype x head dim x mask x mode x page size ...) are ~250 of
+# them.  Each test below runs the cases named here in every test run: one or two per test, chosen so
+# that every kernel family, feature and code path (dense / packed / paged, window, split / direct,
+# TMA / cp.async, cluster, split-K kinds, variants) compiles at least once.  Its other cases carry the
+# ``matrix`` marker and are skipped, with the reason printed, unless CUTE_KERNELS_MATRIX_TESTS=1 (CI
+# sets it: the whole matrix runs there).  Keys: test file name :: test function; values: case ids.
+QUICK_COMPILES = {
+    "test_forward_compile.py::test_forward_compiles_without_spills": {"bfloat16-128-True", "float16-256-False"},
+    "test_forward_compile.py::test_varlen_window_compile_without_spills": {"varlen-window-128"},
+    "test_forward_compile.py::test_paged_compile_without_spills": {"ps64-varlen-window-128", "ps48-dense-64"},
+    "test_backward_compile.py::test_backward_compiles_without_spills": {"bfloat16-128-False", "float16-64-True"},
+    "test_backward_compile.py::test_gqa_backward_compiles_without_spills": {"128"},
+    "test_backward_compile.py::test_window_backward_compiles_without_spills": {"128"},
+    "test_backward_compile.py::test_prepost_compile": {"prepass-True-128", "convert-False-128"},
+    "test_decode.py::test_compiles_for_sm90a": {"bfloat16-d128-r8-p0-causal-split", "float16-d64-r64-p0-causal-direct",
+                                                "bfloat16-d128-r8-p16-causal-direct"},
+    "test_decode.py::test_compiles_tma_path": {"bfloat16-d128-r8-p0-causal-split"},
+    "test_merge.py::test_merge_kernel_compiles_for_sm90a": {"float32-bfloat16-128", "float32-float32-40"},
+    "test_variants_compile.py::test_forward_variants_compile_without_spills": {"D128-both", "D64-softcap"},
+    "test_variants_compile.py::test_forward_variant_modes_compile": {"varlen-window-ps16-D64"},
+    "test_variants_compile.py::test_decode_variants_compile_without_spills": {"D128-split-tma-both",
+                                                                              "D128-split-paged-sink"},
+    "test_gemm.py::test_compiles_for_sm90a": {"k-mn-2-False-True-bfloat16-256-(2, 1)",
+                                              "mn-k-3-False-True-bfloat16-128-(1, 1)"},
+    "test_gemm.py::test_splitk_cluster_variants_compile": {"128-2-True-True"},
+    "test_gemm.py::test_splitk_fixup_compiles": {"128-2-True"},
+    "test_gemm.py::test_splitk_persistent_compiles": {"128-2-True-(2, 1)"},
+    "test_gemm.py::test_splitk_fixup_a_multicast_compiles": {"64-2-2"},
+    "test_gemm.py::test_splitk_cluster_a_multicast_compiles": {"64-1-2"},
+    "test_gemm.py::test_splitk_b_evict_first_compiles": {"fixup"},
+    "test_gemm.py::test_skinny_swap_compiles": {"16-4-fixup-mn-1", "32-1-cluster-mn-2"},
+    "test_gemm_cpasync.py::test_compiles_for_sm90a": {"kk-a8-b2-r3-float32-n128-c", "mnmn-a16-b4-r2-bfloat16-n128-c-direct"},
+    "test_gemm_tiles256.py::test_tiles256_compiles_for_sm90a": {"128-(2, 1)-k-mn-2-False-True-bfloat16-n"},
+    "test_gemm_tiles256.py::test_tiles256_epilogue_register_map": {"208-bfloat16-n"},
+}
+
+
+def in_compile_matrix(item) -> bool:
+    """A compile test's case outside :data:`QUICK_COMPILES`'s quick tier."""
+    quick = QUICK_COMPILES.get(f"{item.path.name}::{getattr(item, 'originalname', item.name)}")
+    return quick is not None and hasattr(item, "callspec") and item.callspec.id not in quick
 
 
 # ---------------------------------------------------------------- one compile per configuration and run
@@ -123,9 +168,15 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_slow = pytest.mark.skip(reason="slow (exhaustive compile sweep): set CUTE_KERNELS_SLOW_TESTS=1")
+    skip_matrix = pytest.mark.skip(reason="compile matrix beyond the quick tier (tests/conftest.py QUICK_COMPILES): "
+                                          "set CUTE_KERNELS_MATRIX_TESTS=1")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if in_compile_matrix(item) or "matrix" in item.keywords:
+            item.add_marker(pytest.mark.matrix)
+            if not RUN_MATRIX:
+                item.add_marker(skip_matrix)
         if "slow" in item.keywords and not RUN_SLOW:
             item.add_marker(skip_slow)
 

@@ -265,3 +265,36 @@ def test_tests_have_one_conftest():
     so those imports fail depending on which tests a worker collected."""
     found = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("conftest.py"))
     assert found == ["tests/conftest.py"], found
+
+
+def test_quick_compile_tier_names_collected_cases(request):
+    """Every case QUICK_COMPILES keeps in the quick tier is a collected case of its test (a renamed
+    case would otherwise leave its test with no case in the quick tier, silently), and every listed
+    test has cases beyond it (else the entry says nothing)."""
+    from conftest import QUICK_COMPILES
+
+    def holds(ids):
+        return all(key in ids and quick <= ids[key] and ids[key] - quick for key, quick in QUICK_COMPILES.items())
+
+    ids: dict[str, set] = {}
+    for item in request.session.items:  # a whole run collected them all: no second collection needed
+        key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        if key in QUICK_COMPILES and hasattr(item, "callspec"):
+            ids.setdefault(key, set()).add(item.callspec.id)
+    if holds(ids):
+        return
+    # a partial run (or a real mistake): collect the files in a subprocess, and name what is wrong
+    files = sorted({key.split("::")[0] for key in QUICK_COMPILES})
+    paths = [str(p) for name in files for p in (ROOT / "tests").rglob(name)]
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    ids = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"^\S*?([^/\s]+\.py)::(\w+)\[(.*)\]$", line.strip())
+        if m:
+            ids.setdefault(f"{m.group(1)}::{m.group(2)}", set()).add(m.group(3))
+    for key, quick in QUICK_COMPILES.items():
+        assert key in ids, f"{key}: no parametrized test of that name was collected"
+        assert quick <= ids[key], (key, sorted(quick - ids[key]), sorted(ids[key]))
+        assert ids[key] - quick, f"{key}: every case is in the quick tier"

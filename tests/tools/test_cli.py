@@ -37,6 +37,7 @@ def assert_one_line_error(rc, err, *words):
         assert w in err, (w, err)
 
 
+@pytest.mark.matrix  # every representative configuration, ~45 s: each family compiles in the quick tier's tests
 def test_compile_report_every_kernel():
     rows = report.compile_report(print_fn=lambda *_: None)
     labels = {r["label"] for r in rows}
