@@ -57,6 +57,9 @@ QUICK_COMPILES = {
     "test_gemm_cpasync.py::test_compiles_for_sm90a": {"kk-a8-b2-r3-float32-n128-c", "mnmn-a16-b4-r2-bfloat16-n128-c-direct"},
     "test_gemm_tiles256.py::test_tiles256_compiles_for_sm90a": {"128-(2, 1)-k-mn-2-False-True-bfloat16-n"},
     "test_gemm_tiles256.py::test_tiles256_epilogue_register_map": {"208-bfloat16-n"},
+    "test_gemm_tiles256.py::test_tiles256_c_fragment_ownership": {"128"},
+    # not compiles, as slow: the largest raster the bounds allow (66,048 tiles, ~11 s)
+    "test_cli.py::test_sizes_at_the_bounds_run": {"argv0", "argv1", "argv2"},
 }
 
 
@@ -168,8 +171,8 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_slow = pytest.mark.skip(reason="slow (exhaustive compile sweep): set CUTE_KERNELS_SLOW_TESTS=1")
-    skip_matrix = pytest.mark.skip(reason="compile matrix beyond the quick tier (tests/conftest.py QUICK_COMPILES): "
-                                          "set CUTE_KERNELS_MATRIX_TESTS=1")
+    skip_matrix = pytest.mark.skip(reason="beyond the quick tier (the compile matrix: tests/conftest.py QUICK_COMPILES, "
+                                          "or slow): set CUTE_KERNELS_MATRIX_TESTS=1")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)

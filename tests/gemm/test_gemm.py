@@ -339,6 +339,7 @@ def test_split_k_heuristic():
         H.split_k_factor(128, 4096, 4096, 1, tiles, "workspace")
 
 
+@pytest.mark.matrix  # three majors / C configs (~11 s); the quick tier compiles split-K cluster in the variants test
 def test_splitk_cluster_compiles():
     from cute_kernels.tools import inspect as ins
     from cute_kernels.gemm.splitk_kernel import SplitKClusterConfig

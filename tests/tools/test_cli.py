@@ -337,6 +337,7 @@ def test_layouts_writes_what_the_extension_says(capsys, tmp_path, name, fmt):
 
 
 # ---- demo / report -------------------------------------------------------------------------------
+@pytest.mark.matrix  # ~25 s on 2 cores: the pictures' layouts are evaluated element by element in the DSL
 def test_demo_pictures(tmp_path):
     """The CPU demo's pictures (the cheap half of ``demo --cpu``): SVGs and PNGs of the GEMM's layouts."""
     paths = cli._demo_pictures(str(tmp_path))

@@ -61,6 +61,7 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import RUN_MATRIX  # noqa: E402
 
 
 def _script(name):
@@ -293,7 +294,7 @@ def test_runners_on_cpu_stand_ins(monkeypatch):
     monkeypatch.setattr(sw, "RUN_DEV", "cpu")
     cases = []
     for op in sw.OPS:
-        cs, _ = sw.select_cases(op, 12, 3, sw.BUDGET[op])
+        cs, _ = sw.select_cases(op, 12 if RUN_MATRIX else 6, 3, sw.BUDGET[op])  # the quick tier: 6 per op
         cases += [c for c in cs if not (c["op"] == "gemm" and (c["choice"] or c["m"] * c["n"] * c["k"] > 1e8))
                   and not (c["op"] == "flash_attn" and c["b"] * c["hq"] * c["sq"] * c["sk"] > 4e6)]
     assert {c["op"] for c in cases} == set(sw.OPS)
