@@ -436,6 +436,7 @@ SPLITK_COMPILE_CASES = [(64, 2, True, False), (128, 2, True, True), (256, 2, Tru
                         (64, 1, False, False)]
 
 
+@pytest.mark.matrix  # A multicast compiles in the quick tier through the fixup kind's test
 @pytest.mark.parametrize("tn,s,mc", [(32, 1, 2), (64, 1, 2)], ids=lambda v: str(v))
 def test_splitk_cluster_a_multicast_compiles(tn, s, mc):
     """A multicast along N (cluster S x c, the skinny plan's pairs): the A loads are multicast TMA, B's
@@ -482,6 +483,7 @@ def test_splitk_cluster_variants_compile(tn, s, vec, has_c):
     assert ("STG.E.128" in rep.sass) == vec
 
 
+@pytest.mark.matrix  # ~13 s a kind; split-K cluster and fixup compile in the quick tier through other tests
 @pytest.mark.parametrize("kind", ["cluster", "fixup"])
 def test_splitk_b_evict_first_compiles(kind):
     """The opt-in L2 evict-first hint on split-K's B loads: every B TMA load carries the policy
