@@ -339,3 +339,71 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(timing, "make_bench", lambda quick: (bench, "stand-in timer"))
     return speeds
+
+
+# ---------------------------------------------------------------- stubbed kernels (host-path tests)
+class Stub:
+    """A compiled kernel stand-in: records its arguments.  :meth:`fetch` is the stubbed compile-cache
+    getter: one Stub per key (as the memory cache), ``Stub.made`` counts the fetches.
+
+    Like the compiled function's TVM-FFI entry (``jit.direct``), it refuses a call whose tensors
+    differ from its first call's in dtype, device or rank, or whose 16-byte-aligned data pointers
+    are not any more, with a ValueError before recording anything: the fast paths leave those checks
+    to it.  (Shared sizes are the real entry's too; tests/attention/test_host_path_gpu.py covers them.)"""
+
+    made = 0
+    cache: dict = {}
+
+    def __init__(self, *key):
+        self.key, self.calls, self.spec = key, [], None
+
+    @staticmethod
+    def _facts(args):
+        return [(t.dtype, t.device, t.dim(), t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
+                for t in args]
+
+    def __call__(self, *args):
+        facts = self._facts(args)
+        if self.spec is None:
+            self.spec = facts
+        for i, (want, got) in enumerate(zip(self.spec, facts)):
+            if want is not None and (got is None or got[:3] != want[:3] or (want[3] and not got[3])):
+                raise ValueError(f"Mismatched argument #{i}: {got}, expected {want}")
+        self.calls.append(args)
+
+    @classmethod
+    def fetch(cls, *key):
+        cls.made += 1
+        if key not in cls.cache:
+            cls.cache[key] = cls(*key)
+        return cls.cache[key]
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """CPU tensors take the kernel paths of every op, kernels are :class:`Stub` s, caches start empty."""
+    from cute_kernels.attention import decode as DE
+    from cute_kernels.attention import forward as FW
+    from cute_kernels.attention import forward_validate as FV
+    from cute_kernels.attention import merge as ME
+    from cute_kernels.gemm import host as GH
+    from cute_kernels.gemm import launch as GL
+    from cute_kernels.gemm import plan as GP
+
+    Stub.made, Stub.cache = 0, {}
+    check = GP.check_operands
+    monkeypatch.setattr(GP, "check_operands", lambda a, b, out, c, od, allow_cpu=False: check(a, b, out, c, od, True))
+    monkeypatch.setattr(GL, "compiled", lambda *key, **kw: Stub.fetch("gemm", *key, kw.get("swapped", False)))
+    monkeypatch.setattr(GP, "_plans", {})
+    monkeypatch.setattr(GH, "_launchers", {})
+    monkeypatch.setattr(DE, "_KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(DE, "get_decode_kernel", lambda cfg: Stub.fetch("decode", cfg))
+    monkeypatch.setattr(DE, "_launchers", {})
+    monkeypatch.setattr(FV, "_check_devices", lambda named: None)
+    monkeypatch.setattr(FW, "get_forward_kernel", lambda cfg: Stub.fetch("flash", cfg))
+    monkeypatch.setattr(FW, "_launchers", {})
+    monkeypatch.setattr(ME, "_KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(ME, "get_merge_kernel", lambda cfg: Stub.fetch("merge", cfg))
+    monkeypatch.setattr(ME, "_launchers", {})
+    monkeypatch.delenv("CUTE_KERNELS_CHECKED", raising=False)
+    yield

@@ -42,6 +42,7 @@ from cute_kernels.common import jit
 from cute_kernels.common.softmax import LOG2_E
 from cute_kernels.testing import count_launches
 from _check import assert_raises_before_any_launch
+from conftest import Stub
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -515,35 +516,6 @@ def test_plans_and_empty_problems():
     expl = DE.explain(4, 32, 8, 4096, softcap=True, sink=True)
     assert expl["config"].softcap and expl["config"].sink and expl["config"].variant_args == ("softcap_scale",
                                                                                              "learnable_sink")
-
-
-class Stub:
-    """A compiled kernel stand-in recording its calls (one per config key)."""
-
-    cache: dict = {}
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, *args):
-        self.calls.append(args)
-
-    @classmethod
-    def fetch(cls, *key):
-        return cls.cache.setdefault(key, cls())
-
-
-@pytest.fixture
-def stubbed(monkeypatch):
-    Stub.cache = {}
-    monkeypatch.setattr(FV, "_check_devices", lambda named: None)
-    monkeypatch.setattr(FW, "get_forward_kernel", lambda cfg: Stub.fetch("flash", cfg))
-    monkeypatch.setattr(FW, "_launchers", {})
-    monkeypatch.setattr(DE, "_KERNEL_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(DE, "get_decode_kernel", lambda cfg: Stub.fetch("decode", cfg))
-    monkeypatch.setattr(DE, "_launchers", {})
-    monkeypatch.delenv("CUTE_KERNELS_CHECKED", raising=False)
-    yield
 
 
 def _stub_of(cfg_flags):

@@ -28,7 +28,6 @@ from cute_kernels.gemm import host as GH
 from cute_kernels.integrations import sdpa as S
 from cute_kernels.testing import count_launches
 from _check import refused
-from test_host_path import Stub, stubbed  # noqa: F401  (the fixture)
 
 BF = torch.bfloat16
 
