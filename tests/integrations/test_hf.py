@@ -96,7 +96,8 @@ def test_mask_function_builds_no_mask_for_plain_causal():
     assert create_causal_mask(cfg, emb, left, None).shape == (2, 1, 12, 12)
 
 
-def test_left_padded_batch_falls_back_with_one_warning(cpu_as_gpu):
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_left_padded_batch_falls_back_with_one_warning():
     model = tiny_llama(torch.bfloat16)
     ids = torch.randint(1, 512, (2, 20), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
@@ -113,8 +114,9 @@ def test_left_padded_batch_falls_back_with_one_warning(cpu_as_gpu):
         assert torch.equal(a, b)
 
 
+@pytest.mark.usefixtures("cpu_as_gpu")
 @pytest.mark.parametrize("cache", [None, "static"])
-def test_kernel_routes_generate_what_sdpa_generates(cpu_as_gpu, monkeypatch, cache):
+def test_kernel_routes_generate_what_sdpa_generates(monkeypatch, cache):
     """The routing and the lengths on CPU tensors: prefill on flash_attn (a StaticCache's buffer sliced
     to the valid keys), each decode step on decode_attn reading the cache in place with lengths from
     the positions (a StaticCache's buffer is longer than the valid keys)."""
@@ -140,7 +142,8 @@ def test_kernel_routes_generate_what_sdpa_generates(cpu_as_gpu, monkeypatch, cac
     assert_same_generation(ref, out)
 
 
-def test_unsupported_layer_arguments_fall_back(cpu_as_gpu):
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_unsupported_layer_arguments_fall_back():
     """softcap goes to the model's eager attention, dropout to HF's sdpa, plain calls to the kernels
     (every keyword, path by path: test_hf_fallback.py)."""
     attn = tiny_model("gemma2", torch.bfloat16).model.layers[0].self_attn
@@ -154,7 +157,8 @@ def test_unsupported_layer_arguments_fall_back(cpu_as_gpu):
     assert hf.hf_stats["flash_attn"] == 1 and o.shape == (1, 8, 4, 64)
 
 
-def test_static_buffer_without_positions_raises(cpu_as_gpu):
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_static_buffer_without_positions_raises():
     model = tiny_llama(torch.bfloat16)
     attn = model.model.layers[0].self_attn
     q, k = torch.randn(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 2, 32, 64, dtype=torch.bfloat16)

@@ -91,7 +91,8 @@ def case(name):
 
 @pytest.mark.parametrize("name", ["softcap", "s_aux", "sinks", "position_bias", "packed", "output_attentions",
                                   "unknown"])
-def test_each_keyword_runs_a_path_that_honours_it(cpu_as_gpu, name):
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_each_keyword_runs_a_path_that_honours_it(name):
     attn, kw, ref_kw, path, text, B = case(name)
     g = torch.Generator().manual_seed(11)
     q = torch.randn(B, 4, 24, 64, generator=g).to(torch.bfloat16)
@@ -115,7 +116,8 @@ def test_each_keyword_runs_a_path_that_honours_it(cpu_as_gpu, name):
         assert w is not None and w.shape == (B, 4, 24, 24)
 
 
-def test_keywords_without_effect_run_on_the_kernels(cpu_as_gpu):
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_keywords_without_effect_run_on_the_kernels():
     attn = tiny_model("llama", torch.bfloat16).model.layers[0].self_attn
     q, k = torch.randn(2, 4, 24, 64).to(torch.bfloat16), torch.randn(2, 2, 24, 64).to(torch.bfloat16)
     kw = dict(position_ids=torch.arange(24)[None].expand(2, 24), use_cache=True, output_attentions=False,
@@ -127,7 +129,8 @@ def test_keywords_without_effect_run_on_the_kernels(cpu_as_gpu):
     assert (o.double() - reference(q, k, k, 0.125)).abs().max().item() < TOL
 
 
-def test_a_window_without_a_mask_is_refused(cpu_as_gpu):
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_a_window_without_a_mask_is_refused():
     attn = tiny_model("mistral", torch.bfloat16).model.layers[0].self_attn
     q, k = torch.randn(1, 4, 24, 64).to(torch.bfloat16), torch.randn(1, 2, 24, 64).to(torch.bfloat16)
     with pytest.raises(ValueError, match="sliding_window=16"):
@@ -136,7 +139,8 @@ def test_a_window_without_a_mask_is_refused(cpu_as_gpu):
     assert hf.hf_stats["flash_attn"] == 1
 
 
-def test_no_eager_function_is_a_clear_error(cpu_as_gpu):
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_no_eager_function_is_a_clear_error():
     class Bare(torch.nn.Module):  # a module whose modeling module has no eager_attention_forward
         num_key_value_groups = 2
 
