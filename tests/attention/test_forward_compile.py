@@ -287,6 +287,7 @@ def test_emulated_window_walk_matches_reference(window, Sq, Sk):
 EXT_CONFIGS = [(True, False, False), (True, False, True), (False, True, False), (True, True, False)]
 
 
+@pytest.mark.matrix  # the quick tier compiles packed + window through the paged and variants tests
 @pytest.mark.parametrize("head_dim", LA.FWD_HEAD_DIMS)
 @pytest.mark.parametrize("varlen,window,causal", EXT_CONFIGS,
                          ids=["varlen", "varlen-causal", "window", "varlen-window"])
