@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from .args import OneLineParser, int_in, one_line
+from .bench import timing
 
 PROG = "cute-kernels bench model"
 #: Llama-3-8B's shapes (only the layer count differs)
@@ -213,23 +214,14 @@ def profile_split(step, steps: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- timing
-LEAD_CYCLES = 400_000  # GPU cycles (~200 us) spun before a timed graph replay: its launch is not timed
-
-
 def time_steps(fn, iters: int, cuda: bool = True, lead: bool = False) -> float:
     """Median microseconds of ``iters`` calls, each timed alone by CUDA events (``cuda=False``: wall
-    clock); ``lead``: the GPU spins :data:`LEAD_CYCLES` first, so only device time is measured."""
+    clock); ``lead``: the GPU spins :data:`.timing.LEAD_CYCLES` first, so a graph replay's launch is
+    not timed (:func:`.timing.event_us`)."""
     ts = []
     for _ in range(iters):
         if cuda:
-            if lead:
-                torch.cuda._sleep(LEAD_CYCLES)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
+            ts.append(timing.event_us(fn, lead=lead))
         else:
             t0 = time.perf_counter()
             fn()

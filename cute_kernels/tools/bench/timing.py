@@ -46,11 +46,14 @@ def bench_events(fn, flush, n: int = 30) -> float:
     return statistics.median(event_us(fn, flush) for _ in range(n))
 
 
-def event_us(fn, flush) -> float:
-    """Microseconds of one call of ``fn`` timed by CUDA events: ``flush()``, then a spin of
-    ``LEAD_CYCLES`` on the GPU (the host enqueues the call meanwhile), then the call between two events."""
-    flush()
-    torch.cuda._sleep(LEAD_CYCLES)
+def event_us(fn, flush=None, lead: bool = True) -> float:
+    """Microseconds of one call of ``fn`` timed by CUDA events: ``flush()`` (when given), then (``lead``)
+    a spin of ``LEAD_CYCLES`` on the GPU (the host enqueues the call meanwhile), then the call between
+    two events."""
+    if flush is not None:
+        flush()
+    if lead:
+        torch.cuda._sleep(LEAD_CYCLES)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     fn()
