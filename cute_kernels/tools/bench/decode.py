@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 
 from ..args import OneLineParser, int_in
 from . import results
@@ -297,14 +296,8 @@ def main(argv: list[str] | None = None, prog: str = "cute-kernels bench decode")
         ap.error(str(e))
     if not shapes:
         ap.error(f"--only {args.only!r} matches no shape")
-    import torch
-
-    if not torch.cuda.is_available():
-        print(f"{prog}: error: needs a CUDA device (charts from recorded results: cute-kernels charts)", file=sys.stderr)
+    if results.cuda_missing(prog):
         return 2
     doc = run(shapes, 1 if args.quick else args.repeats, args.quick)
     tag = args.tag or ("quick" if args.quick else "size-sweep" if args.size_sweep else "")
-    js, md = results.write(doc, args.out, tag)
-    print(results.markdown(doc))
-    print(f"wrote {js} and {md}")
-    return 0
+    return results.publish(doc, args.out, tag)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -402,13 +401,7 @@ def main(argv: list[str] | None = None, prog: str = "cute-kernels bench gaps") -
     cases = select(args.only)
     if not cases:
         ap.error(f"--only {args.only!r} matches no row")
-    import torch
-
-    if not torch.cuda.is_available():
-        print(f"{prog}: error: needs a CUDA device (charts from recorded results: cute-kernels charts)", file=sys.stderr)
+    if results.cuda_missing(prog):
         return 2
     doc = run(cases, QUICK_REPEATS if args.quick else args.repeats, args.quick)
-    js, md = results.write(doc, args.out, args.tag or ("quick" if args.quick else ""), to_markdown=markdown)
-    print(markdown(doc))
-    print(f"wrote {js} and {md}")
-    return 0
+    return results.publish(doc, args.out, args.tag or ("quick" if args.quick else ""), to_markdown=markdown)

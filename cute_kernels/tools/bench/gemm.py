@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -280,16 +279,10 @@ def main(argv: list[str] | None = None, prog: str = "cute-kernels bench gemm") -
             variants[f"ck:{mode}"] = lambda a, b, c=choice: gemm_plan.run(a, b, choice=c)
     for spec in filter(None, args.configs.split(",")):
         variants[f"ck {spec}"] = explicit_config(spec)
-    import torch
-
-    if not torch.cuda.is_available():
-        print(f"{prog}: error: needs a CUDA device (charts from recorded results: cute-kernels charts)", file=sys.stderr)
+    if results.cuda_missing(prog):
         return 2
     doc = run(shapes, 1 if args.quick else args.repeats, args.quick, args.quack_tuned and not args.quick, args.tune,
               variants, preset=args.preset)
     tag = args.tag or ("" if args.preset == "issue" and not args.shapes and not args.quick
                        else "quick" if args.quick else args.preset if not args.shapes else "shapes")
-    js, md = results.write(doc, args.out, tag)
-    print(results.markdown(doc))
-    print(f"wrote {js} and {md}")
-    return 0
+    return results.publish(doc, args.out, tag)

@@ -20,6 +20,7 @@ import datetime
 import json
 import math
 import os
+import sys
 import platform
 import statistics
 import subprocess
@@ -246,6 +247,25 @@ def write(doc: dict, out_dir: str | os.PathLike, tag: str = "", to_markdown=None
     js.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
     md.write_text((to_markdown or markdown)(doc))
     return js, md
+
+
+def cuda_missing(prog: str) -> bool:
+    """A bench command's check before it benchmarks: True, with the one-line error on stderr, when
+    there is no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    print(f"{prog}: error: needs a CUDA device (charts from recorded results: cute-kernels charts)", file=sys.stderr)
+    return True
+
+
+def publish(doc: dict, out_dir, tag: str = "", to_markdown=None) -> int:
+    """A bench command's end: :func:`write` the run, print its table and the files written; status 0."""
+    js, md = write(doc, out_dir, tag, to_markdown)
+    print((to_markdown or markdown)(doc))
+    print(f"wrote {js} and {md}")
+    return 0
 
 
 def _jsonable(x):
