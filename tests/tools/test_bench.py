@@ -283,7 +283,7 @@ def test_bench_bad_option_is_one_line(capsys):
 
 @pytest.mark.skipif(HAS_GPU, reason="the no-GPU message")
 def test_bench_without_gpu_says_so(capsys):
-    for kind in ("gemm", "attention", "decode"):
+    for kind in ("gemm", "attention", "decode", "gaps"):
         assert cli.main(["bench", kind, "--quick"]) == 2
         cap = capsys.readouterr()
         assert cap.out == "" and cap.err.count("\n") == 1 and "error: needs a CUDA device" in cap.err, cap
