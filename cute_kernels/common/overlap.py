@@ -9,8 +9,6 @@ its data pointer over :func:`extent` bytes."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -46,18 +44,9 @@ def has_addresses(t) -> bool:
     return not (torch.compiler.is_compiling() or isinstance(t, FakeTensor) or t.device.type == "meta")
 
 
-def first_overlap(out: torch.Tensor, out_extent: int, named) -> Optional[str]:
-    """The name of the first ``(name, tensor, extent)`` of ``named`` whose bytes meet ``out``'s (its
-    extent given: launchers precompute them from the call metadata they are keyed on), or None."""
-    if not out_extent:
-        return None
-    o = out.data_ptr()
-    for name, t, n in named:
-        if t is not None and n:
-            p = t.data_ptr()
-            if o < p + n and p < o + out_extent:
-                return name
-    return None
+def _meets(o: int, o_ext: int, p: int, p_ext: int) -> bool:
+    """The byte ranges [o, o + o_ext) and [p, p + p_ext) share a byte (both non-empty)."""
+    return bool(o_ext and p_ext) and p < o + o_ext and o < p + p_ext
 
 
 def same_view(t: torch.Tensor, out: torch.Tensor) -> bool:
@@ -82,7 +71,7 @@ def check_written(who: str, name: str, out: torch.Tensor, inputs, same_ok=()) ->
             continue
         if iname in same_ok and same_view(t, out):
             continue
-        if first_overlap(out, n, ((iname, t, extent(t)),)):
+        if _meets(out.data_ptr(), n, t.data_ptr(), extent(t)):
             _refused(who, name, iname)
 
 
@@ -94,9 +83,10 @@ def _refused(who: str, name: str, hit: str):
 def out_guard(who: str, name: str, out_extent: int, names: tuple, extents: tuple):
     """A launcher's check, made once per launcher: ``guard(out, *inputs)`` raises a ValueError naming
     ``name`` and the input it meets when ``out``'s ``out_extent`` bytes meet an input's bytes
-    (``extents``, in the order of ``names``; None inputs and empty extents are skipped).  The launcher's key fixes every extent, so
-    only the data pointers are read per call; three inputs (q, k, v; a, b, c), the common case, get a
-    closure with the comparisons written out (no per-call iterator)."""
+    (``extents``, in the order of ``names``; None inputs and empty extents are skipped).  The
+    launcher's key fixes every extent, so only the data pointers are read per call; three inputs (q,
+    k, v; a, b, c), the common case, get a closure with the comparisons written out (no per-call
+    iterator)."""
     if not out_extent:
         return lambda out, *ts: None
     if len(names) == 3:
