@@ -61,8 +61,8 @@ QUICK_COMPILES = {
 }
 
 
-def in_compile_matrix(item) -> bool:
-    """A compile test's case outside :data:`QUICK_COMPILES`'s quick tier."""
+def beyond_quick_tier(item) -> bool:
+    """A case of a test :data:`QUICK_COMPILES` lists that is not in its quick tier."""
     quick = QUICK_COMPILES.get(f"{item.path.name}::{getattr(item, 'originalname', item.name)}")
     return quick is not None and hasattr(item, "callspec") and item.callspec.id not in quick
 
@@ -174,7 +174,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
-        if in_compile_matrix(item) or "matrix" in item.keywords:
+        if beyond_quick_tier(item) or "matrix" in item.keywords:
             item.add_marker(pytest.mark.matrix)
             if not RUN_MATRIX:
                 item.add_marker(skip_matrix)
