@@ -45,7 +45,7 @@ from .decode_plan import (  # noqa: F401  (the planning API, re-exported)
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass import Float32  # noqa: E402
+from cutlass import Float32, Int32  # noqa: E402
 
 __all__ = ["decode_attn", "decode_attn_workspace", "decode_attn_reference", "explain", "DecodeConfig",
            "DecodeAttnKernel", "TMA_EF_MAX_KV_BYTES", "load_for", "choose_num_splits", "make_config",
@@ -83,10 +83,14 @@ def decode_builder(cfg: DecodeConfig):
             mLSEp = make_fake_compact_tensor(
                 cutlass.Float32, (P, B, Sq, Hq), stride_order=(3, 2, 1, 0), assumed_align=4
             )
-        k = DecodeAttnKernel(cfg.tile, cfg.paged, cfg.page_size, cfg.causal, cfg.split, cfg.load, cfg.softcap, cfg.sink)
-        # softcapping / sinks: softcap_scale, then the sink vector (any stride; its length the host checks)
+        k = DecodeAttnKernel(cfg.tile, cfg.paged, cfg.page_size, cfg.causal, cfg.split, cfg.load, cfg.softcap, cfg.sink,
+                             cfg.window, cfg.leftpad)
+        # softcapping / sinks: softcap_scale, then the sink vector (any stride; its length the host checks);
+        # windows: the two sides; left padding: a (B,) int32 tensor like the lengths
         variant = (Float32(1.0),) * cfg.softcap + (
-            make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (s64(),), assumed_align=4),) * cfg.sink
+            make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (s64(),), assumed_align=4),) * cfg.sink + (
+            Int32(0), Int32(0)) * cfg.window + (
+            make_fake_compact_tensor(cutlass.Int32, (B,), assumed_align=4),) * cfg.leftpad
         return k, (mQ, mK, mV, mSeq, mBT, mO, mLSE, mOp, mLSEp, Float32(1.0),
                    make_fake_stream(use_tvm_ffi_env_stream=True)) + variant
 
@@ -120,14 +124,16 @@ def _aligned(q, k_cache) -> bool:
 
 
 def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale,
-         key=None, softcap=0.0, learnable_sink=None) -> None:
+         key=None, softcap=0.0, learnable_sink=None, window=None, cache_leftpad=None) -> None:
     """Launch a validated CUDA call (out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 written) through a
     launcher (:func:`_launcher`), kept under ``key`` for later calls with the same metadata (not for an
-    empty batch, nor a q that needed an aligned copy)."""
+    empty batch, nor a q that needed an aligned copy).  ``causal`` and ``window`` normalized
+    (:func:`~.decode_plan.check_window`)."""
     B, Sq, Hq, D = q.shape
     if B == 0:
         return
-    cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal, bool(softcap), learnable_sink is not None)
+    cfg, P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal, bool(softcap), learnable_sink is not None,
+                            window, cache_leftpad is not None)
     fn = get_decode_kernel(cfg)
     if fn is None:  # jit.dry_run: planned, nothing compiled or launched
         return
@@ -136,9 +142,10 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
     if P > 1 and workspace is not None:
         _check_workspace(workspace, P, B, Sq, Hq, D)
     launch = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device,
-                       (q, k_cache, v_cache, cache_seqlens, block_table, workspace), cfg.variant_args, learnable_sink)
+                       (q, k_cache, v_cache, cache_seqlens, block_table, workspace), cfg.variant_args, learnable_sink,
+                       cache_leftpad, window)
     launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace,
-           *fh.variant_values(softcap, learnable_sink))
+           *_variant_values(softcap, learnable_sink, cache_leftpad))
     if key is not None:
         _launchers[key] = launch
 
@@ -159,13 +166,15 @@ def decode_attn_workspace(q: torch.Tensor, num_splits: int) -> torch.Tensor:
 
 def decode_attn_reference(
     q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None, softcap=0.0,
-    learnable_sink=None,
+    learnable_sink=None, window_size=(-1, -1), cache_leftpad=None,
 ):
     """Float32 torch reference (the CPU path; one sequence at a time, lengths read on the host): out
     (B, Sq, Hq, D) and the natural-log lse (B, Hq, Sq); rows that see no key get 0 and -inf (with a
-    sink: 0 and the sink).  ``softcap`` (0: off) and ``learnable_sink`` as :func:`decode_attn`.  Bad
-    device values are treated as the kernel treats them: lengths clamped to [0, capacity], page ids
-    to [0, num_pages)."""
+    sink: 0 and the sink).  ``softcap`` (0: off), ``learnable_sink``, ``window_size`` and
+    ``cache_leftpad`` as :func:`decode_attn`.  Bad device values are treated as the kernel treats them:
+    lengths clamped to [0, capacity], left paddings to [0, length], page ids to [0, num_pages).  Only
+    the visible keys ``[max(leftpad, L - Sq - window_left), L)`` are read (as the kernel: what lies
+    below, a padding or freed pages, may hold anything)."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
@@ -177,27 +186,41 @@ def decode_attn_reference(
         sink = learnable_sink.to(device=q.device, dtype=torch.float32).view(Hkv, G, 1, 1)
         lse[:] = learnable_sink.to(device=q.device, dtype=torch.float32)[None, :, None]
     lens = cache_seqlens.to("cpu", torch.int64).tolist()
+    pads = [0] * B if cache_leftpad is None else cache_leftpad.to("cpu", torch.int64).tolist()
+    causal, window = _plan_mod.check_window(window_size, causal)
+    left, right = window if window is not None else (-1, 0 if causal else -1)
     cap = _plan_mod.capacity(k_cache, block_table)
     for b in range(B):
-        L = min(int(lens[b]), cap)  # as the kernel: lengths clamped to [0, capacity]
-        if L <= 0:
+        L = max(min(int(lens[b]), cap), 0)  # as the kernel: lengths clamped to [0, capacity]
+        lp = min(max(int(pads[b]), 0), L)  # and left paddings to [0, length]
+        k_lo = lp if left < 0 else max(lp, L - Sq - left)  # the first key any row sees
+        if L - k_lo <= 0:
             continue
         if block_table is None:
-            kb, vb = k_cache[b, :L], v_cache[b, :L]
+            kb, vb = k_cache[b, k_lo:L], v_cache[b, k_lo:L]
         else:
             ps = k_cache.shape[1]
             # as the kernel: page ids clamped to [0, num_pages) (-1 reads page 0, never the last)
-            pages = block_table[b, : -(-L // ps)].long().clamp(0, k_cache.shape[0] - 1)
-            kb = k_cache[pages].reshape(-1, Hkv, D)[:L]
-            vb = v_cache[pages].reshape(-1, Hkv, D)[:L]
+            if k_lo == 0:
+                pages = block_table[b, : -(-L // ps)].long().clamp(0, k_cache.shape[0] - 1)
+                kb = k_cache[pages].reshape(-1, Hkv, D)[:L]
+                vb = v_cache[pages].reshape(-1, Hkv, D)[:L]
+            else:
+                at = torch.arange(k_lo, L, device=block_table.device)
+                pages = block_table[b, at // ps].long().clamp(0, k_cache.shape[0] - 1).to(k_cache.device)
+                kb = k_cache[pages, (at % ps).to(k_cache.device)]
+                vb = v_cache[pages, (at % ps).to(k_cache.device)]
         qb = q[b].float().view(Sq, Hkv, G, D)
-        s = torch.einsum("tkgd,lkd->kgtl", qb, kb.float()) * scale  # (Hkv, G, Sq, L)
+        s = torch.einsum("tkgd,lkd->kgtl", qb, kb.float()) * scale  # (Hkv, G, Sq, L - k_lo)
         if softcap:
             s = softcap * torch.tanh(s / softcap)
-        if causal:
-            pos = torch.arange(L, device=q.device)
-            lim = L - Sq + torch.arange(Sq, device=q.device)  # (Sq,)
-            s = s.masked_fill(pos[None, None, None, :] > lim[None, None, :, None], float("-inf"))
+        pos = torch.arange(k_lo, L, device=q.device)  # cache positions of the keys read
+        row = L - Sq + torch.arange(Sq, device=q.device)  # (Sq,): the new tokens' positions (bottom-right)
+        if right >= 0:
+            s = s.masked_fill(pos[None, None, None, :] > (row + right)[None, None, :, None], float("-inf"))
+        lo = torch.full_like(row, lp) if left < 0 else torch.clamp(row - left, min=lp)
+        if left >= 0 or lp > 0:
+            s = s.masked_fill(pos[None, None, None, :] < lo[None, None, :, None], float("-inf"))
         m = s.amax(-1, keepdim=True)
         if sink is not None:
             m = torch.maximum(m, sink.expand_as(m))
@@ -217,16 +240,18 @@ def decode_attn_reference(
 # torch.library ops and the public function
 # ------------------------------------------------------------------------------------------------
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale,
-                 key=None, softcap=0.0, learnable_sink=None):
+                 key=None, softcap=0.0, learnable_sink=None, window_left=-1, window_right=-1, cache_leftpad=None):
+    # (the sides as decode_attn normalized them; normalizing again keeps a direct op call honest)
+    causal, window = _plan_mod.check_window((window_left, window_right), causal)
     if q.device.type not in _KERNEL_DEVICES:
         LAUNCHES["decode_attn:cpu"] += 1
         o, l = decode_attn_reference(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, softcap,
-                                     learnable_sink)
+                                     learnable_sink, window or (-1, -1), cache_leftpad)
         out.copy_(o.to(out.dtype))
         lse.copy_(l)
         return
     _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale, key,
-         softcap, learnable_sink)
+         softcap, learnable_sink, window, cache_leftpad)
 
 
 @torch.library.custom_op(
@@ -246,14 +271,17 @@ def _decode_attn_out_op(
     softmax_scale: float,
     softcap: float = 0.0,
     learnable_sink: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    window_right: int = -1,
+    cache_leftpad: Optional[torch.Tensor] = None,
 ) -> None:
     _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale,
-                 None, softcap, learnable_sink)
+                 None, softcap, learnable_sink, window_left, window_right, cache_leftpad)
 
 
 @_decode_attn_out_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, softmax_scale,
-      softcap=0.0, learnable_sink=None):
+      softcap=0.0, learnable_sink=None, window_left=-1, window_right=-1, cache_leftpad=None):
     return None
 
 
@@ -269,18 +297,21 @@ def _decode_attn_op(
     softmax_scale: float,
     softcap: float = 0.0,
     learnable_sink: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    window_right: int = -1,
+    cache_leftpad: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     B, Sq, Hq, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, num_splits, causal, softmax_scale,
-                        softcap, learnable_sink)
+                        softcap, learnable_sink, window_left, window_right, cache_leftpad)
     return out, lse
 
 
 @_decode_attn_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softmax_scale, softcap=0.0,
-      learnable_sink=None):
+      learnable_sink=None, window_left=-1, window_right=-1, cache_leftpad=None):
     B, Sq, Hq, D = q.shape
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -301,6 +332,8 @@ _FAST_TYPES = fh.FAST_TYPES
 _launchers: dict = {}
 #: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
 _KERNEL_DEVICES = ("cuda",)
+#: decode_attn's default window_size (no window)
+_NO_WINDOW = (-1, -1)
 def _key(q, k, v, s, bt, out, ws, num_splits, causal, variant=None) -> tuple:
     """What :func:`~.decode_plan.validate` and the plan read from a call that the compiled function's own
     argument checks (:func:`~cute_kernels.common.jit.direct`) leave open: q's shape, dtype and device
@@ -310,21 +343,38 @@ def _key(q, k, v, s, bt, out, ws, num_splits, causal, variant=None) -> tuple:
     table's shape, the workspace's size, the types of the optional tensors (a fake one never hits),
     num_splits (with its type: True is not 1 here) and causal.  The rest -- the other dtypes and
     devices, v's, out's and the lengths' shapes, out's and the lengths' contiguity, 16-byte alignment
-    -- the compiled function checks on every call.  ``variant``: ``(softcap, learnable_sink)`` of a
-    call with softcapping or a sink (:func:`.forward_host.variant_key` joins the key)."""
+    -- the compiled function checks on every call.  ``variant``: ``(softcap, learnable_sink,
+    window_size, cache_leftpad)`` of a call with softcapping, a sink, a window or a left padding
+    (:func:`.forward_host.variant_key` joins the key, and the window's sides as given -- a tuple of
+    ints / None, else no key -- and the padding tensor's metadata, never its values)."""
     key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(), s.dtype,
            None if bt is None else (type(bt), bt.shape, bt.stride(), bt.dtype),
            None if out is None else type(out),
            None if ws is None else (type(ws), ws.shape, ws.stride()),
            type(num_splits), num_splits, causal)
     if variant is not None:
-        if variant[1] is not None and type(variant[1]) not in _FAST_TYPES:
+        softcap, sink, window, pad = variant
+        if sink is not None and type(sink) not in _FAST_TYPES:
             raise TypeError("fast path: a learnable_sink of another type")
-        key = (key, fh.variant_key(*variant))
+        if window.__class__ is not tuple or len(window) != 2 or not all(
+                w is None or w.__class__ is int for w in window):
+            raise TypeError("fast path: a window_size that is not a pair of ints / None")
+        if pad is not None:
+            if type(pad) not in _FAST_TYPES:
+                raise TypeError("fast path: a cache_leftpad of another type")
+            pad = (pad.shape, pad.stride(), pad.dtype, pad.get_device())
+        key = (key, fh.variant_key(softcap, sink), window, pad)
     return key
 
 
-def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(), sink=None):
+def _variant_values(softcap, learnable_sink, cache_leftpad) -> tuple:
+    """The tensors / values a launcher of a variant configuration takes after the workspace: softcap
+    (when not 0), the sink, the left padding (when given); a window's sides are the launcher's own."""
+    vals = fh.variant_values(softcap, learnable_sink)
+    return vals if cache_leftpad is None else vals + (cache_leftpad,)
+
+
+def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(), sink=None, leftpad=None, window=None):
     """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
     forward's launcher convention, :func:`.forward_host.run_hit`): allocates out (unless given) and the
     LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
@@ -341,10 +391,10 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(),
     cache_seqlens, block_table, workspace); out is contiguous) is checked against its data pointers
     before the launch; a refused one takes the checked path, which names it.
 
-    ``variant`` (the config's ``variant_args``; ``sink``: the first call's sink, for its extent):
-    :func:`_variant_launcher`."""
+    ``variant`` (the config's ``variant_args``; ``sink`` / ``leftpad``: the first call's, for their
+    extents; ``window``: the normalized sides): :func:`_variant_launcher`."""
     if variant:
-        return _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink)
+        return _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink, leftpad, window)
     B, Sq, Hq, D = qshape
     lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
     lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
@@ -402,21 +452,26 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(),
     return launch
 
 
-def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink):
-    """:func:`_launcher` of a softcapping and / or sink config: ``launch(q, k, v, out, lse, scale, seqlens,
-    block_table, workspace, *values)`` with the values of ``variant`` (softcap: the float, passed as
-    ``softcap * log2(e)`` for the softmax and ``softmax_scale / softcap``; learnable_sink: the tensor,
-    guarded against overlap with out and the workspace too); one body for split and unsplit calls."""
+def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink, leftpad=None, window=None):
+    """:func:`_launcher` of a softcapping, sink, window and / or left-padding config: ``launch(q, k, v, out,
+    lse, scale, seqlens, block_table, workspace, *values)`` with the values of :func:`_variant_values`
+    (softcap: the float, passed as ``softcap * log2(e)`` for the softmax and ``softmax_scale / softcap``;
+    learnable_sink, cache_leftpad: the tensors, guarded against overlap with out and the workspace
+    too); a window's sides (``window``, normalized; -1: :data:`~.forward_softmax.WINDOW_UNBOUNDED`) are
+    fixed by the launcher's key and passed by the launcher; one body for split and unsplit calls."""
     B, Sq, Hq, D = qshape
     lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
     lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
-    exts = tuple(0 if t is None else extent(t) for t in (*operands, sink))
+    exts = tuple(0 if t is None else extent(t) for t in (*operands, sink, leftpad))
     o_ext = B * Sq * Hq * D * dtype.itemsize
-    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "learnable_sink")
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "learnable_sink", "cache_leftpad")
     in_exts = exts[:5] + exts[6:]
     out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), in_exts + exts[5:6])
     ws_g = out_guard("decode_attn", "workspace", exts[5], names, in_exts)
     softcap_on = "softcap_scale" in variant
+    n_sink = int("learnable_sink" in variant)
+    pad_on = "cache_leftpad" in variant
+    win = fh.window_args(*window) if "window_left" in variant else ()
     pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
     pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
     lse_off = P * B * Sq * Hq * D
@@ -429,12 +484,14 @@ def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink):
         if softcap_on and not scale / vals[0] <= FLOAT32_MAX:  # a hit's new scale: the checks name it
             raise ValueError("decode_attn: softmax_scale / softcap past the float32 range")
         ws = ws if P > 1 else None  # (one split: the workspace is not used)
+        tens = vals[1:] if softcap_on else vals  # (sink,) (leftpad,)
         if out is not None or ws is not None:
-            sk = vals[-1] if sink is not None else None
+            sk = tens[0] if n_sink else None
+            lp = tens[-1] if pad_on else None
             if out is not None:
-                out_g(out, q, k, v, s, bt, sk, ws)
+                out_g(out, q, k, v, s, bt, sk, lp, ws)
             if ws is not None:
-                ws_g(ws, q, k, v, s, bt, sk)
+                ws_g(ws, q, k, v, s, bt, sk, lp)
         if out is None:
             out = _empty(*osize, dtype=dtype, device=dev)
         if lse.__class__ is bool:
@@ -447,9 +504,10 @@ def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink):
             off = ws.storage_offset()
             o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
         if softcap_on:
-            fn(q, k, v, s, bt, out, lse, o_part, lse_part, vals[0] * LOG2_E, scale / vals[0], *vals[1:])
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, vals[0] * LOG2_E, scale / vals[0], *tens[:n_sink], *win,
+               *tens[n_sink:])
         else:
-            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E, *vals)
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E, *tens[:n_sink], *win, *tens[n_sink:])
         LAUNCHES["decode_attn"] += 1
         return out, lse
     launch.default_scale = D ** -0.5
@@ -473,6 +531,8 @@ def decode_attn(
     checked: Optional[bool] = None,
     softcap: float = 0.0,
     learnable_sink: Optional[torch.Tensor] = None,
+    window_size=_NO_WINDOW,
+    cache_leftpad: Optional[torch.Tensor] = None,
 ):
     """Decode attention of 1..16 new tokens per sequence against a KV cache (split-k, GQA, paged).
 
@@ -506,6 +566,23 @@ def decode_attn(
             one logit per query head added to each row's softmax denominator (not scaled); the LSE
             is ``log(sum_j exp(s_j) + exp(sink))``, a row without keys gets 0 and the sink.  With
             splits it enters split 0's partial state only, so the merge counts it once.
+        window_size: ``(left, right)`` sliding window, FlashAttention-3's (``flash_attn_with_kvcache``):
+            each side an int >= -1 or None, -1 / None unbounded (sides below -1, FlashAttention-4's,
+            raise ValueError here).  Bottom-right aligned like the causal mask: new token ``t`` sits at
+            cache position ``p = L - Sq + t`` (L = cache_seqlens[b]) and sees key ``j`` when ``p - left
+            <= j`` (left >= 0) and ``j <= p + right`` (right >= 0).  With ``causal=True`` the right side
+            must be 0 or -1 / None (ValueError otherwise) and is 0.  Every combination of sides,
+            causal or not, paged or not, with or without splits, softcap, sinks and ``cache_leftpad``
+            runs on the kernel; only the KV tiles the window reaches are read, and a window's left side
+            bounds the split count's planning (the keys any row can see: ``left + Sq``).
+        cache_leftpad: optional (B,) int32 tensor on q's device: sequence b's keys are the cache
+            positions ``[cache_leftpad[b], cache_seqlens[b])``; positions below are never read (they
+            may hold anything, NaN included).  Positions stay cache positions (FlashAttention-3's
+            convention: its reference shifts keys and length by the padding, which leaves ``p`` and
+            the window where they are), so causal and the window bound the same keys as without it.
+            Paged caches too (FlashAttention-3 on Hopper allows it, FlashAttention-2 refuses it): the
+            block table is indexed by cache position, padding included.  Checked, a value outside
+            [0, cache_seqlens[b]] raises ValueError; unchecked, it is clamped to that range.
 
     Returns ``out`` or ``(out, lse)``.  Deterministic: the same inputs give the same bits.  Not
     differentiable: with grad enabled, an input that requires grad raises ValueError (a result
@@ -517,8 +594,10 @@ def decode_attn(
         raise ValueError("decode_attn: an input requires grad, and decode_attn has no backward; call it under "
                          "torch.no_grad() / torch.inference_mode(), or use flash_attn (differentiable)")
     key = None
-    # softcapping or sinks: in the key (forward_host.variant_key), their values after the launch's others
-    variant = None if softcap.__class__ is float and not softcap and learnable_sink is None else (softcap, learnable_sink)
+    # softcapping, sinks, windows, left padding: in the key (_key), their tensors after the launch's others
+    variant = None if (softcap.__class__ is float and not softcap and learnable_sink is None and cache_leftpad is None
+                       and (window_size is _NO_WINDOW or (window_size.__class__ is tuple and window_size == _NO_WINDOW))
+                       ) else (softcap, learnable_sink, window_size, cache_leftpad)
     if (checked is None or checked is False) and not _is_compiling():  # the fast path (see _key)
         try:
             if (type(q) in _FAST_TYPES and type(k_cache) in _FAST_TYPES and type(v_cache) in _FAST_TYPES
@@ -535,7 +614,7 @@ def decode_attn(
             if scale is not None:
                 try:
                     o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace,
-                                 *(() if variant is None else fh.variant_values(*variant)))
+                                 *(() if variant is None else _variant_values(softcap, learnable_sink, cache_leftpad)))
                 except Exception:  # the compiled function refused an argument: the checks below name it
                     pass
                 else:
@@ -544,28 +623,33 @@ def decode_attn(
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)
     _plan_mod.validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=not compiling,
-                       devices=False, learnable_sink=learnable_sink)
+                       devices=False, learnable_sink=learnable_sink, cache_leftpad=cache_leftpad)
     B, Sq, Hq, D = q.shape
     scale = _plan_mod.resolve_scale(softmax_scale, D)
     # (against a traced symbolic scale: only softcap's own range)
     softcap = check_softcap(softcap, scale if type(scale) is float else 1.0, "decode_attn")
     num_splits = _plan_mod.check_num_splits(num_splits)
     _plan_mod.check_flag(causal, "causal", "decode_attn")
+    # FlashAttention-3's sides (>= -1); causal folded into the right side of a window config
+    causal, window = _plan_mod.check_window(window_size, causal)
+    wl, wr = window if window is not None else (-1, -1)
     _plan_mod.check_flag(checked, "checked", "decode_attn", allow_none=True)
     _plan_mod.check_flag(return_lse, "return_lse", "decode_attn")
     # devices last: a bad scalar with meta tensors is named as such
-    _plan_mod.check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink)
+    _plan_mod.check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink,
+                            cache_leftpad)
     if not compiling and _plan_mod.checked_default(checked):
-        _plan_mod.check_device_values(k_cache, cache_seqlens, block_table)
+        _plan_mod.check_device_values(k_cache, cache_seqlens, block_table, cache_leftpad, window, Sq)
     if not compiling and workspace is not None:
         if q.device.type == "cuda":
-            P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal, bool(softcap), learnable_sink is not None)[1]
+            P = _plan_mod.plan(q, k_cache, block_table, num_splits, causal, bool(softcap), learnable_sink is not None,
+                               window, cache_leftpad is not None)[1]
         else:
             P = num_splits or 1
         _check_workspace(workspace, P, B, Sq, Hq, D)
     if compiling and out is None and workspace is None:
         o, lse = _decode_attn_op(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, softcap,
-                                 learnable_sink)
+                                 learnable_sink, wl, wr, cache_leftpad)
         return (o, lse) if return_lse else o
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -573,8 +657,8 @@ def decode_attn(
     # eager calls skip the dispatcher; under torch.compile the custom op is traced
     if compiling:
         _decode_attn_out_op(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal,
-                            scale, softcap, learnable_sink)
+                            scale, softcap, learnable_sink, wl, wr, cache_leftpad)
     else:
         _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale,
-                     key, softcap, learnable_sink)
+                     key, softcap, learnable_sink, wl, wr, cache_leftpad)
     return (out, lse) if return_lse else out

@@ -31,11 +31,20 @@ class DecodeAttnKernel:
     ``sink``: a per-query-head sink logit in the denominator, entering once (split 0's state: the
     merge then counts it once, :func:`~..common.softmax.finalize_with_sink`).  Both are compile-time
     flags whose run-time values (``softcap_scale``, the sink tensor) follow ``scale_log2``.
+
+    ``window``: a sliding window, its sides run-time Int32 values (``window_left`` / ``window_right``,
+    :data:`~.forward_softmax.WINDOW_UNBOUNDED` for an unbounded side; causal is folded into the right
+    side, so ``causal`` is False); ``leftpad``: a (B,) int32 ``cache_leftpad`` tensor, sequence b's keys
+    being cache positions ``[cache_leftpad[b], seqlen_b)``.  Both bound the keys from below: the CTA walks
+    only the KV tiles of the visible range ``[k_lo, seqlen)`` (split over the splits), loads clamp rows
+    to it (cp.async) or zero the V rows below it (TMA), and each row masks its own lower bound.  Also
+    compile-time flags, their values trailing the softcap / sink ones.
     """
 
     def __init__(self, tile: DecodeTile, paged: bool, page_size: int, causal: bool, split: bool, load: str,
-                 softcap: bool = False, sink: bool = False):
+                 softcap: bool = False, sink: bool = False, window: bool = False, leftpad: bool = False):
         assert load in ("cpasync", "tma") and not (load == "tma" and paged), "tma loads: contiguous caches only"
+        assert not (window and causal), "a window config folds causal into its right side"
         self.tile = tile
         self.dtype = to_cutlass(tile.dtype)
         self.D = tile.head_dim
@@ -54,6 +63,10 @@ class DecodeAttnKernel:
         self.load = load
         self.softcap = softcap
         self.sink = sink
+        self.window = window
+        self.leftpad = leftpad
+        #: keys bounded from below (a window's left side, or a left padding): the visible-range walk
+        self.bounded_below = window or leftpad
         self.vec = 8  # 16-byte chunks of 16-bit elements
 
     # ---- host side (traced) ----------------------------------------------------------------
@@ -71,13 +84,19 @@ class DecodeAttnKernel:
         mLSEp: Optional[cute.Tensor],  # (P, B, Sq, Hq) fp32 | None
         scale_log2: Float32,
         stream,
-        *variant,  # softcap_scale (softcap configs), then the (Hq,) float32 sink (sink configs)
+        *variant,  # softcap_scale (softcap configs), the (Hq,) float32 sink (sink configs), window_left and
+        # window_right (window configs), the (B,) int32 cache_leftpad (leftpad configs)
     ):
-        if const_expr(len(variant) != int(self.softcap) + int(self.sink)):
-            raise TypeError(f"DecodeAttnKernel: softcap={self.softcap} sink={self.sink} take that many trailing "
-                            f"arguments, got {len(variant)}")
+        n_sc, n_sk, n_w, n_lp = int(self.softcap), int(self.sink), 2 * int(self.window), int(self.leftpad)
+        if const_expr(len(variant) != n_sc + n_sk + n_w + n_lp):
+            raise TypeError(f"DecodeAttnKernel: softcap={self.softcap} sink={self.sink} window={self.window} "
+                            f"leftpad={self.leftpad} take {n_sc + n_sk + n_w + n_lp} trailing arguments, "
+                            f"got {len(variant)}")
         softcap_scale = variant[0] if const_expr(self.softcap) else None
-        mSink = variant[-1] if const_expr(self.sink) else None
+        mSink = variant[n_sc] if const_expr(self.sink) else None
+        window_left = variant[n_sc + n_sk] if const_expr(self.window) else None
+        window_right = variant[n_sc + n_sk + 1] if const_expr(self.window) else None
+        mLeftpad = variant[n_sc + n_sk + n_w] if const_expr(self.leftpad) else None
         sQ_layout, sKV_layout = make_decode_smem_layouts(self.tile)
         kv_elems = cute.cosize(sKV_layout)
 
@@ -119,7 +138,8 @@ class DecodeAttnKernel:
         self.kernel(
             mQ, mK, mV, mSeqlens, mBT, mO, mLSE, mOp, mLSEp, scale_log2,
             sQ_layout, sKV_layout, gmem_tiled_copy, tiled_mma, SharedStorage,
-            tma_atom_K, tma_K, tma_atom_V, tma_V, sKV_tma, softcap_scale, mSink,
+            tma_atom_K, tma_K, tma_atom_V, tma_V, sKV_tma, softcap_scale, mSink, window_left, window_right,
+            mLeftpad,
         ).launch(
             grid=[num_splits, Hkv * n_rb, B],
             block=[self.num_threads, 1, 1],
@@ -161,6 +181,9 @@ class DecodeAttnKernel:
         sKV_tma: Optional[cute.ComposedLayout],
         softcap_scale,
         mSink: Optional[cute.Tensor],
+        window_left,
+        window_right,
+        mLeftpad: Optional[cute.Tensor],
     ):
         tidx, _, _ = cute.arch.thread_idx()
         split, hrb, b = cute.arch.block_idx()
@@ -202,11 +225,30 @@ class DecodeAttnKernel:
         else:
             cap = mK.shape[1]
         seqlen = cutlass.min(cutlass.max(mSeqlens[b], 0), cap)
-        n_tiles = (seqlen + self.n_tile - 1) // self.n_tile
-        tiles_per_split = (n_tiles + num_splits - 1) // num_splits
-        t_begin = split * tiles_per_split
-        t_end = cutlass.min(t_begin + tiles_per_split, n_tiles)
-        n_iter = cutlass.max(t_end - t_begin, 0)
+        seq_lo = k_lo = None
+        if const_expr(self.bounded_below):
+            # the visible keys of the sequence: [k_lo, seqlen), k_lo the lowest row's lower bound
+            # (positions are cache positions: the left padding and the window's left side bound them);
+            # the tiles [t_lo, t_hi) holding them are split over the splits, none if the range is empty
+            seq_lo = Int32(0)
+            if const_expr(self.leftpad):
+                seq_lo = cutlass.min(cutlass.max(mLeftpad[b], 0), seqlen)
+            k_lo = seq_lo
+            if const_expr(self.window):
+                # the first new token sits at seqlen - Sq (window_left <= 2**30: no int32 overflow)
+                k_lo = cutlass.max(seqlen - mQ.shape[1] - window_left, seq_lo)
+            t_lo = k_lo // self.n_tile
+            n_tiles = ((seqlen + self.n_tile - 1) // self.n_tile - t_lo) * cutlass.min(seqlen - k_lo, 1)
+            tiles_per_split = (n_tiles + num_splits - 1) // num_splits
+            t_begin = t_lo + split * tiles_per_split
+            t_end = cutlass.min(t_begin + tiles_per_split, t_lo + n_tiles)
+            n_iter = cutlass.max(t_end - t_begin, 0)
+        else:
+            n_tiles = (seqlen + self.n_tile - 1) // self.n_tile
+            tiles_per_split = (n_tiles + num_splits - 1) // num_splits
+            t_begin = split * tiles_per_split
+            t_end = cutlass.min(t_begin + tiles_per_split, n_tiles)
+            n_iter = cutlass.max(t_end - t_begin, 0)
 
         sQ = storage.sQ.get_tensor(sQ_layout)
         kv_ptr = storage.sKV.data_ptr()
@@ -259,7 +301,7 @@ class DecodeAttnKernel:
             kv_head_K = mK[None, None, hkv, None]
             kv_head_V = mV[None, None, hkv, None]
 
-            load_args = (gmem_tiled_copy, tKsK, tVsV, tKVc, kv_head_K, kv_head_V, mBT, b, seqlen)
+            load_args = (gmem_tiled_copy, tKsK, tVsV, tKVc, kv_head_K, kv_head_V, mBT, b, seqlen, k_lo)
             tma_args = None
             if const_expr(self.load == "tma"):
                 gK = cute.local_tile(tma_K[None, None, hkv, b], (self.n_tile, self.D), (None, 0))
@@ -316,12 +358,26 @@ class DecodeAttnKernel:
             row0 = rb * self.m_tile + wm * 16
             # causal limit per row: pos <= seqlen - Sq + t
             row_limit = cute.make_rmem_tensor((n_rows_thr,), Int32)
+            row_lo = None
+            if const_expr(self.bounded_below):
+                # and the lower bound per row: pos >= max(seqlen - Sq + t - window_left, leftpad)
+                row_lo = cute.make_rmem_tensor((n_rows_thr,), Int32)
             for r in cutlass.range_constexpr(n_rows_thr):
-                lim = seqlen - 1
-                if const_expr(self.causal):
+                if const_expr(self.window):
                     t_row = (row0 + tScS_mn[r, 0][0]) // G
-                    lim = cutlass.min(seqlen - Sq + t_row, seqlen - 1)
-                row_limit[r] = lim
+                    # pos + window_right clamped to seqlen - 1, written so that a side of 2**30 cannot
+                    # overflow: seqlen - 1 - max(Sq - 1 - t - right, 0)
+                    lim = seqlen - 1 - cutlass.max(Sq - 1 - t_row - window_right, 0)
+                    row_limit[r] = lim
+                    row_lo[r] = cutlass.max(seqlen - Sq + t_row - window_left, seq_lo)
+                else:
+                    lim = seqlen - 1
+                    if const_expr(self.causal):
+                        t_row = (row0 + tScS_mn[r, 0][0]) // G
+                        lim = cutlass.min(seqlen - Sq + t_row, seqlen - 1)
+                    row_limit[r] = lim
+                    if const_expr(self.bounded_below):
+                        row_lo[r] = seq_lo
 
             if const_expr(self.load == "tma"):
                 cute.arch.cp_async_wait_group(0)  # Q (the only cp.async group), visible after a barrier
@@ -342,6 +398,13 @@ class DecodeAttnKernel:
                         for m in cutlass.range_constexpr(cute.size(tVsV, mode=[1])):
                             if tile * self.n_tile + tKVc[0, m, 0][0] >= seqlen:
                                 tVsV[None, m, None, stage].fill(0)
+                    if const_expr(self.bounded_below):
+                        if tile * self.n_tile < k_lo:
+                            # the first tile of the visible range: V rows below it (a left padding, keys
+                            # before the window) may hold anything: zero them too
+                            for m in cutlass.range_constexpr(cute.size(tVsV, mode=[1])):
+                                if tile * self.n_tile + tKVc[0, m, 0][0] < k_lo:
+                                    tVsV[None, m, None, stage].fill(0)
                     # every thread is done with the slot consumed in iteration i-1
                     cute.arch.barrier()
                     if i + self.stages - 1 < n_iter:
@@ -373,9 +436,17 @@ class DecodeAttnKernel:
                 tok0 = tile * self.n_tile + wn * self.n_warp
                 for r in cutlass.range_constexpr(n_rows_thr):
                     lim = row_limit[r] - tok0
-                    for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                        if tScS_mn[0, c][1] > lim:
-                            acc_S_mn[r, c] = -Float32.inf
+                    if const_expr(self.bounded_below):
+                        lo = row_lo[r] - tok0
+                        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                            if tScS_mn[0, c][1] > lim:
+                                acc_S_mn[r, c] = -Float32.inf
+                            if tScS_mn[0, c][1] < lo:
+                                acc_S_mn[r, c] = -Float32.inf
+                    else:
+                        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                            if tScS_mn[0, c][1] > lim:
+                                acc_S_mn[r, c] = -Float32.inf
                     softmax.update_row(r, acc_S_mn[r, None], acc_O_mn[r, None])
 
                 # ---- O += P V ----
@@ -473,15 +544,21 @@ class DecodeAttnKernel:
         mBT: Optional[cute.Tensor],
         b: Int32,
         seqlen: Int32,
+        k_lo,
         tile: Int32,
         stage: Int32,
     ):
         """cp.async this thread's rows of K/V tile `tile` into ring slot `stage`.
 
-        Rows past the length are clamped to the last valid row (masked later); paged rows are looked
-        up in the block table one by one and page ids clamped to [0, num_pages)."""
+        Rows past the length are clamped to the last valid row (masked later), and with ``k_lo`` (keys
+        bounded below; None otherwise) rows below it to the first visible one: only the visible range
+        ``[k_lo, seqlen)`` is ever read.  Paged rows are looked up in the block table one by one and
+        page ids clamped to [0, num_pages)."""
         for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
-            pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
+            if const_expr(k_lo is not None):
+                pos = cutlass.min(cutlass.max(tile * self.n_tile + tKVc[0, m, 0][0], k_lo), seqlen - 1)
+            else:
+                pos = cutlass.min(tile * self.n_tile + tKVc[0, m, 0][0], seqlen - 1)
             if const_expr(self.paged):
                 page_idx = pos // self.page_size
                 page = mBT[b, page_idx]

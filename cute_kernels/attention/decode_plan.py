@@ -17,9 +17,10 @@ from ..common.arch import current_arch
 from ..common.dtypes import HALF_TORCH, name_of
 from ..common.overlap import check_written
 from .forward_validate import INT32_LIMIT, check_scale, check_sink, shown
+from .forward_validate import check_window as _fa_check_window
 
 __all__ = ["DecodeConfig", "make_config", "choose_num_splits", "workspace_numel", "explain",
-           "TMA_EF_MAX_KV_BYTES", "load_for"]
+           "TMA_EF_MAX_KV_BYTES", "load_for", "check_window", "window_capacity"]
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,22 @@ class DecodeConfig:
     load: str = "cpasync"  # K/V loads: "cpasync" or "tma" (contiguous caches; :func:`load_for`)
     softcap: bool = False  # score softcapping (the value a run-time argument)
     sink: bool = False  # a (Hq,) float32 sink logit per query head (learnable_sink)
+    #: a sliding window (its two sides run-time values; causal is folded into it: ``causal`` is False)
+    window: bool = False
+    #: a (B,) int32 cache_leftpad: sequence b's keys are cache positions [cache_leftpad[b], seqlen_b)
+    leftpad: bool = False
 
     def __post_init__(self):
         if self.load not in ("cpasync", "tma") or (self.load == "tma" and self.paged):
             raise ValueError(f"DecodeConfig: load={self.load!r} (tma: contiguous caches only)")
+        if self.window and self.causal:
+            raise ValueError("DecodeConfig: a window config folds causal into its right side (causal=False)")
 
     @property
     def variant_args(self) -> tuple[str, ...]:
         """The run-time arguments the kernel takes after ``scale_log2`` (none for plain configs)."""
-        return ("softcap_scale",) * self.softcap + ("learnable_sink",) * self.sink
+        return (("softcap_scale",) * self.softcap + ("learnable_sink",) * self.sink
+                + ("window_left", "window_right") * self.window + ("cache_leftpad",) * self.leftpad)
 
     dtype = property(lambda self: self.tile.dtype)
     head_dim = property(lambda self: self.tile.head_dim)
@@ -65,13 +73,25 @@ def load_for(paged: bool, kv_bytes: int) -> str:
 
 
 def make_config(dtype: torch.dtype, head_dim: int, rows: int, paged: bool, page_size: int, causal: bool,
-                split: bool, kv_bytes: int = 0, softcap: bool = False, sink: bool = False) -> DecodeConfig:
+                split: bool, kv_bytes: int = 0, softcap: bool = False, sink: bool = False, window: bool = False,
+                leftpad: bool = False) -> DecodeConfig:
     """The configuration from static facts only.  ``rows`` = (Hq/Hkv) * Sq; ``kv_bytes`` = K + V bytes
     of the cache's static capacity (picks the load path, :func:`load_for`; 0: cp.async); ``softcap`` /
-    ``sink``: the call softcaps / has sinks (the same tile and split count)."""
+    ``sink``: the call softcaps / has sinks; ``window`` / ``leftpad``: a sliding window (``causal`` then
+    False, folded into the window's right side) / a ``cache_leftpad`` (the same tile)."""
     return DecodeConfig(tile=decode_tile(name_of(dtype), head_dim, rows), paged=paged,
                         page_size=page_size if paged else 0, causal=causal, split=split,
-                        load=load_for(paged, kv_bytes), softcap=bool(softcap), sink=bool(sink))
+                        load=load_for(paged, kv_bytes), softcap=bool(softcap), sink=bool(sink),
+                        window=bool(window), leftpad=bool(leftpad))
+
+
+def window_capacity(capacity: int, seqlen_q: int, window, n_tile: int) -> int:
+    """The keys a call can see at most, for the split count: the static capacity, or with a window's
+    left side ``w`` (a host int) the ``w + Sq`` keys of its widest span rounded out to the tiles they
+    can straddle (one more than they fill).  The lengths and the left padding stay on the device."""
+    if window is None or window[0] < 0:
+        return capacity
+    return min(capacity, (-(-(window[0] + seqlen_q) // n_tile) + 1) * n_tile)
 
 
 def choose_num_splits(
@@ -152,6 +172,20 @@ def check_num_splits(num_splits, who: str = "decode_attn") -> Optional[int]:
     return n
 
 
+def check_window(window_size, causal: bool, who: str = "decode_attn"):
+    """``(causal, window)`` the kernel runs for ``window_size`` (FlashAttention-3's sides: ints or None,
+    -1 or None unbounded, nothing below -1; with causal the right side must be 0 or -1 and becomes 0):
+    :func:`~.forward_validate.check_window` without negative sides, its errors naming ``who``.  A
+    window that bounds nothing beyond causal is None (the plain configuration)."""
+    try:
+        return _fa_check_window(window_size, causal)
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if msg.startswith("flash_attn: "):
+            msg = f"{who}: " + msg[len("flash_attn: "):]
+        raise type(e)(msg) from None
+
+
 def resolve_scale(softmax_scale, head_dim):
     """The softmax scale (default ``head_dim ** -0.5``); a plain number must be positive and finite.
     A symbolic one (torch.compile's SymFloat / SymInt) is passed through unchecked: the check is a
@@ -164,18 +198,19 @@ def resolve_scale(softmax_scale, head_dim):
 
 
 def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, check_ptrs=True, devices=True,
-             learnable_sink=None):
+             learnable_sink=None, cache_leftpad=None):
     """Every check the host can make without reading device data, in a fixed order: types, ranks,
     shapes, dtypes, strides, pointers, devices (last, so a shape fault on a tensor of the wrong device
     gets the shape's message).  Each message starts with the argument it is about.  ``check_ptrs=False``
     skips the data-pointer alignment (fake tensors); ``devices=False`` leaves the device check to the
     caller (:func:`check_devices`, after its scalar checks).  ``learnable_sink``: checked with the dtypes
-    (:func:`~.forward_validate.check_sink`)."""
+    (:func:`~.forward_validate.check_sink`); ``cache_leftpad``: a (B,) int32 contiguous tensor like
+    ``cache_seqlens``."""
     def err(cls, msg):
         raise cls(f"decode_attn: {msg}")
 
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
-             ("block_table", block_table), ("out", out), ("workspace", workspace)]
+             ("block_table", block_table), ("out", out), ("workspace", workspace), ("cache_leftpad", cache_leftpad)]
     for name, t in named:
         if not isinstance(t, torch.Tensor) and (t is not None or name in ("q", "k_cache", "v_cache", "cache_seqlens")):
             err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -190,6 +225,8 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
     B, Sq, Hq, D = q.shape
     if cache_seqlens.dim() != 1:
         err(ValueError, f"cache_seqlens must be ({B},), got shape {tuple(cache_seqlens.shape)}")
+    if cache_leftpad is not None and cache_leftpad.dim() != 1:
+        err(ValueError, f"cache_leftpad must be ({B},), got shape {tuple(cache_leftpad.shape)}")
     if block_table is not None and block_table.dim() != 2:
         err(ValueError, f"block_table must be ({B}, pages_per_seq), got shape {tuple(block_table.shape)}")
     # shapes
@@ -206,6 +243,8 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
         err(ValueError, f"q heads_q ({Hq}) must be a multiple of heads_kv ({Hkv}) of k_cache/v_cache (GQA/MQA)")
     if cache_seqlens.shape[0] != B:
         err(ValueError, f"cache_seqlens must be ({B},) (q's batch), got {tuple(cache_seqlens.shape)}")
+    if cache_leftpad is not None and cache_leftpad.shape[0] != B:
+        err(ValueError, f"cache_leftpad must be ({B},) (q's batch), got {tuple(cache_leftpad.shape)}")
     if block_table is None:
         if k_cache.shape[0] != B:
             err(ValueError, f"k_cache: contiguous cache batch ({k_cache.shape[0]}) != q batch ({B})")
@@ -230,6 +269,8 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
         err(TypeError, f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
     if block_table is not None and block_table.dtype != torch.int32:
         err(TypeError, f"block_table must be int32, got {block_table.dtype}")
+    if cache_leftpad is not None and cache_leftpad.dtype != torch.int32:
+        err(TypeError, f"cache_leftpad must be int32, got {cache_leftpad.dtype}")
     if out is not None and out.dtype != q.dtype:
         err(ValueError, f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)}, got dtype {out.dtype}")
     if workspace is not None and workspace.dtype != torch.float32:
@@ -244,6 +285,8 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
             err(ValueError, f"{name} rows must be 16-byte aligned (strides multiple of 8 elements), got {t.stride()}")
     if not cache_seqlens.is_contiguous():
         err(ValueError, f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
+    if cache_leftpad is not None and not cache_leftpad.is_contiguous():
+        err(ValueError, f"cache_leftpad must be contiguous, got stride {cache_leftpad.stride()}")
     if block_table is not None and block_table.stride(-1) != 1:
         err(ValueError, f"block_table must be contiguous along pages, got stride {block_table.stride()}")
     for name, t in (("out", out), ("workspace", workspace)):
@@ -251,7 +294,7 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
             err(ValueError, f"{name} must be contiguous, got shape {tuple(t.shape)} and stride {t.stride()}")
     # overlap: what the kernels write (out; split, workspace) over what they read, or over each other
     ins = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
-           ("block_table", block_table), ("learnable_sink", learnable_sink))
+           ("block_table", block_table), ("learnable_sink", learnable_sink), ("cache_leftpad", cache_leftpad))
     if out is not None:
         check_written("decode_attn", "out", out, ins + (("workspace", workspace),))
     if workspace is not None:
@@ -262,10 +305,11 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
             if t is not None and t.data_ptr() % 16 != 0:
                 err(ValueError, f"{name} must be 16-byte aligned (data pointer offset {t.data_ptr() % 16})")
     if devices:
-        check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink)
+        check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink, cache_leftpad)
 
 
-def check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink=None) -> None:
+def check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, learnable_sink=None,
+                  cache_leftpad=None) -> None:
     """The last check of :func:`validate`: one device, CUDA or CPU (the torch reference)."""
     dev = q.device
     if dev.type not in ("cuda", "cpu"):
@@ -273,7 +317,7 @@ def check_devices(q, k_cache, v_cache, cache_seqlens, block_table, out, workspac
                          f"reference)")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
                     ("block_table", block_table), ("out", out), ("workspace", workspace),
-                    ("learnable_sink", learnable_sink)):
+                    ("learnable_sink", learnable_sink), ("cache_leftpad", cache_leftpad)):
         if t is not None and t.device != dev:
             raise ValueError(f"decode_attn: {name} is on {t.device}, q on {dev}: all tensors must be on one device")
 
@@ -288,8 +332,11 @@ def kv_bytes(batch: int, k_cache, block_table) -> int:
     return 2 * batch * capacity(k_cache, block_table) * Hkv * D * k_cache.element_size()
 
 
-def check_device_values(k_cache, cache_seqlens, block_table):
-    """Checked mode: validate lengths and page ids (synchronizes with the device)."""
+def check_device_values(k_cache, cache_seqlens, block_table, cache_leftpad=None, window=None, seqlen_q=1):
+    """Checked mode: validate lengths, left paddings (in [0, length]) and the page ids of the pages the
+    kernel reads (synchronizes with the device).  With a left padding or a window's left side
+    (``window``, normalized: :func:`check_window`) the pages wholly below the first visible key are
+    never read (sliding-window servers may have freed them), and not checked."""
     cap = capacity(k_cache, block_table)
     lens = cache_seqlens.detach().to("cpu", torch.int64)
     if lens.numel() and int(lens.min()) < 0:
@@ -299,62 +346,84 @@ def check_device_values(k_cache, cache_seqlens, block_table):
         raise ValueError(
             f"decode_attn: cache_seqlens (max {int(lens.max())}) exceed the cache capacity {cap} ({what})"
         )
+    first = [0] * lens.numel()  # the first key the kernel reads, per sequence
+    if cache_leftpad is not None:
+        pads = cache_leftpad.detach().to("cpu", torch.int64)
+        bad = ((pads < 0) | (pads > lens)).nonzero()
+        if bad.numel():
+            b = int(bad[0])
+            raise ValueError(f"decode_attn: cache_leftpad[{b}] = {int(pads[b])} is outside [0, cache_seqlens[{b}]] "
+                             f"= [0, {int(lens[b])}]")
+        first = pads.tolist()
+    if window is not None and window[0] >= 0:
+        first = [max(f, L - seqlen_q - window[0], 0) for f, L in zip(first, lens.tolist())]
     if block_table is not None:
         ps = k_cache.shape[1]
         bt = block_table.detach().to("cpu", torch.int64)
         for b, L in enumerate(lens.tolist()):
-            used = bt[b, : -(-L // ps)]
+            p0 = min(first[b], L) // ps
+            used = bt[b, p0: -(-L // ps)] if first[b] < L else bt[b, :0]
             if used.numel() and (int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0]):
+                which = f"among its first {used.numel()} pages" if p0 == 0 else \
+                    f"among the {used.numel()} pages it reads (from page {p0})"
                 raise ValueError(
                     f"decode_attn: block_table[{b}] has page ids outside [0, {k_cache.shape[0]}) "
-                    f"among its first {used.numel()} pages: {used.tolist()}"
+                    f"{which}: {used.tolist()}"
                 )
 
 
 _PLANS: dict = {}
 
 
-def plan(q, k_cache, block_table, num_splits, causal, softcap=False, sink=False):
-    """(DecodeConfig, num_splits) from static facts only; memoized (host overhead per call)."""
+def plan(q, k_cache, block_table, num_splits, causal, softcap=False, sink=False, window=None, leftpad=False):
+    """(DecodeConfig, num_splits) from static facts only; memoized (host overhead per call).  ``causal``
+    and ``window`` normalized (:func:`check_window`: a window config has ``causal`` False)."""
     key = (tuple(q.shape), q.dtype, k_cache.shape[2], k_cache.shape[1], block_table is not None,
-           capacity(k_cache, block_table), num_splits, causal, softcap, sink)
+           capacity(k_cache, block_table), num_splits, causal, softcap, sink, window, leftpad)
     hit = _PLANS.get(key)
     if hit is None:
-        hit = _PLANS[key] = plan_uncached(q, k_cache, block_table, num_splits, causal, softcap, sink)
+        hit = _PLANS[key] = plan_uncached(q, k_cache, block_table, num_splits, causal, softcap, sink, window,
+                                          leftpad)
     return hit
 
 
-def plan_uncached(q, k_cache, block_table, num_splits, causal, softcap=False, sink=False):
+def plan_uncached(q, k_cache, block_table, num_splits, causal, softcap=False, sink=False, window=None,
+                  leftpad=False):
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     rows = (Hq // Hkv) * Sq
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
     nbytes = kv_bytes(B, k_cache, block_table)
-    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal, split=False, kv_bytes=nbytes, softcap=softcap,
-                       sink=sink)
+    win = window is not None
+    cfg1 = make_config(q.dtype, D, rows, paged, page_size, causal and not win, split=False, kv_bytes=nbytes,
+                       softcap=softcap, sink=sink, window=win, leftpad=leftpad)
     if num_splits is None:
         row_blocks = -(-rows // cfg1.m_tile)
         # One CTA per SM per wave although two fit: a bandwidth-bound second CTA adds no bandwidth,
         # and fewer splits mean less to merge.  Except pages no larger than a KV tile: each tile's
         # gather waits on block-table reads, which a second resident CTA per SM hides.
         small_pages = paged and page_size <= cfg1.n_tile
+        # (a window's left side bounds the keys any sequence can see: splits over that, not the capacity)
         num_splits = choose_num_splits(
-            B, Hkv, row_blocks, capacity(k_cache, block_table), cfg1.n_tile, current_arch().sm_count,
-            2 if small_pages else 1,
+            B, Hkv, row_blocks, window_capacity(capacity(k_cache, block_table), Sq, window, cfg1.n_tile),
+            cfg1.n_tile, current_arch().sm_count, 2 if small_pages else 1,
         )
     num_splits = check_num_splits(num_splits)
-    cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal, split=True,
-                                                   kv_bytes=nbytes, softcap=softcap, sink=sink)
+    cfg = cfg1 if num_splits == 1 else make_config(q.dtype, D, rows, paged, page_size, causal and not win,
+                                                   split=True, kv_bytes=nbytes, softcap=softcap, sink=sink,
+                                                   window=win, leftpad=leftpad)
     return cfg, num_splits
 
 
 def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim: int = 128, sq: int = 1,
             page_size: int | None = None, dtype=torch.bfloat16, num_splits: int | None = None,
-            causal: bool = True, softcap: bool = False, sink: bool = False) -> dict:
+            causal: bool = True, softcap: bool = False, sink: bool = False, window_size=(-1, -1),
+            leftpad: bool = False) -> dict:
     """What ``decode_attn`` would run, on any machine (no GPU, nothing compiled): the real planning
     code (:func:`plan_uncached`) on meta tensors.  ``capacity`` = Lmax of a contiguous cache, or the
-    block-table width x ``page_size`` of a paged one (rounded up to whole pages)."""
+    block-table width x ``page_size`` of a paged one (rounded up to whole pages); ``window_size`` and
+    ``leftpad`` (a ``cache_leftpad`` is given) as ``decode_attn``'s."""
     for name, v in (("batch", batch), ("heads_q", heads_q), ("heads_kv", heads_kv), ("capacity", capacity),
                     ("head_dim", head_dim), ("sq", sq)):
         if v < 1:
@@ -373,7 +442,8 @@ def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim:
         k = torch.empty(batch, capacity, heads_kv, head_dim, dtype=dtype, device="meta")
     if heads_q % heads_kv:
         raise ValueError(f"explain: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
-    cfg, splits = plan_uncached(q, k, bt, num_splits, causal, bool(softcap), bool(sink))
+    causal, window = check_window(window_size, causal)
+    cfg, splits = plan_uncached(q, k, bt, num_splits, causal, bool(softcap), bool(sink), window, bool(leftpad))
     row_blocks = -(-((heads_q // heads_kv) * sq) // cfg.m_tile)
     ctas = batch * heads_kv * row_blocks * splits
     return {"config": cfg, "num_splits": splits, "load": "tma+evict_first" if cfg.load == "tma" else cfg.load,
