@@ -31,10 +31,11 @@ One CTA per (KV tile of ``tile_n`` = 128 keys, query head, batch); 3 warpgroups
   previous stage's; it last read stage s's two tiles ago, before it passed the barrier of step 4 of the
   tile in between.
 
-Epilogue: with one query head per KV head (``direct_kv``) each thread stores its rows of dK (times the
-softmax scale) and dV (keys < Sk) in the input dtype; otherwise (GQA) it adds them, unscaled, into the
-fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV head add into the same rows -- and the
-post-pass scales and converts them (:mod:`.backward_prepost`).
+Epilogue: with one query head per KV head (``direct_kv``) dK (times the softmax scale) and dV go, in
+the input dtype, through the K and V buffers (stmatrix, once no wgmma reads them) to two TMA stores
+(rows past Sk clipped; a KV tile no query sees, under a window, stores zeros); otherwise (GQA) each
+thread adds its rows, unscaled, into the fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV
+head add into the same rows -- and the post-pass scales and converts them (:mod:`.backward_prepost`).
 
 Query tiles of a KV tile n (:mod:`.backward_mask`): causal (bottom-right), query ``q`` sees key ``k``
 iff ``k <= q + Sk - Sq``, so tile n is seen from query tile ``(n * tile_n + Sq - Sk) // tile_m`` on;
@@ -57,6 +58,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from layouts import attention as LA
 
 from ..common import ring, tma, wgmma
+from ..common.wgmma import store_acc_to_smem
 from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import probs_from_lse
@@ -65,6 +67,7 @@ from . import forward_softmax as fs
 from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
 
 #: the named barrier of the consumer warpgroups: every warpgroup wrote its rows of this stage's dS^T
+#: (and, in the ``direct_kv`` epilogue, no wgmma reads K / V any more, then dK / dV are in them)
 BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
 #: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
 #: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
@@ -182,6 +185,11 @@ class FlashAttnBwdSm90:
         dq_box = (t.dq_rows_per_wg, t.dq_cols_per_wg)
         tma_dq, tma_mdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc,
                                                       cute.select(sdQ_layout, mode=[0, 1]), dq_box)
+        tma_dk = tma_dv = None
+        if const_expr(self.cfg.direct_kv):  # dk, dv in the input dtype: TMA stores from the K / V buffers
+            s2g = cpasync.CopyBulkTensorTileS2GOp()
+            tma_dk, mdKacc = cpasync.make_tiled_tma_atom(s2g, fsl.bshd_to_sdhb(mdKacc), sK_layout, (self.tile_n, self.D))
+            tma_dv, mdVacc = cpasync.make_tiled_tma_atom(s2g, fsl.bshd_to_sdhb(mdVacc), sV_layout, (self.tile_n, self.D))
 
         stages = self.stages
 
@@ -202,7 +210,7 @@ class FlashAttnBwdSm90:
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
         self.kernel(
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
-            tma_dq, tma_mdQ, mdKacc, mdVacc, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
+            tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             sRow_layout, window_left, window_right,
         ).launch(
@@ -218,7 +226,7 @@ class FlashAttnBwdSm90:
                tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
                tma_lse: cute.CopyAtom, mLSE: cute.Tensor, tma_delta: cute.CopyAtom, mDelta: cute.Tensor,
                tma_dq: cute.CopyAtom, mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,
-               scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
+               tma_dk, tma_dv, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32, qhead_per_kvhead: Int32,
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
@@ -232,6 +240,9 @@ class FlashAttnBwdSm90:
         if warp_idx == LOAD_WARP:
             for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_delta, tma_dq):
                 cpasync.prefetch_descriptor(atom)
+            if const_expr(self.cfg.direct_kv):
+                cpasync.prefetch_descriptor(tma_dk)
+                cpasync.prefetch_descriptor(tma_dv)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -266,7 +277,7 @@ class FlashAttnBwdSm90:
             cute.arch.setmaxregister_increase(t.consumer_regs)
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
             self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta,
-                         kv_ring, pipe_q, mdKacc, mdVacc, scale_log2, seqlen_q, seqlen_k, n_block,
+                         kv_ring, pipe_q, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, n_block,
                          qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right)
 
     @cute.jit
@@ -335,12 +346,13 @@ class FlashAttnBwdSm90:
                 else:
                     cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
                 cute.arch.cp_async_bulk_commit_group()
-        cute.arch.cp_async_bulk_wait_group(0)  # the adds done, not only their reads
+        # the last reduce has read its tile (the adds themselves complete before the grid does)
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdKacc: cute.Tensor,
-                mdVacc: cute.Tensor, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
+                mdVacc: cute.Tensor, tma_dk, tma_dv, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
                 m_max, m_lo, m_hi, mma_tidx, window_left, window_right):
         """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
         unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
@@ -399,16 +411,16 @@ class FlashAttnBwdSm90:
                                        pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
                                        True, window_left, window_right)
 
-        if m_max > m_min:
-            # the tile's coordinates read again: kept live across the loop they would spill (D = 64)
+        # the tile's coordinates read again: kept live across the loop they would spill (D = 64)
+        if const_expr(self.cfg.direct_kv):  # every KV tile stores (one no query sees: zeros)
+            n_block, head, batch = cute.arch.block_idx()
+            self.store_kv_tma(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc,
+                              scale_log2 * LN2, n_block, head // qhead_per_kvhead, batch, mma_tidx)
+        elif m_max > m_min:
             n_block, head, batch = cute.arch.block_idx()
             head_kv = head // qhead_per_kvhead
-            if const_expr(self.cfg.direct_kv):
-                self.store_kv_rows(thr_dkv, acc_dK, mdKacc, scale_log2 * LN2, seqlen_k, n_block, head_kv, batch)
-                self.store_kv_rows(thr_dkv, acc_dV, mdVacc, Float32(1.0), seqlen_k, n_block, head_kv, batch)
-            else:
-                self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
-                self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
+            self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
+            self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
 
     @cute.jit
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
@@ -495,16 +507,28 @@ class FlashAttnBwdSm90:
 
 
     @cute.jit
-    def store_kv_rows(self, thr_dkv, acc: cute.Tensor, mOut: cute.Tensor, scale: Float32, seqlen_k, n_block,
-                      head_kv, batch):
-        """Store this thread's rows (keys < Sk) of a dK or dV accumulator, times ``scale``, into the
-        (B, Sk, Hkv, D) gradient in the input dtype (``direct_kv``: this CTA owns those rows)."""
-        cKD = cute.make_identity_tensor((self.tile_n, self.D))
-        tc = thr_dkv.partition_C(cKD)
-        for i in cutlass.range(cute.size(acc), unroll_full=True):
-            key = n_block * self.tile_n + tc[i][0]
-            if key < seqlen_k:
-                mOut[batch, key, head_kv, tc[i][1]] = (acc[i] * scale).to(self.dtype)
+    def store_kv_tma(self, tiled_mma_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, sK, sV, tma_dk, mdK: cute.Tensor,
+                     tma_dv, mdV: cute.Tensor, k_scale: Float32, n_block, head_kv, batch, mma_tidx):
+        """``direct_kv``: dK (times ``k_scale``) and dV in the input dtype into the K and V buffers (once
+        both warpgroups' last wgmma read them), then one warp's TMA stores (rows past Sk clipped)."""
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdK.store((acc_dK.load() * k_scale).to(self.dtype))
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
+        cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
+        store_acc_to_smem(tiled_mma_dkv, rdK, sK, mma_tidx, self.dtype)
+        store_acc_to_smem(tiled_mma_dkv, rdV, sV, mma_tidx, self.dtype)
+        cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
+        cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
+        if mma_tidx // 32 == 0:  # the whole warp: the TMA copy elects its issuing thread itself
+            one = cute.make_layout(1)
+            for atom, s_src, m_dst in ((tma_dk, sK, mdK), (tma_dv, sV, mdV)):
+                g_dst = cute.local_tile(m_dst[None, None, head_kv, batch], (self.tile_n, self.D), (n_block, 0))
+                t_s, t_g = cpasync.tma_partition(atom, 0, one, cute.group_modes(s_src, 0, 2),
+                                                 cute.group_modes(g_dst, 0, 2))
+                cute.copy(atom, t_s, t_g)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # the buffers stay until the stores read them
 
 
 # ---- compile entry ------------------------------------------------------------------------------

@@ -196,6 +196,17 @@ def test_window(window, Sq, Sk, D):
 
 @gpu
 @pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("window,Sq,Sk", [((5, 0), 200, 1000), ((40, 3), 333, 257)])
+def test_window_one_head_per_kv_head(window, Sq, Sk, D):
+    """Windows with Hq == Hkv (dK / dV stored by the main kernel): the KV tiles no query sees (keys 0..767
+    of 1000 for a 200-row query with a 5-key window) store zeros over the NaN-poisoned dk, dv."""
+    _, dk, dv = run_case(torch.bfloat16, D, False, 1, Sq, Sk, 3, 3, seed=Sq + Sk, window=window)
+    if Sq < Sk:
+        assert (dk[:, : Sk - Sq - window[0] - 1] == 0).all() and (dv[:, : Sk - Sq - window[0] - 1] == 0).all()
+
+
+@gpu
+@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
 def test_lse_gradient(D):
     """An incoming LSE gradient (Delta - dLSE)."""
     run_case(torch.bfloat16, D, True, 2, 200, 333, HQ, 2, dlse_on=True, seed=3)

@@ -128,6 +128,16 @@ def _ours(impls, notes, q, k, v, dout, causal):
 def _bound(q, k, v, out, dout, causal):
     """The main kernel of ``mma_only=True`` called as :func:`flash_attn_backward` calls it, on lse2 /
     delta / dq_acc / dk_acc / dv_acc buffers prepared once (the pre-pass run once, untimed)."""
+    if not bound_supported():
+        raise RuntimeError("FlashBwdConfig has no mma_only field in this version: no MMA bound")
+    return main_kernel_call(q, k, v, out, dout, causal, lambda cfg: dataclasses.replace(cfg, mma_only=True))[0]
+
+
+def main_kernel_call(q, k, v, out, dout, causal, variant=None):
+    """``(run, buffers)``: the backward's main kernel alone, as :func:`flash_attn_backward` calls it,
+    on lse2 / delta / dq_acc / dk / dv buffers prepared once (the pre-pass run once, untimed);
+    ``variant(cfg) -> cfg`` changes the planned configuration (the MMA bound, an A/B candidate).
+    ``buffers``: ``(dq_acc, dk, dv)`` the kernel writes (dk, dv fp32 accumulators with GQA)."""
     import math
 
     import torch
@@ -138,14 +148,12 @@ def _bound(q, k, v, out, dout, causal):
     from ...attention import forward as FW
     from ...common.softmax import LOG2_E
 
-    if not bound_supported():
-        raise RuntimeError("FlashBwdConfig has no mma_only field in this version: no MMA bound")
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     q_, k_, v_ = (t.detach() for t in (q, k, v))
     gqa = Hq != Hkv
     main_cfg, pre_cfg, _ = BW.bwd_plan(q.dtype, D, causal, gqa=gqa)
-    main = BW._get_any(dataclasses.replace(main_cfg, mma_only=True))
+    main = BW._get_any(main_cfg if variant is None else variant(main_cfg))
     pre = BW._get_any(pre_cfg)
     with torch.no_grad():
         _, lse = FW.flash_attn(q_, k_, v_, causal=causal, return_lse=True)
@@ -165,7 +173,7 @@ def _bound(q, k, v, out, dout, causal):
 
     run()
     torch.cuda.synchronize()
-    return run
+    return run, (dq_acc, dk_acc, dv_acc)
 
 
 def _sdpa(impls, notes, backend, name, q, k, v, dout, causal, Hq, Hkv):

@@ -1,0 +1,115 @@
+"""Variants of the attention backward's main kernel timed against the planned one, paired, in one process.
+
+Why: a tile or schedule candidate (a ``FlashBwdConfig`` the planner does not choose yet) is judged on the
+backward bench's shapes by the same timer at the same moment: each repetition calls every variant once, in
+rotated order, each after its own L2 flush (``timing.paired_times``); the figure is the median of the
+per-repetition ratios.  Before timing, every variant's dq accumulator, dk and dv are compared with the
+planned configuration's on the same inputs (max |diff| / max |ref|).
+
+    python3 profiles/ab_backward.py --variants tm128 --out $OUT [--shapes b8_h32_s2048_d64_full,...]
+
+Variants (name -> the change to the planned configuration; a variant that does not apply to a head dim
+is skipped there):
+    tm128   128 query rows per step, dQ split by rows (``dq_split_m``): FlashAttention-3/4's D = 64 tile
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def _tm128(cfg):
+    if cfg.head_dim != 64:
+        return None
+    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, tile_m=128, dq_split_m=True))
+
+
+VARIANTS = {"tm128": _tm128}
+
+
+def run_shape(shape, variants, reps):
+    import torch
+
+    from cute_kernels.tools.bench import attention_backward as AB
+    from cute_kernels.tools.bench.timing import paired_ratio, paired_times
+
+    name, B, Hq, Hkv, S, D, causal = shape
+    torch.manual_seed(0)
+    mk = lambda h: torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    q, k, v, dout = mk(Hq), mk(Hkv), mk(Hkv), mk(Hq)
+    import cute_kernels
+
+    with torch.no_grad():
+        out = cute_kernels.flash_attn(q, k, v, causal=causal)
+    calls = {"planned": AB.main_kernel_call(q, k, v, out, dout, causal)}
+    row = {"shape": name, "checks": {}, "ratio_vs_planned": {}}
+    from cute_kernels.attention import backward as BW
+
+    planned = BW.bwd_plan(q.dtype, D, causal, gqa=Hq != Hkv)[0]
+    for vname in variants:
+        fn = VARIANTS[vname]
+        if fn(planned) is None:
+            row["checks"][vname] = "n/a"
+            continue
+        try:
+            calls[vname] = AB.main_kernel_call(q, k, v, out, dout, causal, fn)
+        except Exception as e:  # noqa: BLE001 - a candidate that fails to build or launch: a note
+            row["checks"][vname] = f"{type(e).__name__}: {str(e)[:160]}"
+    # correctness: one fresh call of each, compared with the planned configuration's buffers
+    outs = {}
+    for n, (run, bufs) in calls.items():
+        bufs[0].zero_()
+        if Hq == Hkv:
+            bufs[1].fill_(float("nan")), bufs[2].fill_(float("nan"))
+        else:
+            bufs[1].zero_(), bufs[2].zero_()
+        run()
+        torch.cuda.synchronize()
+        outs[n] = [b.float().clone() for b in bufs]
+    ref = outs["planned"]
+    for n, o in outs.items():
+        if n != "planned":
+            row["checks"][n] = [round(float((a - r).abs().max() / r.abs().max().clamp_min(1e-30)), 5)
+                                for a, r in zip(o, ref)]
+    times = paired_times({n: c[0] for n, c in calls.items()}, reps)
+    row["median_us"] = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+    for n in calls:
+        if n != "planned":
+            row["ratio_vs_planned"][n] = round(paired_ratio(times, "planned", n), 4)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", default="tm128")
+    p.add_argument("--shapes", default="")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--out", default="")
+    a = p.parse_args(argv)
+    from cute_kernels.tools.bench.attention_shapes import select
+
+    variants = [v for v in a.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+    rows = []
+    for shape in select(a.shapes):
+        if shape[5] not in (64, 96, 128):
+            continue
+        row = run_shape(shape, variants, a.reps)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if a.out:
+        with open(os.path.join(a.out, "ab-backward.json"), "w") as f:
+            json.dump({"commit": os.environ.get("CK_COMMIT", "?"), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
