@@ -7,66 +7,104 @@
 ``model.set_attn_implementation("cute_kernels")``) runs attention on the kernels.  transformers is
 imported only by these functions: ``import cute_kernels`` never imports it (optional extra ``[hf]``).
 
-The mask function builds no mask (returns None) for a plain causal mask with no padding (the 2-D
-``attention_mask`` absent or all ones), as the flash-attention mask path does; any other pattern
-(padding, sliding window, packed sequences, or/and overlays, a mask it cannot inspect under tracing)
-gets HF's dense sdpa mask, and the attention function then runs HF's sdpa (one warning).
+Mask function (as HF's flash-attention one, ``masking_utils.flash_attention_mask``): for the two
+patterns the attention function applies itself, plain causal and HF's sliding-window causal
+(``sliding_window_causal_mask_function(W)``, recognised by its structure, ``local_size == W``), it
+builds no dense mask.  It returns None when the 2-D ``attention_mask`` is absent or all ones over the
+keys the layer sees (its last ``kv_length`` columns), and otherwise that 2-D boolean slice
+(B, kv_length or fewer): which keys are padding.  Any other pattern (packed sequences detected from the
+positions, or/and overlays, chunked or bidirectional masks) and any mask it cannot inspect (tracing:
+torch.compile, CUDA-graph capture) gets HF's dense sdpa mask, which makes the attention function fall
+back.  The window itself is not in what it returns: the attention function takes it from the layer's
+``sliding_window`` keyword, as HF's flash-attention integration does (every sliding layer of
+transformers 5.17-5.24 passes it).
 
-The attention function takes HF's (B, H, S, D) tensors and views them as (B, S, H, D) with
-``.transpose(1, 2)`` (no copy):
+Attention function: HF's (B, H, S, D) tensors viewed as (B, S, H, D) with ``.transpose(1, 2)`` (no
+copy).  The keys a layer passes are consecutive positions ending at its last query (bottom-right
+alignment), whatever the cache:
 
-- Sq <= 16 against a longer K/V (decode, and short prompts into a ``StaticCache``): ``decode_attn``
-  on the model's cache tensors in place.  The valid length of each sequence is ``position[-1] + 1``
-  of the step's ``cache_position`` (where a model passes one) or ``position_ids`` (transformers 5.17
-  passes these), computed on the device: no host sync, no copy, CUDA-graph friendly.  For a
-  ``StaticCache`` the key tensor is the whole static buffer, so the lengths must come from there; for
-  a ``DynamicCache`` they equal the key length.
-- Every other shape (prefill): ``flash_attn`` (bottom-right causal, which is HF's causal mask for a
-  cache holding exactly the valid keys).  When the key tensor is longer than the query (a prefill
-  into a ``StaticCache``, or a chunk after earlier ones) the valid length is read from the positions
-  on the host (one sync per layer of such a prefill) and the keys sliced to it.
+- ``DynamicCache`` full layers: every key so far.  Sliding layers (``DynamicSlidingWindowLayer``) keep
+  the last W - 1 keys and pass those plus the step's new ones (a prefill: the whole prompt), so a
+  decode step sees at most W keys.
+- ``StaticCache`` full layers: the whole static buffer (``max_cache_len`` slots; the first
+  ``position + 1`` valid).  Sliding layers (``StaticSlidingWindowLayer``, min(W, max_cache_len)
+  slots): until the buffer fills, the buffer with the first ``position + 1`` slots valid; a prefill or
+  chunk that overflows it, a fresh tensor of the kept and new keys (all valid); once full, a one-token
+  step rolls the buffer left and writes the new key last, so the buffer holds the last W positions in
+  order (all valid: ``min(position + 1, buffer length)``).
+
+Routing, per call:
+
+- No mask (no padding): Sq <= 16 against a longer K/V whose valid length can exceed no window
+  (``sliding_window`` None or the key length <= W: always so for HF's sliding caches at one token a
+  step): ``decode_attn`` on the cache tensors in place, each sequence's valid length on the device
+  (``position[-1] + 1`` of ``cache_position`` or ``position_ids``, clamped to the buffer length on a
+  sliding layer; no host sync, CUDA-graph friendly).  Everything else: ``flash_attn`` (bottom-right
+  causal; keys sliced to the valid length read on the host when the key tensor is longer than the
+  query), with ``window_size=(W - 1, 0)`` when more than W keys are valid (HF's window: key j visible
+  to query i when i - W < j <= i).
+- A 2-D padding mask (left or right padding, prefill and decode): unpadded to packed sequences
+  (``cu_seqlens_q/k`` from the mask: the mask's columns are the first keys of the key tensor, the
+  queries its last Sq columns; one device-to-host copy of the mask per mask and query length, reused by
+  every layer given the same mask object) and one packed ``flash_attn`` call (causal and window per
+  sequence), its output scattered back to (B, Sq, H, D) with zeros at padded query rows (as HF's
+  flash-attention integration).  Exact for any causal padding pattern; with a window, for masks whose
+  valid keys form one run per sequence (left or right padding); a gap under a window falls back.
+- Softcapping (``softcap``, Gemma-2) and attention sinks (``s_aux`` / ``sinks``, gpt-oss: one logit
+  per query head joining the softmax denominator with no value, exactly FlashAttention-4's
+  ``learnable_sink``; passed as float32) go to whichever kernel runs.
 - Everything else falls back, with one warning per reason, to a path that honours every argument the
-  layer passes (:func:`fallback_path` says which):
+  layer passes (:func:`fallback_path` for the keywords that force one):
 
-  - HF's sdpa (``transformers.integrations.sdpa_attention``) when the layer's keywords are ones it
-    honours: a non-None mask, dropout, inputs requiring grad, CPU / non-Hopper / non-16-bit tensors,
-    head dims or strides the kernels lack, ``position_bias``;
-  - the model's own eager attention (``eager_attention_forward`` of the layer's modeling module) for
-    anything HF's sdpa ignores or refuses: softcapping (``softcap``), attention sinks (``s_aux``,
-    ``sinks``), ``output_attentions=True`` (it returns the weights), and any keyword not in the list
-    below.  A boolean mask is turned into the additive form eager attention adds to the scores.
+  - the model's own eager attention (``eager_attention_forward`` of the layer's modeling module) when
+    the layer passes softcapping or sinks (HF's sdpa honours neither), ``output_attentions=True`` (it
+    returns the weights) or any keyword not in the list below; a boolean mask is turned into the
+    additive form eager attention adds to the scores;
+  - HF's sdpa (``transformers.integrations.sdpa_attention``) otherwise.
 
-  Either fallback with no mask gets an explicit mask where the kernels' own would differ from the
-  fallback's: bottom-right causal over the valid keys (a query shorter than the keys; eager attention
-  always, as it applies no causality of its own), block-diagonal for packed sequences.
+  Reasons: a dense (4-D) mask (custom, an unrecognised pattern, or built under tracing), a padding
+  mask under tracing (unpadding is data-dependent: torch.compile and CUDA-graph capture cannot run
+  it), dropout, inputs requiring grad with padding (no packed backward) or with softcapping / sinks
+  (no backward for them), CPU / non-Hopper / non-16-bit tensors, head dims or strides the kernels lack,
+  causal with more queries than keys, query positions inconsistent with a static buffer,
+  ``position_bias``, packed sequences given by keywords.
+
+  A fallback gets an explicit boolean mask where the kernels' own masking would differ from its own:
+  bottom-right causal over the valid keys with the window (no mask: a query shorter than the keys, a
+  window narrower than them, eager attention always), the padding mask expanded with causality and the
+  window (keys cut to the mask's width), block-diagonal for packed sequences.
 
 Keywords the attention function receives (transformers 5.17-5.24, every modeling file's call of the
 attention interface) and the path that honours each:
 
 - ``scaling``, ``is_causal``: every path.
-- ``dropout`` (> 0): HF's sdpa (``dropout_p``).
+- ``sliding_window``: the kernels (``window_size``); a fallback, in its explicit mask.  A non-causal
+  layer with a window narrower than its keys needs a dense mask (ValueError without one).
+- ``softcap``, ``s_aux``, ``sinks``: the kernels; a fallback, the model's eager attention.
+- ``dropout`` (> 0): HF's sdpa (``dropout_p``), or eager attention with softcap / sinks.
 - ``position_ids``, ``cache_position``: read for the valid key lengths; no other effect.
-- ``sliding_window``: the mask (HF's mask function builds the window into it); with no mask and more
-  keys than the window, ValueError.
 - ``cu_seq_lens_q/k``, ``max_length_q/k``: the fallback, with an explicit block-diagonal mask (batch 1).
 - ``position_bias``: HF's sdpa (added to the scores).
-- ``softcap``, ``s_aux``, ``sinks``: the model's eager attention.
 - ``output_attentions=True``: the model's eager attention (it returns the weights).
 - ``use_cache``, ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
   ``seq_idx``, ``deterministic``: no effect on attention.
 - anything else (``indices``, ``block_indices``, ...): the model's eager attention, with a warning
   naming it.
 
-Under tracing (torch.compile, CUDA-graph capture) a given 2-D ``attention_mask`` cannot be inspected,
-so the dense mask is built and HF's sdpa runs: transformers compiles ``StaticCache`` decoding on CUDA by
-itself, so pass ``generate(..., disable_compile=True)`` to keep decode on the kernels.  ``hf_stats``
-counts the calls each way (eager calls; under torch.compile, the traced ones).
+Under tracing a given 2-D ``attention_mask`` cannot be inspected, so the dense mask is built and the
+fallback runs: transformers compiles ``StaticCache`` decoding on CUDA by itself, so pass
+``generate(..., disable_compile=True)`` to keep decode on the kernels.  ``hf_stats`` counts the calls
+each way (eager calls; under torch.compile, the traced ones): ``flash_attn`` (dense or packed),
+``decode_attn``, ``fallback``.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import types
 import warnings
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -75,8 +113,8 @@ import torch.nn.functional as F
 from ..gemm import gemm
 from .sdpa import _is_hopper, route
 
-__all__ = ["register", "attention_forward", "mask_function", "fallback_path", "patch_linear", "unpatch_linear",
-           "hf_stats", "reset_stats", "NAME", "DECODE_MAX_Q"]
+__all__ = ["register", "attention_forward", "mask_function", "fallback_path", "unpad_metadata", "Unpad",
+           "patch_linear", "unpatch_linear", "hf_stats", "reset_stats", "NAME", "DECODE_MAX_Q"]
 
 #: The name the functions are registered under (``attn_implementation=NAME``).
 NAME = "cute_kernels"
@@ -86,11 +124,18 @@ DECODE_MAX_Q = 16
 hf_stats = {"flash_attn": 0, "decode_attn": 0, "fallback": 0}
 _WARNED: set = set()
 
-R_MASK = "the attention mask is not purely causal (padding, sliding window, packed sequences or a custom mask)"
+R_MASK = ("the attention mask is one the kernels do not take (a dense mask: custom, packed sequences, "
+          "an overlay, or built under tracing)")
 R_POSITION_BIAS = "the layer passes a position bias"
 R_PACKED = "packed sequences (cu_seq_lens_q / cu_seq_lens_k)"
 R_POSITIONS = "query positions are inconsistent with the key length"
 R_CAUSAL = "causal with more queries than keys"
+R_TRACED_PADDING = "a padding mask under tracing (torch.compile / CUDA-graph capture cannot unpad: data-dependent)"
+R_PADDED_GRAD = "a padded batch with inputs requiring grad (packed sequences have no backward)"
+R_VARIANT_GRAD = "softcapping or sinks with inputs requiring grad (no backward for them on the kernels)"
+R_GAPS = "a padding mask with gaps inside a sequence under a sliding window"
+R_SOFTCAP = "the softcap is not a finite number >= 0"
+R_SINKS = "the sinks are not one logit per query head"
 
 
 def reset_stats() -> None:
@@ -98,6 +143,7 @@ def reset_stats() -> None:
     for k in hf_stats:
         hf_stats[k] = 0
     _WARNED.clear()
+    _UNPAD_CACHE.clear()
 
 
 #: Keywords that do not change the attention output (``position_ids`` / ``cache_position`` are read
@@ -108,8 +154,11 @@ NO_EFFECT = frozenset({"position_ids", "cache_position", "use_cache", "output_hi
 SDPA_HONOURS = frozenset({"position_bias"})
 #: Packed-sequence keywords: honoured by an explicit block-diagonal mask on either fallback.
 PACKED = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"})
-#: Handled here: the window is in the mask (see :func:`attention_forward`).
+#: The kernels apply these (``window_size``, ``softcap``, ``learnable_sink``); a fallback takes the
+#: model's eager attention for the last three (HF's sdpa honours neither).
 WINDOW = "sliding_window"
+SINKS = ("s_aux", "sinks")
+KERNEL_HONOURS = frozenset({WINDOW, "softcap", *SINKS})
 SDPA, EAGER = "sdpa", "eager"
 _FALLBACK_NAMES = {SDPA: "transformers' sdpa attention", EAGER: "the model's eager attention"}
 
@@ -121,27 +170,28 @@ def _warn_once(path: str, reason: str) -> None:
 
 
 def fallback_path(kwargs: dict) -> tuple[str, str] | None:
-    """The fallback a layer's keywords need: ``(EAGER, reason)`` when one of them is something HF's sdpa
-    does not honour (softcapping, sinks, ``output_attentions=True``, any keyword not listed in the
-    module doc), ``(SDPA, reason)`` for a position bias or packed sequences, None when the kernels
-    can honour them all.  Keywords whose value is None (or False) ask for nothing."""
+    """The fallback a layer's keywords force: ``(EAGER, reason)`` for ``output_attentions=True`` or a
+    keyword not listed in the module doc, ``(SDPA, reason)`` for a position bias or packed sequences,
+    None when the kernels honour them all (softcapping, sinks and the window included).  Keywords whose
+    value is None (or False) ask for nothing."""
     sdpa_reason = None
     for name, val in kwargs.items():
-        if val is None or val is False or name in NO_EFFECT or name == WINDOW:
+        if val is None or val is False or name in NO_EFFECT or name in KERNEL_HONOURS:
             continue
         if name in SDPA_HONOURS:
             sdpa_reason = R_POSITION_BIAS
         elif name in PACKED:
             sdpa_reason = sdpa_reason or R_PACKED
-        elif name == "softcap":
-            return EAGER, "the layer asks for softcapping (softcap)"
-        elif name in ("s_aux", "sinks"):
-            return EAGER, f"the layer passes attention sinks ({name})"
         elif name == "output_attentions":
             return EAGER, "output_attentions=True (eager attention returns the weights)"
         else:
             return EAGER, f"the layer passes {name!r}, which the kernels and HF's sdpa do not implement"
     return None if sdpa_reason is None else (SDPA, sdpa_reason)
+
+
+def _eager_needed(kwargs: dict) -> bool:
+    """The layer passes softcapping or sinks: only its eager attention honours them off the kernels."""
+    return kwargs.get("softcap") is not None or any(kwargs.get(n) is not None for n in SINKS)
 
 
 # --------------------------------------------------------------------------------------------- mask
@@ -156,10 +206,50 @@ def _no_padding(attention_mask) -> bool | None:
     return bool(attention_mask.all())
 
 
+def _same_function(a, b) -> bool:
+    """``a`` and ``b`` are the same function or closures of the same code over equal values (HF's mask
+    factories make a new closure per call)."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_a is not code_b:
+        return False
+    cells_a, cells_b = a.__closure__ or (), b.__closure__ or ()
+    if len(cells_a) != len(cells_b):
+        return False
+    try:
+        return all(_same_value(x.cell_contents, y.cell_contents) for x, y in zip(cells_a, cells_b))
+    except ValueError:  # an empty cell
+        return False
+
+
+def _same_value(a, b) -> bool:
+    if callable(a) or callable(b):
+        return _same_function(a, b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return type(a) is type(b) and a == b
+    return False
+
+
+def _kernel_pattern(fn, local_size) -> bool:
+    """The mask function is one the attention function applies itself: plain causal (no local size)
+    or HF's sliding-window causal of width ``local_size``."""
+    from transformers import masking_utils as mu
+
+    if fn is mu.causal_mask_function:
+        return local_size is None
+    if isinstance(local_size, int) and not isinstance(local_size, bool) and local_size > 0:
+        return _same_function(fn, mu.sliding_window_causal_mask_function(local_size))
+    return False
+
+
 def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
                   mask_function=None, attention_mask=None, local_size=None, **kwargs):
-    """The ``AttentionMaskInterface`` entry: None for a plain causal mask without padding (the
-    attention function applies causality and the cache length itself), otherwise HF's dense sdpa
+    """The ``AttentionMaskInterface`` entry.  For a plain causal or sliding-window causal pattern: None
+    without padding over the layer's keys, else the (B, <= kv_length) boolean slice of the 2-D mask
+    over them (its last ``kv_length`` columns); for anything else (or under tracing) HF's dense sdpa
     mask (boolean, (B, 1, q_length, kv_length)), which makes the attention function fall back."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
@@ -169,15 +259,104 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv
     if mask_function is not None and not callable(mask_function):
         raise TypeError(f"mask_function: mask_function must be callable or None, got {type(mask_function).__name__}")
     fn = causal_mask_function if mask_function is None else mask_function
-    if fn is causal_mask_function and local_size is None and _no_padding(attention_mask):
-        return None
+    if _kernel_pattern(fn, local_size):
+        if attention_mask is None:
+            return None
+        if attention_mask.dim() == 2:
+            seen = attention_mask[:, -kv_length:] if kv_length > 0 else attention_mask[:, :0]
+            none = _no_padding(seen)
+            if none:
+                return None
+            if none is False:
+                return seen if seen.dtype == torch.bool else seen != 0
     kwargs.pop("allow_is_causal_skip", None)
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=fn, attention_mask=attention_mask,
                      local_size=local_size, allow_is_causal_skip=False, **kwargs)
 
 
-# ---------------------------------------------------------------------------------------- attention
+# -------------------------------------------------------------------------------------------- unpad
+class Unpad(NamedTuple):
+    """Packed-sequence form of a padded batch (:func:`unpad_metadata`), on the mask's device."""
+
+    cu_seqlens_q: torch.Tensor  #: (B + 1,) int32: the valid queries of sequence b are packed rows cu[b]..cu[b+1]-1
+    cu_seqlens_k: torch.Tensor  #: (B + 1,) int32, the same for the valid keys
+    max_seqlen_q: int
+    max_seqlen_k: int
+    q_index: tuple  #: (batch, query row) int64 tensors of the valid queries, packed order
+    k_index: tuple  #: (batch, key column) int64 tensors of the valid keys, packed order
+    total_q: int
+    all_queries: bool  #: every query row valid: the packed output is the padded one, reshaped
+    one_run: bool  #: every sequence's valid keys are consecutive columns (a window is exact packed)
+
+
+def unpad_metadata(mask: torch.Tensor, q_len: int) -> Unpad:
+    """The packed form of a batch whose keys are the columns of ``mask`` ((B, n), nonzero = a real
+    token) and whose ``q_len`` queries are its last ``q_len`` columns.  One device-to-host copy of the
+    mask (a synchronization) and two small host-to-device copies."""
+    B, n = mask.shape
+    if not 0 <= q_len <= n:
+        raise ValueError(f"unpad_metadata: {q_len} queries but the mask has {n} columns")
+    dev = mask.device
+    h = mask.detach().to("cpu") != 0
+    qm = h[:, n - q_len:]
+    kl, ql = h.sum(1), qm.sum(1)
+    cu = torch.zeros(2, B + 1, dtype=torch.int64)
+    cu[0, 1:], cu[1, 1:] = ql.cumsum(0), kl.cumsum(0)
+    ki, qi = h.nonzero(), qm.nonzero()  # row-major: sequence by sequence, columns ascending
+    runs = h[:, :1].sum(1) + (h[:, 1:] & ~h[:, :-1]).sum(1)
+    cu_d = cu.to(torch.int32).to(dev)
+    idx = torch.cat([ki, qi]).t().contiguous().to(dev)
+    nk = ki.shape[0]
+    return Unpad(cu_d[0], cu_d[1], int(ql.max()) if B else 0, int(kl.max()) if B else 0,
+                 (idx[0, nk:], idx[1, nk:]), (idx[0, :nk], idx[1, :nk]), int(qi.shape[0]),
+                 bool((ql == q_len).all()), bool((runs <= 1).all()))
+
+
+#: (mask, its version counter, q_len, Unpad): the layers of one forward pass share their mask object.
+_UNPAD_CACHE: list = []
+_UNPAD_KEEP = 4
+
+
+def _version(t: torch.Tensor):
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor has no version counter: its identity alone
+        return None
+
+
+def _unpad_cached(mask: torch.Tensor, q_len: int) -> Unpad:
+    """:func:`unpad_metadata`, reused while the same mask object (unchanged in place) comes back with the
+    same query length: every layer of a forward pass gets the one mask its mask function built."""
+    ver = _version(mask)
+    for m, v, ql, meta in _UNPAD_CACHE:
+        if m is mask and v == ver and ql == q_len:
+            return meta
+    meta = unpad_metadata(mask, q_len)
+    _UNPAD_CACHE.insert(0, (mask, ver, q_len, meta))
+    del _UNPAD_CACHE[_UNPAD_KEEP:]
+    return meta
+
+
+def _padding_mask(attention_mask, batch: int, q_len: int) -> bool:
+    """A 2-D (B, n >= q_len) boolean or integer padding mask (what :func:`mask_function` returns)."""
+    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
+            and attention_mask.shape[0] == batch and attention_mask.shape[1] >= q_len
+            and (attention_mask.dtype == torch.bool or not attention_mask.is_floating_point()))
+
+
+def _fit_padding(mask: torch.Tensor, key, value):
+    """The mask's columns are the first keys: keys cut to its width (a static buffer is longer); a
+    mask wider than the keys keeps its last columns (HF slices so)."""
+    n, kv_len = mask.shape[1], key.shape[2]
+    if n > kv_len:
+        mask = mask[:, n - kv_len:]
+    elif n < kv_len:
+        key, value = key.narrow(2, 0, n), value.narrow(2, 0, n)
+    return (mask if mask.dtype == torch.bool else mask != 0), key, value
+
+
+# ---------------------------------------------------------------------------------------- fallbacks
 def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -> torch.Tensor | None:
     """(batch,) contiguous device tensor of ``dtype``: keys valid per sequence after this step (last
     position + 1), from ``cache_position`` (1-D) or ``position_ids`` ((1 or B, Sq)); None when neither
@@ -207,9 +386,10 @@ def _need_lengths(key) -> None:
                          "is unknown; use attn_implementation='sdpa' or a DynamicCache with this model")
 
 
-def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device) -> torch.Tensor:
+def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device, window=None) -> torch.Tensor:
     """(1, 1, q_len, kv_len) boolean mask of packed sequences: query i of sequence s sees the keys of
-    sequence s (bottom-right causal when ``causal``); rows past the last sequence see nothing."""
+    sequence s (bottom-right causal when ``causal``, and within ``window``); rows past the last
+    sequence see nothing."""
     cu_q = kwargs.get("cu_seq_lens_q")
     cu_k = kwargs.get("cu_seq_lens_k", cu_q)
     cu_q = cu_k if cu_q is None else cu_q
@@ -222,20 +402,43 @@ def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device) -> torch
     mask = (sq[:, None] == sk[None, :]) & (sq[:, None] < n)
     if causal:  # key offset <= query offset + (len_k - len_q) of the sequence
         shift = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
-        mask &= (kj - cu_k[skc])[None, :] <= (qi - cu_q[sqc] + shift[sqc])[:, None]
+        kpos, last = (kj - cu_k[skc])[None, :], (qi - cu_q[sqc] + shift[sqc])[:, None]
+        mask &= kpos <= last
+        if window is not None:
+            mask &= kpos > last - window
     return mask[None, None]
 
 
-def _causal_mask(kwargs, key, batch: int, q_len: int, kv_len: int) -> torch.Tensor:
+def _causal_mask(kwargs, key, batch: int, q_len: int, kv_len: int, window=None) -> torch.Tensor:
     """(batch, 1, q_len, kv_len) boolean bottom-right causal mask over each sequence's valid keys
-    (the last position + 1, else all ``kv_len``): query i of sequence b sees keys j <= len_b - q_len + i."""
+    (the last position + 1, at most ``kv_len``; else all ``kv_len``): query i of sequence b sees keys
+    len_b - q_len + i - window < j <= len_b - q_len + i."""
     lens = _valid_lengths(kwargs, batch, kv_len, key.device)
     if lens is None:
         _need_lengths(key)
         lens = torch.full((batch,), kv_len, dtype=torch.int64, device=key.device)
-    kpos = torch.arange(kv_len, device=key.device)
-    qpos = torch.arange(q_len, device=key.device)
-    return kpos[None, None, None, :] <= (lens[:, None, None, None] - q_len + qpos[None, None, :, None])
+    lens = lens.clamp(max=kv_len)
+    kpos = torch.arange(kv_len, device=key.device)[None, None, None, :]
+    last = lens[:, None, None, None] - q_len + torch.arange(q_len, device=key.device)[None, None, :, None]
+    mask = kpos <= last
+    if window is not None:
+        mask &= kpos > last - window
+    return mask
+
+
+def _padding_dense(mask: torch.Tensor, q_len: int, causal: bool, window) -> torch.Tensor:
+    """(B, 1, q_len, n) boolean: a (B, n) padding mask over the keys (queries its last q_len columns)
+    with bottom-right causality and the window: HF's mask of the same call."""
+    n = mask.shape[1]
+    dense = mask[:, None, None, :].expand(-1, 1, q_len, -1)
+    if causal:
+        kpos = torch.arange(n, device=mask.device)[None, :]
+        last = (n - q_len + torch.arange(q_len, device=mask.device))[:, None]
+        band = kpos <= last
+        if window is not None:
+            band &= kpos > last - window
+        dense = dense & band
+    return dense
 
 
 def _eager_function(module):
@@ -252,18 +455,26 @@ def _eager_function(module):
 
 
 def _fallback(path, reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
-    """Run ``path`` (HF's sdpa or the model's eager attention) with every argument the layer passed.
-    With no mask: an explicit block-diagonal mask for packed sequences; a bottom-right causal one
-    where the fallback's own causality would differ (HF's sdpa aligns a shorter query top-left and
-    reads past a static buffer's valid keys; eager attention applies none)."""
+    """Run ``path`` (HF's sdpa or the model's eager attention; None: eager where the layer passes
+    softcapping or sinks, else sdpa) with every argument the layer passed.  With no mask: an explicit
+    block-diagonal mask for packed sequences; a bottom-right causal one (with the window) where the
+    fallback's own masking would differ (HF's sdpa aligns a shorter query top-left, reads past a static
+    buffer's valid keys and knows no window; eager attention applies none).  A 2-D padding mask becomes
+    the dense one HF's mask function would have built."""
+    if path is None:
+        path = EAGER if _eager_needed(kwargs) else SDPA
     _warn_once(path, reason)
     hf_stats["fallback"] += 1
     q_len, kv_len = query.shape[2], key.shape[2]
+    window = kwargs.get(WINDOW)
     if attention_mask is None:
         if any(kwargs.get(k) is not None for k in ("cu_seq_lens_q", "cu_seq_lens_k")):
-            attention_mask = _packed_mask(kwargs, q_len, kv_len, is_causal, query.device)
-        elif is_causal and (kv_len > q_len or (path == EAGER and q_len > 1)):
-            attention_mask = _causal_mask(kwargs, key, query.shape[0], q_len, kv_len)
+            attention_mask = _packed_mask(kwargs, q_len, kv_len, is_causal, query.device, window)
+        elif is_causal and (kv_len > q_len or (path == EAGER and q_len > 1) or (window is not None and kv_len > window)):
+            attention_mask = _causal_mask(kwargs, key, query.shape[0], q_len, kv_len, window)
+    elif _padding_mask(attention_mask, query.shape[0], q_len):
+        attention_mask, key, value = _fit_padding(attention_mask, key, value)
+        attention_mask = _padding_dense(attention_mask, q_len, is_causal, window)
     if path == SDPA:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -275,33 +486,69 @@ def _fallback(path, reason, module, query, key, value, attention_mask, dropout, 
     return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
+# ---------------------------------------------------------------------------------------- attention
+def _variant(kwargs, heads_q: int, device):
+    """``(softcap, sink, reason)``: the softcap as the kernels' float (0.0: off), the sinks as a (Hq,)
+    float32 tensor on ``device`` (or None), and a fallback reason when they are not numbers the
+    kernels take."""
+    softcap = kwargs.get("softcap")
+    if softcap is None:
+        softcap = 0.0
+    elif isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not 0 <= softcap < math.inf:
+        return 0.0, None, R_SOFTCAP
+    else:
+        softcap = float(softcap)
+    sink = next((kwargs[n] for n in SINKS if kwargs.get(n) is not None), None)
+    if sink is not None:
+        if not isinstance(sink, torch.Tensor) or sink.dim() != 1 or sink.shape[0] != heads_q:
+            return softcap, None, R_SINKS
+        sink = sink.to(device=device, dtype=torch.float32)
+    return softcap, sink, None
+
+
+def _window_size(window, valid: int) -> tuple:
+    """``flash_attn``'s window for HF's ``sliding_window`` W (key j visible to query i when
+    i - W < j <= i): ``(W - 1, 0)``, unbounded when no query can see more than W keys."""
+    return (window - 1, 0) if window is not None and valid > window else (-1, -1)
+
+
 def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
     """The ``AttentionInterface`` entry (HF's signature): query (B, Hq, Sq, D), key/value
-    (B, Hkv, Sk, D) (a ``StaticCache``'s whole buffer or a ``DynamicCache``'s valid keys).  Returns
+    (B, Hkv, Sk, D) (a ``StaticCache``'s buffer or the keys a ``DynamicCache`` layer returns), the
+    mask from :func:`mask_function` (None, a 2-D padding mask or a dense one).  Returns
     ``(attn_output (B, Sq, Hq, D), weights or None)``; routing in the module doc."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal)
     args = (module, query, key, value, attention_mask, dropout, scaling, causal, kwargs)
+    B, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
     window = kwargs.get(WINDOW)
-    if window is not None and attention_mask is None and key.shape[2] > window:
-        raise ValueError(f"cute_kernels attention: a sliding-window layer (sliding_window={window}) got no attention "
-                         f"mask for {key.shape[2]} keys; its mask must come from cute_kernels' mask function "
-                         "(register() and attn_implementation='cute_kernels') or be passed explicitly")
+    if window is not None and not causal and kv_len > window and (
+            attention_mask is None or _padding_mask(attention_mask, B, q_len)):
+        raise ValueError(f"cute_kernels attention: a non-causal sliding-window layer (sliding_window={window}) got "
+                         f"no dense attention mask for {key.shape[2]} keys; pass one explicitly")
     need = fallback_path(kwargs)
     if need is not None:
         return _fallback(*need, *args)
-    if attention_mask is not None:
-        return _fallback(SDPA, R_MASK, *args)
+    padded = attention_mask is not None
+    if padded and not _padding_mask(attention_mask, B, q_len):
+        return _fallback(None, R_MASK, *args)
     where, reason = route(query, key, value, None, dropout, False, True, scaling)
     if where == "torch":
-        return _fallback(SDPA, reason, *args)
-    B, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+        return _fallback(None, reason, *args)
+    softcap, sink, reason = _variant(kwargs, query.shape[1], query.device)
+    if reason is not None:
+        return _fallback(EAGER, reason, *args)
+    if (softcap or sink is not None) and torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad or (sink is not None and sink.requires_grad)):
+        return _fallback(EAGER, R_VARIANT_GRAD, *args)
     if causal and q_len > kv_len:
-        return _fallback(SDPA, R_CAUSAL, *args)
+        return _fallback(None, R_CAUSAL, *args)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    if padded:
+        return _padded(args, softcap, sink, scale)
     q = query.transpose(1, 2)
-    if where == "decode_attn":  # Sq <= 16 < Sk: the cache in place, lengths on the device
+    if where == "decode_attn" and (window is None or kv_len <= window):  # the cache in place, lengths on the device
         from ..attention.decode import decode_attn
 
         lens = _valid_lengths(kwargs, B, kv_len, key.device, torch.int32) if causal else None
@@ -309,24 +556,64 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
             if causal:
                 _need_lengths(key)
             lens = torch.full((B,), kv_len, dtype=torch.int32, device=key.device)
+        elif window is not None:  # a full sliding buffer holds the last kv_len positions
+            lens.clamp_(max=kv_len)
         out = decode_attn(q, key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens, causal=causal,
-                          softmax_scale=scale)
+                          softmax_scale=scale, softcap=softcap, learnable_sink=sink)
         hf_stats["decode_attn"] += 1
         return out, None
     from ..attention.forward import flash_attn
 
+    valid = kv_len
     if causal and kv_len > q_len:  # a prefill into a longer cache: slice to the valid keys (host sync)
         lens = _valid_lengths(kwargs, B, kv_len, key.device)
         if lens is None:
             _need_lengths(key)
-            valid = kv_len
         else:
             valid = int(lens[0])
+            if window is not None:
+                valid = min(valid, kv_len)
             if not q_len <= valid <= kv_len:
-                return _fallback(SDPA, R_POSITIONS, *args)
+                return _fallback(None, R_POSITIONS, *args)
         key, value = key.narrow(2, 0, valid), value.narrow(2, 0, valid)
-    out = flash_attn(q, key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scale)
+    out = flash_attn(q, key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scale,
+                     window_size=_window_size(window if causal else None, valid), softcap=softcap,
+                     learnable_sink=sink)
     hf_stats["flash_attn"] += 1
+    return out, None
+
+
+def _padded(args, softcap, sink, scale):
+    """A 2-D padding mask: the valid queries and keys packed, one packed ``flash_attn``, the output
+    scattered back (zeros at padded query rows)."""
+    from transformers.utils.import_utils import is_tracing
+
+    module, query, key, value, attention_mask, dropout, scaling, causal, kwargs = args
+    B, Hq, q_len, D = query.shape
+    if is_tracing(attention_mask) or is_tracing(query):
+        return _fallback(None, R_TRACED_PADDING, *args)
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return _fallback(None, R_PADDED_GRAD, *args)
+    mask, key, value = _fit_padding(attention_mask, key, value)
+    window = kwargs.get(WINDOW)
+    meta = _unpad_cached(mask, q_len)
+    win = _window_size(window if causal else None, meta.max_seqlen_k)
+    if win[0] != -1 and not meta.one_run:
+        return _fallback(None, R_GAPS, *args)
+    hf_stats["flash_attn"] += 1
+    if meta.total_q == 0:
+        return query.new_zeros(B, q_len, Hq, D), None
+    from ..attention.forward import flash_attn
+
+    q = query.transpose(1, 2)[meta.q_index]
+    k, v = key.transpose(1, 2)[meta.k_index], value.transpose(1, 2)[meta.k_index]
+    o = flash_attn(q, k, v, cu_seqlens_q=meta.cu_seqlens_q, cu_seqlens_k=meta.cu_seqlens_k,
+                   max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k, causal=causal,
+                   softmax_scale=scale, window_size=win, softcap=softcap, learnable_sink=sink)
+    if meta.all_queries:
+        return o.view(B, q_len, Hq, D), None
+    out = o.new_zeros(B, q_len, Hq, D)
+    out[meta.q_index] = o
     return out, None
 
 

@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 transformers = pytest.importorskip(
     "transformers", minversion="5",
@@ -27,19 +26,73 @@ def fresh():
     hf.reset_stats()
 
 
-def flash_standin(q, k, v, *, causal=False, softmax_scale=None):
-    """flash_attn's contract in torch (float32): (B, S, H, D), GQA, bottom-right causal; the arguments
-    pass flash_attn's own checks but the device one (the views of HF's tensors need no copy)."""
+def attention_reference(q, k, v, *, causal=False, softmax_scale, window_size=(-1, -1), softcap=0.0,
+                        learnable_sink=None):
+    """One sequence, float32: q (Sq, Hq, D), k / v (Sk, Hkv, D) -> (Sq, Hq, D) float32.  flash_attn's
+    definition: GQA, bottom-right causal and window (a side None or -1 unbounded), softcap, a sink per
+    query head in the denominator; a row that sees no key gives 0."""
+    Sq, Hq, _ = q.shape
+    Sk, Hkv, _ = k.shape
+    G = Hq // Hkv
+    kf, vf = k.float().repeat_interleave(G, 1), v.float().repeat_interleave(G, 1)
+    s = torch.einsum("qhd,khd->hqk", q.float(), kf) * softmax_scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    kpos, last = torch.arange(Sk)[None, :], (Sk - Sq + torch.arange(Sq))[:, None]
+    vis = torch.ones(Sq, Sk, dtype=torch.bool)
+    left, right = window_size if window_size is not None else (None, None)
+    if causal:
+        vis &= kpos <= last
+    if right is not None and right != -1:
+        vis &= kpos <= last + right
+    if left is not None and left != -1:
+        vis &= kpos >= last - left
+    s = s.masked_fill(~vis, float("-inf"))
+    if learnable_sink is not None:
+        s = torch.cat([s, learnable_sink.float().view(Hq, 1, 1).expand(Hq, Sq, 1)], -1)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    if learnable_sink is not None:
+        p = p[..., :-1]
+    return torch.einsum("hqk,khd->qhd", p, vf)
+
+
+#: Every call of :func:`flash_standin`: its keyword arguments (tests read what the kernel was asked).
+FLASH_CALLS: list = []
+
+
+def flash_standin(q, k, v, *, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                  max_seqlen_q=None, max_seqlen_k=None, window_size=(-1, -1), softcap=0.0, learnable_sink=None):
+    """flash_attn's contract in torch (float32): dense (B, S, H, D) or packed (total, H, D) with
+    cu_seqlens; GQA, bottom-right causal, windows, softcap, sinks; the arguments pass flash_attn's own
+    checks but the device one (the views of HF's tensors need no copy)."""
+    FLASH_CALLS.append(dict(causal=causal, softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
+                            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                            window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
+                            shapes=(tuple(q.shape), tuple(k.shape))))
+    packed = cu_seqlens_q is not None
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
-        FW.validate(q, k, v, None, softmax_scale)
-    Sq, Hq, Sk = q.shape[1], q.shape[2], k.shape[1]
-    G = Hq // k.shape[2]
+        if packed:
+            FW.validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, softmax_scale,
+                               softcap=softcap, learnable_sink=learnable_sink)
+        else:
+            FW.validate(q, k, v, None, softmax_scale, softcap=softcap, learnable_sink=learnable_sink)
+    FW.check_window(window_size, causal, negative=True)
     assert q.dtype in (torch.bfloat16, torch.float16) and softmax_scale is not None
-    mask = torch.ones(Sq, Sk, dtype=torch.bool).tril(diagonal=Sk - Sq) if causal else None
-    o = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float().repeat_interleave(G, 1),
-                                       v.transpose(1, 2).float().repeat_interleave(G, 1), attn_mask=mask,
-                                       scale=softmax_scale)
-    return o.transpose(1, 2).contiguous().to(q.dtype)
+    kw = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+              learnable_sink=learnable_sink)
+    if not packed:
+        o = torch.stack([attention_reference(q[b], k[b], v[b], **kw) for b in range(q.shape[0])])
+        return o.to(q.dtype)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    o = torch.zeros(q.shape, dtype=torch.float32)
+    for b in range(len(cq) - 1):
+        assert cq[b + 1] - cq[b] <= max_seqlen_q and ck[b + 1] - ck[b] <= max_seqlen_k
+        if cq[b + 1] > cq[b]:
+            o[cq[b]:cq[b + 1]] = attention_reference(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], **kw)
+    return o.to(q.dtype)
 
 
 @pytest.fixture
@@ -47,6 +100,7 @@ def cpu_as_gpu(monkeypatch):
     """CPU tensors take a GPU's routes: decode_attn runs its CPU path, flash_attn a torch stand-in."""
     monkeypatch.setattr(S, "_KERNEL_DEVICES", ("cuda", "meta", "cpu"))
     monkeypatch.setattr(FW, "flash_attn", flash_standin)
+    FLASH_CALLS.clear()
 
 
 #: family -> (config class name, the family's own settings): tiny random models, no download.  The
