@@ -15,7 +15,13 @@ Kernel (:class:`DecodeAttnKernel`), one CTA per (split, KV head x row block, bat
 * ``mma.sync`` m16n8k16 computes ``S = Q K^T`` and ``O += P V`` with P in registers; warps split the
   rows (``warps_m``) and tokens (``warps_n``), each with its own
   :class:`~cute_kernels.common.softmax.OnlineSoftmax`, merged through shared memory at the end;
-* bottom-right causal mask: token ``t`` of the new ones sees cache positions ``<= L - Sq + t``.
+* bottom-right causal mask: token ``t`` of the new ones sees cache positions ``<= L - Sq + t``;
+* sliding windows (``window_size``, FlashAttention-3's sides) and left padding (``cache_leftpad``) are
+  compile-time flags (``DecodeConfig.window`` / ``leftpad``; the plain configurations compile to the
+  same code): each CTA walks only the KV tiles of its sequence's visible range ``[k_lo, L)`` (``k_lo =
+  max(cache_leftpad[b], L - Sq - window_left)``), split over the splits, masks each row's own bounds,
+  and never reads below ``k_lo`` (cp.async rows clamped into the range, TMA V rows below it zeroed); a
+  window's left side also bounds the split count's planning (:func:`~.decode_plan.window_capacity`).
 
 Lengths stay on the device: every choice comes from static sizes (:mod:`.decode_plan`).  The kernel
 clamps lengths to the capacity and page ids to ``[0, num_pages)``, so bad values give wrong numbers,
