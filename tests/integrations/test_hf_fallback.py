@@ -1,18 +1,20 @@
 """The Transformers attention function never drops an argument: each keyword a layer passes runs on a
 path that honours it (:mod:`cute_kernels.integrations.hf`'s module doc lists them).
 
-CPU: per keyword (softcap, s_aux, sinks, position_bias, packed sequences, output_attentions, one
-unknown), a direct call with the kernel routes open (``cpu_as_gpu``) takes the documented fallback,
-warns once naming it, and equals a float64 reference that applies the argument, which differs from
-the same reference without it by far more than the tolerance (so dropping it fails the test).  Whole
-tiny models of the families that pass softcap / sinks equal ``attn_implementation="eager"``, unpadded
-and left-padded, prefill and decode steps.
+CPU: softcap, s_aux, sinks and sliding_window run on the kernels (``cpu_as_gpu``: a torch stand-in
+of ``flash_attn``, ``decode_attn``'s CPU path), given to them as the kernels take them (a float, a
+float32 (Hq,) sink, ``window_size=(W - 1, 0)``); per keyword that forces a fallback (position_bias,
+packed sequences, output_attentions, one unknown) a direct call takes the documented fallback, warns
+once naming it; a fallback taken for a layer with softcap / sinks is the model's eager attention,
+which applies them.  Every result equals a float64 reference that applies the argument, which
+differs from the same reference without it by far more than the tolerance (so dropping it fails the
+test).  Whole tiny float32 CPU models of the families that pass softcap / sinks (CPU tensors: the
+eager fallback) equal ``attn_implementation="eager"``, unpadded and left-padded, prefill and decode.
 
 GPU: every family the installed Transformers has (Llama, Mistral, Qwen2, Qwen3, Gemma-2 with a strong
 softcap, Gemma-3, gpt-oss with sinks ~ N(2, 2)), bf16, 200-token prompts unpadded and left-padded,
 ``cute_kernels`` against ``eager``: last-position logits within bf16 noise and a few greedy decode
-steps under :func:`assert_same_generation`'s rule; the families without softcap / sinks run their
-unpadded prefill on the kernels.
+steps under :func:`assert_same_generation`'s rule, every call on the kernels (no fallback).
 """
 
 import warnings
@@ -26,8 +28,8 @@ transformers = pytest.importorskip(
 
 from cute_kernels.integrations import hf  # noqa: E402
 
-from _hf_models import (FAMILIES, PREFIX, assert_same_generation, cpu_as_gpu, fresh,  # noqa: E402,F401
-                        generate, ours, tiny_model)
+from _hf_models import (FAMILIES, FLASH_CALLS, PREFIX, assert_same_generation, cpu_as_gpu,  # noqa: E402,F401
+                        fresh, generate, ours, tiny_model)
 
 gpu = pytest.mark.gpu
 TOL = 2e-2  # bf16 inputs and output against a float64 reference
@@ -65,16 +67,19 @@ def packed_mask(cu, n):
 CU = [0, 5, 5, 17, 24]  # one empty sequence
 
 
+def variant(name):
+    """(module, kwargs, reference kwargs) of a keyword the kernels apply."""
+    if name == "softcap":
+        attn = tiny_model("gemma2", torch.bfloat16).model.layers[1].self_attn
+        return attn, dict(softcap=0.5), dict(softcap=0.5)
+    attn = tiny_model("gpt_oss", torch.bfloat16).model.layers[1].self_attn
+    sinks = attn.sinks.detach()
+    assert sinks.abs().max() > 1  # set, not a random init's zeros
+    return attn, {name: sinks}, dict(sinks=sinks.float())
+
+
 def case(name):
     """(module, kwargs, reference kwargs, expected path, warning text, batch)."""
-    if name in ("softcap",):
-        attn = tiny_model("gemma2", torch.bfloat16).model.layers[1].self_attn
-        return attn, dict(softcap=0.5), dict(softcap=0.5), hf.EAGER, "softcapping (softcap)", 2
-    if name in ("s_aux", "sinks"):
-        attn = tiny_model("gpt_oss", torch.bfloat16).model.layers[1].self_attn
-        sinks = attn.sinks.detach()
-        assert sinks.abs().max() > 1  # set, not a random init's zeros
-        return attn, {name: sinks}, dict(sinks=sinks.float()), hf.EAGER, f"attention sinks ({name})", 2
     attn = tiny_model("llama", torch.bfloat16).model.layers[0].self_attn
     if name == "position_bias":
         bias = 2 * torch.randn(1, 4, 24, 24, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
@@ -85,11 +90,14 @@ def case(name):
         return attn, kw, dict(mask=packed_mask(CU, 24)), hf.SDPA, "packed sequences", 1
     if name == "output_attentions":
         return attn, dict(output_attentions=True), {}, hf.EAGER, "output_attentions=True", 2
+    if name == "softcap+output_attentions":  # a fallback forced by one keyword keeps the others
+        attn, kw, ref_kw = variant("softcap")
+        return attn, dict(kw, output_attentions=True), ref_kw, hf.EAGER, "output_attentions=True", 2
     assert name == "unknown"
     return attn, dict(indices=torch.arange(3)), {}, hf.EAGER, "'indices'", 2
 
 
-@pytest.mark.parametrize("name", ["softcap", "s_aux", "sinks", "position_bias", "packed", "output_attentions",
+@pytest.mark.parametrize("name", ["position_bias", "packed", "output_attentions", "softcap+output_attentions",
                                   "unknown"])
 @pytest.mark.usefixtures("cpu_as_gpu")
 def test_each_keyword_runs_a_path_that_honours_it(name):
@@ -112,8 +120,50 @@ def test_each_keyword_runs_a_path_that_honours_it(name):
     if ref_kw:  # the argument matters: the reference without it is far off
         plain = reference(q, k, v, 0.125)
         assert (plain - ref).abs().max().item() > 10 * TOL
-    if name == "output_attentions":
+    if "output_attentions" in name:
         assert w is not None and w.shape == (B, 4, 24, 24)
+
+
+@pytest.mark.parametrize("name", ["softcap", "s_aux", "sinks"])
+@pytest.mark.parametrize("q_len", [24, 1])
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_softcap_and_sinks_run_on_the_kernels(name, q_len):
+    """A prefill on flash_attn and a decode step on decode_attn, given the softcap as a float and the
+    sinks as float32 (the layer's are bf16 parameters); no warning, equal to the reference."""
+    attn, kw, ref_kw = variant(name)
+    assert hf.fallback_path(kw) is None
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 4, q_len, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 2, 24, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        o, w = hf.attention_forward(attn, q, k, v, None, scaling=0.125, **kw)
+    assert ours(rec) == [] and w is None
+    kernel = "flash_attn" if q_len > 16 else "decode_attn"
+    assert hf.hf_stats == {"flash_attn": 0, "decode_attn": 0, "fallback": 0, kernel: 1}
+    if kernel == "flash_attn":
+        call = FLASH_CALLS[-1]
+        if name == "softcap":
+            assert call["softcap"] == 0.5 and type(call["softcap"]) is float and call["learnable_sink"] is None
+        else:
+            assert call["learnable_sink"].dtype == torch.float32 and call["learnable_sink"].shape == (4,)
+    ref = reference(q, k, v, 0.125, **ref_kw)
+    assert (o.double() - ref).abs().max().item() < TOL
+    assert (reference(q, k, v, 0.125) - ref).abs().max().item() > 10 * TOL
+
+
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_a_fallback_for_a_layer_with_sinks_is_its_eager_attention():
+    """Inputs requiring grad: softcapping and sinks have no backward on the kernels, so the layer's eager
+    attention runs (it applies them); a plain layer with grad stays on flash_attn."""
+    attn, kw, ref_kw = variant("s_aux")
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 4, 24, 64, generator=g).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(2, 2, 24, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    with pytest.warns(UserWarning, match="eager attention: softcapping or sinks with inputs requiring grad"):
+        o, _ = hf.attention_forward(attn, q, k, v, None, scaling=0.125, **kw)
+    assert hf.hf_stats["fallback"] == 1
+    assert (o.detach().double() - reference(q.detach(), k, v, 0.125, **ref_kw)).abs().max().item() < TOL
 
 
 @pytest.mark.usefixtures("cpu_as_gpu")
@@ -130,13 +180,21 @@ def test_keywords_without_effect_run_on_the_kernels():
 
 
 @pytest.mark.usefixtures("cpu_as_gpu")
-def test_a_window_without_a_mask_is_refused():
+def test_a_window_without_a_mask_runs_on_the_kernels():
+    """HF's sliding_window W: key j visible to query i when i - W < j <= i, flash_attn's (W - 1, 0); a
+    window covering every key is no window; a non-causal layer's window needs a dense mask."""
     attn = tiny_model("mistral", torch.bfloat16).model.layers[0].self_attn
     q, k = torch.randn(1, 4, 24, 64).to(torch.bfloat16), torch.randn(1, 2, 24, 64).to(torch.bfloat16)
+    o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125, sliding_window=16)
+    assert FLASH_CALLS[-1]["window_size"] == (15, 0) and hf.hf_stats["flash_attn"] == 1
+    i, j = torch.arange(24)[:, None], torch.arange(24)[None, :]
+    ref = reference(q, k, k, 0.125, mask=j > i - 16)
+    assert (o.double() - ref).abs().max().item() < TOL
+    assert (reference(q, k, k, 0.125) - ref).abs().max().item() > 10 * TOL
+    hf.attention_forward(attn, q, k, k, None, scaling=0.125, sliding_window=24)  # the window covers all
+    assert FLASH_CALLS[-1]["window_size"] == (-1, -1) and hf.hf_stats["flash_attn"] == 2
     with pytest.raises(ValueError, match="sliding_window=16"):
-        hf.attention_forward(attn, q, k, k, None, scaling=0.125, sliding_window=16)
-    o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125, sliding_window=24)  # the window covers all
-    assert hf.hf_stats["flash_attn"] == 1
+        hf.attention_forward(attn, q, k, k, None, scaling=0.125, is_causal=False, sliding_window=16)
 
 
 @pytest.mark.usefixtures("cpu_as_gpu")
@@ -146,7 +204,7 @@ def test_no_eager_function_is_a_clear_error():
 
     q, k = torch.randn(1, 4, 8, 64).to(torch.bfloat16), torch.randn(1, 2, 8, 64).to(torch.bfloat16)
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="no eager_attention_forward"):
-        hf.attention_forward(Bare(), q, k, k, None, scaling=0.125, softcap=1.0)
+        hf.attention_forward(Bare(), q, k, k, None, scaling=0.125, output_attentions=True)
 
 
 def _left_pad(ids, n):
@@ -202,5 +260,4 @@ def test_family_on_the_gpu_equals_eager(family, padded):
     print(f"{family} padded={padded}: max relative logit difference {rel:.4f}, {stats}")
     assert rel < 0.03, (family, padded, rel)
     assert_same_generation(ref, out)
-    if family in ("llama", "qwen2", "qwen3") and not padded:  # full layers, no mask: the kernels
-        assert stats == {"flash_attn": 2, "decode_attn": 0, "fallback": 0}, stats
+    assert stats == {"flash_attn": 2, "decode_attn": 0, "fallback": 0}, stats  # every layer on the kernels
