@@ -602,7 +602,9 @@ def decode_attn(
     key = None
     # softcapping, sinks, windows, left padding: in the key (_key), their tensors after the launch's others
     variant = None if (softcap.__class__ is float and not softcap and learnable_sink is None and cache_leftpad is None
-                       and (window_size is _NO_WINDOW or (window_size.__class__ is tuple and window_size == _NO_WINDOW))
+                       and (window_size is _NO_WINDOW or window_size is None
+                            or (window_size.__class__ is tuple and window_size == _NO_WINDOW
+                                and window_size[0].__class__ is int and window_size[1].__class__ is int))
                        ) else (softcap, learnable_sink, window_size, cache_leftpad)
     if (checked is None or checked is False) and not _is_compiling():  # the fast path (see _key)
         try:

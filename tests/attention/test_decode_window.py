@@ -393,6 +393,24 @@ def test_fast_path_passes_window_and_padding_in_the_kernels_order(stubbed):
     assert stub.key[1].variant_args == () and len(stub.calls[-1]) == 10
 
 
+def test_fast_path_never_skips_the_window_checks(stubbed):
+    """A plain launcher exists; a window equal to (-1, -1) but of floats, or of numpy ints, never hits
+    it unchecked (floats raise; other spellings of no window run the plain configuration)."""
+    import numpy as np
+
+    q, k, v, s = make(2, 1, 8, 2, 64, [40, 20], 40)
+    decode_attn(q, k, v, cache_seqlens=s)
+    decode_attn(q, k, v, cache_seqlens=s)
+    assert len(DE._launchers) == 1
+    assert_raises_before_any_launch(TypeError, "window_size left must be an int", decode_attn, q, k, v,
+                                    cache_seqlens=s, window_size=(-1.0, -1))
+    for w in (None, (-1, -1), (None, None), (np.int64(-1), -1), [-1, -1]):
+        with count_launches() as n:
+            decode_attn(q, k, v, cache_seqlens=s, window_size=w)
+        assert n["decode_attn"] == 1
+    assert all(stub.key[1].variant_args == () for stub in Stub.cache.values())
+
+
 def test_fast_path_refuses_a_bad_padding_after_a_hit(stubbed):
     q, k, v, s = make(2, 1, 8, 2, 64, [40, 20], 40)
     pad = torch.tensor([0, 3], dtype=torch.int32)
