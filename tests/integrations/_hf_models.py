@@ -173,3 +173,37 @@ def assert_same_generation(ref, out, rel_tol=0.03):
                 gap = (lr[tr] - lr[to]).abs().item()
                 assert gap <= tol, f"batch {b} step {step}: tokens {tr} != {to} and not a near-tie ({gap} > {tol})"
                 break
+
+
+# ----------------------------------------------------------------------- padded / sliding-window batches
+#: family -> settings that give it sliding-window layers of width ``window`` (Qwen2: layer 0 full, layer 1
+#: sliding; Gemma-3: one of each; Gemma-2 and gpt-oss alternate by default; Mistral: every layer).
+def sliding_settings(family, window):
+    return {"llama": {}, "qwen3": {},
+            "mistral": dict(sliding_window=window),
+            "qwen2": dict(use_sliding_window=True, sliding_window=window, max_window_layers=1),
+            "gemma2": dict(sliding_window=window),
+            "gemma3": dict(sliding_window=window, layer_types=["sliding_attention", "full_attention"]),
+            "gpt_oss": dict(sliding_window=window)}[family]
+
+
+def window_model(family, window, dtype=torch.bfloat16, **over):
+    """:func:`tiny_model` of ``family`` with its sliding layers ``window`` wide (if it has any)."""
+    return tiny_model(family, dtype, **{**sliding_settings(family, window), **over})
+
+
+def reference_attn(family):
+    """The implementation to compare with: eager where the layers pass softcap or sinks (HF's sdpa
+    refuses them), sdpa otherwise."""
+    return "eager" if family in ("gemma2", "gpt_oss") else "sdpa"
+
+
+def left_padded(lengths, vocab, seed=0):
+    """ids and attention mask (B, max(lengths)) of prompts of ``lengths`` tokens, left-padded with 0."""
+    T = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), T), generator=torch.Generator().manual_seed(seed))
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        mask[b, T - n:] = 1
+        ids[b, :T - n] = 0
+    return ids, mask
