@@ -44,8 +44,8 @@ Routing, per call:
   query), with ``window_size=(W - 1, 0)`` when more than W keys are valid (HF's window: key j visible
   to query i when i - W < j <= i).
 - A 2-D padding mask (left or right padding, prefill and decode): unpadded to packed sequences
-  (``cu_seqlens_q/k`` from the mask: the mask's columns are the first keys of the key tensor, the
-  queries its last Sq columns; one device-to-host copy of the mask per mask and query length, reused by
+  (``cu_seqlens_q/k`` from the mask: its columns are a static buffer's first keys or another key
+  tensor's last ones, the queries its last Sq columns; one device-to-host copy of the mask per mask and query length, reused by
   every layer given the same mask object) and one packed ``flash_attn`` call (causal and window per
   sequence), its output scattered back to (B, Sq, H, D) with zeros at padded query rows (as HF's
   flash-attention integration).  Exact for any causal padding pattern; with a window, for masks whose
@@ -346,13 +346,15 @@ def _padding_mask(attention_mask, batch: int, q_len: int) -> bool:
 
 
 def _fit_padding(mask: torch.Tensor, key, value):
-    """The mask's columns are the first keys: keys cut to its width (a static buffer is longer); a
-    mask wider than the keys keeps its last columns (HF slices so)."""
+    """Keys and mask columns matched: a static buffer's first keys (its unfilled slots follow them), any
+    other key tensor's last ones (a sliding layer recording its past, transformers 5.17, returns more
+    keys than the mask covers); a mask wider than the keys keeps its last columns (HF slices so)."""
     n, kv_len = mask.shape[1], key.shape[2]
     if n > kv_len:
         mask = mask[:, n - kv_len:]
     elif n < kv_len:
-        key, value = key.narrow(2, 0, n), value.narrow(2, 0, n)
+        start = 0 if _is_static_buffer(key) else kv_len - n
+        key, value = key.narrow(2, start, n), value.narrow(2, start, n)
     return (mask if mask.dtype == torch.bool else mask != 0), key, value
 
 

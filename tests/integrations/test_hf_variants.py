@@ -364,6 +364,19 @@ class TestDecisions:
         close(o, want, rows)
         assert not o[~rows].any()  # padded query rows: zeros
 
+    def test_keys_beyond_the_mask(self):
+        """Keys the mask does not cover: a static buffer's slots past it are unfilled (its first keys
+        count), another key tensor's extra keys are older ones (its last keys count: a sliding layer
+        that records its past returns more than the window, transformers 5.17)."""
+        mask = torch.ones(2, 12, dtype=torch.bool)
+        mask[1, :4] = False
+        for static in (True, False):
+            q, k, v = tensors(2, 1, 17, static=static)
+            kk, vv = (t[:, :, :12] if static else t[:, :, 5:] for t in (k, v))
+            o, warned = call(layer("mistral"), q, k, v, mask, sliding_window=W)
+            assert warned == [] and FLASH_CALLS[-1]["cu_seqlens_k"].tolist() == [0, 12, 20]
+            close(o, ref(q, kk, vv, 0.125, band(2, 1, 12, W, pad=mask)))
+
     def test_gaps(self):
         """A mask with a gap inside a sequence: exact packed without a window; with one, HF's window
         counts the gap's columns, packing would not: the fallback (HF's mask), one warning."""
