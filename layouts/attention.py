@@ -455,12 +455,15 @@ class BwdTile:
                 + self.consumer_warpgroups * self.dq_wg_bytes + 3 * FWD_SMEM_SLACK)
 
 
-def bwd_tile(dtype: str, head_dim: int) -> BwdTile:
-    """The backward tile per head dim: 128 keys per CTA (two consumer warpgroups), 64 query rows per
-    step, two stages, dQ split by columns (dK + dV take D registers per thread, S^T + dP^T 64).
-    FlashAttention-3 takes 128 query rows at D = 64 (dQ split by rows); here S^T + dP^T + dK + dV
-    (192 registers) left too few for the rest and spilled the loop bounds (``dq_split_m`` keeps it
-    expressible)."""
+def bwd_tile(dtype: str, head_dim: int, window: bool = False) -> BwdTile:
+    """The backward tile per head dim: 128 keys per CTA (two consumer warpgroups), two stages.  D = 64:
+    128 query rows per step, dQ split by rows (FlashAttention-3/4's choice: S^T + dP^T + dK + dV take
+    192 registers per thread; 1.08-1.10x the 64-row tile's main kernel on the H200), except with a
+    sliding window (its third, far-edge loop spills 27 values there).  D = 96 / 128: 64 query rows,
+    dQ split by columns (128 rows do not fit: D 128's dK + dV alone take 128 registers, D 96's ring
+    267 KB of shared memory)."""
+    if head_dim == 64 and not window:
+        return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=128, tile_n=128, stages=2, dq_split_m=True)
     return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=128, stages=2, dq_split_m=False)
 
 

@@ -11,6 +11,7 @@ planned configuration's on the same inputs (max |diff| / max |ref|).
 Variants (name -> the change to the planned configuration; a variant that does not apply to a head dim
 is skipped there):
     tm128   128 query rows per step, dQ split by rows (``dq_split_m``): FlashAttention-3/4's D = 64 tile
+    tm64    64 query rows per step, dQ split by columns (the tile before 2026-12-03 at D = 64)
 """
 
 from __future__ import annotations
@@ -25,12 +26,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def _tm128(cfg):
-    if cfg.head_dim != 64:
+    if cfg.head_dim != 64 or cfg.tile.tile_m == 128:
         return None
     return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, tile_m=128, dq_split_m=True))
 
 
-VARIANTS = {"tm128": _tm128}
+def _tm64(cfg):
+    if cfg.tile.tile_m == 64:
+        return None
+    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, tile_m=64, dq_split_m=False))
+
+
+VARIANTS = {"tm128": _tm128, "tm64": _tm64}
 
 
 def run_shape(shape, variants, reps):

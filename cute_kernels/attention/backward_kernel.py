@@ -110,8 +110,9 @@ class FlashBwdConfig:
 def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False,
                direct_kv: bool = False) -> FlashBwdConfig:
     """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
-    return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=LA.bwd_tile(dtype, head_dim),
-                          window=bool(window), direct_kv=bool(direct_kv))
+    return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
+                          tile=LA.bwd_tile(dtype, head_dim, bool(window)), window=bool(window),
+                          direct_kv=bool(direct_kv))
 
 
 def _rows_first(t: cute.Tensor) -> cute.Tensor:
