@@ -49,7 +49,8 @@ Routing, per call:
   every layer given the same mask object) and one packed ``flash_attn`` call (causal and window per
   sequence), its output scattered back to (B, Sq, H, D) with zeros at padded query rows (as HF's
   flash-attention integration).  Exact for any causal padding pattern; with a window, for masks whose
-  valid keys form one run per sequence (left or right padding); a gap under a window falls back.
+  valid keys form one run per sequence (left or right padding); a gap under a window narrower than
+  the mask falls back.
 - Softcapping (``softcap``, Gemma-2) and attention sinks (``s_aux`` / ``sinks``, gpt-oss: one logit
   per query head joining the softmax denominator with no value, exactly FlashAttention-4's
   ``learnable_sink``; passed as float32) go to whichever kernel runs.
@@ -599,9 +600,9 @@ def _padded(args, softcap, sink, scale):
     mask, key, value = _fit_padding(attention_mask, key, value)
     window = kwargs.get(WINDOW)
     meta = _unpad_cached(mask, q_len)
+    if causal and window is not None and not meta.one_run and mask.shape[1] > window:
+        return _fallback(None, R_GAPS, *args)  # HF's window counts the gaps' columns, packing would not
     win = _window_size(window if causal else None, meta.max_seqlen_k)
-    if win[0] != -1 and not meta.one_run:
-        return _fallback(None, R_GAPS, *args)
     hf_stats["flash_attn"] += 1
     if meta.total_q == 0:
         return query.new_zeros(B, q_len, Hq, D), None

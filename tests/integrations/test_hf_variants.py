@@ -393,6 +393,17 @@ class TestDecisions:
         assert warned == [f"{PREFIX} running the model's eager attention: {hf.R_GAPS}"]
         close(o, ref(q, k, v, 0.125, band(2, 20, 20, W, pad=mask), softcap=0.5), mask)
         assert hf.hf_stats == {"flash_attn": 1, "decode_attn": 0, "fallback": 2}
+        sparse = torch.zeros(2, 20, dtype=torch.bool)  # fewer than W keys, spread wider than W columns
+        sparse[:, ::4] = True
+        q1, k1, v1 = tensors(2, 1, 20)
+        sparse[:, -1] = True
+        hf.reset_stats()
+        o, warned = call(layer("mistral"), q1, k1, v1, sparse, sliding_window=W)
+        assert warned == [f"{PREFIX} running transformers' sdpa attention: {hf.R_GAPS}"]
+        assert hf.hf_stats == {"flash_attn": 0, "decode_attn": 0, "fallback": 1}
+        close(o, ref(q1, k1, v1, 0.125, band(2, 1, 20, W, pad=sparse)))
+        assert (ref(q1, k1, v1, 0.125, band(2, 1, 20, pad=sparse)) - ref(q1, k1, v1, 0.125, band(
+            2, 1, 20, W, pad=sparse))).abs().max() > 10 * TOL  # the window matters there
 
     @pytest.mark.parametrize("why", ["dense mask", "grad", "tracing"])
     @pytest.mark.parametrize("family", ["mistral", "gpt_oss"])
