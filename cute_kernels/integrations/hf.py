@@ -45,12 +45,14 @@ Routing, per call:
   to query i when i - W < j <= i).
 - A 2-D padding mask (left or right padding, prefill and decode): unpadded to packed sequences
   (``cu_seqlens_q/k`` from the mask: its columns are a static buffer's first keys or another key
-  tensor's last ones, the queries its last Sq columns; one device-to-host copy of the mask per mask and query length, reused by
-  every layer given the same mask object) and one packed ``flash_attn`` call (causal and window per
-  sequence), its output scattered back to (B, Sq, H, D) with zeros at padded query rows (as HF's
-  flash-attention integration).  Exact for any causal padding pattern; with a window, for masks whose
-  valid keys form one run per sequence (left or right padding); a gap under a window narrower than
-  the mask falls back.
+  tensor's last ones, the queries its last Sq columns; one device-to-host copy of the mask per mask
+  and query length, reused by every layer given the same mask object) and one packed ``flash_attn``
+  call (causal and window per sequence), its output scattered back to (B, Sq, H, D) with zeros at
+  padded query rows (as HF's flash-attention integration).  Exact for any causal padding pattern;
+  with a window, for masks whose valid keys form one run per sequence (left or right padding); a gap
+  under a window narrower than the mask falls back.  A padded decode step gathers each sequence's
+  valid keys (a copy of the cache the layer sees; an unpadded one reads it in place), so sliding
+  layers return to ``decode_attn`` once the padding is behind their window.
 - Softcapping (``softcap``, Gemma-2) and attention sinks (``s_aux`` / ``sinks``, gpt-oss: one logit
   per query head joining the softmax denominator with no value, exactly FlashAttention-4's
   ``learnable_sink``; passed as float32) go to whichever kernel runs.
