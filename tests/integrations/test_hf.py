@@ -3,8 +3,8 @@
 CPU: ``register()`` makes ``"cute_kernels"`` resolvable; a tiny Llama (random weights, no download)
 with ``attn_implementation="cute_kernels"`` on CPU tensors falls back to HF's sdpa and equals
 ``attn_implementation="sdpa"`` bit for bit (no cache, DynamicCache and StaticCache generation); the
-mask function builds no mask for plain causal batches and HF's dense mask otherwise; a left-padded
-batch falls back with exactly one warning; the kernel routes (CPU tensors routed as a GPU's:
+mask function builds no mask for plain causal batches, the 2-D padding slice for padded ones and
+HF's dense mask otherwise; a left-padded batch runs on the kernels (packed) with no warning; the kernel routes (CPU tensors routed as a GPU's:
 ``decode_attn``'s CPU path and a ``flash_attn`` stand-in) generate what sdpa generates, with the
 cache lengths of a StaticCache taken from the positions; ``patch_linear`` / ``unpatch_linear``.
 
@@ -81,23 +81,25 @@ def test_mask_function_builds_no_mask_for_plain_causal():
                             allow_is_causal_skip=False) is None  # a StaticCache decode step
     left = ones.clone()
     left[0, :3] = False
-    m = hf.mask_function(2, 12, 12, attention_mask=left)
-    assert torch.equal(m, sdpa_mask(batch_size=2, q_length=12, kv_length=12, attention_mask=left,
-                                    allow_is_causal_skip=False))
-    sw = sliding_window_causal_mask_function(4)
-    m = hf.mask_function(2, 12, 12, mask_function=sw, attention_mask=ones, local_size=4)
+    m = hf.mask_function(2, 12, 12, attention_mask=left)  # padding: the 2-D mask over the keys
+    assert torch.equal(m, left)
+    sw = sliding_window_causal_mask_function(4)  # the attention function applies the window itself
+    assert hf.mask_function(2, 12, 12, mask_function=sw, attention_mask=ones, local_size=4) is None
+    m = hf.mask_function(2, 12, 12, mask_function=sw, attention_mask=ones, local_size=5)  # not HF's window
     assert m is not None and m.shape == (2, 1, 12, 12) and not m[0, 0, 11, 0]
+    assert torch.equal(m, sdpa_mask(batch_size=2, q_length=12, kv_length=12, attention_mask=ones, mask_function=sw,
+                                    allow_is_causal_skip=False))
     # through the model's own entry point
     cfg = tiny_llama(attn="cute_kernels").config
     from transformers.masking_utils import create_causal_mask
 
     emb = torch.zeros(2, 12, 8)
     assert create_causal_mask(cfg, emb, ones, None) is None
-    assert create_causal_mask(cfg, emb, left, None).shape == (2, 1, 12, 12)
+    assert torch.equal(create_causal_mask(cfg, emb, left, None), left)
 
 
 @pytest.mark.usefixtures("cpu_as_gpu")
-def test_left_padded_batch_falls_back_with_one_warning():
+def test_left_padded_batch_runs_packed():
     model = tiny_llama(torch.bfloat16)
     ids = torch.randint(1, 512, (2, 20), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
@@ -107,11 +109,9 @@ def test_left_padded_batch_falls_back_with_one_warning():
         warnings.simplefilter("always")
         out = generate(model, ids, mask, "cute_kernels", None, 5)
         ref = generate(model, ids, mask, "sdpa", None, 5)
-    assert ours(rec) == [f"{PREFIX} running transformers' sdpa attention: {hf.R_MASK}"]
-    assert hf.hf_stats == {"flash_attn": 0, "decode_attn": 0, "fallback": 5 * 2}
-    assert torch.equal(out.sequences, ref.sequences)
-    for a, b in zip(out.logits, ref.logits):
-        assert torch.equal(a, b)
+    assert ours(rec) == []
+    assert hf.hf_stats == {"flash_attn": 5 * 2, "decode_attn": 0, "fallback": 0}
+    assert_same_generation(ref, out)
 
 
 @pytest.mark.usefixtures("cpu_as_gpu")
@@ -144,17 +144,18 @@ def test_kernel_routes_generate_what_sdpa_generates(monkeypatch, cache):
 
 @pytest.mark.usefixtures("cpu_as_gpu")
 def test_unsupported_layer_arguments_fall_back():
-    """softcap goes to the model's eager attention, dropout to HF's sdpa, plain calls to the kernels
-    (every keyword, path by path: test_hf_fallback.py)."""
+    """output_attentions goes to the model's eager attention, dropout to HF's sdpa, plain calls and
+    softcapping to the kernels (every keyword, path by path: test_hf_fallback.py)."""
     attn = tiny_model("gemma2", torch.bfloat16).model.layers[0].self_attn
     q, k = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16), torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
-    with pytest.warns(UserWarning, match="eager attention: the layer asks for softcapping"):
-        o, w = hf.attention_forward(attn, q, k, k, None, scaling=0.125, softcap=30.0)
+    with pytest.warns(UserWarning, match="eager attention: output_attentions=True"):
+        o, w = hf.attention_forward(attn, q, k, k, None, scaling=0.125, softcap=30.0, output_attentions=True)
     assert o.shape == (1, 8, 4, 64) and w is not None and hf.hf_stats["fallback"] == 1
     with pytest.warns(UserWarning, match="sdpa attention: dropout"):
         hf.attention_forward(attn, q, k, k, None, dropout=0.1, scaling=0.125)
     o, _ = hf.attention_forward(attn, q, k, k, None, scaling=0.125)  # runs the flash_attn stand-in
-    assert hf.hf_stats["flash_attn"] == 1 and o.shape == (1, 8, 4, 64)
+    hf.attention_forward(attn, q, k, k, None, scaling=0.125, softcap=30.0)
+    assert hf.hf_stats["flash_attn"] == 2 and o.shape == (1, 8, 4, 64)
 
 
 @pytest.mark.usefixtures("cpu_as_gpu")
@@ -266,7 +267,7 @@ def test_llama_generate_on_the_kernels(cache, head_dim, patch):
 
 
 @gpu
-def test_left_padded_batch_on_the_gpu_falls_back_to_sdpa():
+def test_left_padded_batch_on_the_gpu_runs_packed():
     model = tiny_llama(torch.bfloat16, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                        num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1000).cuda()
     ids = torch.randint(1, 1000, (2, 40), generator=torch.Generator().manual_seed(5)).cuda()
@@ -276,11 +277,9 @@ def test_left_padded_batch_on_the_gpu_falls_back_to_sdpa():
         warnings.simplefilter("always")
         ref = generate(model, ids, mask, "sdpa", "static", 8)
         out = generate(model, ids, mask, "cute_kernels", "static", 8)
-    assert ours(rec) == [f"{PREFIX} running transformers' sdpa attention: {hf.R_MASK}"]
-    assert hf.hf_stats == {"flash_attn": 0, "decode_attn": 0, "fallback": 8 * 2}
-    assert torch.equal(out.sequences, ref.sequences)
-    for a, b in zip(out.logits, ref.logits):
-        assert torch.equal(a, b)
+    assert ours(rec) == []
+    assert hf.hf_stats == {"flash_attn": 8 * 2, "decode_attn": 0, "fallback": 0}
+    assert_same_generation(ref, out)
 
 
 @gpu
