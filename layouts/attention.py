@@ -455,14 +455,15 @@ class BwdTile:
                 + self.consumer_warpgroups * self.dq_wg_bytes + 3 * FWD_SMEM_SLACK)
 
 
-def bwd_tile(dtype: str, head_dim: int, window: bool = False) -> BwdTile:
+def bwd_tile(dtype: str, head_dim: int, window: bool = False, softcap: bool = False) -> BwdTile:
     """The backward tile per head dim: 128 keys per CTA (two consumer warpgroups), two stages.  D = 64:
     128 query rows per step, dQ split by rows (FlashAttention-3/4's choice: S^T + dP^T + dK + dV take
     192 registers per thread; 1.08-1.10x the 64-row tile's main kernel on the H200), except with a
-    sliding window (its third, far-edge loop spills 27 values there).  D = 96 / 128: 64 query rows,
+    sliding window (its third, far-edge loop spills 27 values there) or softcapping (``softcap``: the
+    capped scores' tanh and ``1 - tanh^2`` spill 45 values there).  D = 96 / 128: 64 query rows,
     dQ split by columns (128 rows do not fit: D 128's dK + dV alone take 128 registers, D 96's ring
     267 KB of shared memory)."""
-    if head_dim == 64 and not window:
+    if head_dim == 64 and not window and not softcap:
         return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=128, tile_n=128, stages=2, dq_split_m=True)
     return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=128, stages=2, dq_split_m=False)
 

@@ -7,6 +7,13 @@ through ``cute_kernels::flash_attn_backward`` (:mod:`.forward_autograd`).  The g
 return_lse=True)``: ``lse`` (B, Hq, Sq) fp32, natural log, ``-inf`` for a row that sees no key (its
 gradients are 0).  ``dlse`` (optional, (B, Hq, Sq) fp32): the gradient arriving at ``lse``.
 
+Softcapping (``softcap``): a compile-time variant of the main kernel (P from the capped scores, dS times
+``1 - tanh^2``).  Attention sinks (``learnable_sink``): q, k, v's gradients need nothing new (the
+forward's LSE holds the sink, ``Delta = rowsum(dO * O)`` is unchanged: the sink has no value); the
+sink's own gradient is computed here with torch from the pre-pass's Delta (which has ``dlse``
+subtracted): ``d sink_h = -sum_{b, q} exp(sink_h - lse[b, h, q]) * Delta[b, h, q]`` (the sink's share of
+its row's softmax times ``dlse - rowsum(dO * O)``).
+
 Buffers per call (fp32): LSE_log2 and Delta (B, Hq, Sq_pad), the dQ accumulator (B, Hq, Sq_pad, D)
 (``Sq_pad``: Sq rounded up to :data:`layouts.attention.BWD_ROW_PAD`), and with GQA the dK and dV
 accumulators (B, Sk, Hkv, D) (zeroed here; the query heads of a KV head add into them).  Without GQA
@@ -25,9 +32,10 @@ from ..common.softmax import LOG2_E
 from . import backward_kernel as bk
 from . import backward_prepost as bp
 from .forward_softmax import WINDOW_UNBOUNDED
-from .forward_validate import _err, check_window, validate
+from .forward_validate import _err, check_softcap, check_window, validate
 
-__all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile", "warmup_flash_attn_backward"]
+__all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile", "warmup_flash_attn_backward",
+           "sink_grad"]
 
 _ALIGN = 8  # elements of a 16-bit type in 16 bytes: TMA boxes and vector accesses
 
@@ -64,12 +72,15 @@ def _check_rows(name: str, t, shape: tuple, device) -> None:
         _err(ValueError, f"{name} is on {t.device}, q on {device}: all tensors must be on one device")
 
 
-def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse, window_size=None):
+def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse, window_size=None,
+                      softcap=0.0, learnable_sink=None):
     """Every check before a launch, each error naming its argument (``TypeError`` / ``ValueError``);
-    returns ``(scale, causal, window)`` (:func:`~.forward_validate.check_window`: window None when it
-    bounds nothing beyond causal).  q, k, v, out as :func:`~.forward_validate.validate`; dout and dq
-    like q, dk and dv like k; lse (and dlse) fp32 (B, Hq, Sq)."""
-    scale = validate(q, k, v, out=out, softmax_scale=softmax_scale)
+    returns ``(scale, causal, window, softcap)`` (:func:`~.forward_validate.check_window`: window None when
+    it bounds nothing beyond causal; softcap a float, 0 off).  q, k, v, out, softcap, learnable_sink as
+    :func:`~.forward_validate.validate`; dout and dq like q, dk and dv like k; lse (and dlse) fp32 (B, Hq,
+    Sq)."""
+    scale = validate(q, k, v, out=out, softmax_scale=softmax_scale, softcap=softcap, learnable_sink=learnable_sink)
+    softcap = check_softcap(softcap, scale)
     causal, window = check_window(window_size, causal)
     if q.shape[-1] not in LA.BWD_HEAD_DIMS:
         _err(ValueError, f"q head_dim {q.shape[-1]}: the backward supports head dims {LA.BWD_HEAD_DIMS}")
@@ -84,22 +95,25 @@ def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv
             if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
                 _err(ValueError, f"{name} has a stride of 0 (strides {t.stride()}): an expanded tensor "
                                  "cannot be written")
-    return scale, causal, window
+    return scale, causal, window, softcap
 
 
 _PLANS: dict = {}
 
 
 def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False, window: bool = False,
-             gqa: bool = False):
+             gqa: bool = False, softcap: bool = False):
     """The three configurations a call compiles (main, pre-pass, post-pass); memoized.  ``window``: a
     sliding window of any sides (causal then False: it is the window's right side).  ``gqa``: more query
-    heads than KV heads (dK, dV then summed in fp32 accumulators; else the main kernel stores them)."""
-    key = (dtype, head_dim, causal, has_dlse, window, gqa)
+    heads than KV heads (dK, dV then summed in fp32 accumulators; else the main kernel stores them).
+    ``softcap``: score softcapping (any softcap > 0; the value is a run-time argument).  Sinks compile
+    nothing of their own."""
+    key = (dtype, head_dim, causal, has_dlse, window, gqa, softcap)
     plan = _PLANS.get(key)
     if plan is None:
         name = name_of(dtype)
-        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal and not window, window, direct_kv=not gqa),
+        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal and not window, window, direct_kv=not gqa,
+                                            softcap=softcap),
                               bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse),
                               bp.BwdPrepostConfig("convert", name, head_dim))
     return plan
@@ -110,30 +124,40 @@ def _compiled(plan):
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, dq=None, dk=None, dv=None,
-                        dlse=None, window_size=None):
+                        dlse=None, window_size=None, softcap=0.0, learnable_sink=None):
     """``(dq, dk, dv)`` of ``out = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale,
-    window_size=window_size)`` for the output gradient ``dout`` (and the LSE gradient ``dlse``, if
-    any).  q, out, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in float16 / bfloat16, D in
-    :data:`layouts.attention.BWD_HEAD_DIMS`, any 16-byte-aligned strides; lse (B, Hq, Sq) fp32 from the
-    forward.  ``dq`` / ``dk`` / ``dv``: written in place if given (any 16-byte strides), else
-    allocated.  GQA / MQA: dk, dv sum their query heads.  ``window_size=(left, right)`` as
-    ``flash_attn``'s (-1: unbounded; causal is (-1, 0)); windows other than causal are compiled and
-    emulated on the CPU but not yet run on a GPU."""
-    scale, causal, window = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse,
-                                              window_size)
+    window_size=window_size, softcap=softcap, learnable_sink=learnable_sink)`` for the output gradient
+    ``dout`` (and the LSE gradient ``dlse``, if any); ``(dq, dk, dv, dsink)`` when ``learnable_sink`` is
+    given, ``dsink`` the sink's gradient ((Hq,) fp32).  q, out, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv,
+    D) in float16 / bfloat16, D in :data:`layouts.attention.BWD_HEAD_DIMS`, any 16-byte-aligned
+    strides; lse (B, Hq, Sq) fp32 from the forward (with a sink: the forward's, which holds it).  ``dq``
+    / ``dk`` / ``dv``: written in place if given (any 16-byte strides), else allocated.  GQA / MQA: dk,
+    dv sum their query heads.  ``window_size=(left, right)`` as ``flash_attn``'s (-1: unbounded; causal
+    is (-1, 0)); windows other than causal are compiled and emulated on the CPU but not yet run on a
+    GPU.  ``softcap`` (0: off) and ``learnable_sink`` ((Hq,) fp32 or None) as ``flash_attn``'s."""
+    scale, causal, window, softcap = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv,
+                                                       dlse, window_size, softcap, learnable_sink)
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
+    sink = learnable_sink is not None
     if B == 0 or Hq == 0 or Sq == 0 or Sk == 0:  # nothing to launch: the gradients are 0
         for t in (dq, dk, dv):
             t.zero_()
-        return dq, dk, dv
+        if not sink:
+            return dq, dk, dv
+        # no key: O = 0, lse = sink, so d sink = sum of dlse (exp(sink - lse) = 1, Delta = -dlse)
+        dsink = torch.zeros(Hq, dtype=torch.float32, device=q.device)
+        if dlse is not None and Sk == 0:
+            dsink += dlse.sum((0, 2))
+        return dq, dk, dv, dsink
     gqa = Hq != Hkv
-    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa))
+    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa,
+                                         bool(softcap)))
     if main is None:  # jit.dry_run
-        return dq, dk, dv
+        return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)
     pad = LA.BWD_ROW_PAD
     Sp = (Sq + pad - 1) // pad * pad
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -145,16 +169,31 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     else:  # the main kernel stores them
         dk_out, dv_out = dk, dv
     pre(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_acc)
+    # softcapping: scores tanh(q.k * scale / softcap), softmax scale softcap (the forward's convention)
+    scale_log2, variant = (softcap * LOG2_E, (scale / softcap,)) if softcap else (scale * LOG2_E, ())
     if window is None:
-        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale * LOG2_E)
+        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, *variant)
     else:  # sides of -1 (unbounded) reach past any length
         wl, wr = (WINDOW_UNBOUNDED if w < 0 else w for w in window)
-        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale * LOG2_E, wl, wr)
+        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, wl, wr, *variant)
     post(dq_acc.permute(0, 2, 1, 3)[:, :Sq], dq, scale)
     if gqa:
         post(dk_out, dk, scale)
         post(dv_out, dv, 1.0)
+    if sink:
+        return dq, dk, dv, sink_grad(learnable_sink, lse, delta[:, :, :Sq])
     return dq, dk, dv
+
+
+def sink_grad(learnable_sink: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """The sink logits' gradient ((Hq,) fp32): ``-sum_{b, q} exp(sink_h - lse[b, h, q]) * delta[b, h, q]``
+    for the forward's LSE (B, Hq, Sq) and the pre-pass's ``Delta = rowsum(dO * O) - dLSE`` (B, Hq, Sq).
+    The sink takes ``exp(sink - lse)`` of its row's softmax; the output moves by ``-O`` times that per
+    unit of sink, the LSE by that: ``dL/dsink = exp(sink - lse) (dLSE - rowsum(dO * O))``.  A row without
+    keys has lse = sink (its gradient: its dLSE); a sink of -inf gets 0 (no NaN from ``-inf - -inf``)."""
+    w = torch.exp(learnable_sink.float()[None, :, None] - lse)
+    w = torch.where(torch.isneginf(learnable_sink)[None, :, None], torch.zeros_like(w), w)
+    return -(w * delta).sum((0, 2))
 
 
 def _get_any(cfg):
@@ -174,13 +213,14 @@ def precompile(plans, processes=None) -> list[str]:
 def warmup_flash_attn_backward(spec) -> None:
     """Compile (or load) the three kernels a backward call would run, without a GPU: ``spec`` is a
     :func:`bwd_plan` result or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128,
-    causal=bool, dlse=bool, window=bool, gqa=bool)`` (``dlse``: a gradient arriving at the LSE; ``gqa``: more
-    query heads than KV heads)."""
+    causal=bool, dlse=bool, window=bool, gqa=bool, softcap=bool)`` (``dlse``: a gradient arriving at the
+    LSE; ``gqa``: more query heads than KV heads; ``softcap``: any softcap > 0; sinks need no kernel of
+    their own)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window", "gqa"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window", "gqa", "softcap"}
         if extra:
             raise ValueError(f"warmup flash_attn_backward: unknown keys {sorted(extra)} "
-                             "(dtype, head_dim, causal, dlse, window, gqa)")
+                             "(dtype, head_dim, causal, dlse, window, gqa, softcap)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, dtype)
@@ -189,8 +229,12 @@ def warmup_flash_attn_backward(spec) -> None:
         head_dim = spec.get("head_dim", 128)
         if head_dim not in LA.BWD_HEAD_DIMS:
             raise ValueError(f"warmup flash_attn_backward: head_dim must be one of {LA.BWD_HEAD_DIMS}, got {head_dim}")
+        softcap = spec.get("softcap", False)
+        if type(softcap) is not bool:  # (common.jit's spec kinds check the older keys)
+            raise TypeError(f"warmup flash_attn_backward: softcap must be a bool, got {type(softcap).__name__} "
+                            f"{softcap!r}")
         spec = bwd_plan(dtype, head_dim, spec.get("causal", False), spec.get("dlse", False), spec.get("window", False),
-                        spec.get("gqa", False))
+                        spec.get("gqa", False), softcap)
     _compiled(spec)
 
 

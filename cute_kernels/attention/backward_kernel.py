@@ -61,7 +61,7 @@ from ..common import ring, tma, wgmma
 from ..common.wgmma import store_acc_to_smem
 from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
-from ..common.softmax import probs_from_lse
+from ..common.softmax import probs_from_lse, softcap_scores
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
@@ -97,6 +97,10 @@ class FlashBwdConfig:
     #: dK and dV stored by the kernel, scaled and in the input dtype (Hq == Hkv: no other CTA adds into
     #: a KV head's rows), instead of added into fp32 accumulators that a post-pass converts
     direct_kv: bool = False
+    #: score softcapping (the forward's ``softcap * tanh(s * softmax_scale / softcap)``): the entries take
+    #: a trailing run-time ``softcap_scale = softmax_scale / softcap`` and ``scale_log2 = softcap *
+    #: log2(e)``; P from the capped scores and dS times ``1 - tanh^2`` (:meth:`FlashAttnBwdSm90.probs`)
+    softcap: bool = False
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
@@ -105,14 +109,22 @@ class FlashBwdConfig:
             raise ValueError(f"FlashBwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
         if self.window and self.causal:
             raise ValueError("FlashBwdConfig: a window config folds causal into its right side (causal=False)")
+        if self.mma_only and self.softcap:
+            raise ValueError("FlashBwdConfig: the MMA bound (mma_only) has no softmax to softcap")
+
+    @property
+    def variant_args(self) -> tuple:
+        """The entries' trailing run-time arguments after the stream (:meth:`FlashAttnBwdSm90.__call__`):
+        ``softcap_scale`` (a float) with softcapping."""
+        return ("softcap_scale",) * self.softcap
 
 
 def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False,
-               direct_kv: bool = False) -> FlashBwdConfig:
+               direct_kv: bool = False, softcap: bool = False) -> FlashBwdConfig:
     """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
     return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
-                          tile=LA.bwd_tile(dtype, head_dim, bool(window)), window=bool(window),
-                          direct_kv=bool(direct_kv))
+                          tile=LA.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap)), window=bool(window),
+                          direct_kv=bool(direct_kv), softcap=bool(softcap))
 
 
 def _rows_first(t: cute.Tensor) -> cute.Tensor:
@@ -134,26 +146,30 @@ class FlashAttnBwdSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                  mDelta: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,
-                 scale_log2: Float32, stream):
+                 scale_log2: Float32, stream, *variant):
         """q, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in the input dtype; the pre-pass's LSE_log2 and
         Delta (B, Hq, Sq_pad) fp32; the fp32 accumulators dQ (B, Hq, Sq_pad, D, zeroed by the pre-pass),
-        dK and dV (B, Sk, Hkv, D, zeroed)."""
-        self.setup_and_launch(mQ, mK, mV, mdO, mLSE2, mDelta, mdQacc, mdKacc, mdVacc, scale_log2, stream)
+        dK and dV (B, Sk, Hkv, D, zeroed); then :attr:`FlashBwdConfig.variant_args`."""
+        self.setup_and_launch(mQ, mK, mV, mdO, mLSE2, mDelta, mdQacc, mdKacc, mdVacc, scale_log2, stream,
+                              variant=variant)
 
     @cute.jit
     def call_window(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                     mDelta: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,
-                    scale_log2: Float32, window_left: Int32, window_right: Int32, stream):
+                    scale_log2: Float32, window_left: Int32, window_right: Int32, stream, *variant):
         """:meth:`__call__` with a sliding window (sides >= 0, :data:`~.forward_softmax.WINDOW_UNBOUNDED`: none)."""
         self.setup_and_launch(mQ, mK, mV, mdO, mLSE2, mDelta, mdQacc, mdKacc, mdVacc, scale_log2, stream, window_left,
-                              window_right)
+                              window_right, variant=variant)
 
     @cute.jit
     def setup_and_launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                          mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                         mdVacc: cute.Tensor, scale_log2: Float32, stream, window_left=None, window_right=None):
-        """The entries' common body: TMA atoms, shared storage, grid, launch (window sides: None if dense)."""
+                         mdVacc: cute.Tensor, scale_log2: Float32, stream, window_left=None, window_right=None,
+                         variant=()):
+        """The entries' common body: TMA atoms, shared storage, grid, launch (window sides: None if dense;
+        ``variant``: the trailing arguments, :meth:`variant`)."""
         t = self.cfg.tile
+        softcap_scale = self.variant(variant)
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mdO.element_type != self.dtype):
             raise TypeError(f"FlashAttnBwdSm90: q, k, v, dout must all be {self.dtype}")
@@ -213,7 +229,7 @@ class FlashAttnBwdSm90:
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
-            sRow_layout, window_left, window_right,
+            sRow_layout, window_left, window_right, softcap_scale,
         ).launch(
             grid=[num_n_blocks, num_heads, batch],
             block=[t.threads, 1, 1],
@@ -231,7 +247,7 @@ class FlashAttnBwdSm90:
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
-               window_left, window_right):
+               window_left, window_right, softcap_scale):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
@@ -279,7 +295,17 @@ class FlashAttnBwdSm90:
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
             self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta,
                          kv_ring, pipe_q, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, n_block,
-                         qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right)
+                         qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right,
+                         softcap_scale)
+
+    def variant(self, args: tuple):
+        """``softcap_scale`` of an entry's trailing arguments (:attr:`FlashBwdConfig.variant_args`), None
+        without softcapping."""
+        names = self.cfg.variant_args
+        if len(args) != len(names):
+            raise TypeError(f"FlashAttnBwdSm90: this configuration's entries end with {names}, got {len(args)} "
+                            "trailing arguments")
+        return dict(zip(names, args)).get("softcap_scale")
 
     @cute.jit
     def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
@@ -354,7 +380,7 @@ class FlashAttnBwdSm90:
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdKacc: cute.Tensor,
                 mdVacc: cute.Tensor, tma_dk, tma_dv, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
-                m_max, m_lo, m_hi, mma_tidx, window_left, window_right):
+                m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale):
         """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
         unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
@@ -400,23 +426,27 @@ class FlashAttnBwdSm90:
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, wg, True,
-                                   window_left, window_right)
+                                   window_left, window_right, softcap_scale)
         for i in cutlass.range(m_hi - m_lo, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
-                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_lo + i, mma_tidx, wg, False)
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_lo + i, mma_tidx, wg, False,
+                                   softcap_scale=softcap_scale)
         if const_expr(self.cfg.window):  # the window's far edge: masked again
             for i in cutlass.range(m_max - m_hi, unroll=1):
                 read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                        tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn,
                                        pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
-                                       True, window_left, window_right)
+                                       True, window_left, window_right, softcap_scale)
 
         # the tile's coordinates read again: kept live across the loop they would spill (D = 64)
         if const_expr(self.cfg.direct_kv):  # every KV tile stores (one no query sees: zeros)
             n_block, head, batch = cute.arch.block_idx()
+            k_scale = scale_log2 * LN2  # the softmax scale (softcapping: softcap * softmax_scale / softcap)
+            if const_expr(self.cfg.softcap):
+                k_scale = k_scale * softcap_scale
             self.store_kv_tma(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc,
-                              scale_log2 * LN2, n_block, head // qhead_per_kvhead, batch, mma_tidx)
+                              k_scale, n_block, head // qhead_per_kvhead, batch, mma_tidx)
         elif m_max > m_min:
             n_block, head, batch = cute.arch.block_idx()
             head_kv = head // qhead_per_kvhead
@@ -427,7 +457,7 @@ class FlashAttnBwdSm90:
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
                    tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q, read, scale_log2, seqlen_q,
                    seqlen_k, n_block, m_block, mma_tidx, wg, masked: cutlass.Constexpr[bool], window_left=None,
-                   window_right=None):
+                   window_right=None, softcap_scale=None):
         """Query tile ``m_block`` (see the module docstring).  Returns the advanced ring state."""
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
         acc_S = cute.make_rmem_tensor(acc_shape, Float32)
@@ -442,6 +472,8 @@ class FlashAttnBwdSm90:
         warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
 
         s_mn = fs.acc_mn_view(acc_S)
+        if const_expr(self.cfg.softcap):  # t = tanh(s * softmax_scale / softcap), before the mask (as the forward)
+            softcap_scores(acc_S, softcap_scale)
         if const_expr(self.cfg.mma_only):
             pass
         elif const_expr(masked and self.cfg.window):
@@ -449,11 +481,14 @@ class FlashAttnBwdSm90:
                                 window_left, window_right)
         elif const_expr(masked):
             apply_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m, self.causal)
-        if const_expr(not self.cfg.mma_only):
-            probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
         # P^T in 16 bits: the register A operand of dV += P^T dO
         rP = cute.make_rmem_tensor(acc_shape, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
+        if const_expr(self.cfg.softcap):  # P^T to rP; acc_S keeps P^T (1 - t^2) for dS^T
+            self.softcap_probs(s_mn, fs.acc_mn_view(rP), lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2, masked)
+        else:
+            if const_expr(not self.cfg.mma_only):
+                probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
+            rP.store(acc_S.load().to(self.dtype))
         tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
 
         warpgroup.wait_group(0)
@@ -494,6 +529,26 @@ class FlashAttnBwdSm90:
         pipe_q.consumer_release(read)
         read.advance()
         return read
+
+    @cute.jit
+    def softcap_probs(self, s_mn: cute.Tensor, p_mn: cute.Tensor, lse_log2_of_col, scale_log2: Float32,
+                      masked: cutlass.Constexpr[bool]):
+        """Softcapping's :func:`~..common.softmax.probs_from_lse`: the capped scores ``t = tanh(s *
+        softmax_scale / softcap)`` in ``s_mn`` (masked ones ``-inf``) give ``P = exp2(t * scale_log2 -
+        LSE_log2)`` (``scale_log2 = softcap * log2(e)``) in 16 bits into ``p_mn``, and ``s_mn`` becomes ``P
+        (1 - t^2)``: dS^T = P (1 - t^2) (dP^T - Delta) is the gradient of the uncapped scaled score (the
+        softmax scale still to come, as without softcapping).  A masked score gives 0 (``1 - t^2``, -inf
+        there, clamped at 0 in masked tiles: no ``0 * inf``)."""
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            lse = lse_log2_of_col(c)
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                t = s_mn[r, c]
+                p = cute.math.exp2(t * scale_log2 - lse, fastmath=True)
+                p_mn[r, c] = p.to(self.dtype)
+                d = Float32(1.0) - t * t
+                if const_expr(masked):
+                    d = cute.arch.fmax(d, Float32(0.0))
+                s_mn[r, c] = p * d
 
     @cute.jit
     def add_kv_rows(self, thr_dkv, acc: cute.Tensor, mAcc: cute.Tensor, seqlen_k, n_block, head_kv, batch):
@@ -541,7 +596,8 @@ def backward_builder(cfg: FlashBwdConfig):
     stride for every stride of q, k, v, dout (stride(-1) = 1); the fp32 buffers compact.  Arguments:
     ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)`` (``direct_kv``: dk, dv
     in the input dtype, any 16-byte strides, in place of the two accumulators), and a window
-    config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`)."""
+    config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`), then a softcap
+    config's ``softcap_scale`` (:attr:`FlashBwdConfig.variant_args`)."""
 
     def build():
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -563,9 +619,10 @@ def backward_builder(cfg: FlashBwdConfig):
             mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
             mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         k = FlashAttnBwdSm90(cfg)
+        variant = (Float32(1.0),) * cfg.softcap  # softcap_scale
         if cfg.window:
             return k.call_window, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), Int32(0), Int32(0),
-                                   stream)
-        return k, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), stream)
+                                   stream, *variant)
+        return k, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), stream, *variant)
 
     return build

@@ -445,8 +445,8 @@ def flash_attn(
             sink in one split only.)
         dropout_p, alibi_slopes: FlashAttention's; only 0 / None (a ValueError otherwise).
 
-    Softcapping and sinks have no backward yet: with grad enabled and an input (or the sink) that
-    requires grad they raise ValueError.
+    Softcapping and sinks are differentiable (dense calls, as every backward): a ``learnable_sink``
+    that requires grad gets its gradient.
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
     argument before any launch; nothing synchronizes with the device (unless ``checked``); results are
@@ -539,7 +539,7 @@ def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_s
                   softcap=softcap, learnable_sink=learnable_sink)
     if grad:
         check_differentiable(c, q, out)  # autograd records the functional op (forward_autograd)
-        out, lse = _flash_attn_op(q, k, v, c.causal, c.scale)
+        out, lse = _flash_attn_op(q, k, v, c.causal, c.scale, softcap=c.softcap, learnable_sink=c.learnable_sink)
     elif tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
         out, lse = _traced(c, q, k, v, out)
     else:  # eager: no dispatcher

@@ -2,10 +2,12 @@
 fake implementation for ``torch.compile``) and its formula registered on the functional forward op
 ``cute_kernels::flash_attn`` (torch refuses autograd on the mutating ``flash_attn_``).
 
-The forward op saves q, k, v, out and lse; the backward runs :func:`.backward.flash_attn_backward`
-(imported at the first backward: the DSL loads then), the LSE's gradient entering its Delta.  Which
-calls may take this path (dense q and K/V, no ``out=``, head dims the backward has) is
-:func:`check_differentiable`'s, called by ``flash_attn`` before the forward launches.
+The forward op saves q, k, v, out and lse (and the sink logits); the backward runs
+:func:`.backward.flash_attn_backward` (imported at the first backward: the DSL loads then), the LSE's
+gradient entering its Delta, with the forward's softcap and, when the sink needs its gradient, the
+sink.  Which calls may take this path (dense q and K/V, no ``out=``, no window, head dims the backward
+has; softcapping and sinks are fine) is :func:`check_differentiable`'s, called by ``flash_attn`` before
+the forward launches.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ BWD_HEAD_DIMS = (64, 96, 128)
 
 def check_differentiable(call, q, out) -> None:
     """A ``ValueError`` naming what keeps a call that needs gradients from the backward: ``out=``, a
-    paged or packed call, a window, softcapping or sinks, a head dim the backward lacks."""
+    paged or packed call, a window, a head dim the backward lacks.  (Softcapping and sinks have one.)"""
     if out is not None:
         raise ValueError("flash_attn: out= cannot be used when an input requires grad (autograd needs the "
                          "output it allocates); call it under torch.no_grad() or drop out=")
@@ -36,10 +38,6 @@ def check_differentiable(call, q, out) -> None:
     if call.window != (-1, -1):
         raise ValueError("flash_attn: window_size has no backward yet; inputs that require grad need "
                          "window_size=(-1, -1)")
-    if getattr(call, "softcap", 0.0) or getattr(call, "learnable_sink", None) is not None:
-        what = "softcap" if getattr(call, "softcap", 0.0) else "learnable_sink"
-        raise ValueError(f"flash_attn: {what} has no backward yet; inputs that require grad need softcap=0 and "
-                         "learnable_sink=None (or run under torch.no_grad())")
     if q.shape[-1] not in BWD_HEAD_DIMS:
         raise ValueError(f"flash_attn: the backward runs head dims {BWD_HEAD_DIMS}, got {q.shape[-1]} with an "
                          "input that requires grad")
@@ -48,23 +46,38 @@ def check_differentiable(call, q, out) -> None:
 @torch.library.custom_op("cute_kernels::flash_attn_backward", mutates_args=())
 def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
-                            softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            softmax_scale: float, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dsink)``: dsink the sink's gradient ((Hq,) fp32) when ``learnable_sink`` is given
+    (pass it only when its gradient is wanted: q, k, v's gradients do not read it), else an empty (0,)."""
     from .backward import flash_attn_backward
 
     LAUNCHES["flash_attn_backward"] += 1
-    return flash_attn_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dlse=dlse)
+    res = flash_attn_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dlse=dlse,
+                              softcap=softcap, learnable_sink=learnable_sink)
+    if learnable_sink is None:
+        return (*res, q.new_empty((0,), dtype=torch.float32))
+    return res
 
 
 @_flash_attn_backward_op.register_fake
-def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale, softcap=0.0, learnable_sink=None):
+    n = 0 if learnable_sink is None else learnable_sink.shape[0]
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n,), dtype=torch.float32)
+
+
+#: the functional forward op's inputs (``cute_kernels::flash_attn``, defaults filled): q, k, v, causal,
+#: softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+#: block_table, seqused_k, softcap, learnable_sink
+_NUM_INPUTS, _SOFTCAP, _SINK = 15, 13, 14
 
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, causal, softmax_scale = inputs[:5]
+    softcap, sink = inputs[_SOFTCAP], inputs[_SINK]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale = causal, softmax_scale
+    ctx.save_for_backward(q, k, v, out, lse, sink)
+    ctx.causal, ctx.softmax_scale, ctx.softcap = causal, softmax_scale, softcap
     ctx.set_materialize_grads(False)  # an unused LSE's gradient stays None: no zeros to read, no dLSE config
 
 
@@ -81,12 +94,23 @@ def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, sink = ctx.saved_tensors
     dout = torch.zeros_like(out) if dout is None else _kernel_ready(dout)  # None: only the LSE was used
     if dlse is not None:
         dlse = dlse.contiguous()
-    dq, dk, dv = _flash_attn_backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale)
-    return (dq, dk, dv) + (None,) * 10
+    want_sink = sink is not None and ctx.needs_input_grad[_SINK]
+    variant = {}
+    if ctx.softcap:
+        variant["softcap"] = ctx.softcap
+    if want_sink:
+        variant["learnable_sink"] = sink
+    dq, dk, dv, dsink = _flash_attn_backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale,
+                                                **variant)
+    grads = [None] * _NUM_INPUTS
+    grads[:3] = dq, dk, dv
+    if want_sink:
+        grads[_SINK] = dsink
+    return tuple(grads)
 
 
 def register(forward_op) -> None:

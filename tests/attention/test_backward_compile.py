@@ -111,13 +111,16 @@ def test_window_range_reduces_to_dense(causal):
             assert (w_min, w_max) == (m_min, m_max) and set(range(m_lo, m_hi)) == set(range(m_mask, m_max))
 
 
-def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn, window=None):
+def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn, window=None, softcap=0.0, dlse=None):
     """The kernels' algorithm in float64 for (Sq, Hq, D) / (Sk, Hkv, D) tensors of one batch: the
-    pre-pass (Delta, LSE_log2 with +inf for empty and padding rows, padded to BWD_ROW_PAD), then per
-    (KV tile, query head) the query tiles of m_block_range with zero-filled rows past Sq / Sk, the
-    transposed mask on tiles below m_mask, P^T, dS^T, dV / dK sums, dQ added into the padded
-    accumulator; dK / dV summed over each KV head's query heads; the post-pass scales.  ``window``:
-    (left, right) sides (-1: unbounded), the window walk (masked, unmasked, masked far edge)."""
+    pre-pass (Delta = rowsum(dO O) - dLSE, LSE_log2 with +inf for empty and padding rows, padded to
+    BWD_ROW_PAD), then per (KV tile, query head) the query tiles of m_block_range with zero-filled rows
+    past Sq / Sk, the transposed mask on tiles below m_mask, P^T, dS^T, dV / dK sums, dQ added into the
+    padded accumulator; dK / dV summed over each KV head's query heads; the post-pass scales.
+    ``window``: (left, right) sides (-1: unbounded), the window walk (masked, unmasked, masked far
+    edge).  ``softcap``: the kernel's softcapping (t = tanh(S^T scale / softcap) before the mask, P^T
+    from t with ``scale_log2 = softcap log2(e)``, dS^T times ``1 - t^2`` clamped at 0).  Returns
+    ``(dq, dk, dv, delta)``, delta (Hq, Sq) the pre-pass's rows (the sink's gradient reads them)."""
     Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[:2]
     G = Hq // Hkv
@@ -125,12 +128,14 @@ def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn, window=None):
     delta = torch.zeros(Hq, Sp, dtype=torch.float64)
     lse2 = torch.full((Hq, Sp), math.inf, dtype=torch.float64)
     delta[:, :Sq] = (do.double() * o.double()).sum(-1).T
+    if dlse is not None:
+        delta[:, :Sq] -= dlse.double()
     l = lse.double()
     lse2[:, :Sq] = torch.where(torch.isneginf(l), torch.full_like(l, math.inf), l * math.log2(math.e))
     dq_acc = torch.zeros(Hq, Sp, D, dtype=torch.float64)
     dk_acc = torch.zeros(Sk, Hkv, D, dtype=torch.float64)
     dv_acc = torch.zeros(Sk, Hkv, D, dtype=torch.float64)
-    scale_log2 = scale * math.log2(math.e)
+    scale_log2 = (softcap if softcap else scale) * math.log2(math.e)
 
     def rows(x, r0, n):
         t = torch.zeros(n, D, dtype=torch.float64)
@@ -152,6 +157,8 @@ def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn, window=None):
             for m in range(m_min, m_max):
                 qt, dot = rows(q[:, h], m * tm, tm), rows(do[:, h], m * tm, tm)
                 st = kt @ qt.T  # (keys, queries)
+                if softcap:
+                    st = torch.tanh(st * (scale / softcap))
                 if not m_lo <= m < m_hi:
                     key = n * tn + torch.arange(tn)[:, None]
                     pos = m * tm + torch.arange(tm)[None, :] + Sk - Sq
@@ -166,44 +173,65 @@ def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn, window=None):
                     st = st.masked_fill(~vis, -math.inf)
                 pt = torch.exp2(st * scale_log2 - lse2[h, m * tm:(m + 1) * tm][None, :])
                 dpt = vt @ dot.T
-                dst = pt * (dpt - delta[h, m * tm:(m + 1) * tm][None, :])
+                pd = pt * (1 - st * st).clamp_min(0) if softcap else pt  # softcap: P^T (1 - t^2)
+                dst = pd * (dpt - delta[h, m * tm:(m + 1) * tm][None, :])
                 dv_t += pt @ dot
                 dk_t += dst @ qt
                 dq_acc[h, m * tm:(m + 1) * tm] += dst.T @ kt
             cnt = min(tn, Sk - n * tn)
             dk_acc[n * tn:n * tn + cnt, hk] += dk_t[:cnt]
             dv_acc[n * tn:n * tn + cnt, hk] += dv_t[:cnt]
-    return (dq_acc[:, :Sq].permute(1, 0, 2) * scale, dk_acc * scale, dv_acc)
+    return (dq_acc[:, :Sq].permute(1, 0, 2) * scale, dk_acc * scale, dv_acc, delta[:, :Sq])
 
 
-def reference_grads(q, k, v, do, causal, scale, window=None):
-    """float64 autograd of masked attention; rows that see no key give 0; also returns out and LSE."""
+def reference_grads(q, k, v, do, causal, scale, window=None, softcap=0.0, sink=None, dlse=None):
+    """float64 autograd of masked attention; rows that see no key give 0; also returns out and LSE.
+    ``softcap``: scores ``softcap * tanh(s / softcap)`` before the mask; ``sink`` (Hq,): one more logit
+    in every row's denominator (a row without keys: O = 0, LSE = sink), its gradient last; ``dlse``
+    (Hq, Sq): the LSE's gradient."""
     G = q.shape[1] // k.shape[1]
     q, k, v = (x.double().requires_grad_() for x in (q, k, v))
+    sk = None if sink is None else sink.double().requires_grad_()
     kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
     s = torch.einsum("qhd,khd->hqk", q, kk) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     Sq, Sk = q.shape[0], k.shape[0]
     if causal or window is not None:
         vis = torch.tensor([[visible_window(i, j, Sq, Sk, *(window or (-1, 0))) for j in range(Sk)]
                             for i in range(Sq)])
         s = s.masked_fill(~vis, -math.inf)
-    lse = torch.logsumexp(s, -1)
+    full = s if sk is None else torch.cat([s, sk[:, None, None].expand(-1, Sq, 1)], -1)
+    lse = torch.logsumexp(full, -1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
     o = torch.einsum("hqk,khd->qhd", p, vv)
-    o.backward(do.double())
-    return o.detach(), lse.detach(), q.grad, k.grad, v.grad
+    loss = (o * do.double()).sum()
+    if dlse is not None:
+        loss = loss + (lse.nan_to_num(0.0, neginf=0.0) * dlse.double()).sum()
+    loss.backward()
+    res = (o.detach(), lse.detach(), q.grad, k.grad, v.grad)
+    return res if sk is None else res + (sk.grad,)
 
 
-def check_emulation(Sq, Sk, Hq, Hkv, causal, window, seed):
-    """Emulated kernels (64 x 128 tiles, D = 16) vs float64 autograd, every gradient finite."""
+def check_emulation(Sq, Sk, Hq, Hkv, causal, window, seed, softcap=0.0, sink=False, dlse=False):
+    """Emulated kernels (64 x 128 tiles, D = 16) vs float64 autograd, every gradient finite; with
+    ``sink``, the host's sink gradient (:func:`~cute_kernels.attention.backward.sink_grad`) from the
+    emulated pre-pass's Delta too."""
+    from cute_kernels.attention.backward import sink_grad
+
     g = torch.Generator().manual_seed(seed)
     D = 16
     q, do = (torch.randn(Sq, Hq, D, generator=g, dtype=torch.float64) for _ in range(2))
     k, v = (torch.randn(Sk, Hkv, D, generator=g, dtype=torch.float64) for _ in range(2))
+    sk = torch.randn(Hq, generator=g, dtype=torch.float64) + 1.0 if sink else None
+    dl = torch.randn(Hq, Sq, generator=g, dtype=torch.float64) if dlse else None
     scale = D ** -0.5
-    o, lse, dq_ref, dk_ref, dv_ref = reference_grads(q, k, v, do, causal, scale, window)
-    dq, dk, dv = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, 128, window)
-    for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+    o, lse, dq_ref, dk_ref, dv_ref, *dsink_ref = reference_grads(q, k, v, do, causal, scale, window, softcap, sk, dl)
+    dq, dk, dv, delta = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, 128, window, softcap, dl)
+    pairs = [(dq, dq_ref), (dk, dk_ref), (dv, dv_ref)]
+    if sink:
+        pairs.append((sink_grad(sk, lse[None], delta[None]), dsink_ref[0]))
+    for got, ref in pairs:
         assert torch.isfinite(got).all()
         assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
 
@@ -215,6 +243,18 @@ def test_emulated_backward_matches_autograd(causal, Sq, Sk, Hq, Hkv):
     """The tile algorithm, emulated at the real tile sizes (64 x 128), equals autograd, including rows
     that see no key (causal, Sq > Sk: zero gradients) and GQA sums."""
     check_emulation(Sq, Sk, Hq, Hkv, causal, None, 0)
+
+
+@pytest.mark.parametrize("softcap,sink,dlse", [(5.0, False, False), (0.0, True, False), (0.0, True, True),
+                                               (2.0, True, True)], ids=["softcap", "sink", "sink-dlse", "both-dlse"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Sq,Sk,Hq,Hkv", [(17, 130, 2, 1), (130, 17, 4, 2), (200, 77, 1, 1)])
+def test_emulated_variant_backward_matches_autograd(Sq, Sk, Hq, Hkv, causal, softcap, sink, dlse):
+    """Softcapping (P from the capped scores, dS times 1 - tanh^2, masked scores 0 without NaN) and
+    sinks (the sink-inclusive LSE, Delta unchanged; the sink's gradient -sum exp(sink - lse) Delta with
+    Delta = rowsum(dO O) - dLSE) equal float64 autograd, rows that see no key included (causal, Sq > Sk:
+    lse = sink there, d sink = dLSE)."""
+    check_emulation(Sq, Sk, Hq, Hkv, causal, None, 2, softcap, sink, dlse)
 
 
 @pytest.mark.parametrize("window", [(0, 0), (5, 0), (0, 7), (40, 3), (130, 130), (300, -1), (-1, 200)],
