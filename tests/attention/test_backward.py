@@ -9,7 +9,9 @@ fresh random inputs; outputs poisoned with NaN before the launch; lengths 1/17/1
 Sq != Sk, GQA 1/4/8, D 64/96/128, fp16/bf16, causal (bottom-right) and not; rows that see no key
 (causal, Sq > Sk: zero dq rows, no NaN); sliding windows (written, not yet run on a GPU); strided
 views of NaN-filled buffers; the LSE gradient; the real forward's out / lse; validation errors
-naming their argument.  CPU tests (tile walk, emulation, compiles) are in ``test_backward_compile.py``.
+naming their argument.  Softcapping and attention sinks: the same rule against the reference with
+``softcap * tanh(s / softcap)`` scores and the sink logit in the denominator (the sink's gradient too,
+per head).  CPU tests (tile walk, emulation, compiles) are in ``test_backward_compile.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _precompile():
     plans = [BW.bwd_plan(dt, d, c, dl) for dt in DTYPES for d in LA.BWD_HEAD_DIMS for c in (False, True)
              for dl in (False, True)]
     plans += [BW.bwd_plan(torch.bfloat16, d, False, False, True) for d in LA.BWD_HEAD_DIMS]
+    plans += [BW.bwd_plan(dt, d, c, dl, False, g, True) for dt in DTYPES for d in LA.BWD_HEAD_DIMS
+              for c in (False, True) for dl in (False, True) for g in (False, True)]
     errors = BW.precompile(plans)
     assert not errors, errors
     yield
@@ -49,15 +53,22 @@ def _precompile():
         print(f"max error {key}: {err:.3e} (torch in dtype: {base:.3e})")
 
 
-def reference(q, k, v, dout, causal, scale, dtype, dlse=None, return_p=False, window=None):
+def reference(q, k, v, dout, causal, scale, dtype, dlse=None, return_p=False, window=None, softcap=0.0, sink=None):
     """``(out, lse, dq, dk, dv)`` of masked attention computed by torch in ``dtype`` with autograd:
     bottom-right causal, GQA by repeat_interleave (its backward sums the groups), rows that see no key
-    give out = 0, lse = -inf and zero gradients (``return_p``: the probabilities (B, Hq, Sq, Sk) too;
-    ``window``: (left, right) sides, -1 unbounded, instead of causal)."""
+    give out = 0, lse = -inf and zero gradients (``return_p``: the probabilities (B, Hq, Sq, Sk) too,
+    times ``1 - tanh^2`` of the capped scores with ``softcap``: the factor of ``dP - Delta`` in the
+    scores' gradient; ``window``: (left, right) sides, -1 unbounded, instead of causal).  ``softcap``:
+    scores ``softcap * tanh(s / softcap)`` before the mask; ``sink`` ((Hq,) fp32): one more logit in
+    every row's denominator (a row without keys: out = 0, lse = sink), its gradient ((Hq,)) last."""
     G = q.shape[2] // k.shape[2]
     qd, kd, vd = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+    sd = None if sink is None else sink.detach().to(dtype).requires_grad_()
     kk, vv = kd.repeat_interleave(G, 2), vd.repeat_interleave(G, 2)
     s = torch.einsum("bqhd,bkhd->bhqk", qd, kk) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+        t = s.detach() / softcap
     Sq, Sk = q.shape[1], k.shape[1]
     has_key = torch.ones(Sq, dtype=torch.bool, device=q.device)
     if causal or window is not None:
@@ -71,18 +82,23 @@ def reference(q, k, v, dout, causal, scale, dtype, dlse=None, return_p=False, wi
             vis = vis & (key <= pos + right)
         s = s.masked_fill(~vis, MASKED)
         has_key = vis.any(-1)
-    lse = torch.logsumexp(s, -1)
+    if sd is None:
+        lse = torch.logsumexp(s, -1)
+    else:  # a row without keys: its masked scores underflow, lse = sink
+        lse = torch.logsumexp(torch.cat([s, sd[None, :, None, None].expand(*s.shape[:-1], 1)], -1), -1)
     p = torch.exp(s - lse[..., None]) * has_key[:, None].to(dtype)
     o = torch.einsum("bhqk,bkhd->bqhd", p, vv)
     outs, grads = [o], [dout.to(dtype)]
     if dlse is not None:
         outs.append(lse)
-        grads.append((dlse * has_key).to(dtype))
-    dq, dk, dv = torch.autograd.grad(outs, (qd, kd, vd), grads)
-    lse_out = torch.where(has_key, lse.float(), torch.full_like(lse.float(), -math.inf))
+        grads.append((dlse if sd is not None else dlse * has_key).to(dtype))
+    leaves = (qd, kd, vd) if sd is None else (qd, kd, vd, sd)
+    dq, dk, dv, *dsink = torch.autograd.grad(outs, leaves, grads)
+    lse_out = lse.float() if sd is not None else torch.where(has_key, lse.float(), torch.full_like(lse.float(), -math.inf))
+    res = (o.detach(), lse_out.detach(), dq, dk, dv)
     if return_p:
-        return o.detach(), lse_out.detach(), dq, dk, dv, p.detach()
-    return o.detach(), lse_out.detach(), dq, dk, dv
+        res += ((p * (1 - t * t)).detach() if softcap else p.detach(),)
+    return res + tuple(dsink)
 
 
 def out_rounding_effect(p, q, k, dout, out, o32, scale):
@@ -129,7 +145,10 @@ def check_grads(triples, key=None, slack=(None, None, None)):
     assert not problems, "; ".join(problems)
 
 
-def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window=None):
+def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window=None, softcap=0.0, sink=False):
+    """One backward call against :func:`reference` (``softcap``: its value, 0 off; ``sink``: random sink
+    logits around log(Sk), so that the sink takes a real share of the rows, whose gradient is checked
+    per head as well)."""
     torch.manual_seed(seed)
     dev = "cuda"
     q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dtype)
@@ -137,26 +156,38 @@ def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window
     v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dtype)
     dout = torch.randn(B, Sq, Hq, D, device=dev, dtype=dtype)
     dlse = torch.randn(B, Hq, Sq, device=dev, dtype=torch.float32) if dlse_on else None
+    sk = math.log(max(Sk, 1)) + 2 * torch.randn(Hq, device=dev, dtype=torch.float32) if sink else None
     scale = D ** -0.5
-    o32, lse32, dq32, dk32, dv32, p32 = reference(q, k, v, dout, causal, scale, torch.float32, dlse, True, window)
-    _, _, dq16, dk16, dv16 = reference(q, k, v, dout, causal, scale, dtype, dlse, window=window)
+    variant = dict(softcap=softcap, sink=sk)
+    o32, lse32, dq32, dk32, dv32, p32, *ds32 = reference(q, k, v, dout, causal, scale, torch.float32, dlse, True,
+                                                         window, **variant)
+    _, _, dq16, dk16, dv16, *ds16 = reference(q, k, v, dout, causal, scale, dtype, dlse, window=window, **variant)
     out = o32.to(dtype)
     dq = torch.full_like(q, NAN)
     dk = torch.full_like(k, NAN)
     dv = torch.full_like(v, NAN)
-    rq, rk, rv = BW.flash_attn_backward(dout, q, k, v, out, lse32, causal=causal, dq=dq, dk=dk, dv=dv, dlse=dlse,
-                                        window_size=window)
-    assert rq is dq and rk is dk and rv is dv
+    res = BW.flash_attn_backward(dout, q, k, v, out, lse32, causal=causal, dq=dq, dk=dk, dv=dv, dlse=dlse,
+                                 window_size=window, softcap=softcap, learnable_sink=sk)
+    assert len(res) == (4 if sink else 3)
+    assert res[0] is dq and res[1] is dk and res[2] is dv
     torch.cuda.synchronize()
-    key = f"{str(dtype)[6:]} D={D} {'causal' if causal else 'full'}{'' if window is None else ' window'}"
+    key = (f"{str(dtype)[6:]} D={D} {'causal' if causal else 'full'}{'' if window is None else ' window'}"
+           f"{' softcap' if softcap else ''}{' sink' if sink else ''}")
     slack_q, slack_k = out_rounding_effect(p32, q, k, dout, out, o32, scale)
-    check_grads((("dq", dq, dq32, dq16), ("dk", dk, dk32, dk16), ("dv", dv, dv32, dv16)), key,
-                (slack_q, slack_k, None))
+    triples, slack = [("dq", dq, dq32, dq16), ("dk", dk, dk32, dk16), ("dv", dv, dv32, dv16)], [slack_q, slack_k, None]
+    if sink:  # per head (a row each); out's rounding moves Delta, d sink by -sum exp(sink - lse) dDelta
+        dsink = res[3]
+        assert dsink.shape == (Hq,) and dsink.dtype == torch.float32
+        d_delta = torch.einsum("bqhd,bqhd->bhq", dout.float(), out.float() - o32.float())
+        slack_s = (torch.exp(sk[None, :, None] - lse32) * d_delta).sum((0, 2)).abs()
+        triples.append(("dsink", dsink[:, None], ds32[0][:, None], ds16[0][:, None]))
+        slack.append(slack_s)
+    check_grads(triples, key, slack)
     if causal and Sq > Sk:  # rows that see no key: exactly zero
         assert (dq[:, : Sq - Sk] == 0).all()
     empty = ~torch.isfinite(lse32).any(0).any(0)
     assert (dq[:, empty] == 0).all()
-    return dq, dk, dv
+    return res
 
 
 CASES = [(dt, D, c, i) for dt in DTYPES for D in LA.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
@@ -210,6 +241,60 @@ def test_window_one_head_per_kv_head(window, Sq, Sk, D):
 def test_lse_gradient(D):
     """An incoming LSE gradient (Delta - dLSE)."""
     run_case(torch.bfloat16, D, True, 2, 200, 333, HQ, 2, dlse_on=True, seed=3)
+
+
+#: softcapping / sinks: (dtype, D, causal, length pair, GQA group, softcap, sink) -- every head dim,
+#: both masks, ragged lengths (the key-length tail, Sq > Sk causal: rows without keys), GQA 1/4/8, a
+#: strong cap (2: tanh far from linear at scores ~ N(0, 1)) and a realistic one (30)
+VARIANT_CASES = [(dt, D, c, i, GROUPS[(i + j) % 3], cap, sk)
+                 for j, (dt, cap, sk) in enumerate([(torch.bfloat16, 2.0, False), (torch.bfloat16, 0.0, True),
+                                                    (torch.bfloat16, 30.0, True), (torch.float16, 2.0, True)])
+                 for D in LA.BWD_HEAD_DIMS for c in (False, True) for i in ((j + D // 32) % len(LENGTHS),)]
+
+
+@gpu
+@pytest.mark.parametrize("dtype,D,causal,i,G,softcap,sink", VARIANT_CASES,
+                         ids=[f"{str(dt)[6:]}-D{D}-{'causal' if c else 'full'}-{LENGTHS[i][0]}x{LENGTHS[i][1]}-g{G}"
+                              f"-cap{cap:g}{'-sink' if sk else ''}" for dt, D, c, i, G, cap, sk in VARIANT_CASES])
+def test_softcap_and_sinks_match_reference(dtype, D, causal, i, G, softcap, sink):
+    """Softcapping (dS times 1 - tanh^2 of the capped scores) and sinks (the sink-inclusive LSE; the
+    sink's gradient from the pre-pass's Delta), alone and together."""
+    Sq, Sk = LENGTHS[i]
+    B = 1 if max(Sq, Sk) > 1000 else 2
+    run_case(dtype, D, causal, B, Sq, Sk, HQ, HQ // G, seed=100 + i, softcap=softcap, sink=sink)
+
+
+@gpu
+@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("softcap,sink", [(0.0, True), (5.0, True), (5.0, False)])
+def test_softcap_and_sinks_lse_gradient(D, softcap, sink):
+    """An incoming LSE gradient: Delta - dLSE in dS, and the sink's gradient exp(sink - lse) (dLSE -
+    rowsum(dO O)); causal with Sq > Sk (rows without keys: lse = sink, d sink gets their dLSE)."""
+    run_case(torch.bfloat16, D, True, 2, 333, 200, HQ, 2, dlse_on=True, seed=13, softcap=softcap, sink=sink)
+
+
+@gpu
+def test_softcap_window():
+    """Softcapping under a sliding window (its three query-tile loops), GQA 4."""
+    run_case(torch.bfloat16, 128, False, 1, 333, 257, HQ, 2, seed=17, window=(40, 3), softcap=3.0, sink=True)
+
+
+@gpu
+def test_sink_without_keys():
+    """Sk = 0: nothing launched, zero gradients for q; the sink's gradient is the rows' dLSE (lse = sink)."""
+    dt = torch.bfloat16
+    q = torch.randn(2, 5, 4, 64, device="cuda", dtype=dt)
+    k = torch.randn(2, 0, 2, 64, device="cuda", dtype=dt)
+    sink = torch.randn(4, device="cuda")
+    lse = sink[None, :, None].expand(2, 4, 5).contiguous()
+    dlse = torch.randn(2, 4, 5, device="cuda")
+    dq, dk, dv, dsink = BW.flash_attn_backward(torch.randn_like(q), q, k, k.clone(), torch.zeros_like(q), lse,
+                                               dlse=dlse, learnable_sink=sink, softcap=10.0)
+    assert (dq == 0).all() and dk.shape == k.shape
+    torch.testing.assert_close(dsink, dlse.sum((0, 2)))
+    *_, dsink = BW.flash_attn_backward(torch.randn_like(q), q, k, k.clone(), torch.zeros_like(q), lse,
+                                       learnable_sink=sink)
+    assert (dsink == 0).all()
 
 
 @gpu
@@ -270,6 +355,34 @@ def test_with_flash_attn_forward(causal):
 
 
 @gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_variants_with_flash_attn_forward(causal):
+    """out and lse from the real forward with softcapping and a sink (its tanh.approx scores, its
+    sink-inclusive LSE), allocated gradients, the sink's gradient per head."""
+    from cute_kernels.attention.forward import flash_attn
+
+    torch.manual_seed(12)
+    dt, D, B, Sq, Sk, Hq, Hkv, cap = torch.bfloat16, 128, 2, 1000, 777, 8, 2, 4.0
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dt)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
+    sink = math.log(Sk) + 2 * torch.randn(Hq, device="cuda")
+    dout = torch.randn_like(q)
+    out, lse = flash_attn(q, k, v, causal=causal, return_lse=True, softcap=cap, learnable_sink=sink)
+    dq, dk, dv, dsink = BW.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, softcap=cap,
+                                               learnable_sink=sink)
+    variant = dict(softcap=cap, sink=sink)
+    o32, _, dq32, dk32, dv32, p32, ds32 = reference(q, k, v, dout, causal, D ** -0.5, torch.float32, None, True,
+                                                    **variant)
+    _, _, dq16, dk16, dv16, ds16 = reference(q, k, v, dout, causal, D ** -0.5, dt, **variant)
+    d_delta = torch.einsum("bqhd,bqhd->bhq", dout.float(), out.float() - o32.float())
+    slack_s = (torch.exp(sink[None, :, None] - lse) * d_delta).sum((0, 2)).abs()
+    check_grads((("dq", dq, dq32, dq16), ("dk", dk, dk32, dk16), ("dv", dv, dv32, dv16),
+                 ("dsink", dsink[:, None], ds32[:, None], ds16[:, None])), None,
+                (*out_rounding_effect(p32, q, k, dout, out, o32, D ** -0.5), None, slack_s))
+
+
+@gpu
 def test_empty_problems():
     dt = torch.bfloat16
     q = torch.randn(1, 5, 2, 64, device="cuda", dtype=dt)
@@ -312,3 +425,11 @@ def test_validation_names_the_argument():
         BW.flash_attn_backward(torch.randn_like(q2), q2, k2, k2.clone(), torch.randn_like(q2), lse)
     with pytest.raises(ValueError, match="out"):
         call(out=torch.randn(1, 4, 2, 64, device="cuda", dtype=dt))
+    with pytest.raises(ValueError, match="learnable_sink"):
+        call(learnable_sink=torch.zeros(3, device="cuda"))
+    with pytest.raises(TypeError, match="learnable_sink"):
+        call(learnable_sink=torch.zeros(2, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="softcap"):
+        call(softcap=-1.0)
+    with pytest.raises(TypeError, match="softcap"):
+        call(softcap=torch.tensor(1.0))

@@ -334,6 +334,44 @@ def test_window_backward_compiles_within_spill_budget(head_dim):
 
 
 @pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("kv", ["direct", "gqa"])
+def test_softcap_backward_compiles_without_spills(kv, head_dim):
+    """Softcapping (causal, bf16): the 64-row tile at every head dim (D 64's 128-row one spilled 45
+    values: S^T, dP^T, dK and dV already take 192 registers there), no local memory, the same wgmma
+    bodies and global accesses as the plain kernel of the same tile, and one more MUFU (the tanh) per
+    score of the masked and the unmasked loop bodies: P^T in 16 bits and ``P^T (1 - t^2)`` in fp32 take
+    the registers P^T did."""
+    from cute_kernels.tools import inspect as ins
+
+    cfg = bk.bwd_config("bfloat16", head_dim, True, direct_kv=kv == "direct", softcap=True)
+    t = cfg.tile
+    assert t.tile_m == 64 and cfg.variant_args == ("softcap_scale",)
+    rep = ins.inspect_builder(bk.backward_builder(cfg))
+    plain = bk.FlashBwdConfig(cfg.dtype, head_dim, True, t, direct_kv=cfg.direct_kv)
+    rep0 = ins.inspect_builder(bk.backward_builder(plain))
+    print(f"D={head_dim} {kv} softcap: {rep.summary()}\n  plain, same tile: {rep0.summary()}")
+    k, k0 = rep.kernels[0], rep0.kernels[0]
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"] == 2 * (2 * head_dim // 16 + 2 * t.tile_m // 16
+                                                                        + t.tile_n // 16), rep.summary()
+    assert k.instructions["MUFU"] - k0.instructions["MUFU"] == 2 * (64 * t.tile_m // 128), (rep.summary(),
+                                                                                            rep0.summary())
+    assert _sass_counts(rep) == _sass_counts(rep0)
+
+
+def test_softcap_window_backward_compiles_without_spills():
+    """Softcapping with a window (three loop bodies), D 64 (the tightest registers): no local memory."""
+    from cute_kernels.tools import inspect as ins
+
+    cfg = bk.bwd_config("bfloat16", 64, False, window=True, direct_kv=False, softcap=True)
+    rep = ins.inspect_builder(bk.backward_builder(cfg))
+    print(f"D=64 window gqa softcap: {rep.summary()}")
+    k = rep.kernels[0]
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    assert k.instructions["HGMMA"] == 3 * (2 * 64 // 16 + 2 * 64 // 16 + 128 // 16), rep.summary()
+
+
+@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("kind,has_dlse", [("prepass", False), ("prepass", True), ("convert", False)])
 def test_prepost_compile(kind, has_dlse, head_dim):
     """The pre- and post-pass kernels compile with no local memory; their row loads are vectors."""
@@ -359,3 +397,30 @@ def test_config_rules():
     assert bk.bwd_config("bfloat16", 128, True) != bk.bwd_config("bfloat16", 128, False)
     with pytest.raises(ValueError, match="folds causal"):
         bk.bwd_config("bfloat16", 128, True, window=True)
+    with pytest.raises(ValueError, match="mma_only"):
+        bk.FlashBwdConfig("bfloat16", 128, False, LA.bwd_tile("bfloat16", 128), mma_only=True, softcap=True)
+    # softcapping: its own configuration (a trailing softcap_scale), 64-row tiles at D 64 too
+    assert bk.bwd_config("bfloat16", 64, True, softcap=True) != bk.bwd_config("bfloat16", 64, True)
+    assert bk.bwd_config("bfloat16", 64, True).tile.tile_m == 128
+    assert bk.bwd_config("bfloat16", 64, True, softcap=True).tile.tile_m == 64
+    assert bk.bwd_config("bfloat16", 128, True).variant_args == ()
+
+
+def test_bwd_plan_and_warmup_softcap():
+    """``bwd_plan``'s softcap key reaches the main kernel only (the pre- and post-pass are shared), the
+    warmup spec takes ``softcap`` (a bool), and sinks compile nothing of their own."""
+    import cute_kernels
+    from cute_kernels.attention import backward as BW
+    from cute_kernels.common import jit
+
+    main, pre, post = BW.bwd_plan(torch.bfloat16, 96, True, True, softcap=True)
+    plain = BW.bwd_plan(torch.bfloat16, 96, True, True)
+    assert main.softcap and not plain[0].softcap and (pre, post) == plain[1:]
+    with jit.dry_run() as dry:
+        assert cute_kernels.warmup([("flash_attn_backward", dict(head_dim=96, causal=True, dlse=True,
+                                                                 softcap=True))]) == 1
+    assert [c for _, c in dry.seen] == [main, pre, post]
+    with pytest.raises(TypeError, match="softcap must be a bool"):
+        cute_kernels.warmup([("flash_attn_backward", dict(softcap=30.0))])
+    with pytest.raises(ValueError, match="unknown keys"):
+        cute_kernels.warmup([("flash_attn_backward", dict(sink=True))])

@@ -3,15 +3,18 @@ registered formula runs the backward kernels (``cute_kernels::flash_attn_backwar
 
 CPU (meta tensors: the ops' fake implementations, nothing launched): gradients reach q, k, v with
 their shapes, through the output and through a returned LSE, also after a no-grad call cached a
-launcher for the same metadata; calls the backward cannot take (``out=``, paged, packed, windows,
-head dim 256) raise a ValueError naming the argument before any launch; so does ``decode_attn``
-(no backward) with an input that requires grad.
+launcher for the same metadata; softcapping and sinks reach the backward op (the sink only when it
+requires grad, then it gets its gradient); calls the backward cannot take (``out=``, paged, packed,
+windows, head dim 256) raise a ValueError naming the argument before any launch; so does
+``decode_attn`` (no backward) with an input that requires grad.
 
 GPU: gradients against a float32 autograd reference (per tensor and per row: at most 2x the error of
 the same math in the input dtype plus an epsilon), with and without an LSE gradient, after a no-grad
-call cached a launcher for the same metadata; ``torch.compile(fullgraph=True)`` and CUDA-graph capture
-of a forward + backward step.
+call cached a launcher for the same metadata, with softcapping and a learnable sink (its gradient
+too); ``torch.compile(fullgraph=True)`` and CUDA-graph capture of a forward + backward step.
 """
+
+import math
 
 import pytest
 import torch
@@ -62,8 +65,9 @@ def test_an_unused_lse_sends_no_gradient(meta_ok, monkeypatch):
 
     seen, orig = [], FA._flash_attn_backward_op
 
-    def spy(dout, q, k, v, out, lse, dlse, causal, scale):
+    def spy(dout, q, k, v, out, lse, dlse, causal, scale, **variant):
         seen.append(dlse is None)
+        assert not variant  # no softcap, no sink: the plain op call
         return orig(dout, q, k, v, out, lse, dlse, causal, scale)
 
     monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
@@ -72,6 +76,44 @@ def test_an_unused_lse_sends_no_gradient(meta_ok, monkeypatch):
     o, lse = FW.flash_attn(q, k, v, return_lse=True)
     torch.autograd.grad(o.float().sum() + lse.sum(), (q,))
     assert seen == [True, False]
+
+
+def meta_sink(Hq=8, grad=True):
+    return torch.empty(Hq, dtype=torch.float32, device="meta", requires_grad=grad)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 20.0])
+@pytest.mark.parametrize("sink_grad", [True, False, None], ids=["sink-grad", "sink", "no-sink"])
+def test_softcap_and_sinks_reach_the_backward(meta_ok, monkeypatch, softcap, sink_grad):
+    """Softcapping and sinks are differentiable: the backward op gets the softcap, and the sink only
+    when it requires grad (q, k, v's gradients do not read it), which then gets its (Hq,) gradient."""
+    from cute_kernels.attention import forward_autograd as FA
+
+    if not softcap and sink_grad is None:
+        pytest.skip("the plain call: test_gradients_reach_every_input")
+    seen, orig = [], FA._flash_attn_backward_op
+
+    def spy(*args, **variant):
+        seen.append(variant)
+        return orig(*args, **variant)
+
+    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
+    q, k, v = meta_qkv()
+    sink = None if sink_grad is None else meta_sink(grad=sink_grad)
+    with count_launches() as n:
+        o, lse = FW.flash_attn(q, k, v, causal=True, softcap=softcap, learnable_sink=sink, return_lse=True)
+    assert n.total() == 0 and o.grad_fn is not None
+    leaves = (q, k, v) + ((sink,) if sink_grad else ())
+    grads = torch.autograd.grad(o.float().sum() + lse.sum(), leaves)
+    assert [g.shape for g in grads] == [t.shape for t in leaves]
+    want = ({"softcap": softcap} if softcap else {}) | ({"learnable_sink": sink} if sink_grad else {})
+    assert len(seen) == 1 and seen[0].keys() == want.keys()
+    assert all(seen[0][key] is want[key] or seen[0][key] == want[key] for key in want)
+    if sink_grad:  # the sink alone requiring grad is enough
+        q2, k2, v2 = meta_qkv(grad=False)
+        o2 = FW.flash_attn(q2, k2, v2, softcap=softcap, learnable_sink=sink)
+        (ds,) = torch.autograd.grad(o2.float().sum(), (sink,))
+        assert ds.shape == (8,) and ds.dtype == torch.float32
 
 
 def test_no_grad_and_detached_inputs_record_nothing(meta_ok):
@@ -144,28 +186,36 @@ def test_warmup_knows_the_backward():
 
 
 # -------------------------------------------------------------------------------------------- GPU
-def _reference_grads(q, k, v, dout, causal, dlse=None):
-    """float32 autograd of explicit attention (bottom-right causal, GQA by repeat), and the same math in
-    the input dtype: (grads32, grads_dtype)."""
-    def math(q, k, v, dt):
+def _reference_grads(q, k, v, dout, causal, dlse=None, softcap=0.0, sink=None, return_out=False):
+    """float32 autograd of explicit attention (bottom-right causal, GQA by repeat; ``softcap``: scores
+    ``softcap * tanh(s / softcap)`` before the mask; ``sink``: one more logit per head in the
+    denominator, its gradient after v's), and the same math in the input dtype: (grads32, grads_dtype)
+    (``return_out``: and the float32 output)."""
+    def attn(q, k, v, sk, dt):
         G = q.shape[2] // k.shape[2]
         qt, kt, vt = (t.to(dt).transpose(1, 2) for t in (q, k, v))
         kt, vt = kt.repeat_interleave(G, 1), vt.repeat_interleave(G, 1)
         s = (qt @ kt.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
         Sq, Sk = s.shape[-2:]
         if causal:
             s = s.masked_fill(~torch.ones(Sq, Sk, dtype=torch.bool, device=s.device).tril(Sk - Sq), float("-inf"))
-        lse = torch.logsumexp(s, -1)
+        full = s if sk is None else torch.cat([s, sk[None, :, None, None].expand(*s.shape[:-1], 1)], -1)
+        lse = torch.logsumexp(full, -1)
         p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dt)
         return (p @ vt).transpose(1, 2), lse
 
     res = []
     for dt in (torch.float32, q.dtype):
         qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-        o, lse = math(qq, kk, vv, dt)
+        sk = None if sink is None else sink.detach().clone().requires_grad_(True)
+        o, lse = attn(qq, kk, vv, sk, dt)
         loss = (o.float() * dout.float()).sum() + (0 if dlse is None else (lse.nan_to_num(0.0) * dlse).sum())
-        res.append(torch.autograd.grad(loss, (qq, kk, vv)))
-    return res
+        res.append(torch.autograd.grad(loss, (qq, kk, vv) + (() if sk is None else (sk,))))
+        if dt == torch.float32:
+            o32 = o.detach()
+    return res + [o32] if return_out else res
 
 
 def _assert_grads(got, ref32, refdt, what):
@@ -198,6 +248,53 @@ def test_autograd_matches_float32(B, Sq, Sk, Hq, Hkv, D, causal):
     _assert_grads(got, *_reference_grads(q, k, v, dout, causal), f"{(B, Sq, Sk, Hq, Hkv, D, causal)}")
     got = torch.autograd.grad((o.float() * dout.float()).sum() + (lse.nan_to_num(0.0) * dlse).sum(), (q, k, v))
     _assert_grads(got, *_reference_grads(q, k, v, dout, causal, dlse), "with dlse")
+
+
+@gpu
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal,softcap,with_sink", [
+    (2, 128, 128, 8, 2, 128, True, 30.0, True), (1, 17, 300, 4, 4, 64, False, 2.0, False),
+    (2, 1000, 777, 8, 1, 96, True, 0.0, True),
+    (1, 257, 129, 4, 2, 128, True, 5.0, True),  # rows with no key (causal, Sq > Sk): lse = sink there
+])
+def test_autograd_softcap_and_sinks_match_float32(B, Sq, Sk, Hq, Hkv, D, causal, softcap, with_sink):
+    """torch.autograd through ``flash_attn(..., softcap=, learnable_sink=)``: q, k, v and the sink's
+    gradients, with and without an LSE gradient; the sink's per head within 2x the input dtype's error
+    (+ 1e-3 of its largest)."""
+    g = torch.Generator(device="cuda").manual_seed(B * Sq + Sk + 1)
+    q = torch.randn(B, Sq, Hq, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    sink = None
+    if with_sink:
+        sink = (math.log(Sk) + 2 * torch.randn(Hq, device="cuda", generator=g)).requires_grad_(True)
+    dout = torch.randn(B, Sq, Hq, D, device="cuda", generator=g).to(BF)
+    dlse = torch.randn(B, Hq, Sq, device="cuda", generator=g)
+    o, lse = FW.flash_attn(q, k, v, causal=causal, return_lse=True, softcap=softcap, learnable_sink=sink)
+    leaves = (q, k, v) + ((sink,) if with_sink else ())
+    what = f"{(B, Sq, Sk, Hq, Hkv, D, causal, softcap, with_sink)}"
+    for dl in (None, dlse):
+        loss = (o.float() * dout.float()).sum() + (0 if dl is None else (lse.nan_to_num(0.0) * dl).sum())
+        got = torch.autograd.grad(loss, leaves, retain_graph=True)
+        ref32, refdt, o32 = _reference_grads(q, k, v, dout, causal, dl, softcap, sink, return_out=True)
+        _assert_grads(got[:3], ref32[:3], refdt[:3], what + (" with dlse" if dl is not None else ""))
+        if with_sink:
+            gs, rs, ds = got[3], ref32[3], refdt[3].float()
+            assert gs.shape == (Hq,) and torch.isfinite(gs).all()
+            # the kernel's Delta reads its rounded out: d sink moves by -sum exp(sink - lse) dDelta
+            d_delta = torch.einsum("bqhd,bqhd->bhq", dout.float(), o.detach().float() - o32.float())
+            slack = (torch.exp(sink.detach()[None, :, None] - lse.detach()) * d_delta).sum((0, 2)).abs()
+            tol = 2 * (ds - rs).abs() + slack + 1e-3 * rs.abs().max().clamp_min(1e-3)
+            assert ((gs - rs).abs() <= tol).all(), f"{what} dsink: {gs} vs {rs}"
+
+
+@gpu
+def test_sink_without_grad_gets_none():
+    """A sink that does not require grad: q, k, v get theirs, the sink none (and no sink gradient is
+    computed)."""
+    q, k, v = (torch.randn(1, 64, 4, 64, device="cuda").to(BF).requires_grad_(True) for _ in range(3))
+    sink = torch.zeros(4, device="cuda")
+    FW.flash_attn(q, k, v, learnable_sink=sink, softcap=10.0).float().sum().backward()
+    assert sink.grad is None and torch.isfinite(q.grad.float()).all() and q.grad.abs().sum() > 0
 
 
 @gpu
