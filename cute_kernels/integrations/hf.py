@@ -50,9 +50,10 @@ Routing, per call:
   call (causal and window per sequence), its output scattered back to (B, Sq, H, D) with zeros at
   padded query rows (as HF's flash-attention integration).  Exact for any causal padding pattern;
   with a window, for masks whose valid keys form one run per sequence (left or right padding); a gap
-  under a window narrower than the mask falls back.  A padded decode step gathers each sequence's
-  valid keys (a copy of the cache the layer sees; an unpadded one reads it in place), so sliding
-  layers return to ``decode_attn`` once the padding is behind their window.
+  under a window narrower than the mask falls back.  A left-padded decode step (every new token
+  valid, each sequence's keys one run ending at the last column) reads the cache in place:
+  ``decode_attn`` with ``cache_leftpad`` (the first valid column) and the window in cache columns, as
+  HF's mask counts them; other padded decode steps gather each sequence's valid keys (a copy).
 - Softcapping (``softcap``, Gemma-2) and attention sinks (``s_aux`` / ``sinks``, gpt-oss: one logit
   per query head joining the softmax denominator with no value, exactly FlashAttention-4's
   ``learnable_sink``; passed as float32) go to whichever kernel runs.
@@ -551,7 +552,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         return _fallback(None, R_CAUSAL, *args)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     if padded:
-        return _padded(args, softcap, sink, scale)
+        return _padded(args, softcap, sink, scale, where)
     q = query.transpose(1, 2)
     if where == "decode_attn" and (window is None or kv_len <= window):  # the cache in place, lengths on the device
         from ..attention.decode import decode_attn
@@ -588,9 +589,10 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out, None
 
 
-def _padded(args, softcap, sink, scale):
-    """A 2-D padding mask: the valid queries and keys packed, one packed ``flash_attn``, the output
-    scattered back (zeros at padded query rows)."""
+def _padded(args, softcap, sink, scale, where):
+    """A 2-D padding mask: a left-padded decode step reads the cache in place (``decode_attn`` with
+    ``cache_leftpad``); anything else packs the valid queries and keys, runs one packed ``flash_attn``
+    and scatters the output back (zeros at padded query rows)."""
     from transformers.utils.import_utils import is_tracing
 
     module, query, key, value, attention_mask, dropout, scaling, causal, kwargs = args
@@ -604,6 +606,8 @@ def _padded(args, softcap, sink, scale):
     meta = _unpad_cached(mask, q_len)
     if causal and window is not None and not meta.one_run and mask.shape[1] > window:
         return _fallback(None, R_GAPS, *args)  # HF's window counts the gaps' columns, packing would not
+    if where == "decode_attn" and causal and meta.one_run and meta.all_queries:
+        return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
     hf_stats["flash_attn"] += 1
     if meta.total_q == 0:
@@ -619,6 +623,23 @@ def _padded(args, softcap, sink, scale):
         return o.view(B, q_len, Hq, D), None
     out = o.new_zeros(B, q_len, Hq, D)
     out[meta.q_index] = o
+    return out, None
+
+
+def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, sink, scale):
+    """A decode step of a left-padded batch: every query valid and each sequence's keys one run, so the
+    run ends at the last column and starts at column ``n - keys``: ``decode_attn`` reads the cache in
+    place with ``cache_leftpad`` (positions in cache columns, as HF's window counts them)."""
+    from ..attention.decode import decode_attn
+
+    B, n = query.shape[0], key.shape[2]
+    keys = meta.cu_seqlens_k[1:] - meta.cu_seqlens_k[:-1]
+    lens = torch.full((B,), n, dtype=torch.int32, device=key.device)
+    out = decode_attn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens,
+                      cache_leftpad=(n - keys).to(torch.int32), causal=True, softmax_scale=scale,
+                      window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=softcap,
+                      learnable_sink=sink)
+    hf_stats["decode_attn"] += 1
     return out, None
 
 

@@ -348,6 +348,12 @@ class TestDecisions:
         if family == "gpt_oss":
             kw["s_aux"] = sinks = attn.sinks.detach()
         o, warned = call(attn, q, k, v, mask, **kw)
+        if side == "left" and q_len == 1:  # a left-padded decode step: the cache in place, cache_leftpad
+            assert warned == [] and hf.hf_stats == {"flash_attn": 0, "decode_attn": 1, "fallback": 0}
+            want = ref(q, k[:, :, :n], v[:, :, :n], 0.125, band(3, q_len, n, kw["sliding_window"], pad=mask),
+                       softcap=softcap, sinks=sinks)
+            close(o, want, pad_rows(mask, q_len))
+            return
         assert warned == [] and hf.hf_stats == {"flash_attn": 1, "decode_attn": 0, "fallback": 0}
         c = FLASH_CALLS[-1]
         lens_k = mask.sum(1).tolist()
@@ -374,7 +380,7 @@ class TestDecisions:
             q, k, v = tensors(2, 1, 17, static=static)
             kk, vv = (t[:, :, :12] if static else t[:, :, 5:] for t in (k, v))
             o, warned = call(layer("mistral"), q, k, v, mask, sliding_window=W)
-            assert warned == [] and FLASH_CALLS[-1]["cu_seqlens_k"].tolist() == [0, 12, 20]
+            assert warned == [] and hf.hf_stats["decode_attn"] == 1 + (not static)  # left padding: in place
             close(o, ref(q, kk, vv, 0.125, band(2, 1, 12, W, pad=mask)))
 
     def test_gaps(self):
@@ -467,7 +473,7 @@ def test_cpu_padded_generation_on_the_kernel_paths(family, cache):
 @pytest.mark.parametrize("padded", [False, True])
 def test_cpu_configless_dynamic_cache_keeps_every_key(padded):
     """``DynamicCache()`` without a config: full layers on a sliding model, every key kept; decode steps
-    take flash_attn with the window (packed when padded)."""
+    take flash_attn with the window, or, left-padded, decode_attn with the window and cache_leftpad."""
     model = window_model("mistral", W)
     ids, mask = left_padded(CPU_LENGTHS if padded else [20] * 4, 512, seed=5)
     kw = dict(attention_mask=mask, max_new_tokens=CPU_NEW, min_new_tokens=CPU_NEW, do_sample=False,
@@ -478,9 +484,13 @@ def test_cpu_configless_dynamic_cache_keeps_every_key(padded):
         model.set_attn_implementation("cute_kernels")
         hf.reset_stats()
         out = model.generate(ids, past_key_values=DynamicCache(), **kw)
-    assert hf.hf_stats == {"flash_attn": 2 * CPU_NEW, "decode_attn": 0, "fallback": 0}, hf.hf_stats
+    if padded:  # the prefill packed, the decode steps in place
+        assert hf.hf_stats == {"flash_attn": 2, "decode_attn": 2 * (CPU_NEW - 1), "fallback": 0}, hf.hf_stats
+        assert FLASH_CALLS[-1]["cu_seqlens_q"] is not None
+    else:
+        assert hf.hf_stats == {"flash_attn": 2 * CPU_NEW, "decode_attn": 0, "fallback": 0}, hf.hf_stats
+        assert FLASH_CALLS[-1]["cu_seqlens_q"] is None
     assert all(c["window_size"] == (W - 1, 0) for c in FLASH_CALLS)
-    assert (FLASH_CALLS[-1]["cu_seqlens_q"] is not None) == padded
     assert_same_generation(ref_out, out)
 
 
@@ -493,7 +503,7 @@ def test_cpu_unpadding_runs_once_per_mask_per_forward(monkeypatch):
     monkeypatch.setattr(hf, "unpad_metadata", lambda m, q: calls.append(q) or orig(m, q))
     with torch.no_grad():
         generate(model, ids, mask, "cute_kernels", None, 4)
-    assert hf.hf_stats == {"flash_attn": 4 * 4, "decode_attn": 0, "fallback": 0}, hf.hf_stats
+    assert hf.hf_stats == {"flash_attn": 4, "decode_attn": 4 * 3, "fallback": 0}, hf.hf_stats
     assert calls == [20, 20] + [1, 1] * 3  # per forward: the full layers' mask and the sliding layers'
 
 
