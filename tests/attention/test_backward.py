@@ -45,7 +45,8 @@ def _precompile():
              for dl in (False, True)]
     plans += [BW.bwd_plan(torch.bfloat16, d, False, False, True) for d in LA.BWD_HEAD_DIMS]
     plans += [BW.bwd_plan(dt, d, c, dl, False, g, True) for dt in DTYPES for d in LA.BWD_HEAD_DIMS
-              for c in (False, True) for dl in (False, True) for g in (False, True)]
+              for c in (False, True) for dl in (False, True) for g in (False, True)
+              if dt == torch.bfloat16 or not dl]  # softcapping (fp16: no LSE-gradient case)
     errors = BW.precompile(plans)
     assert not errors, errors
     yield
