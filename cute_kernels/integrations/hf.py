@@ -68,8 +68,8 @@ Routing, per call:
 
   Reasons: a dense (4-D) mask (custom, an unrecognised pattern, or built under tracing), a padding
   mask under tracing (unpadding is data-dependent: torch.compile and CUDA-graph capture cannot run
-  it), dropout, inputs requiring grad with padding (no packed backward) or with softcapping / sinks
-  (no backward for them), CPU / non-Hopper / non-16-bit tensors, head dims or strides the kernels lack,
+  it), dropout, inputs requiring grad with padding (no packed backward; softcapping and sinks
+  have a backward on the kernels), CPU / non-Hopper / non-16-bit tensors, head dims or strides the kernels lack,
   causal with more queries than keys, query positions inconsistent with a static buffer,
   ``position_bias``, packed sequences given by keywords.
 
@@ -136,7 +136,6 @@ R_POSITIONS = "query positions are inconsistent with the key length"
 R_CAUSAL = "causal with more queries than keys"
 R_TRACED_PADDING = "a padding mask under tracing (torch.compile / CUDA-graph capture cannot unpad: data-dependent)"
 R_PADDED_GRAD = "a padded batch with inputs requiring grad (packed sequences have no backward)"
-R_VARIANT_GRAD = "softcapping or sinks with inputs requiring grad (no backward for them on the kernels)"
 R_GAPS = "a padding mask with gaps inside a sequence under a sliding window"
 R_SOFTCAP = "the softcap is not a finite number >= 0"
 R_SINKS = "the sinks are not one logit per query head"
@@ -545,9 +544,6 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     softcap, sink, reason = _variant(kwargs, query.shape[1], query.device)
     if reason is not None:
         return _fallback(EAGER, reason, *args)
-    if (softcap or sink is not None) and torch.is_grad_enabled() and (
-            query.requires_grad or key.requires_grad or value.requires_grad or (sink is not None and sink.requires_grad)):
-        return _fallback(EAGER, R_VARIANT_GRAD, *args)
     if causal and q_len > kv_len:
         return _fallback(None, R_CAUSAL, *args)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5

@@ -153,16 +153,17 @@ def test_softcap_and_sinks_run_on_the_kernels(name, q_len):
 
 
 @pytest.mark.usefixtures("cpu_as_gpu")
-def test_a_fallback_for_a_layer_with_sinks_is_its_eager_attention():
-    """Inputs requiring grad: softcapping and sinks have no backward on the kernels, so the layer's eager
-    attention runs (it applies them); a plain layer with grad stays on flash_attn."""
+def test_a_layer_with_sinks_and_grad_runs_on_the_kernels():
+    """Inputs requiring grad: softcapping and sinks have a backward on the kernels, so the layer stays on
+    flash_attn (no fallback, no warning)."""
     attn, kw, ref_kw = variant("s_aux")
     g = torch.Generator().manual_seed(13)
     q = torch.randn(2, 4, 24, 64, generator=g).to(torch.bfloat16).requires_grad_()
     k, v = (torch.randn(2, 2, 24, 64, generator=g).to(torch.bfloat16) for _ in range(2))
-    with pytest.warns(UserWarning, match="eager attention: softcapping or sinks with inputs requiring grad"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         o, _ = hf.attention_forward(attn, q, k, v, None, scaling=0.125, **kw)
-    assert hf.hf_stats["fallback"] == 1
+    assert hf.hf_stats == {"flash_attn": 1, "decode_attn": 0, "fallback": 0}
     assert (o.detach().double() - reference(q.detach(), k, v, 0.125, **ref_kw)).abs().max().item() < TOL
 
 

@@ -431,7 +431,7 @@ class TestDecisions:
             given, reason = vis[:, None], hf.R_MASK
         elif why == "grad":
             q.requires_grad_()
-            reason = hf.R_VARIANT_GRAD if sinks is not None else hf.R_PADDED_GRAD
+            reason = hf.R_PADDED_GRAD
         else:
             import transformers.utils.import_utils as iu
 
