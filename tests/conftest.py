@@ -185,6 +185,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 
+def precompile_for_module_gpu_tests(request, precompile) -> None:
+    """For a module-scoped autouse fixture: when CUDA is here and the session collected GPU tests of the
+    fixture's module, run ``precompile()`` (compile their configurations up front, in parallel
+    processes, into the disk cache) and print its errors."""
+    if not HAS_CUDA:
+        return
+    if not any("gpu" in item.keywords for item in request.session.items if item.module is request.module):
+        return
+    for e in precompile():
+        print("precompile:", e)
+
+
 def make_c(kind: str, m: int, n: int) -> torch.Tensor:
     """A fresh random (m, n) C operand: 'row' bf16, 'transposed' bf16 (column-major view), 'fp32'."""
     if kind == "row":

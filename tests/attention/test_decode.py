@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from _check import RTOL, assert_close_elementwise
+from conftest import precompile_for_module_gpu_tests
 
 from cute_kernels.attention import decode as DA
 from cute_kernels.attention.decode import decode_attn, decode_attn_reference, decode_attn_workspace
 from cute_kernels.attention.decode_plan import plan
 
-HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 
 
@@ -697,13 +697,7 @@ def gpu_test_configs():
 
 @pytest.fixture(scope="module", autouse=True)
 def _precompile_for_gpu_tests(request):
-    if not HAS_CUDA:
-        return
-    if not any("gpu" in item.keywords for item in request.session.items if item.module is request.module):
-        return
-    errors = DA.precompile(gpu_test_configs())
-    for e in errors:
-        print("precompile:", e)
+    precompile_for_module_gpu_tests(request, lambda: DA.precompile(gpu_test_configs()))
 
 
 def test_gpu_config_list_is_small():

@@ -36,9 +36,8 @@ from cute_kernels.attention.decode import decode_attn, decode_attn_reference, de
 from cute_kernels.common.softmax import LOG2_E
 from cute_kernels.testing import count_launches
 from _check import RTOL, assert_close_elementwise, assert_raises_before_any_launch
-from conftest import Stub
+from conftest import Stub, precompile_for_module_gpu_tests
 
-HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 BF = torch.bfloat16
 INF = float("inf")
@@ -542,12 +541,7 @@ def gpu_configs():
 
 @pytest.fixture(scope="module", autouse=True)
 def _precompile_for_gpu_tests(request):
-    if not HAS_CUDA:
-        return
-    if not any("gpu" in item.keywords for item in request.session.items if item.module is request.module):
-        return
-    for e in DE.precompile(gpu_configs()):
-        print("precompile:", e)
+    precompile_for_module_gpu_tests(request, lambda: DE.precompile(gpu_configs()))
 
 
 def _run_case(q, k, v, s, lens, Sq, causal, window, pads, page, splits, what, seed=0, **kw):

@@ -24,8 +24,8 @@ import cute_kernels
 from cute_kernels.attention import forward as FW
 from cute_kernels.attention.forward import flash_attn
 from cute_kernels.common import jit
+from conftest import precompile_for_module_gpu_tests
 
-HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 NAN = float("nan")
 DTYPES = (torch.float16, torch.bfloat16)
@@ -491,12 +491,7 @@ def test_plan_depends_on_static_facts_only():
 @pytest.fixture(scope="module", autouse=True)
 def _precompile_for_gpu_tests(request):
     """Compile the eight configurations up front, in parallel processes (disk cache)."""
-    if not HAS_CUDA:
-        return
-    if not any("gpu" in item.keywords for item in request.session.items if item.module is request.module):
-        return
-    for e in FW.precompile([FW.plan(*c) for c in CONFIGS], processes=4):
-        print("precompile:", e)
+    precompile_for_module_gpu_tests(request, lambda: FW.precompile([FW.plan(*c) for c in CONFIGS], processes=4))
 
 
 LENGTHS = (1, 17, 128, 1000, 4097)

@@ -449,18 +449,23 @@ CPU_LENGTHS = [20, 15, 11, 5]  # past the window W = 8 (one prompt shorter than 
 CPU_NEW = 10
 
 
+def padded_generations(model, ids, mask, family, cache, new: int):
+    """Greedy generations of ``new`` tokens by the family's reference attention, then by the kernels (stats
+    reset before, warnings recorded): ``(reference, ours, warnings)``."""
+    with torch.no_grad():
+        ref_out = generate(model, ids, mask, reference_attn(family), cache, new)
+        hf.reset_stats()
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            return ref_out, generate(model, ids, mask, "cute_kernels", cache, new), rec
+
+
 @pytest.mark.usefixtures("cpu_as_gpu")
 @pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_cpu_padded_generation_on_the_kernel_paths(family, cache):
-    model = window_model(family, W)
-    ids, mask = left_padded(CPU_LENGTHS, 512, seed=3)
-    with torch.no_grad():
-        ref_out = generate(model, ids, mask, reference_attn(family), cache, CPU_NEW)
-        hf.reset_stats()
-        with warnings.catch_warnings(record=True) as rec:
-            warnings.simplefilter("always")
-            out = generate(model, ids, mask, "cute_kernels", cache, CPU_NEW)
+    ref_out, out, rec = padded_generations(window_model(family, W), *left_padded(CPU_LENGTHS, 512, seed=3), family,
+                                           cache, CPU_NEW)
     assert ours(rec) == []
     stats = dict(hf.hf_stats)
     assert stats["fallback"] == 0 and stats["flash_attn"] + stats["decode_attn"] == 2 * CPU_NEW, stats
@@ -469,27 +474,36 @@ def test_cpu_padded_generation_on_the_kernel_paths(family, cache):
     assert_same_generation(ref_out, out)
 
 
-@pytest.mark.usefixtures("cpu_as_gpu")
-@pytest.mark.parametrize("padded", [False, True])
-def test_cpu_configless_dynamic_cache_keeps_every_key(padded):
-    """``DynamicCache()`` without a config: full layers on a sliding model, every key kept; decode steps
-    take flash_attn with the window, or, left-padded, decode_attn with the window and cache_leftpad."""
-    model = window_model("mistral", W)
-    ids, mask = left_padded(CPU_LENGTHS if padded else [20] * 4, 512, seed=5)
-    kw = dict(attention_mask=mask, max_new_tokens=CPU_NEW, min_new_tokens=CPU_NEW, do_sample=False,
-              disable_compile=True, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
+def configless_generations(model, ids, mask, new: int):
+    """Greedy generations of ``new`` tokens with ``DynamicCache()`` (no config: every layer keeps every
+    key), by sdpa then by the kernels (stats reset before): ``(reference, ours)``."""
+    kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, disable_compile=True,
+              return_dict_in_generate=True, output_logits=True, pad_token_id=0)
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
         ref_out = model.generate(ids, past_key_values=DynamicCache(), **kw)
         model.set_attn_implementation("cute_kernels")
         hf.reset_stats()
-        out = model.generate(ids, past_key_values=DynamicCache(), **kw)
-    if padded:  # the prefill packed, the decode steps in place
-        assert hf.hf_stats == {"flash_attn": 2, "decode_attn": 2 * (CPU_NEW - 1), "fallback": 0}, hf.hf_stats
-        assert FLASH_CALLS[-1]["cu_seqlens_q"] is not None
-    else:
-        assert hf.hf_stats == {"flash_attn": 2 * CPU_NEW, "decode_attn": 0, "fallback": 0}, hf.hf_stats
-        assert FLASH_CALLS[-1]["cu_seqlens_q"] is None
+        return ref_out, model.generate(ids, past_key_values=DynamicCache(), **kw)
+
+
+def configless_routes(padded: bool, new: int) -> dict:
+    """The two layers' calls: unpadded, every step on flash_attn with the window (more keys than it); left
+    padded, the prefill packed and the decode steps in place (decode_attn with the window, cache_leftpad)."""
+    if padded:
+        return {"flash_attn": 2, "decode_attn": 2 * (new - 1), "fallback": 0}
+    return {"flash_attn": 2 * new, "decode_attn": 0, "fallback": 0}
+
+
+@pytest.mark.usefixtures("cpu_as_gpu")
+@pytest.mark.parametrize("padded", [False, True])
+def test_cpu_configless_dynamic_cache_keeps_every_key(padded):
+    """``DynamicCache()`` without a config: full layers on a sliding model, every key kept; decode steps
+    take flash_attn with the window, or, left-padded, decode_attn with the window and cache_leftpad."""
+    ref_out, out = configless_generations(window_model("mistral", W), *left_padded(
+        CPU_LENGTHS if padded else [20] * 4, 512, seed=5), CPU_NEW)
+    assert hf.hf_stats == configless_routes(padded, CPU_NEW), hf.hf_stats
+    assert (FLASH_CALLS[-1]["cu_seqlens_q"] is not None) == padded
     assert all(c["window_size"] == (W - 1, 0) for c in FLASH_CALLS)
     assert_same_generation(ref_out, out)
 
@@ -525,15 +539,8 @@ def gpu_model(family, **over):
 def test_padded_generation_on_the_kernels(family, cache):
     """A left-padded batch of 4 prompts, 32 greedy tokens past the window: the tokens of the reference
     (eager for softcap / sinks, else sdpa) up to a near-tie, every call on the kernels."""
-    model = gpu_model(family)
     ids, mask = left_padded(GPU_LENGTHS, 1000, seed=8)
-    ids, mask = ids.cuda(), mask.cuda()
-    with torch.no_grad():
-        ref_out = generate(model, ids, mask, reference_attn(family), cache, GPU_NEW)
-        hf.reset_stats()
-        with warnings.catch_warnings(record=True) as rec:
-            warnings.simplefilter("always")
-            out = generate(model, ids, mask, "cute_kernels", cache, GPU_NEW)
+    ref_out, out, rec = padded_generations(gpu_model(family), ids.cuda(), mask.cuda(), family, cache, GPU_NEW)
     stats = dict(hf.hf_stats)
     same = (ref_out.sequences == out.sequences).float().mean().item()
     print(f"{family} {cache or 'dynamic'}: {stats}, {same:.1%} identical tokens")
@@ -545,16 +552,7 @@ def test_padded_generation_on_the_kernels(family, cache):
 @gpu
 @pytest.mark.parametrize("padded", [False, True])
 def test_configless_dynamic_cache_on_the_kernels(padded):
-    model = gpu_model("mistral")
     ids, mask = left_padded(GPU_LENGTHS if padded else [64] * 4, 1000, seed=9)
-    ids, mask = ids.cuda(), mask.cuda()
-    kw = dict(attention_mask=mask, max_new_tokens=GPU_NEW, min_new_tokens=GPU_NEW, do_sample=False,
-              disable_compile=True, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
-    with torch.no_grad():
-        model.set_attn_implementation("sdpa")
-        ref_out = model.generate(ids, past_key_values=DynamicCache(), **kw)
-        model.set_attn_implementation("cute_kernels")
-        hf.reset_stats()
-        out = model.generate(ids, past_key_values=DynamicCache(), **kw)
-    assert hf.hf_stats == {"flash_attn": 2 * GPU_NEW, "decode_attn": 0, "fallback": 0}, hf.hf_stats
+    ref_out, out = configless_generations(gpu_model("mistral"), ids.cuda(), mask.cuda(), GPU_NEW)
+    assert hf.hf_stats == configless_routes(padded, GPU_NEW), hf.hf_stats
     assert_same_generation(ref_out, out)
