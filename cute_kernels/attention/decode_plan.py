@@ -449,3 +449,17 @@ def explain(batch: int, heads_q: int, heads_kv: int, capacity: int, *, head_dim:
     return {"config": cfg, "num_splits": splits, "load": "tma+evict_first" if cfg.load == "tma" else cfg.load,
             "kv_bytes": kv_bytes(batch, k, bt), "ctas": ctas,
             "ctas_per_sm": round(ctas / current_arch().sm_count, 2), "merge": "pdl" if splits > 1 else "none"}
+
+
+def _check_workspace(workspace, P, B, Sq, Hq, D):
+    need = workspace_numel(P, B, Sq, Hq, D)
+    if workspace.numel() < need:
+        raise ValueError(f"decode_attn: workspace has {workspace.numel()} float32 elements, needs {need} "
+                         f"(num_splits={P}); see decode_attn_workspace()")
+
+
+def decode_attn_workspace(q: torch.Tensor, num_splits: int) -> torch.Tensor:
+    """A workspace for ``decode_attn(..., num_splits=num_splits, workspace=ws)`` (CUDA-graph friendly):
+    the partial outputs and LSEs of every split.  Reuse it only for calls of the same or smaller sizes."""
+    B, Sq, Hq, D = q.shape
+    return torch.empty(workspace_numel(num_splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)

@@ -108,13 +108,16 @@ import math
 import numbers
 import types
 import warnings
-from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..gemm import gemm
+from .hf_masks import (  # noqa: F401  (mask_function, Unpad, unpad_metadata: this module's API)
+    _UNPAD_CACHE, Unpad, _fit_padding, _is_static_buffer, _padding_mask, _unpad_cached, mask_function,
+    unpad_metadata,
+)
 from .sdpa import _is_hopper, route
 
 __all__ = ["register", "attention_forward", "mask_function", "fallback_path", "unpad_metadata", "Unpad",
@@ -197,170 +200,6 @@ def _eager_needed(kwargs: dict) -> bool:
     return kwargs.get("softcap") is not None or any(kwargs.get(n) is not None for n in SINKS)
 
 
-# --------------------------------------------------------------------------------------------- mask
-def _no_padding(attention_mask) -> bool | None:
-    """True: no 2-D mask or all ones; False: some padding; None: cannot tell (tracing)."""
-    if attention_mask is None:
-        return True
-    from transformers.utils.import_utils import is_tracing
-
-    if is_tracing(attention_mask):
-        return None
-    return bool(attention_mask.all())
-
-
-def _same_function(a, b) -> bool:
-    """``a`` and ``b`` are the same function or closures of the same code over equal values (HF's mask
-    factories make a new closure per call)."""
-    if a is b:
-        return True
-    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
-    if code_a is None or code_a is not code_b:
-        return False
-    cells_a, cells_b = a.__closure__ or (), b.__closure__ or ()
-    if len(cells_a) != len(cells_b):
-        return False
-    try:
-        return all(_same_value(x.cell_contents, y.cell_contents) for x, y in zip(cells_a, cells_b))
-    except ValueError:  # an empty cell
-        return False
-
-
-def _same_value(a, b) -> bool:
-    if callable(a) or callable(b):
-        return _same_function(a, b)
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return type(a) is type(b) and a == b
-    return False
-
-
-def _kernel_pattern(fn, local_size) -> bool:
-    """The mask function is one the attention function applies itself: plain causal (no local size)
-    or HF's sliding-window causal of width ``local_size``."""
-    from transformers import masking_utils as mu
-
-    if fn is mu.causal_mask_function:
-        return local_size is None
-    if isinstance(local_size, int) and not isinstance(local_size, bool) and local_size > 0:
-        return _same_function(fn, mu.sliding_window_causal_mask_function(local_size))
-    return False
-
-
-def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
-                  mask_function=None, attention_mask=None, local_size=None, **kwargs):
-    """The ``AttentionMaskInterface`` entry.  For a plain causal or sliding-window causal pattern: None
-    without padding over the layer's keys, else the (B, <= kv_length) boolean slice of the 2-D mask
-    over them (its last ``kv_length`` columns); for anything else (or under tracing) HF's dense sdpa
-    mask (boolean, (B, 1, q_length, kv_length)), which makes the attention function fall back."""
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
-
-    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):  # .all() would raise AttributeError
-        raise TypeError(f"mask_function: attention_mask must be a torch.Tensor or None, got "
-                        f"{type(attention_mask).__name__}")
-    if mask_function is not None and not callable(mask_function):
-        raise TypeError(f"mask_function: mask_function must be callable or None, got {type(mask_function).__name__}")
-    fn = causal_mask_function if mask_function is None else mask_function
-    if _kernel_pattern(fn, local_size):
-        if attention_mask is None:
-            return None
-        if attention_mask.dim() == 2:
-            seen = attention_mask[:, -kv_length:] if kv_length > 0 else attention_mask[:, :0]
-            none = _no_padding(seen)
-            if none:
-                return None
-            if none is False:
-                return seen if seen.dtype == torch.bool else seen != 0
-    kwargs.pop("allow_is_causal_skip", None)
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, mask_function=fn, attention_mask=attention_mask,
-                     local_size=local_size, allow_is_causal_skip=False, **kwargs)
-
-
-# -------------------------------------------------------------------------------------------- unpad
-class Unpad(NamedTuple):
-    """Packed-sequence form of a padded batch (:func:`unpad_metadata`), on the mask's device."""
-
-    cu_seqlens_q: torch.Tensor  #: (B + 1,) int32: the valid queries of sequence b are packed rows cu[b]..cu[b+1]-1
-    cu_seqlens_k: torch.Tensor  #: (B + 1,) int32, the same for the valid keys
-    max_seqlen_q: int
-    max_seqlen_k: int
-    q_index: tuple  #: (batch, query row) int64 tensors of the valid queries, packed order
-    k_index: tuple  #: (batch, key column) int64 tensors of the valid keys, packed order
-    total_q: int
-    all_queries: bool  #: every query row valid: the packed output is the padded one, reshaped
-    one_run: bool  #: every sequence's valid keys are consecutive columns (a window is exact packed)
-
-
-def unpad_metadata(mask: torch.Tensor, q_len: int) -> Unpad:
-    """The packed form of a batch whose keys are the columns of ``mask`` ((B, n), nonzero = a real
-    token) and whose ``q_len`` queries are its last ``q_len`` columns.  One device-to-host copy of the
-    mask (a synchronization) and two small host-to-device copies."""
-    B, n = mask.shape
-    if not 0 <= q_len <= n:
-        raise ValueError(f"unpad_metadata: {q_len} queries but the mask has {n} columns")
-    dev = mask.device
-    h = mask.detach().to("cpu") != 0
-    qm = h[:, n - q_len:]
-    kl, ql = h.sum(1), qm.sum(1)
-    cu = torch.zeros(2, B + 1, dtype=torch.int64)
-    cu[0, 1:], cu[1, 1:] = ql.cumsum(0), kl.cumsum(0)
-    ki, qi = h.nonzero(), qm.nonzero()  # row-major: sequence by sequence, columns ascending
-    runs = h[:, :1].sum(1) + (h[:, 1:] & ~h[:, :-1]).sum(1)
-    cu_d = cu.to(torch.int32).to(dev)
-    idx = torch.cat([ki, qi]).t().contiguous().to(dev)
-    nk = ki.shape[0]
-    return Unpad(cu_d[0], cu_d[1], int(ql.max()) if B else 0, int(kl.max()) if B else 0,
-                 (idx[0, nk:], idx[1, nk:]), (idx[0, :nk], idx[1, :nk]), int(qi.shape[0]),
-                 bool((ql == q_len).all()), bool((runs <= 1).all()))
-
-
-#: (mask, its version counter, q_len, Unpad): the layers of one forward pass share their mask object.
-_UNPAD_CACHE: list = []
-_UNPAD_KEEP = 4
-
-
-def _version(t: torch.Tensor):
-    try:
-        return t._version
-    except RuntimeError:  # an inference-mode tensor has no version counter: its identity alone
-        return None
-
-
-def _unpad_cached(mask: torch.Tensor, q_len: int) -> Unpad:
-    """:func:`unpad_metadata`, reused while the same mask object (unchanged in place) comes back with the
-    same query length: every layer of a forward pass gets the one mask its mask function built."""
-    ver = _version(mask)
-    for m, v, ql, meta in _UNPAD_CACHE:
-        if m is mask and v == ver and ql == q_len:
-            return meta
-    meta = unpad_metadata(mask, q_len)
-    _UNPAD_CACHE.insert(0, (mask, ver, q_len, meta))
-    del _UNPAD_CACHE[_UNPAD_KEEP:]
-    return meta
-
-
-def _padding_mask(attention_mask, batch: int, q_len: int) -> bool:
-    """A 2-D (B, n >= q_len) boolean or integer padding mask (what :func:`mask_function` returns)."""
-    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
-            and attention_mask.shape[0] == batch and attention_mask.shape[1] >= q_len
-            and (attention_mask.dtype == torch.bool or not attention_mask.is_floating_point()))
-
-
-def _fit_padding(mask: torch.Tensor, key, value):
-    """Keys and mask columns matched: a static buffer's first keys (its unfilled slots follow them), any
-    other key tensor's last ones (a sliding layer recording its past, transformers 5.17, returns more
-    keys than the mask covers); a mask wider than the keys keeps its last columns (HF slices so)."""
-    n, kv_len = mask.shape[1], key.shape[2]
-    if n > kv_len:
-        mask = mask[:, n - kv_len:]
-    elif n < kv_len:
-        start = 0 if _is_static_buffer(key) else kv_len - n
-        key, value = key.narrow(2, start, n), value.narrow(2, start, n)
-    return (mask if mask.dtype == torch.bool else mask != 0), key, value
-
-
 # ---------------------------------------------------------------------------------------- fallbacks
 def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -> torch.Tensor | None:
     """(batch,) contiguous device tensor of ``dtype``: keys valid per sequence after this step (last
@@ -377,11 +216,6 @@ def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -
     if last.device != device:
         last = last.to(device)
     return torch.add(last.expand(batch), 1, out=torch.empty(batch, dtype=dtype, device=device))
-
-
-def _is_static_buffer(t: torch.Tensor) -> bool:
-    """HF's StaticCache marks its buffers with ``torch._dynamo.mark_static_address``."""
-    return getattr(t, "_dynamo_static_input_type", None) is not None
 
 
 def _need_lengths(key) -> None:

@@ -513,8 +513,10 @@ def test_cpu_unpadding_runs_once_per_mask_per_forward(monkeypatch):
     model = window_model("gemma2", W, num_hidden_layers=4)  # 2 sliding + 2 full layers
     ids, mask = left_padded([20, 3], 512, seed=6)  # the 3-token prompt keeps padding in every window
     calls = []
-    orig = hf.unpad_metadata
-    monkeypatch.setattr(hf, "unpad_metadata", lambda m, q: calls.append(q) or orig(m, q))
+    from cute_kernels.integrations import hf_masks
+
+    orig = hf_masks.unpad_metadata
+    monkeypatch.setattr(hf_masks, "unpad_metadata", lambda m, q: calls.append(q) or orig(m, q))
     with torch.no_grad():
         generate(model, ids, mask, "cute_kernels", None, 4)
     assert hf.hf_stats == {"flash_attn": 4, "decode_attn": 4 * 3, "fallback": 0}, hf.hf_stats
