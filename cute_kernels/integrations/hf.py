@@ -53,7 +53,8 @@ Routing, per call:
   under a window narrower than the mask falls back.  A left-padded decode step (every new token
   valid, each sequence's keys one run ending at the last column) reads the cache in place:
   ``decode_attn`` with ``cache_leftpad`` (the first valid column) and the window in cache columns, as
-  HF's mask counts them; other padded decode steps gather each sequence's valid keys (a copy).
+  HF's mask counts them (not yet with sinks: see NOTES-decode); other padded decode steps gather each
+  sequence's valid keys (a copy).
 - Softcapping (``softcap``, Gemma-2) and attention sinks (``s_aux`` / ``sinks``, gpt-oss: one logit
   per query head joining the softmax denominator with no value, exactly FlashAttention-4's
   ``learnable_sink``; passed as float32) go to whichever kernel runs.
@@ -436,7 +437,9 @@ def _padded(args, softcap, sink, scale, where):
     meta = _unpad_cached(mask, q_len)
     if causal and window is not None and not meta.one_run and mask.shape[1] > window:
         return _fallback(None, R_GAPS, *args)  # HF's window counts the gaps' columns, packing would not
-    if where == "decode_attn" and causal and meta.one_run and meta.all_queries:
+    # in place only without sinks: a gpt-oss padded generation (decode_attn with cache_leftpad and a sink
+    # on a two-tile cache) disagreed with eager on the H200 (2026-12-03, NOTES-decode); packed meanwhile
+    if where == "decode_attn" and causal and meta.one_run and meta.all_queries and sink is None:
         return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
     hf_stats["flash_attn"] += 1
