@@ -601,6 +601,20 @@ def test_gpu_head_dims_with_softcap_and_sink(D, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("L", [201, 203, 205])
+def test_gpu_padding_with_sink_past_one_tile(L):
+    """The case of the gpt-oss padded generation that disagreed with eager on the H200 (2026-12-03,
+    NOTES-decode): one new token, 8 query heads on 2 KV heads, D 64, bf16, a left padding of 37 in
+    a cache of two tiles, sinks around 2 (a trained gpt-oss's are of that size), no window."""
+    q, k, v, s = make(2, 1, 8, 2, 64, [L, L], L, seed=L)
+    pads = torch.tensor([37, 0], dtype=torch.int32)
+    sink = (torch.randn(8, generator=torch.Generator().manual_seed(L)) * 2 + 2).cuda()
+    for splits in (1, None):
+        _run_case(q, k, v, s, [L, L], 1, True, (-1, -1), pads, 0, splits, f"L={L} splits={splits}",
+                  learnable_sink=sink)
+
+
+@gpu
 @pytest.mark.parametrize("page", [0, 64], ids=["contiguous-tma", "paged64"])
 def test_gpu_bitwise_equal_to_plain_where_nothing_is_bounded(page):
     """A window wider than the cache and a padding of zeros run the window / padding kernels over the
