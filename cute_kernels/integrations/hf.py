@@ -437,8 +437,8 @@ def _padded(args, softcap, sink, scale, where):
     meta = _unpad_cached(mask, q_len)
     if causal and window is not None and not meta.one_run and mask.shape[1] > window:
         return _fallback(None, R_GAPS, *args)  # HF's window counts the gaps' columns, packing would not
-    # in place only without sinks: a gpt-oss padded generation (decode_attn with cache_leftpad and a sink
-    # on a two-tile cache) disagreed with eager on the H200 (2026-12-03, NOTES-decode); packed meanwhile
+    # in place only without sinks: decode_attn with cache_leftpad and a sink is suspect on caches past
+    # one tile (profiles/NOTES-decode.md); those steps go packed meanwhile
     if where == "decode_attn" and causal and meta.one_run and meta.all_queries and sink is None:
         return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
