@@ -8,6 +8,10 @@
 #   paged-tests   tests/attention/test_forward_paged.py, 8 workers                                   [PAGED_TESTS_S]
 #   attn-k        tests/attention -k "$PYTEST_K", 8 workers                                          [PYTEST_S]
 #   gemm-k        tests/gemm -k "$PYTEST_K", 8 workers                                              [PYTEST_S]
+#   decode-tests  the decode GPU tests (plain, arguments, windows / cache_leftpad), 8 workers         [DECODE_TESTS_S]
+#   backward-tests  the backward and autograd GPU tests, 8 workers                                  [BWD_TESTS_S]
+#   variant-tests the forward variants' GPU tests (softcap / sinks / windows), 8 workers             [VARIANT_TESTS_S]
+#   hf-tests      tests/integrations (Transformers, sdpa, torch.compile ops), 8 workers             [HF_TESTS_S]
 #   stress        profiles/stress.py: a warm-up run (kernels compiled in parallel), then the same cases under
 #                 compute-sanitizer memcheck, racecheck, synccheck (each < 100 s warm); all in stress.log
 #                 [STRESS_ARGS: e.g. "--ops gemm" to split the tools' runs over calls; STRESS_TOOLS; STRESS_S per tool]
@@ -64,6 +68,13 @@ for step in "$@"; do
     paged-tests) gpu_tests "${PAGED_TESTS_S:-240}" paged-tests.log tests/attention/test_forward_paged.py ;;
     attn-k) gpu_tests "${PYTEST_S:-300}" attn-k.log tests/attention -k "$PYTEST_K" ;;
     gemm-k) gpu_tests "${PYTEST_S:-300}" gemm-k.log tests/gemm -k "$PYTEST_K" ;;
+    decode-tests) gpu_tests "${DECODE_TESTS_S:-300}" decode-tests.log tests/attention/test_decode.py \
+      tests/attention/test_decode_args.py tests/attention/test_decode_window.py ;;
+    backward-tests) gpu_tests "${BWD_TESTS_S:-300}" backward-tests.log tests/attention/test_backward.py \
+      tests/attention/test_backward_compile.py tests/attention/test_flash_autograd.py ;;
+    variant-tests) gpu_tests "${VARIANT_TESTS_S:-240}" variant-tests.log tests/attention/test_variants.py \
+      tests/attention/test_variants_compile.py ;;
+    hf-tests) gpu_tests "${HF_TESTS_S:-200}" hf-tests.log tests/integrations ;;
     stress|sanitize) { py "${STRESS_WARM_S:-400}" profiles/stress.py --precompile ${STRESS_ARGS:-} 2>&1 | quiet
                 for tool in ${STRESS_TOOLS:-memcheck racecheck synccheck}; do echo "--- compute-sanitizer --tool $tool $(date -u +%T)"
                   CK_SANITIZER=$tool timeout "${STRESS_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
