@@ -615,6 +615,19 @@ def test_gpu_padding_with_sink_past_one_tile(L):
 
 
 @gpu
+@pytest.mark.parametrize("L", [64, 67])
+def test_gpu_sliding_layer_with_padding_and_sink(L):
+    """The same generation's sliding layers, in case their steps took the padded route: a 64-key window
+    ((63, 0)) with a small left padding and sinks, one token, GQA 4, D 64."""
+    q, k, v, s = make(2, 1, 8, 2, 64, [L, L], L, seed=L)
+    pads = torch.tensor([5, 0], dtype=torch.int32)
+    sink = (torch.randn(8, generator=torch.Generator().manual_seed(L)) * 2 + 2).cuda()
+    for splits in (1, None):
+        _run_case(q, k, v, s, [L, L], 1, True, (63, 0), pads, 0, splits, f"L={L} splits={splits}",
+                  learnable_sink=sink)
+
+
+@gpu
 @pytest.mark.parametrize("page", [0, 64], ids=["contiguous-tma", "paged64"])
 def test_gpu_bitwise_equal_to_plain_where_nothing_is_bounded(page):
     """A window wider than the cache and a padding of zeros run the window / padding kernels over the
