@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -85,7 +86,7 @@ def run_shape(shape, variants, reps):
             row["checks"][n] = [round(float((a - r).abs().max() / r.abs().max().clamp_min(1e-30)), 5)
                                 for a, r in zip(o, ref)]
     times = paired_times({n: c[0] for n, c in calls.items()}, reps)
-    row["median_us"] = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+    row["median_us"] = {n: statistics.median(t) for n, t in times.items()}
     for n in calls:
         if n != "planned":
             row["ratio_vs_planned"][n] = round(paired_ratio(times, "planned", n), 4)

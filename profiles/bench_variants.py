@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -80,7 +81,7 @@ def forward_rows(shapes, reps):
                   for n, fn in calls.items()}
         times = paired_times(calls, reps)
         row = {"kind": "forward", "shape": name, "check": checks,
-               "median_us": {n: sorted(t)[len(t) // 2] for n, t in times.items()},
+               "median_us": {n: statistics.median(t) for n, t in times.items()},
                "plain_over_variant": {n: round(paired_ratio(times, "plain", n), 4) for n in ("softcap", "sink")}}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -112,7 +113,7 @@ def decode_rows(reps):
             checks[n] = _rel_err(calls[n]()[:1], want)
         times = paired_times(calls, reps)
         row = {"kind": "decode", "shape": f"b{B}_hq{DECODE_HQ}_hkv{DECODE_HKV}_L{L}_d{DECODE_D}", "check": checks,
-               "median_us": {n: sorted(t)[len(t) // 2] for n, t in times.items()},
+               "median_us": {n: statistics.median(t) for n, t in times.items()},
                "plain_over_variant": {"softcap": round(paired_ratio(times, "plain", "softcap"), 4),
                                       "sink": round(paired_ratio(times, "plain", "sink"), 4),
                                       "window": round(paired_ratio(times, "plain_half", "window_half"), 4)}}

@@ -226,6 +226,13 @@ def _need_lengths(key) -> None:
                          "is unknown; use attn_implementation='sdpa' or a DynamicCache with this model")
 
 
+def _causal_band(kpos: torch.Tensor, last: torch.Tensor, window) -> torch.Tensor:
+    """Key positions ``kpos`` a query whose last visible key is ``last`` sees (broadcast): bottom-right
+    causal, and with HF's ``sliding_window`` W only the W keys ending at ``last``."""
+    band = kpos <= last
+    return band if window is None else band & (kpos > last - window)
+
+
 def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device, window=None) -> torch.Tensor:
     """(1, 1, q_len, kv_len) boolean mask of packed sequences: query i of sequence s sees the keys of
     sequence s (bottom-right causal when ``causal``, and within ``window``); rows past the last
@@ -242,10 +249,7 @@ def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device, window=N
     mask = (sq[:, None] == sk[None, :]) & (sq[:, None] < n)
     if causal:  # key offset <= query offset + (len_k - len_q) of the sequence
         shift = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
-        kpos, last = (kj - cu_k[skc])[None, :], (qi - cu_q[sqc] + shift[sqc])[:, None]
-        mask &= kpos <= last
-        if window is not None:
-            mask &= kpos > last - window
+        mask &= _causal_band((kj - cu_k[skc])[None, :], (qi - cu_q[sqc] + shift[sqc])[:, None], window)
     return mask[None, None]
 
 
@@ -260,10 +264,7 @@ def _causal_mask(kwargs, key, batch: int, q_len: int, kv_len: int, window=None) 
     lens = lens.clamp(max=kv_len)
     kpos = torch.arange(kv_len, device=key.device)[None, None, None, :]
     last = lens[:, None, None, None] - q_len + torch.arange(q_len, device=key.device)[None, None, :, None]
-    mask = kpos <= last
-    if window is not None:
-        mask &= kpos > last - window
-    return mask
+    return _causal_band(kpos, last, window)
 
 
 def _padding_dense(mask: torch.Tensor, q_len: int, causal: bool, window) -> torch.Tensor:
@@ -274,10 +275,7 @@ def _padding_dense(mask: torch.Tensor, q_len: int, causal: bool, window) -> torc
     if causal:
         kpos = torch.arange(n, device=mask.device)[None, :]
         last = (n - q_len + torch.arange(q_len, device=mask.device))[:, None]
-        band = kpos <= last
-        if window is not None:
-            band &= kpos > last - window
-        dense = dense & band
+        dense = dense & _causal_band(kpos, last, window)
     return dense
 
 
@@ -440,7 +438,7 @@ def _padded(args, softcap, sink, scale, where):
     # in place only without sinks: decode_attn with cache_leftpad and a sink is suspect on caches past
     # one tile (profiles/NOTES-decode.md); those steps go packed meanwhile
     if where == "decode_attn" and causal and meta.one_run and meta.all_queries and sink is None:
-        return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
+        return _left_padded_decode(query, key, value, meta, window, softcap, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
     hf_stats["flash_attn"] += 1
     if meta.total_q == 0:
@@ -459,7 +457,7 @@ def _padded(args, softcap, sink, scale, where):
     return out, None
 
 
-def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, sink, scale):
+def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, scale):
     """A decode step of a left-padded batch: every query valid and each sequence's keys one run, so the
     run ends at the last column and starts at column ``n - keys``: ``decode_attn`` reads the cache in
     place with ``cache_leftpad`` (positions in cache columns, as HF's window counts them)."""
@@ -470,8 +468,7 @@ def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, sink, s
     lens = torch.full((B,), n, dtype=torch.int32, device=key.device)
     out = decode_attn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens,
                       cache_leftpad=(n - keys).to(torch.int32), causal=True, softmax_scale=scale,
-                      window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=softcap,
-                      learnable_sink=sink)
+                      window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=softcap)
     hf_stats["decode_attn"] += 1
     return out, None
 
