@@ -175,15 +175,9 @@ def check_num_splits(num_splits, who: str = "decode_attn") -> Optional[int]:
 def check_window(window_size, causal: bool, who: str = "decode_attn"):
     """``(causal, window)`` the kernel runs for ``window_size`` (FlashAttention-3's sides: ints or None,
     -1 or None unbounded, nothing below -1; with causal the right side must be 0 or -1 and becomes 0):
-    :func:`~.forward_validate.check_window` without negative sides, its errors naming ``who``.  A
+    :func:`~.forward_validate.check_window` without negative sides, its errors starting with ``who``.  A
     window that bounds nothing beyond causal is None (the plain configuration)."""
-    try:
-        return _fa_check_window(window_size, causal)
-    except (TypeError, ValueError) as e:
-        msg = str(e)
-        if msg.startswith("flash_attn: "):
-            msg = f"{who}: " + msg[len("flash_attn: "):]
-        raise type(e)(msg) from None
+    return _fa_check_window(window_size, causal, who=who)
 
 
 def resolve_scale(softmax_scale, head_dim):

@@ -215,7 +215,7 @@ def _max_seqlen(value, name: str) -> int:
     return int(value)
 
 
-def check_window(window_size, causal: bool, negative: bool = False) -> tuple[bool, Optional[tuple[int, int]]]:
+def check_window(window_size, causal: bool, negative: bool = False, who: str = "flash_attn") -> tuple[bool, Optional[tuple[int, int]]]:
     """``(causal, window)`` the kernel runs for the arguments: a window ``(left, right)``, each side an int
     or None, -1 and None unbounded; ``causal`` is ``(-1, 0)``, so causal with a window sets its right
     side to 0 (a right side other than None, -1 or 0 with causal raises).  ``window`` is None when it
@@ -225,7 +225,12 @@ def check_window(window_size, causal: bool, negative: bool = False) -> tuple[boo
     window then ending before the diagonal (right < -1) or starting after it (left < -1), as long as
     it is not empty (``left + right >= 0`` when both are bounded: FlashAttention-4 would run an empty
     window as no window at all, this refuses it).  -1 keeps meaning unbounded (FlashAttention-2/3's
-    convention; in FlashAttention-4 only None is).  Without it (the backward) sides are >= -1."""
+    convention; in FlashAttention-4 only None is).  Without it (the backward) sides are >= -1.  Errors
+    start with ``who`` (``decode_attn`` takes FlashAttention-3's sides through this too)."""
+
+    def _err(cls, msg):
+        raise cls(f"{who}: {msg}")
+
     if window_size is None:
         window_size = (-1, -1)
     if isinstance(window_size, torch.Tensor) or not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
