@@ -60,7 +60,7 @@ from layouts import attention as LA
 from ..common import ring, tma, wgmma
 from ..common.barriers import NamedBarrierId
 from ..common.dtypes import HALF_NAMES, to_cutlass
-from ..common.softmax import probs_from_lse, softcap_scores
+from ..common.softmax import probs_from_lse, softcap_probs_from_lse, softcap_scores
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .backward_epilogue import BwdKvEpilogue
@@ -485,7 +485,8 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
         # P^T in 16 bits: the register A operand of dV += P^T dO
         rP = cute.make_rmem_tensor(acc_shape, self.dtype)
         if const_expr(self.cfg.softcap):  # P^T to rP; acc_S keeps P^T (1 - t^2) for dS^T
-            self.softcap_probs(s_mn, fs.acc_mn_view(rP), lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2, masked)
+            softcap_probs_from_lse(s_mn, fs.acc_mn_view(rP), lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2,
+                                   masked)
         else:
             if const_expr(not self.cfg.mma_only):
                 probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
@@ -530,26 +531,6 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
         pipe_q.consumer_release(read)
         read.advance()
         return read
-
-    @cute.jit
-    def softcap_probs(self, s_mn: cute.Tensor, p_mn: cute.Tensor, lse_log2_of_col, scale_log2: Float32,
-                      masked: cutlass.Constexpr[bool]):
-        """Softcapping's :func:`~..common.softmax.probs_from_lse`: the capped scores ``t = tanh(s *
-        softmax_scale / softcap)`` in ``s_mn`` (masked ones ``-inf``) give ``P = exp2(t * scale_log2 -
-        LSE_log2)`` (``scale_log2 = softcap * log2(e)``) in 16 bits into ``p_mn``, and ``s_mn`` becomes ``P
-        (1 - t^2)``: dS^T = P (1 - t^2) (dP^T - Delta) is the gradient of the uncapped scaled score (the
-        softmax scale still to come, as without softcapping).  A masked score gives 0 (``1 - t^2``, -inf
-        there, clamped at 0 in masked tiles: no ``0 * inf``)."""
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            lse = lse_log2_of_col(c)
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                t = s_mn[r, c]
-                p = cute.math.exp2(t * scale_log2 - lse, fastmath=True)
-                p_mn[r, c] = p.to(self.dtype)
-                d = Float32(1.0) - t * t
-                if const_expr(masked):
-                    d = cute.arch.fmax(d, Float32(0.0))
-                s_mn[r, c] = p * d
 
 
 # ---- compile entry ------------------------------------------------------------------------------

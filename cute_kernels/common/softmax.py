@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -274,3 +274,24 @@ def probs_from_lse(s_mn: cute.Tensor, lse_log2_of_col, scale_log2: Float32):
         lse = lse_log2_of_col(c)
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - lse, fastmath=True)
+
+
+@cute.jit
+def softcap_probs_from_lse(s_mn: cute.Tensor, p_mn: cute.Tensor, lse_log2_of_col, scale_log2: Float32,
+                           masked: cutlass.Constexpr[bool]):
+    """Softcapping's :func:`probs_from_lse` (an attention backward): the capped scores ``t = tanh(s *
+    softmax_scale / softcap)`` in ``s_mn`` (:func:`softcap_scores`; masked ones ``-inf``) give ``P =
+    exp2(t * scale_log2 - LSE_log2)`` (``scale_log2 = softcap * log2(e)``) in ``p_mn``'s 16-bit type
+    into ``p_mn``, and ``s_mn`` becomes ``P (1 - t^2)``: dS^T = P (1 - t^2) (dP^T - Delta) is the
+    gradient of the uncapped scaled score (the softmax scale still to come, as without softcapping).
+    A masked score gives 0 (``1 - t^2``, -inf there, clamped at 0 in ``masked`` tiles: no ``0 * inf``)."""
+    for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+        lse = lse_log2_of_col(c)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            t = s_mn[r, c]
+            p = cute.math.exp2(t * scale_log2 - lse, fastmath=True)
+            p_mn[r, c] = p.to(p_mn.element_type)
+            d = Float32(1.0) - t * t
+            if const_expr(masked):
+                d = cute.arch.fmax(d, Float32(0.0))
+            s_mn[r, c] = p * d
