@@ -240,16 +240,14 @@ class DecodeAttnKernel(DecodeLoads):
                 k_lo = cutlass.max(seqlen - mQ.shape[1] - window_left, seq_lo)
             t_lo = k_lo // self.n_tile
             n_tiles = ((seqlen + self.n_tile - 1) // self.n_tile - t_lo) * cutlass.min(seqlen - k_lo, 1)
-            tiles_per_split = (n_tiles + num_splits - 1) // num_splits
-            t_begin = t_lo + split * tiles_per_split
-            t_end = cutlass.min(t_begin + tiles_per_split, t_lo + n_tiles)
-            n_iter = cutlass.max(t_end - t_begin, 0)
         else:
+            t_lo = 0
             n_tiles = (seqlen + self.n_tile - 1) // self.n_tile
-            tiles_per_split = (n_tiles + num_splits - 1) // num_splits
-            t_begin = split * tiles_per_split
-            t_end = cutlass.min(t_begin + tiles_per_split, n_tiles)
-            n_iter = cutlass.max(t_end - t_begin, 0)
+        # the tiles [t_lo, t_lo + n_tiles) split over the splits
+        tiles_per_split = (n_tiles + num_splits - 1) // num_splits
+        t_begin = t_lo + split * tiles_per_split
+        t_end = cutlass.min(t_begin + tiles_per_split, t_lo + n_tiles)
+        n_iter = cutlass.max(t_end - t_begin, 0)
 
         sQ = storage.sQ.get_tensor(sQ_layout)
         kv_ptr = storage.sKV.data_ptr()
