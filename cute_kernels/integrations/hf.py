@@ -53,7 +53,7 @@ Routing, per call:
   under a window narrower than the mask falls back.  A left-padded decode step (every new token
   valid, each sequence's keys one run ending at the last column) reads the cache in place:
   ``decode_attn`` with ``cache_leftpad`` (the first valid column) and the window in cache columns, as
-  HF's mask counts them (not yet with sinks: see NOTES-decode); other padded decode steps gather each
+  HF's mask counts them (softcap and sinks included); other padded decode steps gather each
   sequence's valid keys (a copy).
 - Softcapping (``softcap``, Gemma-2) and attention sinks (``s_aux`` / ``sinks``, gpt-oss: one logit
   per query head joining the softmax denominator with no value, exactly FlashAttention-4's
@@ -435,10 +435,8 @@ def _padded(args, softcap, sink, scale, where):
     meta = _unpad_cached(mask, q_len)
     if causal and window is not None and not meta.one_run and mask.shape[1] > window:
         return _fallback(None, R_GAPS, *args)  # HF's window counts the gaps' columns, packing would not
-    # in place only without sinks: decode_attn with cache_leftpad and a sink is suspect on caches past
-    # one tile (profiles/NOTES-decode.md); those steps go packed meanwhile
-    if where == "decode_attn" and causal and meta.one_run and meta.all_queries and sink is None:
-        return _left_padded_decode(query, key, value, meta, window, softcap, scale)
+    if where == "decode_attn" and causal and meta.one_run and meta.all_queries:
+        return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
     hf_stats["flash_attn"] += 1
     if meta.total_q == 0:
@@ -457,7 +455,7 @@ def _padded(args, softcap, sink, scale, where):
     return out, None
 
 
-def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, scale):
+def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, sink, scale):
     """A decode step of a left-padded batch: every query valid and each sequence's keys one run, so the
     run ends at the last column and starts at column ``n - keys``: ``decode_attn`` reads the cache in
     place with ``cache_leftpad`` (positions in cache columns, as HF's window counts them)."""
@@ -468,7 +466,8 @@ def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, scale):
     lens = torch.full((B,), n, dtype=torch.int32, device=key.device)
     out = decode_attn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens,
                       cache_leftpad=(n - keys).to(torch.int32), causal=True, softmax_scale=scale,
-                      window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=softcap)
+                      window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=softcap,
+                      learnable_sink=sink)
     hf_stats["decode_attn"] += 1
     return out, None
 

@@ -112,7 +112,10 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", {}),
     "gemma2": ("Gemma2Config", dict(sliding_window=64, attn_logit_softcapping=0.05)),
     "gemma3": ("Gemma3TextConfig", dict(sliding_window=64)),
-    "gpt_oss": ("GptOssConfig", dict(sliding_window=64, num_local_experts=4, num_experts_per_tok=2)),
+    # every expert on every token: a top-k router is a discontinuity (a near-tie between the k-th and the
+    # next expert flips on bf16 noise and moves the logits by ~1), which compares routers, not attention
+    # (profiles/NOTES-decode.md, session 22: margin 0.004, flipped by a 0.006 router-logit difference)
+    "gpt_oss": ("GptOssConfig", dict(sliding_window=64, num_local_experts=4, num_experts_per_tok=4)),
 }
 SINK_MEAN, SINK_STD = 2.0, 2.0
 

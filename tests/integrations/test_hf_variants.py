@@ -348,7 +348,7 @@ class TestDecisions:
         if family == "gpt_oss":
             kw["s_aux"] = sinks = attn.sinks.detach()
         o, warned = call(attn, q, k, v, mask, **kw)
-        if side == "left" and q_len == 1 and sinks is None:  # a left-padded decode step: in place, cache_leftpad
+        if side == "left" and q_len == 1:  # a left-padded decode step: in place, cache_leftpad (sinks too)
             assert warned == [] and hf.hf_stats == {"flash_attn": 0, "decode_attn": 1, "fallback": 0}
             want = ref(q, k[:, :, :n], v[:, :, :n], 0.125, band(3, q_len, n, kw["sliding_window"], pad=mask),
                        softcap=softcap, sinks=sinks)
