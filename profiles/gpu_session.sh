@@ -41,7 +41,8 @@
 #                 of cute_kernels layouts profiles) and on this one, alternated, HOST_AB_RUNS rounds (default 2), both
 #                 pinned to core HOST_AB_CPU (default 3)
 #   import-time   whole-process `import torch` / `import cute_kernels` (this tree, then BEFORE if present),
-#                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run
+#                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run; then the package's own
+#                 share by `python3 -X importtime` (cute_kernels minus the torch inside it), 3 runs
 #   bench-model   profiles/bench_model.py (end-to-end decode of a Llama-3-8B-shaped model)              [MODEL_S]
 #   demo          cute-kernels demo (GPU: each kernel vs PyTorch, error and speed)
 set -o pipefail
@@ -114,7 +115,13 @@ for step in "$@"; do
         done
       done 2>&1 | tee "$OUT/import-time.log"
       python3 -c "import cute_kernels, sys; print('after: cutlass imported by import cute_kernels:', 'cutlass' in sys.modules)" \
-        2>&1 | tee -a "$OUT/import-time.log" ;;
+        2>&1 | tee -a "$OUT/import-time.log"
+      # the package's own share, free of the host's process-start noise: -X importtime's cumulative us of
+      # the top-level cute_kernels import minus those of torch inside it (3 runs)
+      for r in 1 2 3; do python3 -X importtime -c "import cute_kernels" 2>&1 | awk -F'|' '
+        $3 ~ /^ *torch$/ {t=$2} $3 ~ /^ *cute_kernels$/ {c=$2}
+        END {printf "importtime: cute_kernels %.3f s, torch within it %.3f s, own %.3f s\n", c/1e6, t/1e6, (c-t)/1e6}'
+      done 2>&1 | tee -a "$OUT/import-time.log" ;;
     bench-model) CK_COMMIT=$commit py "${MODEL_S:-480}" profiles/bench_model.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | quiet | tee "$OUT/demo.log" ;;
     *) echo "unknown step: $step (see the list at the top of profiles/gpu_session.sh)" | tee -a "$OUT/session.log" ;;
