@@ -133,8 +133,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     strides; lse (B, Hq, Sq) fp32 from the forward (with a sink: the forward's, which holds it).  ``dq``
     / ``dk`` / ``dv``: written in place if given (any 16-byte strides), else allocated.  GQA / MQA: dk,
     dv sum their query heads.  ``window_size=(left, right)`` as ``flash_attn``'s (-1: unbounded; causal
-    is (-1, 0)); windows other than causal are compiled and emulated on the CPU but not yet run on a
-    GPU.  ``softcap`` (0: off) and ``learnable_sink`` ((Hq,) fp32 or None) as ``flash_attn``'s."""
+    is (-1, 0)).  ``softcap`` (0: off) and ``learnable_sink`` ((Hq,) fp32 or None) as ``flash_attn``'s."""
     scale, causal, window, softcap = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv,
                                                        dlse, window_size, softcap, learnable_sink)
     B, Sq, Hq, D = q.shape

@@ -4,10 +4,10 @@ fake implementation for ``torch.compile``) and its formula registered on the fun
 
 The forward op saves q, k, v, out and lse (and the sink logits); the backward runs
 :func:`.backward.flash_attn_backward` (imported at the first backward: the DSL loads then), the LSE's
-gradient entering its Delta, with the forward's softcap and, when the sink needs its gradient, the
-sink.  Which calls may take this path (dense q and K/V, no ``out=``, no window, head dims the backward
-has; softcapping and sinks are fine) is :func:`check_differentiable`'s, called by ``flash_attn`` before
-the forward launches.
+gradient entering its Delta, with the forward's window and softcap and, when the sink needs its
+gradient, the sink.  Which calls may take this path (dense q and K/V, no ``out=``, windows with sides
+>= -1, head dims the backward has; softcapping and sinks are fine) is :func:`check_differentiable`'s,
+called by ``flash_attn`` before the forward launches.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ BWD_HEAD_DIMS = (64, 96, 128)
 
 def check_differentiable(call, q, out) -> None:
     """A ``ValueError`` naming what keeps a call that needs gradients from the backward: ``out=``, a
-    paged or packed call, a window, a head dim the backward lacks.  (Softcapping and sinks have one.)"""
+    paged or packed call, a window side below -1 (FlashAttention-4's windows that end before the
+    diagonal or start after it), a head dim the backward lacks.  (Windows with sides >= -1,
+    softcapping and sinks have one.)"""
     if out is not None:
         raise ValueError("flash_attn: out= cannot be used when an input requires grad (autograd needs the "
                          "output it allocates); call it under torch.no_grad() or drop out=")
@@ -35,9 +37,10 @@ def check_differentiable(call, q, out) -> None:
         what = "block_table (paged K/V)" if call.block_table is not None else "cu_seqlens (packed sequences)"
         raise ValueError(f"flash_attn: {what} has no backward yet; inputs that require grad need dense q, k, v "
                          "(or run under torch.no_grad())")
-    if call.window != (-1, -1):
-        raise ValueError("flash_attn: window_size has no backward yet; inputs that require grad need "
-                         "window_size=(-1, -1)")
+    if min(call.window) < -1:
+        raise ValueError(f"flash_attn: window_size {call.window} has a side below -1 (a window that ends before "
+                         "the diagonal or starts after it), which has no backward yet; inputs that require "
+                         "grad need sides >= -1 (-1 or None: unbounded)")
     if q.shape[-1] not in BWD_HEAD_DIMS:
         raise ValueError(f"flash_attn: the backward runs head dims {BWD_HEAD_DIMS}, got {q.shape[-1]} with an "
                          "input that requires grad")
@@ -46,7 +49,8 @@ def check_differentiable(call, q, out) -> None:
 @torch.library.custom_op("cute_kernels::flash_attn_backward", mutates_args=())
 def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
-                            softmax_scale: float, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None
+                            softmax_scale: float, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+                            window_left: int = -1, window_right: int = -1
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dsink)``: dsink the sink's gradient ((Hq,) fp32) when ``learnable_sink`` is given
     (pass it only when its gradient is wanted: q, k, v's gradients do not read it), else an empty (0,)."""
@@ -54,14 +58,15 @@ def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
     LAUNCHES["flash_attn_backward"] += 1
     res = flash_attn_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dlse=dlse,
-                              softcap=softcap, learnable_sink=learnable_sink)
+                              softcap=softcap, learnable_sink=learnable_sink, window_size=(window_left, window_right))
     if learnable_sink is None:
         return (*res, q.new_empty((0,), dtype=torch.float32))
     return res
 
 
 @_flash_attn_backward_op.register_fake
-def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale, softcap=0.0, learnable_sink=None):
+def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale, softcap=0.0, learnable_sink=None, window_left=-1,
+      window_right=-1):
     n = 0 if learnable_sink is None else learnable_sink.shape[0]
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n,), dtype=torch.float32)
 
@@ -78,6 +83,7 @@ def _setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sink)
     ctx.causal, ctx.softmax_scale, ctx.softcap = causal, softmax_scale, softcap
+    ctx.window = inputs[5], inputs[6]  # window_left, window_right (-1: unbounded)
     ctx.set_materialize_grads(False)  # an unused LSE's gradient stays None: no zeros to read, no dLSE config
 
 
@@ -104,6 +110,8 @@ def _backward(ctx, dout, dlse):
         variant["softcap"] = ctx.softcap
     if want_sink:
         variant["learnable_sink"] = sink
+    if ctx.window != (-1, -1):
+        variant["window_left"], variant["window_right"] = ctx.window
     dq, dk, dv, dsink = _flash_attn_backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale,
                                                 **variant)
     grads = [None] * _NUM_INPUTS

@@ -5,13 +5,14 @@ CPU (meta tensors: the ops' fake implementations, nothing launched): gradients r
 their shapes, through the output and through a returned LSE, also after a no-grad call cached a
 launcher for the same metadata; softcapping and sinks reach the backward op (the sink only when it
 requires grad, then it gets its gradient); calls the backward cannot take (``out=``, paged, packed,
-windows, head dim 256) raise a ValueError naming the argument before any launch; so does
+windows with a side below -1, head dim 256) raise a ValueError naming the argument before any launch;
+sliding windows reach the backward op with the forward's sides; so does
 ``decode_attn`` (no backward) with an input that requires grad.
 
 GPU: gradients against a float32 autograd reference (per tensor and per row: at most 2x the error of
 the same math in the input dtype plus an epsilon), with and without an LSE gradient, after a no-grad
 call cached a launcher for the same metadata, with softcapping and a learnable sink (its gradient
-too); ``torch.compile(fullgraph=True)`` and CUDA-graph capture of a forward + backward step.
+too), with sliding windows (rows without keys among them); ``torch.compile(fullgraph=True)`` and CUDA-graph capture of a forward + backward step.
 """
 
 import math
@@ -116,6 +117,28 @@ def test_softcap_and_sinks_reach_the_backward(meta_ok, monkeypatch, softcap, sin
         assert ds.shape == (8,) and ds.dtype == torch.float32
 
 
+@pytest.mark.parametrize("causal,window,sent", [
+    (True, (16, 0), (16, 0)), (False, (7, 3), (7, 3)), (False, (None, 5), (-1, 5)), (True, (-1, -1), None),
+])
+def test_windows_reach_the_backward(meta_ok, monkeypatch, causal, window, sent):
+    """A sliding window is differentiable: the backward op gets the forward's sides (None as -1); a
+    call without one sends none (the plain op call)."""
+    from cute_kernels.attention import forward_autograd as FA
+
+    seen, orig = [], FA._flash_attn_backward_op
+
+    def spy(*args, **variant):
+        seen.append(variant)
+        return orig(*args, **variant)
+
+    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
+    q, k, v = meta_qkv()
+    dq, dk, dv = torch.autograd.grad(FW.flash_attn(q, k, v, causal=causal, window_size=window).float().sum(), (q, k, v))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    want = {} if sent is None else dict(window_left=sent[0], window_right=sent[1])
+    assert seen == [want]
+
+
 def test_no_grad_and_detached_inputs_record_nothing(meta_ok):
     q, k, v = meta_qkv(grad=False)
     assert FW.flash_attn(q, k, v).grad_fn is None
@@ -126,7 +149,7 @@ def test_no_grad_and_detached_inputs_record_nothing(meta_ok):
 
 @pytest.mark.parametrize("what,kw,match", [
     ("out", "out", "out= cannot be used when an input requires grad"),
-    ("window", dict(window_size=(16, 0)), "window_size has no backward yet"),
+    ("window", dict(window_size=(16, -4)), r"window_size \(16, -4\) has a side below -1"),
     ("head_dim", "d256", r"head dims \(64, 96, 128\), got 256"),
     ("paged", "paged", r"block_table \(paged K/V\) has no backward yet"),
     ("packed", "packed", r"cu_seqlens \(packed sequences\) has no backward yet"),
@@ -186,11 +209,12 @@ def test_warmup_knows_the_backward():
 
 
 # -------------------------------------------------------------------------------------------- GPU
-def _reference_grads(q, k, v, dout, causal, dlse=None, softcap=0.0, sink=None, return_out=False):
+def _reference_grads(q, k, v, dout, causal, dlse=None, softcap=0.0, sink=None, return_out=False, window=None):
     """float32 autograd of explicit attention (bottom-right causal, GQA by repeat; ``softcap``: scores
     ``softcap * tanh(s / softcap)`` before the mask; ``sink``: one more logit per head in the
-    denominator, its gradient after v's), and the same math in the input dtype: (grads32, grads_dtype)
-    (``return_out``: and the float32 output)."""
+    denominator, its gradient after v's; ``window``: (left, right), -1 unbounded, query q at position
+    p = q + Sk - Sq sees keys p - left .. p + right), and the same math in the input dtype: (grads32,
+    grads_dtype) (``return_out``: and the float32 output)."""
     def attn(q, k, v, sk, dt):
         G = q.shape[2] // k.shape[2]
         qt, kt, vt = (t.to(dt).transpose(1, 2) for t in (q, k, v))
@@ -201,6 +225,15 @@ def _reference_grads(q, k, v, dout, causal, dlse=None, softcap=0.0, sink=None, r
         Sq, Sk = s.shape[-2:]
         if causal:
             s = s.masked_fill(~torch.ones(Sq, Sk, dtype=torch.bool, device=s.device).tril(Sk - Sq), float("-inf"))
+        if window is not None:
+            pos = torch.arange(Sq, device=s.device)[:, None] + Sk - Sq
+            key = torch.arange(Sk, device=s.device)[None, :]
+            seen = torch.ones(Sq, Sk, dtype=torch.bool, device=s.device)
+            if window[0] >= 0:
+                seen &= key >= pos - window[0]
+            if window[1] >= 0:
+                seen &= key <= pos + window[1]
+            s = s.masked_fill(~seen, float("-inf"))
         full = s if sk is None else torch.cat([s, sk[None, :, None, None].expand(*s.shape[:-1], 1)], -1)
         lse = torch.logsumexp(full, -1)
         p = torch.exp(s - lse[..., None]).nan_to_num(0.0).to(dt)
@@ -285,6 +318,33 @@ def test_autograd_softcap_and_sinks_match_float32(B, Sq, Sk, Hq, Hkv, D, causal,
             slack = (torch.exp(sink.detach()[None, :, None] - lse.detach()) * d_delta).sum((0, 2)).abs()
             tol = 2 * (ds - rs).abs() + slack + 1e-3 * rs.abs().max().clamp_min(1e-3)
             assert ((gs - rs).abs() <= tol).all(), f"{what} dsink: {gs} vs {rs}"
+
+
+@gpu
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal,window", [
+    (2, 300, 300, 8, 2, 128, True, (64, 0)), (1, 200, 333, 4, 4, 64, False, (50, 20)),
+    (1, 129, 129, 4, 1, 96, True, (0, 0)), (1, 1000, 1000, 4, 4, 128, False, (-1, 100)),
+    (1, 300, 100, 4, 2, 64, True, (20, 0)),  # Sq > Sk: rows with no key
+])
+def test_autograd_windows_match_float32(B, Sq, Sk, Hq, Hkv, D, causal, window):
+    """torch.autograd through ``flash_attn(..., window_size=)`` (the sliding-window layers' training
+    step): q, k, v's gradients against the float32 reference with the same window, with and without an
+    LSE gradient."""
+    g = torch.Generator(device="cuda").manual_seed(B * Sq + Sk + 2)
+    q = torch.randn(B, Sq, Hq, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(BF).requires_grad_(True)
+    dout = torch.randn(B, Sq, Hq, D, device="cuda", generator=g).to(BF)
+    dlse = torch.randn(B, Hq, Sq, device="cuda", generator=g)
+    with count_launches() as n:
+        o, lse = FW.flash_attn(q, k, v, causal=causal, window_size=window, return_lse=True)
+    assert n["flash_attn"] == 1 and o.grad_fn is not None
+    what = f"{(B, Sq, Sk, Hq, Hkv, D, causal, window)}"
+    for dl in (None, dlse):
+        loss = (o.float() * dout.float()).sum() + (0 if dl is None else (lse.nan_to_num(0.0) * dl).sum())
+        got = torch.autograd.grad(loss, (q, k, v), retain_graph=True)
+        _assert_grads(got, *_reference_grads(q, k, v, dout, causal, dl, window=window),
+                      what + (" with dlse" if dl is not None else ""))
 
 
 @gpu

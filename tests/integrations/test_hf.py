@@ -286,22 +286,19 @@ def test_left_padded_batch_on_the_gpu_runs_on_the_kernels():
     assert hf.hf_stats == {"flash_attn": 2, "decode_attn": 7 * 2, "fallback": 0}
 
 
-@gpu
-def test_llama_trains_on_the_kernels():
-    """20 AdamW steps of a tiny Llama (bf16, random init, one batch of 4 x 128 tokens, memorized) with
-    cute_kernels (with and without ``patch_linear``) and with sdpa from the same init and data: every layer's attention ran forward and backward on the kernels
-    at every step, and the losses agree step by step within 2% (bf16 attention gradients differ in
-    rounding between the two; 20 steps of AdamW at lr 1e-3 keep the trajectories close)."""
-    L, steps = 2, 20
+def _train(make, ids, runs, steps):
+    """``{run: [loss per step]}``: ``steps`` AdamW steps (lr 1e-3) on the one batch ``ids`` for each run
+    (``"sdpa"``, ``"cute_kernels"``, ``"cute_kernels+linear"``: with ``patch_linear``) of ``make(attn)``
+    (the same init each time); on the kernels, every layer's attention ran forward and backward at every
+    step (``hf_stats``, launch counts) and, with ``+linear``, the GEMMs forward and backward."""
     losses = {}
-    for run in ("sdpa", "cute_kernels", "cute_kernels+linear"):
+    for run in runs:
         attn = run.split("+")[0]
-        model = tiny_llama(torch.bfloat16, attn=attn, hidden_size=256, intermediate_size=512, num_hidden_layers=L,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000).cuda().train()
+        model = make(attn).cuda().train()
+        L = model.config.num_hidden_layers
         if run.endswith("+linear"):
             assert hf.patch_linear(model) == L * 7 + 1
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ids = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(9)).cuda()  # one batch: learnable
         hf.reset_stats()
         with count_launches() as n:
             for _ in range(steps):
@@ -315,11 +312,38 @@ def test_llama_trains_on_the_kernels():
             assert n["flash_attn"] == steps * L and n["flash_attn_backward"] == steps * L, n.as_dict()
         if run.endswith("+linear"):  # forward (7 per layer + lm_head) and backward (two per weight) GEMMs
             assert n["gemm"] >= steps * (L * 7 + 1) * 2, n.as_dict()
+    return losses
+
+
+def _assert_same_losses(losses, tol=0.02):
     ref = losses["sdpa"]
-    for run in ("cute_kernels", "cute_kernels+linear"):
-        got = losses[run]
+    for run, got in losses.items():
         rel = [abs(a - b) / abs(a) for a, b in zip(ref, got)]
         print(f"losses sdpa {[round(x, 4) for x in ref]} {run} {[round(x, 4) for x in got]} "
               f"max relative difference {max(rel):.4f}")
         assert ref[-1] < ref[0] and got[-1] < got[0]  # it learns
-        assert max(rel) < 0.02, (run, rel)
+        assert max(rel) < tol, (run, rel)
+
+
+@gpu
+def test_llama_trains_on_the_kernels():
+    """20 AdamW steps of a tiny Llama (bf16, random init, one batch of 4 x 128 tokens, memorized) with
+    cute_kernels (with and without ``patch_linear``) and with sdpa from the same init and data: every layer's attention ran forward and backward on the kernels
+    at every step, and the losses agree step by step within 2% (bf16 attention gradients differ in
+    rounding between the two; 20 steps of AdamW at lr 1e-3 keep the trajectories close)."""
+    ids = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(9)).cuda()  # one batch: learnable
+    _assert_same_losses(_train(lambda attn: tiny_llama(
+        torch.bfloat16, attn=attn, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=1000), ids, ("sdpa", "cute_kernels", "cute_kernels+linear"), 20))
+
+
+@gpu
+def test_sliding_window_model_trains_on_the_kernels():
+    """The same for a tiny Mistral whose 64-key sliding window is shorter than the 200-token batch: the
+    windowed forward and backward (``window_size=(63, 0)``) on every layer and step, losses within 2%
+    of sdpa's (HF's sliding-window mask)."""
+    ids = torch.randint(0, 1000, (2, 200), generator=torch.Generator().manual_seed(10)).cuda()
+    _assert_same_losses(_train(lambda attn: tiny_model(
+        "mistral", torch.bfloat16, attn=attn, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000, sliding_window=64),
+        ids, ("sdpa", "cute_kernels"), 15))
