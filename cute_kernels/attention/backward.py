@@ -14,6 +14,11 @@ sink's own gradient is computed here with torch from the pre-pass's Delta (which
 subtracted): ``d sink_h = -sum_{b, q} exp(sink_h - lse[b, h, q]) * Delta[b, h, q]`` (the sink's share of
 its row's softmax times ``dlse - rowsum(dO * O)``).
 
+Deterministic mode (``deterministic=True``): the main kernel's fp32 adds (dQ across KV tiles; with GQA,
+dK / dV across a KV head's query heads) happen in a fixed order on int32 semaphores zeroed per call
+(:mod:`.backward_kernel`), so repeated calls give the same bits; everything else is deterministic in
+both modes.
+
 Buffers per call (fp32): LSE_log2 and Delta (B, Hq, Sq_pad), the dQ accumulator (B, Hq, Sq_pad, D)
 (``Sq_pad``: Sq rounded up to :data:`layouts.attention.BWD_ROW_PAD`), and with GQA the dK and dV
 accumulators (B, Sk, Hkv, D) (zeroed here; the query heads of a KV head add into them).  Without GQA
@@ -32,6 +37,7 @@ from ..common.softmax import LOG2_E
 from . import backward_kernel as bk
 from . import backward_prepost as bp
 from .forward_softmax import WINDOW_UNBOUNDED
+from .decode_plan import check_flag
 from .forward_validate import _err, check_softcap, check_window, validate
 
 __all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile", "warmup_flash_attn_backward",
@@ -102,18 +108,18 @@ _PLANS: dict = {}
 
 
 def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False, window: bool = False,
-             gqa: bool = False, softcap: bool = False):
+             gqa: bool = False, softcap: bool = False, deterministic: bool = False):
     """The three configurations a call compiles (main, pre-pass, post-pass); memoized.  ``window``: a
     sliding window of any sides (causal then False: it is the window's right side).  ``gqa``: more query
     heads than KV heads (dK, dV then summed in fp32 accumulators; else the main kernel stores them).
     ``softcap``: score softcapping (any softcap > 0; the value is a run-time argument).  Sinks compile
-    nothing of their own."""
-    key = (dtype, head_dim, causal, has_dlse, window, gqa, softcap)
+    nothing of their own.  ``deterministic``: the main kernel's ordered adds."""
+    key = (dtype, head_dim, causal, has_dlse, window, gqa, softcap, deterministic)
     plan = _PLANS.get(key)
     if plan is None:
         name = name_of(dtype)
         plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal and not window, window, direct_kv=not gqa,
-                                            softcap=softcap),
+                                            softcap=softcap, deterministic=deterministic),
                               bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse),
                               bp.BwdPrepostConfig("convert", name, head_dim))
     return plan
@@ -124,7 +130,7 @@ def _compiled(plan):
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, dq=None, dk=None, dv=None,
-                        dlse=None, window_size=None, softcap=0.0, learnable_sink=None):
+                        dlse=None, window_size=None, softcap=0.0, learnable_sink=None, deterministic=False):
     """``(dq, dk, dv)`` of ``out = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale,
     window_size=window_size, softcap=softcap, learnable_sink=learnable_sink)`` for the output gradient
     ``dout`` (and the LSE gradient ``dlse``, if any); ``(dq, dk, dv, dsink)`` when ``learnable_sink`` is
@@ -133,7 +139,10 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     strides; lse (B, Hq, Sq) fp32 from the forward (with a sink: the forward's, which holds it).  ``dq``
     / ``dk`` / ``dv``: written in place if given (any 16-byte strides), else allocated.  GQA / MQA: dk,
     dv sum their query heads.  ``window_size=(left, right)`` as ``flash_attn``'s (-1: unbounded; causal
-    is (-1, 0)).  ``softcap`` (0: off) and ``learnable_sink`` ((Hq,) fp32 or None) as ``flash_attn``'s."""
+    is (-1, 0)).  ``softcap`` (0: off) and ``learnable_sink`` ((Hq,) fp32 or None) as ``flash_attn``'s.
+    ``deterministic``: the same bits on every call for the same inputs (ordered fp32 adds; slower where
+    many CTAs add into one query tile)."""
+    check_flag(deterministic, "deterministic", "flash_attn_backward")
     scale, causal, window, softcap = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv,
                                                        dlse, window_size, softcap, learnable_sink)
     B, Sq, Hq, D = q.shape
@@ -153,8 +162,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
             dsink += dlse.sum((0, 2))
         return dq, dk, dv, dsink
     gqa = Hq != Hkv
-    main, pre, post = _compiled(bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa,
-                                         bool(softcap)))
+    plan = bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa, bool(softcap), deterministic)
+    main, pre, post = _compiled(plan)
     if main is None:  # jit.dry_run
         return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)
     pad = LA.BWD_ROW_PAD
@@ -170,6 +179,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     pre(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_acc)
     # softcapping: scores tanh(q.k * scale / softcap), softmax scale softcap (the forward's convention)
     scale_log2, variant = (softcap * LOG2_E, (scale / softcap,)) if softcap else (scale * LOG2_E, ())
+    if deterministic:  # one zeroed int32 buffer: the query tiles' turns (64-row units), the KV tiles' turns
+        n_m, n_n = Sp // LA.FWD_WGMMA_M, -(-Sk // plan[0].tile.tile_n)  # (tile_m: a multiple of 64)
+        sem = torch.zeros(B * Hq * n_m + (B * Hkv * n_n if gqa else 0), dtype=torch.int32, device=q.device)
+        variant += (sem[:B * Hq * n_m].view(B, Hq, n_m),)
+        if gqa:
+            variant += (sem[B * Hq * n_m:].view(B, Hkv, n_n),)
     if window is None:
         main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, *variant)
     else:  # sides of -1 (unbounded) reach past any length
@@ -212,14 +227,14 @@ def precompile(plans, processes=None) -> list[str]:
 def warmup_flash_attn_backward(spec) -> None:
     """Compile (or load) the three kernels a backward call would run, without a GPU: ``spec`` is a
     :func:`bwd_plan` result or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128,
-    causal=bool, dlse=bool, window=bool, gqa=bool, softcap=bool)`` (``dlse``: a gradient arriving at the
-    LSE; ``gqa``: more query heads than KV heads; ``softcap``: any softcap > 0; sinks need no kernel of
-    their own)."""
+    causal=bool, dlse=bool, window=bool, gqa=bool, softcap=bool, deterministic=bool)`` (``dlse``: a gradient
+    arriving at the LSE; ``gqa``: more query heads than KV heads; ``softcap``: any softcap > 0; sinks need
+    no kernel of their own)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window", "gqa", "softcap"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window", "gqa", "softcap", "deterministic"}
         if extra:
             raise ValueError(f"warmup flash_attn_backward: unknown keys {sorted(extra)} "
-                             "(dtype, head_dim, causal, dlse, window, gqa, softcap)")
+                             "(dtype, head_dim, causal, dlse, window, gqa, softcap, deterministic)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, dtype)
@@ -228,12 +243,13 @@ def warmup_flash_attn_backward(spec) -> None:
         head_dim = spec.get("head_dim", 128)
         if head_dim not in LA.BWD_HEAD_DIMS:
             raise ValueError(f"warmup flash_attn_backward: head_dim must be one of {LA.BWD_HEAD_DIMS}, got {head_dim}")
-        softcap = spec.get("softcap", False)
-        if type(softcap) is not bool:  # (common.jit's spec kinds check the older keys)
-            raise TypeError(f"warmup flash_attn_backward: softcap must be a bool, got {type(softcap).__name__} "
-                            f"{softcap!r}")
+        softcap, det = spec.get("softcap", False), spec.get("deterministic", False)
+        for name, flag in (("softcap", softcap), ("deterministic", det)):
+            if type(flag) is not bool:  # (common.jit's spec kinds check the older keys)
+                raise TypeError(f"warmup flash_attn_backward: {name} must be a bool, got {type(flag).__name__} "
+                                f"{flag!r}")
         spec = bwd_plan(dtype, head_dim, spec.get("causal", False), spec.get("dlse", False), spec.get("window", False),
-                        spec.get("gqa", False), softcap)
+                        spec.get("gqa", False), softcap, det)
     _compiled(spec)
 
 

@@ -1,20 +1,93 @@
-"""The attention backward kernel's dK / dV epilogue (a mixin of
-:class:`~.backward_kernel.FlashAttnBwdSm90`): with one query head per KV head, dK and dV through the K /
-V buffers and TMA stores; with GQA, each thread's rows added into the fp32 accumulators."""
+"""Where the attention backward kernel's gradients leave the CTA (a mixin of
+:class:`~.backward_kernel.FlashAttnBwdSm90`): the dQ warp's reduce-adds of each query tile's dQ into
+the fp32 accumulator; the dK / dV epilogue (with one query head per KV head, dK and dV through the K /
+V buffers and TMA stores; with GQA, each thread's rows added into the fp32 accumulators).  In the
+deterministic mode both add in a fixed order (:mod:`.backward_kernel`'s doc)."""
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
+from ..common.barriers import NamedBarrierId, count_up, wait_count
 from ..common.wgmma import store_acc_to_smem
+from .backward_mask import n_block_first
+
+#: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
+#: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
+#: (ids after the kernel's ``BAR_DS_FULL``, ``NamedBarrierId.FIRST_FREE``)
+BAR_DQ_EMPTY = int(NamedBarrierId.FIRST_FREE) + 1
+BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
 
 
-class BwdKvEpilogue:
-    """Mixin: needs ``self.dtype``, ``tile_n``, ``D``, ``num_mma_threads`` and ``epilogue_barrier`` (a
-    named barrier of the consumer warpgroups, free once their query-tile loop is done)."""
+class BwdEpilogue:
+    """Mixin: needs ``self.cfg``, ``dtype``, ``tile_m``, ``tile_n``, ``D``, ``num_mma_threads`` and
+    ``epilogue_barrier`` (a named barrier of the consumer warpgroups, free once their query-tile loop
+    is done)."""
+
+    @cute.jit
+    def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
+                  window_left):
+        """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
+        the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
+        w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it.
+        Deterministic: the adds of a query tile wait for their turn and complete before the next turn."""
+        lane = cute.arch.lane_idx()
+        t = self.cfg.tile
+        nwg = t.consumer_warpgroups
+        one = cute.make_layout(1)
+        # (rows, cols, row tiles, col tiles) of this head's accumulator, and the warpgroups' buffers
+        gdQ = cute.local_tile(mdQacc[None, None, head, batch], (t.dq_rows_per_wg, t.dq_cols_per_wg), (None, None))
+        tDsD, tDgD = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
+        wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
+        for i in cutlass.range(m_max - m_min, unroll=1):
+            m_block = m_min + i
+            for w in cutlass.range_constexpr(nwg):
+                cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+            if const_expr(self.cfg.deterministic):  # this KV tile's turn among those meeting the query tile
+                sem = mSemQ.iterator + cute.crd2idx((batch, head, m_block), mSemQ.layout)
+                if lane == 0:
+                    first = Int32(0)
+                    if const_expr(self.cfg.window):
+                        first = n_block_first(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, window_left)
+                    wait_count(sem, n_block - first)
+                cute.arch.sync_warp()
+            for w in cutlass.range_constexpr(nwg):
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+                # the whole warp: the TMA copy elects its issuing thread itself (elect.sync, all lanes)
+                if const_expr(t.dq_split_m):
+                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
+                else:
+                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
+                cute.arch.cp_async_bulk_commit_group()
+            if const_expr(self.cfg.deterministic):  # the adds done (not only read), then the next turn
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.sync_warp()
+                if lane == 0:
+                    count_up(sem)
+        # the last reduce has read its tile (the adds themselves complete before the grid does)
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def add_kv(self, thr_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,
+               seqlen_k, n_block, head, qhead_per_kvhead, batch, mma_tidx, mSemKV):
+        """GQA: this query head's dK and dV rows added into its KV head's fp32 accumulators; deterministic:
+        in head order (a turn per KV tile on ``mSemKV``), every consumer thread's adds before the next turn."""
+        head_kv = head // qhead_per_kvhead
+        if const_expr(self.cfg.deterministic):
+            sem = mSemKV.iterator + cute.crd2idx((batch, head_kv, n_block), mSemKV.layout)
+            if mma_tidx == 0:
+                wait_count(sem, head - head_kv * qhead_per_kvhead)
+            cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
+        self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
+        self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
+        if const_expr(self.cfg.deterministic):
+            cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
+            if mma_tidx == 0:
+                count_up(sem)
 
     @cute.jit
     def add_kv_rows(self, thr_dkv, acc: cute.Tensor, mAcc: cute.Tensor, seqlen_k, n_block, head_kv, batch):

@@ -37,6 +37,14 @@ the input dtype, through the K and V buffers (stmatrix, once no wgmma reads them
 thread adds its rows, unscaled, into the fp32 accumulators (B, Sk, Hkv, D) -- the query heads of a KV
 head add into the same rows -- and the post-pass scales and converts them (:mod:`.backward_prepost`).
 
+Deterministic mode (``deterministic``): the fp32 adds into one place happen in a fixed order, so the
+bits do not depend on which CTA runs first.  The dQ warp adds a query tile's dQ after the KV tiles
+below it (in launch order) did: it waits on the tile's int32 semaphore (B, Hq, Sq_pad / 64) until it
+reads the number of KV tiles before it that meet the query tile (``n_block - n_block_first``), adds,
+waits for its adds to complete and counts the semaphore up; with GQA, the query heads of a KV head add
+their dK / dV rows in head order on a semaphore per KV tile (B, Hkv, KV tiles)
+(:func:`~cute_kernels.common.barriers.wait_count`, :func:`~cute_kernels.common.barriers.count_up`).
+
 Query tiles of a KV tile n (:mod:`.backward_mask`): causal (bottom-right), query ``q`` sees key ``k``
 iff ``k <= q + Sk - Sq``, so tile n is seen from query tile ``(n * tile_n + Sq - Sk) // tile_m`` on;
 the tiles that cross the diagonal and all tiles of the key-length tail are masked, the others not.
@@ -63,16 +71,12 @@ from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import probs_from_lse, softcap_probs_from_lse, softcap_scores
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
-from .backward_epilogue import BwdKvEpilogue
+from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdEpilogue
 from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
 
 #: the named barrier of the consumer warpgroups: every warpgroup wrote its rows of this stage's dS^T
 #: (and, in the ``direct_kv`` epilogue, no wgmma reads K / V any more, then dK / dV are in them)
 BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
-#: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
-#: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
-BAR_DQ_EMPTY = int(NamedBarrierId.FIRST_FREE) + 1
-BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
 #: ln 2: the softmax scale is ``scale_log2 * LN2``
 LN2 = math.log(2.0)
 #: the producer warpgroup's warps: the loads (Q, dO, LSE, Delta; K, V once) and the dQ reduce-adds
@@ -101,6 +105,9 @@ class FlashBwdConfig:
     #: a trailing run-time ``softcap_scale = softmax_scale / softcap`` and ``scale_log2 = softcap *
     #: log2(e)``; P from the capped scores and dS times ``1 - tanh^2`` (:meth:`FlashAttnBwdSm90.probs`)
     softcap: bool = False
+    #: deterministic adds (see the module doc): the entries take a trailing int32 ``dq_semaphore`` (B,
+    #: Hq, Sq_pad / 64) and, without ``direct_kv``, ``dkv_semaphore`` (B, Hkv, KV tiles), both zeroed
+    deterministic: bool = False
 
     def __post_init__(self):
         if self.dtype not in HALF_NAMES:
@@ -115,16 +122,17 @@ class FlashBwdConfig:
     @property
     def variant_args(self) -> tuple:
         """The entries' trailing run-time arguments after the stream (:meth:`FlashAttnBwdSm90.__call__`):
-        ``softcap_scale`` (a float) with softcapping."""
-        return ("softcap_scale",) * self.softcap
+        ``softcap_scale`` (a float) with softcapping, then the deterministic mode's semaphores."""
+        return (("softcap_scale",) * self.softcap + ("dq_semaphore",) * self.deterministic
+                + ("dkv_semaphore",) * (self.deterministic and not self.direct_kv))
 
 
 def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False,
-               direct_kv: bool = False, softcap: bool = False) -> FlashBwdConfig:
+               direct_kv: bool = False, softcap: bool = False, deterministic: bool = False) -> FlashBwdConfig:
     """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
     return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
                           tile=LA.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap)), window=bool(window),
-                          direct_kv=bool(direct_kv), softcap=bool(softcap))
+                          direct_kv=bool(direct_kv), softcap=bool(softcap), deterministic=bool(deterministic))
 
 
 def _rows_first(t: cute.Tensor) -> cute.Tensor:
@@ -132,7 +140,7 @@ def _rows_first(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
 
 
-class FlashAttnBwdSm90(BwdKvEpilogue):
+class FlashAttnBwdSm90(BwdEpilogue):
     """The kernel for one :class:`FlashBwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
 
     def __init__(self, cfg: FlashBwdConfig):
@@ -170,7 +178,9 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
         """The entries' common body: TMA atoms, shared storage, grid, launch (window sides: None if dense;
         ``variant``: the trailing arguments, :meth:`variant`)."""
         t = self.cfg.tile
-        softcap_scale = self.variant(variant)
+        named = self.variant(variant)
+        softcap_scale = named.get("softcap_scale")
+        mSemQ, mSemKV = named.get("dq_semaphore"), named.get("dkv_semaphore")
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mdO.element_type != self.dtype):
             raise TypeError(f"FlashAttnBwdSm90: q, k, v, dout must all be {self.dtype}")
@@ -230,7 +240,7 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
-            sRow_layout, window_left, window_right, softcap_scale,
+            sRow_layout, window_left, window_right, softcap_scale, mSemQ, mSemKV,
         ).launch(
             grid=[num_n_blocks, num_heads, batch],
             block=[t.threads, 1, 1],
@@ -248,7 +258,7 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
-               window_left, window_right, softcap_scale):
+               window_left, window_right, softcap_scale, mSemQ, mSemKV):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
@@ -290,23 +300,23 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
                              m_min, m_max)
             elif warp_idx == DQ_WARP:
-                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max)
+                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
+                               window_left)
         else:
             cute.arch.setmaxregister_increase(t.consumer_regs)
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
             self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta,
                          kv_ring, pipe_q, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, n_block,
                          qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right,
-                         softcap_scale)
+                         softcap_scale, mSemKV)
 
-    def variant(self, args: tuple):
-        """``softcap_scale`` of an entry's trailing arguments (:attr:`FlashBwdConfig.variant_args`), None
-        without softcapping."""
+    def variant(self, args: tuple) -> dict:
+        """An entry's trailing arguments by name (:attr:`FlashBwdConfig.variant_args`; absent: off)."""
         names = self.cfg.variant_args
         if len(args) != len(names):
             raise TypeError(f"FlashAttnBwdSm90: this configuration's entries end with {names}, got {len(args)} "
                             "trailing arguments")
-        return dict(zip(names, args)).get("softcap_scale")
+        return dict(zip(names, args))
 
     @cute.jit
     def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
@@ -350,38 +360,10 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
                 state = tma.tma_produce_stage(pipe_q, state, copies, m_min + i)
 
     @cute.jit
-    def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max):
-        """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
-        the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
-        w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it."""
-        t = self.cfg.tile
-        nwg = t.consumer_warpgroups
-        one = cute.make_layout(1)
-        # (rows, cols, row tiles, col tiles) of this head's accumulator, and the warpgroups' buffers
-        gdQ = cute.local_tile(mdQacc[None, None, head, batch], (t.dq_rows_per_wg, t.dq_cols_per_wg), (None, None))
-        tDsD, tDgD = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
-        wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
-        for i in cutlass.range(m_max - m_min, unroll=1):
-            m_block = m_min + i
-            for w in cutlass.range_constexpr(nwg):
-                cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
-            for w in cutlass.range_constexpr(nwg):
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
-                # the whole warp: the TMA copy elects its issuing thread itself (elect.sync, all lanes)
-                if const_expr(t.dq_split_m):
-                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
-                else:
-                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
-                cute.arch.cp_async_bulk_commit_group()
-        # the last reduce has read its tile (the adds themselves complete before the grid does)
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdKacc: cute.Tensor,
                 mdVacc: cute.Tensor, tma_dk, tma_dv, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
-                m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale):
+                m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale, mSemKV):
         """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
         unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
@@ -450,9 +432,8 @@ class FlashAttnBwdSm90(BwdKvEpilogue):
                               k_scale, n_block, head // qhead_per_kvhead, batch, mma_tidx)
         elif m_max > m_min:
             n_block, head, batch = cute.arch.block_idx()
-            head_kv = head // qhead_per_kvhead
-            self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
-            self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
+            self.add_kv(thr_dkv, acc_dK, acc_dV, mdKacc, mdVacc, seqlen_k, n_block, head, qhead_per_kvhead, batch,
+                        mma_tidx, mSemKV)
 
     @cute.jit
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
@@ -543,7 +524,8 @@ def backward_builder(cfg: FlashBwdConfig):
     ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)`` (``direct_kv``: dk, dv
     in the input dtype, any 16-byte strides, in place of the two accumulators), and a window
     config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`), then a softcap
-    config's ``softcap_scale`` (:attr:`FlashBwdConfig.variant_args`)."""
+    config's ``softcap_scale`` and a deterministic one's int32 semaphores, compact (B, Hq, Sq_pad / 64)
+    and (B, Hkv, KV tiles) (:attr:`FlashBwdConfig.variant_args`)."""
 
     def build():
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -566,6 +548,10 @@ def backward_builder(cfg: FlashBwdConfig):
             mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         k = FlashAttnBwdSm90(cfg)
         variant = (Float32(1.0),) * cfg.softcap  # softcap_scale
+        if cfg.deterministic:
+            variant += (make_fake_compact_tensor(Int32, (B, Hq, cute.sym_int()), stride_order=(2, 1, 0)),)
+            if not cfg.direct_kv:
+                variant += (make_fake_compact_tensor(Int32, (B, Hkv, cute.sym_int()), stride_order=(2, 1, 0)),)
         if cfg.window:
             return k.call_window, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), Int32(0), Int32(0),
                                    stream, *variant)

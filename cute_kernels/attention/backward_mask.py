@@ -90,6 +90,23 @@ def m_block_range_window_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: 
 
 
 @cute.jit
+def n_block_first(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                  tile_n: cutlass.Constexpr[int], window_left: Int32):
+    """The first KV tile whose query-tile range (:func:`m_block_range_window`) holds query tile
+    ``m_block``: the one holding the lowest key the tile's first row reaches, ``p - window_left``.  The
+    tiles that hold ``m_block`` are this one and the next ones up to the last (their ranges' bounds rise
+    with the tile), so a tile's place among them is ``n_block - n_block_first``.  Dense and causal
+    ranges (:func:`m_block_range`): 0 (pass :data:`~.forward_softmax.WINDOW_UNBOUNDED`)."""
+    return cutlass.max(m_block * tile_m + seqlen_k - seqlen_q - window_left, 0) // tile_n
+
+
+def n_block_first_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, window_left: int) -> int:
+    """:func:`n_block_first` in plain Python; a left side of -1 means unbounded, as at the API."""
+    wl = fs.WINDOW_UNBOUNDED if window_left < 0 else window_left
+    return max(m_block * tile_m + seqlen_k - seqlen_q - wl, 0) // tile_n
+
+
+@cute.jit
 def apply_window_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
                         seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
                         window_left: Int32, window_right: Int32):

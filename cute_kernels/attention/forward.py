@@ -241,8 +241,9 @@ def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    window_left: int = -1, window_right: int = -1, cu_seqlens_q: Optional[torch.Tensor] = None,
                    cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
                    block_table: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None,
-                   softcap: float = 0.0,
-                   learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+                   deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``deterministic``: the backward's mode (autograd's formula reads it; the forward is the same)."""
     c = _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                  max_seqlen_k, block_table, seqused_k, softcap, learnable_sink)
     out, lse = q.new_empty(q.shape), q.new_empty(_lse_shape(c, q), dtype=torch.float32)
@@ -253,7 +254,8 @@ def _flash_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 @_flash_attn_op.register_fake
 def _(q, k, v, causal, softmax_scale, window_left=-1, window_right=-1, cu_seqlens_q=None, cu_seqlens_k=None,
-      max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None, softcap=0.0, learnable_sink=None):
+      max_seqlen_q=0, max_seqlen_k=0, block_table=None, seqused_k=None, softcap=0.0, learnable_sink=None,
+      deterministic=False):
     c = _op_call(causal, softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                  max_seqlen_k, block_table, seqused_k, softcap, learnable_sink)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(c, q), dtype=torch.float32)
@@ -378,6 +380,7 @@ def flash_attn(
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
     learnable_sink: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
 ):
     """Attention forward ``softmax(q k^T * softmax_scale) v`` (FlashAttention: scores never stored).
 
@@ -444,9 +447,11 @@ def flash_attn(
             LSE = sink_h.  (Merging such LSEs across key splits counts each split's sink: keep the
             sink in one split only.)
         dropout_p, alibi_slopes: FlashAttention's; only 0 / None (a ValueError otherwise).
+        deterministic: the backward's adds in a fixed order (bitwise repeatable gradients; the
+            forward is repeatable in either mode).  Read only when an input requires grad.
 
-    Softcapping and sinks are differentiable (dense calls, as every backward): a ``learnable_sink``
-    that requires grad gets its gradient.
+    Softcapping, sinks and windows (sides >= -1) are differentiable (dense calls, as every backward):
+    a ``learnable_sink`` that requires grad gets its gradient.
 
     Returns ``out`` or ``(out, lse)``.  Bad input raises ``TypeError``/``ValueError`` naming the
     argument before any launch; nothing synchronizes with the device (unless ``checked``); results are
@@ -455,6 +460,8 @@ def flash_attn(
     """
     if alibi_slopes is not None or type(dropout_p) is not float or dropout_p:
         check_unsupported(dropout_p, alibi_slopes)
+    if deterministic is not False:
+        check_flag(deterministic, "deterministic", "flash_attn")
     key = None
     grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
                                 or getattr(v, "requires_grad", False)
@@ -499,7 +506,8 @@ def flash_attn(
         if res is not None:
             return res
     return _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                    max_seqlen_k, window_size, checked, block_table, seqused_k, key, grad, softcap, learnable_sink)
+                    max_seqlen_k, window_size, checked, block_table, seqused_k, key, grad, softcap, learnable_sink,
+                    deterministic)
 
 
 def _variant_hit(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -528,10 +536,12 @@ def _variant_hit(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, 
 
 
 def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-             window_size, checked, block_table, seqused_k, key, grad, softcap=0.0, learnable_sink=None):
+             window_size, checked, block_table, seqused_k, key, grad, softcap=0.0, learnable_sink=None,
+             deterministic=False):
     """:func:`flash_attn`'s checked path: validate into a :class:`Call`, launch (eager) or trace the
     custom ops, and keep the launcher under ``key`` (the fast path's, None: none); ``grad``: an input
-    requires grad (with grad enabled): through the functional op, which autograd records."""
+    requires grad (with grad enabled): through the functional op, which autograd records (with the
+    backward's ``deterministic``)."""
     check_flag(return_lse, "return_lse", "flash_attn")
     tracing = torch.compiler.is_compiling() or isinstance(q, FakeTensor) or (isinstance(q, torch.Tensor) and q.is_meta)
     c = _describe(q, k, v, causal, softmax_scale, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -540,7 +550,7 @@ def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_s
     if grad:
         check_differentiable(c, q, out)  # autograd records the functional op (forward_autograd)
         out, lse = _flash_attn_op(q, k, v, c.causal, c.scale, c.window_left, c.window_right, softcap=c.softcap,
-                                  learnable_sink=c.learnable_sink)
+                                  learnable_sink=c.learnable_sink, deterministic=deterministic)
     elif tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
         out, lse = _traced(c, q, k, v, out)
     else:  # eager: no dispatcher

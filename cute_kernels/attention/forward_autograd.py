@@ -50,7 +50,7 @@ def check_differentiable(call, q, out) -> None:
 def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
                             softmax_scale: float, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
-                            window_left: int = -1, window_right: int = -1
+                            window_left: int = -1, window_right: int = -1, deterministic: bool = False
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dsink)``: dsink the sink's gradient ((Hq,) fp32) when ``learnable_sink`` is given
     (pass it only when its gradient is wanted: q, k, v's gradients do not read it), else an empty (0,)."""
@@ -58,7 +58,8 @@ def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
     LAUNCHES["flash_attn_backward"] += 1
     res = flash_attn_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dlse=dlse,
-                              softcap=softcap, learnable_sink=learnable_sink, window_size=(window_left, window_right))
+                              softcap=softcap, learnable_sink=learnable_sink, window_size=(window_left, window_right),
+                              deterministic=deterministic)
     if learnable_sink is None:
         return (*res, q.new_empty((0,), dtype=torch.float32))
     return res
@@ -66,15 +67,15 @@ def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
 @_flash_attn_backward_op.register_fake
 def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale, softcap=0.0, learnable_sink=None, window_left=-1,
-      window_right=-1):
+      window_right=-1, deterministic=False):
     n = 0 if learnable_sink is None else learnable_sink.shape[0]
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n,), dtype=torch.float32)
 
 
 #: the functional forward op's inputs (``cute_kernels::flash_attn``, defaults filled): q, k, v, causal,
 #: softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-#: block_table, seqused_k, softcap, learnable_sink
-_NUM_INPUTS, _SOFTCAP, _SINK = 15, 13, 14
+#: block_table, seqused_k, softcap, learnable_sink, deterministic
+_NUM_INPUTS, _SOFTCAP, _SINK, _DETERMINISTIC = 16, 13, 14, 15
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -84,6 +85,7 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, out, lse, sink)
     ctx.causal, ctx.softmax_scale, ctx.softcap = causal, softmax_scale, softcap
     ctx.window = inputs[5], inputs[6]  # window_left, window_right (-1: unbounded)
+    ctx.deterministic = inputs[_DETERMINISTIC]
     ctx.set_materialize_grads(False)  # an unused LSE's gradient stays None: no zeros to read, no dLSE config
 
 
@@ -112,6 +114,8 @@ def _backward(ctx, dout, dlse):
         variant["learnable_sink"] = sink
     if ctx.window != (-1, -1):
         variant["window_left"], variant["window_right"] = ctx.window
+    if ctx.deterministic:
+        variant["deterministic"] = True
     dq, dk, dv, dsink = _flash_attn_backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale,
                                                 **variant)
     grads = [None] * _NUM_INPUTS

@@ -53,3 +53,28 @@ def pass_turn(wg, count: cutlass.Constexpr[int] = 2, base: cutlass.Constexpr[int
         raise ValueError(f"pass_turn: 2..{WG_ORDER_MAX} ordered warpgroups, got {count}")
     nxt = (wg + 1) % count
     cute.arch.barrier_arrive(barrier_id=base + nxt, number_of_threads=2 * THREADS_PER_WARPGROUP)
+
+
+# ---------------------------------------------------------------------------- grid-wide turns
+# CTAs that add into the same global buffer in a fixed order (a deterministic reduction) take turns on
+# an int32 semaphore in global memory, zeroed before the launch: the CTA whose turn is ``t`` waits until
+# the semaphore reads ``t``, adds, makes its adds complete, then counts the semaphore up.  One thread of
+# each side calls these; the caller orders its other threads around them (a warp or named barrier).
+# Progress needs every earlier turn's CTA to be resident or done: the turns follow the launch order
+# (a lower block index takes an earlier turn), which the hardware dispatches in order.
+@cute.jit
+def wait_count(ptr: cute.Pointer, value):
+    """Spin until the int32 at ``ptr`` (global) reads ``value`` (``ld.acquire.gpu``: what the CTA that
+    counted it up made visible before is visible to this thread after)."""
+    seen = cute.arch.load(ptr, cutlass.Int32, sem="acquire", scope="gpu")
+    while seen != value:
+        seen = cute.arch.load(ptr, cutlass.Int32, sem="acquire", scope="gpu")
+
+
+@cute.jit
+def count_up(ptr: cute.Pointer):
+    """Add 1 to the int32 at ``ptr`` (global) after a ``fence.acq_rel.gpu``, with release semantics: the
+    writes this thread saw complete, and those a barrier ordered before this call, are visible to the
+    :func:`wait_count` that reads the new value."""
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.atomic_add(ptr, cutlass.Int32(1), sem="release", scope="gpu")

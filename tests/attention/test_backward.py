@@ -7,7 +7,8 @@ eps`` with ``g_torch`` the same math computed by torch in the input dtype (autog
 ``out``'s rounding on FlashAttention's ``Delta = rowsum(dO * out)``: :func:`out_rounding_effect`);
 fresh random inputs; outputs poisoned with NaN before the launch; lengths 1/17/128/1000/4097 with
 Sq != Sk, GQA 1/4/8, D 64/96/128, fp16/bf16, causal (bottom-right) and not; rows that see no key
-(causal, Sq > Sk: zero dq rows, no NaN); sliding windows (written, not yet run on a GPU); strided
+(causal, Sq > Sk: zero dq rows, no NaN); sliding windows; the deterministic mode (the same bits over
+repeated calls); strided
 views of NaN-filled buffers; the LSE gradient; the real forward's out / lse; validation errors
 naming their argument.  Softcapping and attention sinks: the same rule against the reference with
 ``softcap * tanh(s / softcap)`` scores and the sink logit in the denominator (the sink's gradient too,
@@ -146,10 +147,12 @@ def check_grads(triples, key=None, slack=(None, None, None)):
     assert not problems, "; ".join(problems)
 
 
-def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window=None, softcap=0.0, sink=False):
+def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window=None, softcap=0.0, sink=False,
+             deterministic=False, repeats=0):
     """One backward call against :func:`reference` (``softcap``: its value, 0 off; ``sink``: random sink
     logits around log(Sk), so that the sink takes a real share of the rows, whose gradient is checked
-    per head as well)."""
+    per head as well).  ``deterministic``: that mode, and ``repeats`` more calls on the same inputs must
+    give the same bits (dq, dk, dv, dsink)."""
     torch.manual_seed(seed)
     dev = "cuda"
     q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dtype)
@@ -168,7 +171,7 @@ def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window
     dk = torch.full_like(k, NAN)
     dv = torch.full_like(v, NAN)
     res = BW.flash_attn_backward(dout, q, k, v, out, lse32, causal=causal, dq=dq, dk=dk, dv=dv, dlse=dlse,
-                                 window_size=window, softcap=softcap, learnable_sink=sk)
+                                 window_size=window, softcap=softcap, learnable_sink=sk, deterministic=deterministic)
     assert len(res) == (4 if sink else 3)
     assert res[0] is dq and res[1] is dk and res[2] is dv
     torch.cuda.synchronize()
@@ -188,6 +191,11 @@ def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window
         assert (dq[:, : Sq - Sk] == 0).all()
     empty = ~torch.isfinite(lse32).any(0).any(0)
     assert (dq[:, empty] == 0).all()
+    for r in range(repeats):
+        again = BW.flash_attn_backward(dout, q, k, v, out, lse32, causal=causal, dlse=dlse, window_size=window,
+                                       softcap=softcap, learnable_sink=sk, deterministic=deterministic)
+        for name, a, b in zip(("dq", "dk", "dv", "dsink"), again, res):
+            assert torch.equal(a, b), f"{key}: {name} of call {r + 2} differs from the first's bits"
     return res
 
 
@@ -384,6 +392,20 @@ def test_variants_with_flash_attn_forward(causal):
 
 
 @gpu
+@pytest.mark.parametrize("D,causal,B,Sq,Sk,Hq,Hkv,window,sink", [
+    (128, True, 2, 1000, 1000, 8, 2, None, False),  # GQA 4: the dQ turns and the dK / dV turns
+    (64, False, 1, 777, 1500, 8, 8, None, True),  # one query head per KV head (dK / dV stored), a sink
+    (96, False, 1, 1000, 1000, 8, 1, (100, 50), False),  # a window: turns from n_block_first
+    (128, True, 1, 4097, 1000, 4, 2, None, False),  # rows without keys, query tiles no KV tile meets
+])
+def test_deterministic_is_bitwise_repeatable(D, causal, B, Sq, Sk, Hq, Hkv, window, sink):
+    """``deterministic=True``: the gradients match the reference as in the default mode, and four more
+    calls on the same inputs give the same bits."""
+    run_case(torch.bfloat16, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=True, seed=D + Sq, window=window, sink=sink,
+             deterministic=True, repeats=4)
+
+
+@gpu
 def test_empty_problems():
     dt = torch.bfloat16
     q = torch.randn(1, 5, 2, 64, device="cuda", dtype=dt)
@@ -420,6 +442,8 @@ def test_validation_names_the_argument():
         call(dq=torch.empty(1, 5, 2, 32, device="cuda", dtype=dt))
     with pytest.raises(TypeError, match="causal"):
         call(causal="yes")
+    with pytest.raises(TypeError, match="deterministic"):
+        call(deterministic="yes")
     with pytest.raises(ValueError, match="head_dim"):
         q2 = torch.randn(1, 5, 2, 256, device="cuda", dtype=dt)
         k2 = torch.randn(1, 7, 1, 256, device="cuda", dtype=dt)

@@ -4,6 +4,7 @@ LSE_log2 = +inf conventions, GQA sums), and every kernel (main, pre-pass, post-p
 dtype) compiling for sm_90a with no local-memory traffic.  The GPU tests are in ``test_backward.py``."""
 
 import collections
+import dataclasses
 import itertools
 import math
 import re
@@ -98,6 +99,26 @@ def test_m_block_range_window_brute_force(window):
             for m in ((m_min, m_max - 1) if m_max > m_min else ()):
                 assert any(visible_window(q, k, Sq, Sk, left, right) for q in range(m * tm, (m + 1) * tm)
                            for k in keys), (Sq, Sk, n, m)
+
+
+@pytest.mark.parametrize("window", [None, "causal"] + WINDOWS, ids=lambda w: str(w))
+def test_n_block_first_orders_the_turns(window):
+    """The deterministic mode's turns: for every query tile, the KV tiles whose ranges hold it are
+    consecutive and start at ``n_block_first`` (0 for the dense and causal ranges), so ``n_block -
+    n_block_first`` numbers them 0, 1, ... in launch order."""
+    tm, tn = 8, 16
+    for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64, 100), (1, 7, 16, 17, 40, 64, 90)):
+        holders = {}
+        for n in range(-(-Sk // tn)):
+            if window is None or window == "causal":
+                m_min, m_max, _ = bm.m_block_range_py(n, Sq, Sk, tm, tn, window == "causal")
+            else:
+                m_min, m_max, _, _ = bm.m_block_range_window_py(n, Sq, Sk, tm, tn, *window)
+            for m in range(m_min, m_max):
+                holders.setdefault(m, []).append(n)
+        for m, ns in holders.items():
+            first = 0 if window is None or window == "causal" else bm.n_block_first_py(m, Sq, Sk, tm, tn, window[0])
+            assert ns == list(range(first, first + len(ns))), (Sq, Sk, window, m, ns, first)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -369,6 +390,42 @@ def test_softcap_window_backward_compiles_without_spills():
     k = rep.kernels[0]
     assert k.spills == 0 and k.stack_frame == 0, rep.summary()
     assert k.instructions["HGMMA"] == 3 * (2 * 64 // 16 + 2 * 64 // 16 + 128 // 16), rep.summary()
+
+
+@pytest.mark.parametrize("kv,window", [("gqa", True), ("direct", False)])
+def test_deterministic_backward_compiles_like_the_default(kv, window):
+    """Deterministic mode (D 128): the default kernel's wgmma bodies and spill budget, two spin loops of
+    acquire loads (the dQ warp's turn; with GQA the dK / dV turn), two more named barriers with GQA (around
+    the ordered adds); its semaphores are the entries' trailing arguments."""
+    from cute_kernels.tools import inspect as ins
+
+    cfg = bk.bwd_config("bfloat16", 128, not window, window=window, direct_kv=kv == "direct", deterministic=True)
+    assert cfg.variant_args == ("dq_semaphore",) + (("dkv_semaphore",) if kv == "gqa" else ())
+    rep = ins.inspect_builder(bk.backward_builder(cfg))
+    rep0 = ins.inspect_builder(bk.backward_builder(dataclasses.replace(cfg, deterministic=False)))
+    print(f"D=128 {kv} window={window} deterministic: {rep.summary()}\n  default: {rep0.summary()}")
+    k, k0 = rep.kernels[0], rep0.kernels[0]
+    assert k.spills == k0.spills == 0 and k.stack_frame == 0, rep.summary()
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"] and k.instructions["UTMAREDG"] == k0.instructions["UTMAREDG"]
+    acquire = re.findall(r"\bLDG\.E\.STRONG\.GPU\b", rep.sass)
+    assert len(acquire) >= (4 if kv == "gqa" else 2) and not re.findall(r"\bLDG\b", rep0.sass), rep.summary()
+    assert k.instructions["BAR"] >= k0.instructions["BAR"] + (2 if kv == "gqa" else 0), (rep.summary(), rep0.summary())
+
+
+def test_deterministic_plan_and_warmup():
+    """``bwd_plan``'s deterministic key reaches the main kernel only; the warmup spec takes it (a bool)."""
+    import cute_kernels
+    from cute_kernels.attention import backward as BW
+    from cute_kernels.common import jit
+
+    main, pre, post = BW.bwd_plan(torch.bfloat16, 128, True, gqa=True, deterministic=True)
+    plain = BW.bwd_plan(torch.bfloat16, 128, True, gqa=True)
+    assert main.deterministic and not plain[0].deterministic and (pre, post) == plain[1:]
+    with jit.dry_run() as dry:
+        assert cute_kernels.warmup([("flash_attn_backward", dict(causal=True, gqa=True, deterministic=True))]) == 1
+    assert [c for _, c in dry.seen] == [main, pre, post]
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        cute_kernels.warmup([("flash_attn_backward", dict(deterministic=1))])
 
 
 @pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)

@@ -139,6 +139,28 @@ def test_windows_reach_the_backward(meta_ok, monkeypatch, causal, window, sent):
     assert seen == [want]
 
 
+def test_deterministic_reaches_the_backward(meta_ok, monkeypatch):
+    """``deterministic=True`` reaches the backward op (False sends nothing: the plain call); a value that
+    is not a bool raises before any launch, with or without grad."""
+    from cute_kernels.attention import forward_autograd as FA
+
+    seen, orig = [], FA._flash_attn_backward_op
+
+    def spy(*args, **variant):
+        seen.append(variant)
+        return orig(*args, **variant)
+
+    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
+    q, k, v = meta_qkv()
+    for det in (True, False):
+        torch.autograd.grad(FW.flash_attn(q, k, v, causal=True, deterministic=det).float().sum(), (q,))
+    assert seen == [{"deterministic": True}, {}]
+    for grad in (True, False):
+        with count_launches() as n, pytest.raises(TypeError, match="deterministic"):
+            FW.flash_attn(*meta_qkv(grad=grad), deterministic=1)
+        assert n.total() == 0
+
+
 def test_no_grad_and_detached_inputs_record_nothing(meta_ok):
     q, k, v = meta_qkv(grad=False)
     assert FW.flash_attn(q, k, v).grad_fn is None

@@ -406,7 +406,8 @@ def test_fake_tensors_and_op_schemas():
     for op in (torch.ops.cute_kernels.flash_attn, torch.ops.cute_kernels.flash_attn_,
                torch.ops.cute_kernels.decode_attn, torch.ops.cute_kernels.decode_attn_):
         names = [a.name for a in op.default._schema.arguments]
-        tail = ["window_left", "window_right", "cache_leftpad"] if "decode" in str(op) else []  # (decode's later ones)
+        tail = (["window_left", "window_right", "cache_leftpad"] if "decode" in str(op)  # (the later arguments)
+                else ["deterministic"] if str(op).endswith("flash_attn") else [])
         assert names[-2 - len(tail):] == ["softcap", "learnable_sink"] + tail, names
     with FakeTensorMode(), count_launches() as n:
         q, k = torch.empty(2, 33, 8, 64, dtype=BF, device="cuda"), torch.empty(2, 70, 2, 64, dtype=BF, device="cuda")
