@@ -12,6 +12,11 @@ Variants (name -> the change to the planned configuration; a variant that does n
 is skipped there):
     tm128   128 query rows per step, dQ split by rows (``dq_split_m``): FlashAttention-3/4's D = 64 tile
     tm64    64 query rows per step, dQ split by columns (the tile before 2026-12-03 at D = 64)
+
+Whole-call variants (``flash_attn_backward`` with an argument, against the default call: pre-pass, main
+kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
+    det     ``deterministic=True`` (issue 33's target: within 15% of the default); checked first to give
+            the same bits on two calls, and gradients within bf16 noise of the default's
 """
 
 from __future__ import annotations
@@ -39,6 +44,40 @@ def _tm64(cfg):
 
 
 VARIANTS = {"tm128": _tm128, "tm64": _tm64}
+CALL_VARIANTS = {"det": dict(deterministic=True)}
+
+
+def run_shape_calls(shape, variants, reps):
+    """The whole-call variants of one shape: checks, then paired times against the default call."""
+    import torch
+
+    import cute_kernels
+    from cute_kernels.tools.bench.timing import paired_ratio, paired_times
+
+    name, B, Hq, Hkv, S, D, causal = shape
+    torch.manual_seed(0)
+    mk = lambda h: torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    q, k, v, dout = mk(Hq), mk(Hkv), mk(Hkv), mk(Hq)
+    with torch.no_grad():
+        out, lse = cute_kernels.flash_attn(q, k, v, causal=causal, return_lse=True)
+    call = lambda **kw: cute_kernels.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, **kw)  # noqa: E731
+    ref = [g.float() for g in call()]
+    row = {"shape": name, "checks": {}, "ratio_vs_planned": {}}
+    calls = {"planned": call}
+    for vname in variants:
+        kw = CALL_VARIANTS[vname]
+        a, b = call(**kw), call(**kw)
+        torch.cuda.synchronize()
+        row["checks"][vname] = {
+            "repeatable": all(torch.equal(x, y) for x, y in zip(a, b)),
+            "vs_default": [round(float((x.float() - r).abs().max() / r.abs().max()), 5) for x, r in zip(a, ref)]}
+        calls[vname] = lambda kw=kw: call(**kw)
+    times = paired_times(calls, reps)
+    row["median_us"] = {n: statistics.median(t) for n, t in times.items()}
+    for n in calls:
+        if n != "planned":
+            row["ratio_vs_planned"][n] = round(paired_ratio(times, "planned", n), 4)
+    return row
 
 
 def run_shape(shape, variants, reps):
@@ -103,14 +142,17 @@ def main(argv=None) -> int:
     from cute_kernels.tools.bench.attention_shapes import select
 
     variants = [v for v in a.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
+    unknown = set(variants) - set(VARIANTS) - set(CALL_VARIANTS)
     if unknown:
-        p.error(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+        p.error(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS) + sorted(CALL_VARIANTS)}")
+    whole = [v for v in variants if v in CALL_VARIANTS]
+    if whole and len(whole) != len(variants):
+        p.error("whole-call variants (det) and kernel variants (tm128, tm64) go in separate runs")
     rows = []
     for shape in select(a.shapes):
         if shape[5] not in (64, 96, 128):
             continue
-        row = run_shape(shape, variants, a.reps)
+        row = (run_shape_calls if whole else run_shape)(shape, variants, a.reps)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.out:
