@@ -202,21 +202,39 @@ def _eager_needed(kwargs: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- fallbacks
+#: the last :func:`_valid_lengths` result: (its source tensor, the source's version, batch, dtype,
+#: device, the lengths); the layers of one step pass the same source, so each step computes it once
+_LENGTHS: list = [None]
+
+
 def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -> torch.Tensor | None:
-    """(batch,) contiguous device tensor of ``dtype``: keys valid per sequence after this step (last
-    position + 1), from ``cache_position`` (1-D) or ``position_ids`` ((1 or B, Sq)); None when neither
-    is given.  One small kernel (add with a casting ``out=``): it runs in every layer of every step."""
+    """(batch,) contiguous device tensor of ``dtype`` (read-only: it may be shared): keys valid per
+    sequence after this step (last position + 1), from ``cache_position`` (1-D) or ``position_ids``
+    ((1 or B, Sq)); None when neither is given.  One small kernel (add with a casting ``out=``), once
+    per step: the next layers of the step, given the same unchanged source tensor, get the same result
+    (not while a CUDA graph is captured or torch.compile traces: there every layer computes its own)."""
     cp = kwargs.get("cache_position")
-    if isinstance(cp, torch.Tensor) and cp.dim() == 1 and cp.numel():
-        last = cp[-1:]
-    else:
-        pos = kwargs.get("position_ids")
-        if not (isinstance(pos, torch.Tensor) and pos.dim() == 2 and pos.shape[0] in (1, batch) and pos.numel()):
+    src = cp if isinstance(cp, torch.Tensor) and cp.dim() == 1 and cp.numel() else None
+    if src is None:
+        src = kwargs.get("position_ids")
+        if not (isinstance(src, torch.Tensor) and src.dim() == 2 and src.shape[0] in (1, batch) and src.numel()):
             return None
-        last = pos[:, -1]
+    hit = _LENGTHS[0]
+    if (hit is not None and hit[0] is src and hit[1] == src._version and hit[2] == batch and hit[3] == dtype
+            and hit[4] == device and not _capturing()):
+        return hit[5]
+    last = src[-1:] if src is cp else src[:, -1]
     if last.device != device:
         last = last.to(device)
-    return torch.add(last.expand(batch), 1, out=torch.empty(batch, dtype=dtype, device=device))
+    lens = torch.add(last.expand(batch), 1, out=torch.empty(batch, dtype=dtype, device=device))
+    if not _capturing():
+        _LENGTHS[0] = (src, src._version, batch, dtype, device, lens)
+    return lens
+
+
+def _capturing() -> bool:
+    """A CUDA graph is being captured or torch.compile traces (results must not outlive the capture)."""
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _need_lengths(key) -> None:
@@ -392,7 +410,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                 _need_lengths(key)
             lens = torch.full((B,), kv_len, dtype=torch.int32, device=key.device)
         elif window is not None:  # a full sliding buffer holds the last kv_len positions
-            lens.clamp_(max=kv_len)
+            lens = lens.clamp(max=kv_len)
         out = decode_attn(q, key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens, causal=causal,
                           softmax_scale=scale, softcap=softcap, learnable_sink=sink)
         hf_stats["decode_attn"] += 1

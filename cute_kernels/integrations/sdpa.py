@@ -101,15 +101,14 @@ def _is_hopper(device: torch.device) -> bool:
     return ok
 
 
-def _strides_ok(t: torch.Tensor) -> bool:
-    if t.stride(-1) != 1:
-        return False
+def _strides_ok(t: torch.Tensor, pointer: bool = True) -> bool:
+    """Strides (and, with ``pointer``, the data pointer) the kernels take; 4-d tensors (route's
+    callers), written out: it runs for q, k and v of every call."""
+    s0, s1, s2, s3 = t.stride()
     # every stride, size-1 dims too (as the kernels' checks); no zero (broadcast) strides at all
-    if any(s % _ALIGN_ELEMS or s == 0 for s in t.stride()[:-1]):
+    if s3 != 1 or s0 % _ALIGN_ELEMS or s1 % _ALIGN_ELEMS or s2 % _ALIGN_ELEMS or not (s0 and s1 and s2):
         return False
-    if torch.compiler.is_compiling() or isinstance(t, FakeTensor) or t.device.type == "meta":
-        return True  # no data pointer to check (the custom ops check it when they run)
-    return t.data_ptr() % 16 == 0
+    return not pointer or t.data_ptr() % 16 == 0
 
 
 def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False,
@@ -125,10 +124,12 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
         return "torch", R_MASK
     if dropout_p != 0.0:
         return "torch", R_DROPOUT
-    qkv = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) for t in qkv) or any(t.dim() != 4 for t in qkv):
+    T = torch.Tensor
+    if not (isinstance(query, T) and isinstance(key, T) and isinstance(value, T)) or not (
+            query.dim() == key.dim() == value.dim() == 4):
         return "torch", R_RANK
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in qkv)  # flash_attn has the backward
+    # flash_attn has the backward
+    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     dev = query.device
     if dev.type not in _KERNEL_DEVICES or key.device != dev or value.device != dev:
         return "torch", R_DEVICE
@@ -151,7 +152,9 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
     # (a comparison, not float(): 10**400 would overflow; the kernels' bound on scale * log2(e))
     if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale <= MAX_SOFTMAX_SCALE):
         return "torch", R_SCALE
-    if not all(_strides_ok(t) for t in qkv):
+    # no data pointer to check when tracing or on fake / meta tensors (the custom ops check it when they run)
+    pointer = not (torch.compiler.is_compiling() or isinstance(query, FakeTensor) or dev.type == "meta")
+    if not (_strides_ok(query, pointer) and _strides_ok(key, pointer) and _strides_ok(value, pointer)):
         return "torch", R_STRIDES
     if not is_causal and 1 <= Sq <= DECODE_MAX_Q and Sq < Sk and not grad:
         if D not in DECODE_HEAD_DIMS:

@@ -347,3 +347,21 @@ def test_sliding_window_model_trains_on_the_kernels():
         "mistral", torch.bfloat16, attn=attn, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000, sliding_window=64),
         ids, ("sdpa", "cute_kernels"), 15))
+
+
+def test_valid_lengths_computed_once_per_step():
+    """The lengths from ``cache_position`` / ``position_ids``: computed by the first layer of a step and
+    shared by the next ones (the same unchanged source tensor); recomputed for another source, batch,
+    dtype, or a source changed in place (a static ``cache_position`` buffer advanced by ``add_``)."""
+    cp = torch.tensor([10, 11, 12])
+    a = hf._valid_lengths(dict(cache_position=cp), 2, 20, cp.device, torch.int32)
+    assert a.tolist() == [13, 13] and a.dtype == torch.int32
+    assert hf._valid_lengths(dict(cache_position=cp), 2, 20, cp.device, torch.int32) is a  # the next layer
+    assert hf._valid_lengths(dict(cache_position=cp), 3, 20, cp.device, torch.int32).tolist() == [13] * 3
+    assert hf._valid_lengths(dict(cache_position=cp), 2, 20, cp.device).dtype == torch.int64
+    cp.add_(1)
+    assert hf._valid_lengths(dict(cache_position=cp), 2, 20, cp.device, torch.int32).tolist() == [14, 14]
+    pos = torch.tensor([[4, 5], [7, 8]])
+    assert hf._valid_lengths(dict(position_ids=pos), 2, 20, cp.device).tolist() == [6, 9]
+    assert hf._valid_lengths(dict(position_ids=torch.tensor([[4, 5], [7, 9]])), 2, 20, cp.device).tolist() == [6, 10]
+    assert hf._valid_lengths({}, 2, 20, cp.device) is None
