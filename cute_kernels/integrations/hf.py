@@ -91,8 +91,11 @@ attention interface) and the path that honours each:
 - ``cu_seq_lens_q/k``, ``max_length_q/k``: the fallback, with an explicit block-diagonal mask (batch 1).
 - ``position_bias``: HF's sdpa (added to the scores).
 - ``output_attentions=True``: the model's eager attention (it returns the weights).
+- ``deterministic`` (HF's flash-attention keyword): the backward's deterministic mode; when the layer
+  does not pass it, on if ``FLASH_ATTENTION_DETERMINISTIC=1`` (HF's variable) or
+  ``torch.use_deterministic_algorithms(True)`` is set.  The forward is deterministic either way.
 - ``use_cache``, ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
-  ``seq_idx``, ``deterministic``: no effect on attention.
+  ``seq_idx``: no effect on attention.
 - anything else (``indices``, ``block_indices``, ...): the model's eager attention, with a warning
   naming it.
 
@@ -106,6 +109,7 @@ each way (eager calls; under torch.compile, the traced ones): ``flash_attn`` (de
 from __future__ import annotations
 
 import math
+import os
 import numbers
 import types
 import warnings
@@ -156,7 +160,7 @@ def reset_stats() -> None:
 #: Keywords that do not change the attention output (``position_ids`` / ``cache_position`` are read
 #: for the valid lengths).
 NO_EFFECT = frozenset({"position_ids", "cache_position", "use_cache", "output_hidden_states",
-                       "output_router_logits", "num_items_in_batch", "seq_idx", "deterministic"})
+                       "output_router_logits", "num_items_in_batch", "seq_idx"})
 #: Keywords HF's sdpa honours beyond the mask, dropout, scaling and is_causal arguments.
 SDPA_HONOURS = frozenset({"position_bias"})
 #: Packed-sequence keywords: honoured by an explicit block-diagonal mask on either fallback.
@@ -165,7 +169,7 @@ PACKED = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_lengt
 #: model's eager attention for the last three (HF's sdpa honours neither).
 WINDOW = "sliding_window"
 SINKS = ("s_aux", "sinks")
-KERNEL_HONOURS = frozenset({WINDOW, "softcap", *SINKS})
+KERNEL_HONOURS = frozenset({WINDOW, "softcap", *SINKS, "deterministic"})
 SDPA, EAGER = "sdpa", "eager"
 _FALLBACK_NAMES = {SDPA: "transformers' sdpa attention", EAGER: "the model's eager attention"}
 
@@ -362,6 +366,15 @@ def _variant(kwargs, heads_q: int, device):
     return softcap, sink, None
 
 
+def _deterministic(kwargs) -> bool:
+    """The backward's mode for a layer: its ``deterministic`` keyword, else HF's
+    ``FLASH_ATTENTION_DETERMINISTIC=1`` or torch's ``use_deterministic_algorithms(True)``."""
+    det = kwargs.get("deterministic")
+    if det is None:
+        return torch.are_deterministic_algorithms_enabled() or os.environ.get("FLASH_ATTENTION_DETERMINISTIC") == "1"
+    return bool(det)
+
+
 def _window_size(window, valid: int) -> tuple:
     """``flash_attn``'s window for HF's ``sliding_window`` W (key j visible to query i when
     i - W < j <= i): ``(W - 1, 0)``, unbounded when no query can see more than W keys."""
@@ -430,6 +443,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                 return _fallback(None, R_POSITIONS, *args)
         key, value = key.narrow(2, 0, valid), value.narrow(2, 0, valid)
     out = flash_attn(q, key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scale,
+                     deterministic=_deterministic(kwargs),
                      window_size=_window_size(window if causal else None, valid), softcap=softcap,
                      learnable_sink=sink)
     hf_stats["flash_attn"] += 1

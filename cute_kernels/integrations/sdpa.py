@@ -17,7 +17,8 @@ causal, Sq > Sk                                        torch (top-left mask; the
 =====================================================  =============================================
 
 An input that requires grad (grad enabled) runs on ``flash_attn``, which is differentiable (the
-backward kernels: D 64/96/128), never on ``decode_attn``.
+backward kernels: D 64/96/128), never on ``decode_attn``; under ``torch.use_deterministic_algorithms(True)``
+its backward runs in the deterministic mode (bitwise repeatable gradients).
 
 torch's ``is_causal`` is top-left aligned: query i sees keys j <= i.  With Sq < Sk no query sees a
 key past Sq - 1, so it equals the bottom-right mask over the first Sq keys (a slice, no copy).  With
@@ -232,5 +233,6 @@ def sdpa(
         Sq = q.shape[1]
         if is_causal and Sq < k.shape[1]:  # top-left: no query sees a key past Sq - 1
             k, v = k.narrow(1, 0, Sq), v.narrow(1, 0, Sq)
-        out = flash_attn(q, k, v, causal=bool(is_causal), softmax_scale=scale)
+        out = flash_attn(q, k, v, causal=bool(is_causal), softmax_scale=scale,
+                         deterministic=torch.are_deterministic_algorithms_enabled())
     return out.transpose(1, 2)

@@ -64,14 +64,15 @@ FLASH_CALLS: list = []
 
 
 def flash_standin(q, k, v, *, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                  max_seqlen_q=None, max_seqlen_k=None, window_size=(-1, -1), softcap=0.0, learnable_sink=None):
+                  max_seqlen_q=None, max_seqlen_k=None, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
+                  deterministic=False):
     """flash_attn's contract in torch (float32): dense (B, S, H, D) or packed (total, H, D) with
     cu_seqlens; GQA, bottom-right causal, windows, softcap, sinks; the arguments pass flash_attn's own
     checks but the device one (the views of HF's tensors need no copy)."""
     FLASH_CALLS.append(dict(causal=causal, softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                             window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
-                            shapes=(tuple(q.shape), tuple(k.shape))))
+                            deterministic=deterministic, shapes=(tuple(q.shape), tuple(k.shape))))
     packed = cu_seqlens_q is not None
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
         if packed:

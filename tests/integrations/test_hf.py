@@ -365,3 +365,22 @@ def test_valid_lengths_computed_once_per_step():
     assert hf._valid_lengths(dict(position_ids=pos), 2, 20, cp.device).tolist() == [6, 9]
     assert hf._valid_lengths(dict(position_ids=torch.tensor([[4, 5], [7, 9]])), 2, 20, cp.device).tolist() == [6, 10]
     assert hf._valid_lengths({}, 2, 20, cp.device) is None
+
+
+def test_deterministic_follows_the_layer_hf_and_torch(monkeypatch):
+    """The backward's deterministic mode for a layer: its ``deterministic`` keyword, else HF's
+    ``FLASH_ATTENTION_DETERMINISTIC=1`` or ``torch.use_deterministic_algorithms(True)``; the keyword is
+    honoured by the kernels (no fallback)."""
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
+    assert hf._deterministic({}) is False
+    assert hf._deterministic({"deterministic": True}) is True
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")
+    assert hf._deterministic({}) is True and hf._deterministic({"deterministic": False}) is False
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC")
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert hf._deterministic({}) is True
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert hf.fallback_path({"deterministic": True}) is None

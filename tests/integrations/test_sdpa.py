@@ -262,7 +262,7 @@ def test_fallback_warning_names_the_reason_and_the_caller(cpu_as_gpu):
 
 
 # ------------------------------------------------- the kernel routes' semantics, on the CPU
-def flash_standin(q, k, v, *, causal=False, softmax_scale=None):
+def flash_standin(q, k, v, *, causal=False, softmax_scale=None, deterministic=False):
     """flash_attn's contract in torch (float32): (B, S, H, D), GQA, bottom-right causal."""
     Sq, Hq, Sk = q.shape[1], q.shape[2], k.shape[1]
     G = Hq // k.shape[2]
@@ -310,6 +310,14 @@ def test_causal_sq_lt_sk_reads_only_the_first_sq_keys(cpu_as_gpu, monkeypatch):
     S.sdpa(q, k, k, is_causal=True, scale=0.3)
     assert seen["k"].shape == (1, 5, 2, 64) and seen["causal"] is True and seen["softmax_scale"] == 0.3
     assert seen["k"].data_ptr() == k.data_ptr(), "a view, not a copy"
+    assert seen["deterministic"] is False
+    before = torch.are_deterministic_algorithms_enabled()
+    try:  # torch's deterministic flag reaches flash_attn (its backward's mode)
+        torch.use_deterministic_algorithms(True)
+        S.sdpa(q, k, k, is_causal=True, scale=0.3)
+        assert seen["deterministic"] is True
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def test_decode_route_arguments(cpu_as_gpu, monkeypatch):
