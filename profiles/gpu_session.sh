@@ -23,6 +23,8 @@
 #   bench-gemm-tune     the same after autotuning ours
 #   bench-gemm-decode   bench_gemm.py --preset decode (M <= 64, decode-time shapes)
 #   gemm-raster-cand    bench_gemm.py --configs: the l2_model.py raster candidates for 4096^3 / 4096x14336
+#   gemm-stage-cand  bench_gemm.py --configs default:stage: misaligned operands copied into aligned buffers + the TMA
+#                 plan, beside the default cp.async mainloop and cuBLAS (issue 36's 4097x127x1000 and two others)
 #   ab-gemm / ab-gemm2  profiles/ab_gemm.py, paired call-by-call A/B of GEMM variants               [AB_ARGS / AB2_ARGS]
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
@@ -91,6 +93,7 @@ for step in "$@"; do
     bench-attention-backward) CK_COMMIT=$commit py "${BENCH_BWD_S:-420}" profiles/bench_attention.py --backward --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-attention-backward.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-decode) py "${BENCH_S:-300}" profiles/bench_gemm.py --preset decode --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm-decode.log" ;;
+    gemm-stage-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4097x127x1000,4096x4096x4100,1000x3000x522 --configs default:stage 2>&1 | quiet | tee "$OUT/gemm-stage-cand.log" ;;
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | quiet | tee "$OUT/gemm-raster-cand.log" ;;
     ab-gemm) py "${AB_S:-300}" profiles/ab_gemm.py --out "$OUT" ${AB_ARGS:-} 2>&1 | quiet | tee "$OUT/ab-gemm.log" ;;
     ab-gemm2) py "${AB2_S:-200}" profiles/ab_gemm.py --out "$OUT" --tag ab2 ${AB2_ARGS:-} 2>&1 | quiet | tee "$OUT/ab-gemm2.log" ;;

@@ -248,7 +248,7 @@ def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
         _launchers.clear()
         _plan_mod._plans = _PlanCache(_plan_mod._plans)
     p = _plan_mod._plans.get(_plan_mod._signature(a, b, out, c, beta, out_dtype))
-    if p is None or p.empty or p.a_fix or p.b_fix or p.d_fix:
+    if p is None or p.empty or p.a_fix or p.b_fix or p.d_fix or p.a_stage or p.b_stage:
         return
     fn, ws = p.fn, None
     if isinstance(fn, launch.SwappedLauncher):

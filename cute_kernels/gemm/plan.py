@@ -46,6 +46,9 @@ class PlanChoice:
     max_active_clusters: int | None = None  # persistent grid size (1: several tiles per CTA)
     b_evict_first: bool | None = None  # L2 evict-first hint on the streamed operand of split-K plans
     skinny_pairs_any_epilogue: bool = False  # the skinny multicast pairs with C / fp32 out (GPU-test switch)
+    #: an operand TMA cannot describe (a stride or pointer off 16 bytes) copied per call into an aligned
+    #: buffer (:func:`staged`), then the TMA kernels; None / False: the cp.async mainloop reads it in place
+    stage: bool | None = None
 
     def __post_init__(self):
         if self.splitk_mode is not None and self.splitk_mode not in SPLITK_MODES:
@@ -67,6 +70,8 @@ class Plan:
     a_fix: str | None = None  # canonical-stride view to take of a / b / d before the call (major)
     b_fix: str | None = None
     d_fix: str | None = None
+    a_stage: str | None = None  # a / b copied into an aligned buffer before the call (major), :func:`staged`
+    b_stage: str | None = None
     #: (compile-cache family, config) of every kernel the plan runs
     kernels: list = field(default_factory=list)
 
@@ -140,7 +145,16 @@ def make_plan(a, b, out=None, c=None, beta: float = 0.0, out_dtype=None, choice:
     pr = _Problem(a, b, probe, m, n, k, a.shape[0] if a.dim() == 3 else 1, TORCH_TO_NAME[a.dtype], d_name,
                   TORCH_TO_NAME[c.dtype] if p.has_c else d_name, a_major, b_major)
     if not (tma_ok(a, a_major) and tma_ok(b, b_major)):
-        return _plan_persistent(p, pr, choice, cpasync=True)
+        if not choice.stage:
+            return _plan_persistent(p, pr, choice, cpasync=True)
+        # staged: aligned copies (allocated here as probes of their strides) run the TMA plans
+        a_s = a if tma_ok(a, a_major) else staged(a, a_major, copy=False)
+        b_s = b if tma_ok(b, b_major) else staged(b, b_major, copy=False)
+        p.a_stage, p.b_stage = (None if a_s is a else a_major), (None if b_s is b else b_major)
+        p.a_fix = None if p.a_stage else p.a_fix
+        p.b_fix = None if p.b_stage else p.b_fix
+        a, b = a_s, b_s
+        pr = dataclasses.replace(pr, a=a, b=b)
 
     tiles, raster, mode, heuristic = choice.tiles, choice.raster, choice.splitk_mode, choice.tiles is None
     if tiles is None:
@@ -307,14 +321,34 @@ def run(a, b, out=None, c=None, alpha: float = 1.0, beta: float = 0.0, out_dtype
         if out.numel() and p.kind == "empty":  # (a fake result has no values to write)
             out.copy_(beta * c if p.has_c else torch.zeros_like(out))
         return out
-    if p.a_fix:
+    if p.a_stage:
+        a = staged(a, p.a_stage)
+    elif p.a_fix:
         a = canonical_strides(a, p.a_fix)
-    if p.b_fix:
+    if p.b_stage:
+        b = staged(b, p.b_stage)
+    elif p.b_fix:
         b = canonical_strides(b, p.b_fix)
     d = canonical_strides(out, p.d_fix) if p.d_fix else out
     LAUNCHES["gemm"] += 1
     p.fn(a, b, d, c if p.has_c else d, float(alpha), float(beta))
     return out
+
+
+def staged(t: torch.Tensor, major: str, copy: bool = True) -> torch.Tensor:
+    """``t`` ((L,) R, C, ``major`` "row": C contiguous; "col": R contiguous) as a view of a fresh buffer
+    whose contiguous extent is padded to a multiple of 16 bytes (``copy``: with ``t``'s values; else
+    uninitialized, a probe of the strides): the same logical tensor, every stride and the pointer
+    aligned for TMA (the padding is never read: TMA's boxes clip at the logical extent)."""
+    if major == "col":
+        return staged(t.mT, "row", copy).mT
+    unit = 16 // t.element_size()
+    cols = t.shape[-1]
+    buf = torch.empty(*t.shape[:-1], -(-cols // unit) * unit, dtype=t.dtype, device=t.device)
+    view = buf[..., :cols]
+    if copy:
+        view.copy_(t)
+    return view
 
 
 # ---------------------------------------------------------------------------- the configuration buckets

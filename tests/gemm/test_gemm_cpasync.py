@@ -85,6 +85,31 @@ def test_plan_k4100():
     assert p.kind.startswith("splitk")  # aligned: TMA split-K
 
 
+@pytest.mark.parametrize("majors", list(itertools.product(["row", "col"], repeat=2)), ids=lambda m: "".join(x[0] for x in m))
+def test_stage_plans_tma_kernels(majors):
+    """``PlanChoice(stage=True)``: the operands TMA cannot describe are copied into aligned buffers per
+    call (``staged``: the same logical tensor, the contiguous extent padded to 16 bytes) and the TMA
+    plan runs; an aligned operand is not copied.  Default: the cp.async mainloop."""
+    k, n = (1000, 127) if majors[1] == "row" else (127, 1000)  # B's contiguous extent 127: misaligned
+    a = _cpu_operand(4097, k, majors[0])  # misaligned too where its contiguous extent (K or M = 4097) is odd
+    b = _cpu_operand(k, n, majors[1])
+    _, cfg0 = cpu_plan(a, b)
+    with jit.dry_run():
+        p = P.make_plan(a, b, choice=P.PlanChoice(stage=True), allow_cpu=True)
+    cfg = p.kernels[-1][1]
+    a_odd = not tma_ok(a, majors[0])
+    assert cfg0.mainloop == "cpasync" and getattr(cfg, "mainloop", "tma") == "tma", (cfg0, cfg)
+    assert p.b_stage == majors[1] and p.a_stage == (majors[0] if a_odd else None)
+    for major, shape in (("row", (5, 7)), ("col", (7, 5))):
+        t = torch.randn(*shape).to(torch.bfloat16)
+        t = t if major == "row" else t.mT  # (5, 7) col-major: stride (1, 5)
+        st = P.staged(t, major)
+        assert torch.equal(st, t) and tma_ok(st, major), (major, st.stride())
+        assert st.stride() == ((8, 1) if major == "row" else (1, 8))
+    tb = torch.randn(3, 5, 7).to(torch.bfloat16)
+    assert torch.equal(P.staged(tb, "row"), tb) and P.staged(tb, "row").stride() == (40, 8, 1)
+
+
 @pytest.mark.parametrize(
     "a_args,b_args,want",
     [
@@ -214,6 +239,25 @@ def test_cpasync_shapes_majors(mnk, majors):
     cfg = _gemm(a, b, out)
     tma = tma_ok(a, major_of(a, "a", "M", "K")) and tma_ok(b, major_of(b, "b", "K", "N"))
     assert (cfg.mainloop == "tma") == tma
+    check_gemm(out, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(4097, 127, 1000), (127, 1001, 333), (1, 7, 13), (300, 4101, 77)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("majors", MAJORS, ids=lambda m: "".join(x[0] for x in m))
+def test_staged_operands(mnk, majors):
+    """``PlanChoice(stage=True)`` through ``plan.run``: NaN-padded misaligned operands copied into
+    aligned buffers, the TMA kernels, the float64 reference elementwise (the staged buffers' padding is
+    uninitialized: a read of it would show)."""
+    m, n, k = mnk
+    a = _operand((m, k), majors[0], torch.bfloat16)
+    b = _operand((k, n), majors[1], torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    P.run(a, b, out, choice=P.PlanChoice(stage=True))
+    torch.cuda.synchronize()
+    p = P.plan(a, b, out, choice=P.PlanChoice(stage=True))
+    assert all(getattr(c, "mainloop", "tma") == "tma" for _, c in p.kernels)
     check_gemm(out, a, b)
 
 

@@ -80,7 +80,8 @@ def rel_error(out, ref) -> float:
 def explicit_config(spec: str):
     """``fn(a, b)`` running our GEMM at an explicit config: ``TMxTN:CMxCN[:SW(m|n)][:swap]`` (tile,
     cluster, raster swizzle and direction, and ``swap``: out^T = b^T a^T on those tiles), or
-    ``default:defer`` / ``default:nodefer`` (the planner's choice with the deferred epilogue forced)."""
+    ``default:defer`` / ``default:nodefer`` (the planner's choice with the deferred epilogue forced), or
+    ``default:stage`` (operands TMA cannot describe copied into aligned buffers, then the TMA plan)."""
     import torch
 
     from ...gemm import plan as gemm_plan
@@ -88,7 +89,8 @@ def explicit_config(spec: str):
 
     parts = spec.split(":")
     if parts[0] == "default":
-        choice = gemm_plan.PlanChoice(epi_defer={"defer": True, "nodefer": False}[parts[1]])
+        choice = (gemm_plan.PlanChoice(stage=True) if parts[1] == "stage" else
+                  gemm_plan.PlanChoice(epi_defer={"defer": True, "nodefer": False}[parts[1]]))
         return lambda a, b: gemm_plan.run(a, b, choice=choice)
     tm, tn = map(int, parts[0].split("x"))
     cm, cn = map(int, parts[1].split("x"))
