@@ -216,7 +216,9 @@ def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -
     sequence after this step (last position + 1), from ``cache_position`` (1-D) or ``position_ids``
     ((1 or B, Sq)); None when neither is given.  One small kernel (add with a casting ``out=``), once
     per step: the next layers of the step, given the same unchanged source tensor, get the same result
-    (not while a CUDA graph is captured or torch.compile traces: there every layer computes its own)."""
+    (not while a CUDA graph is captured or torch.compile traces: there every layer computes its own).
+    "Unchanged" is torch's version counter: a source object reused across steps must change through
+    torch ops (Transformers makes a new ``cache_position`` per step), not through ``.data`` or DLPack."""
     cp = kwargs.get("cache_position")
     src = cp if isinstance(cp, torch.Tensor) and cp.dim() == 1 and cp.numel() else None
     if src is None:
