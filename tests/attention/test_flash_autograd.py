@@ -34,6 +34,22 @@ def meta_ok(monkeypatch):
     monkeypatch.setattr(FV, "_check_devices", lambda named: None)
 
 
+@pytest.fixture
+def backward_variants(monkeypatch):
+    """The keyword arguments of every ``cute_kernels::flash_attn_backward`` call autograd makes (a list
+    filled as they run; the real op still runs)."""
+    from cute_kernels.attention import forward_autograd as FA
+
+    seen, orig = [], FA._flash_attn_backward_op
+
+    def spy(*args, **variant):
+        seen.append(variant)
+        return orig(*args, **variant)
+
+    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
+    return seen
+
+
 def meta_qkv(B=2, Sq=40, Sk=70, Hq=8, Hkv=2, D=128, grad=True):
     q = torch.empty(B, Sq, Hq, D, dtype=BF, device="meta", requires_grad=grad)
     k = torch.empty(B, Sk, Hkv, D, dtype=BF, device="meta", requires_grad=grad)
@@ -85,20 +101,12 @@ def meta_sink(Hq=8, grad=True):
 
 @pytest.mark.parametrize("softcap", [0.0, 20.0])
 @pytest.mark.parametrize("sink_grad", [True, False, None], ids=["sink-grad", "sink", "no-sink"])
-def test_softcap_and_sinks_reach_the_backward(meta_ok, monkeypatch, softcap, sink_grad):
+def test_softcap_and_sinks_reach_the_backward(meta_ok, backward_variants, softcap, sink_grad):
     """Softcapping and sinks are differentiable: the backward op gets the softcap, and the sink only
     when it requires grad (q, k, v's gradients do not read it), which then gets its (Hq,) gradient."""
-    from cute_kernels.attention import forward_autograd as FA
-
+    seen = backward_variants
     if not softcap and sink_grad is None:
         pytest.skip("the plain call: test_gradients_reach_every_input")
-    seen, orig = [], FA._flash_attn_backward_op
-
-    def spy(*args, **variant):
-        seen.append(variant)
-        return orig(*args, **variant)
-
-    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
     q, k, v = meta_qkv()
     sink = None if sink_grad is None else meta_sink(grad=sink_grad)
     with count_launches() as n:
@@ -120,18 +128,10 @@ def test_softcap_and_sinks_reach_the_backward(meta_ok, monkeypatch, softcap, sin
 @pytest.mark.parametrize("causal,window,sent", [
     (True, (16, 0), (16, 0)), (False, (7, 3), (7, 3)), (False, (None, 5), (-1, 5)), (True, (-1, -1), None),
 ])
-def test_windows_reach_the_backward(meta_ok, monkeypatch, causal, window, sent):
+def test_windows_reach_the_backward(meta_ok, backward_variants, causal, window, sent):
     """A sliding window is differentiable: the backward op gets the forward's sides (None as -1); a
     call without one sends none (the plain op call)."""
-    from cute_kernels.attention import forward_autograd as FA
-
-    seen, orig = [], FA._flash_attn_backward_op
-
-    def spy(*args, **variant):
-        seen.append(variant)
-        return orig(*args, **variant)
-
-    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
+    seen = backward_variants
     q, k, v = meta_qkv()
     dq, dk, dv = torch.autograd.grad(FW.flash_attn(q, k, v, causal=causal, window_size=window).float().sum(), (q, k, v))
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -139,18 +139,10 @@ def test_windows_reach_the_backward(meta_ok, monkeypatch, causal, window, sent):
     assert seen == [want]
 
 
-def test_deterministic_reaches_the_backward(meta_ok, monkeypatch):
+def test_deterministic_reaches_the_backward(meta_ok, backward_variants):
     """``deterministic=True`` reaches the backward op (False sends nothing: the plain call); a value that
     is not a bool raises before any launch, with or without grad."""
-    from cute_kernels.attention import forward_autograd as FA
-
-    seen, orig = [], FA._flash_attn_backward_op
-
-    def spy(*args, **variant):
-        seen.append(variant)
-        return orig(*args, **variant)
-
-    monkeypatch.setattr(FA, "_flash_attn_backward_op", spy)
+    seen = backward_variants
     q, k, v = meta_qkv()
     for det in (True, False):
         torch.autograd.grad(FW.flash_attn(q, k, v, causal=True, deterministic=det).float().sum(), (q,))
