@@ -47,17 +47,37 @@ VARIANTS = {"tm128": _tm128, "tm64": _tm64}
 CALL_VARIANTS = {"det": dict(deterministic=True)}
 
 
+def _inputs(shape):
+    """q, k, v, dout of a bench shape: fresh bf16 normals (seed 0), (B, S, H, D)."""
+    import torch
+
+    _, B, Hq, Hkv, S, D, _ = shape
+    torch.manual_seed(0)
+    mk = lambda h: torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    return mk(Hq), mk(Hkv), mk(Hkv), mk(Hq)
+
+
+def _time_into(row, calls, reps):
+    """Paired times of ``calls`` (name -> zero-argument callable, "planned" first) into ``row``: each
+    side's median and each variant's median per-repetition ratio to "planned"."""
+    from cute_kernels.tools.bench.timing import paired_ratio, paired_times
+
+    times = paired_times(calls, reps)
+    row["median_us"] = {n: statistics.median(t) for n, t in times.items()}
+    for n in calls:
+        if n != "planned":
+            row["ratio_vs_planned"][n] = round(paired_ratio(times, "planned", n), 4)
+    return row
+
+
 def run_shape_calls(shape, variants, reps):
     """The whole-call variants of one shape: checks, then paired times against the default call."""
     import torch
 
     import cute_kernels
-    from cute_kernels.tools.bench.timing import paired_ratio, paired_times
 
-    name, B, Hq, Hkv, S, D, causal = shape
-    torch.manual_seed(0)
-    mk = lambda h: torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    q, k, v, dout = mk(Hq), mk(Hkv), mk(Hkv), mk(Hq)
+    name, causal = shape[0], shape[6]
+    q, k, v, dout = _inputs(shape)
     with torch.no_grad():
         out, lse = cute_kernels.flash_attn(q, k, v, causal=causal, return_lse=True)
     call = lambda **kw: cute_kernels.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, **kw)  # noqa: E731
@@ -72,26 +92,17 @@ def run_shape_calls(shape, variants, reps):
             "repeatable": all(torch.equal(x, y) for x, y in zip(a, b)),
             "vs_default": [round(float((x.float() - r).abs().max() / r.abs().max()), 5) for x, r in zip(a, ref)]}
         calls[vname] = lambda kw=kw: call(**kw)
-    times = paired_times(calls, reps)
-    row["median_us"] = {n: statistics.median(t) for n, t in times.items()}
-    for n in calls:
-        if n != "planned":
-            row["ratio_vs_planned"][n] = round(paired_ratio(times, "planned", n), 4)
-    return row
+    return _time_into(row, calls, reps)
 
 
 def run_shape(shape, variants, reps):
     import torch
 
-    from cute_kernels.tools.bench import attention_backward as AB
-    from cute_kernels.tools.bench.timing import paired_ratio, paired_times
-
-    name, B, Hq, Hkv, S, D, causal = shape
-    torch.manual_seed(0)
-    mk = lambda h: torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    q, k, v, dout = mk(Hq), mk(Hkv), mk(Hkv), mk(Hq)
     import cute_kernels
+    from cute_kernels.tools.bench import attention_backward as AB
 
+    name, _, Hq, Hkv, _, D, causal = shape
+    q, k, v, dout = _inputs(shape)
     with torch.no_grad():
         out = cute_kernels.flash_attn(q, k, v, causal=causal)
     calls = {"planned": AB.main_kernel_call(q, k, v, out, dout, causal)}
@@ -124,12 +135,7 @@ def run_shape(shape, variants, reps):
         if n != "planned":
             row["checks"][n] = [round(float((a - r).abs().max() / r.abs().max().clamp_min(1e-30)), 5)
                                 for a, r in zip(o, ref)]
-    times = paired_times({n: c[0] for n, c in calls.items()}, reps)
-    row["median_us"] = {n: statistics.median(t) for n, t in times.items()}
-    for n in calls:
-        if n != "planned":
-            row["ratio_vs_planned"][n] = round(paired_ratio(times, "planned", n), 4)
-    return row
+    return _time_into(row, {n: c[0] for n, c in calls.items()}, reps)
 
 
 def main(argv=None) -> int:
