@@ -118,6 +118,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..common.fastpath import stream_query
 from ..gemm import gemm
 from .hf_masks import (  # noqa: F401  (mask_function, Unpad, unpad_metadata: this module's API)
     _UNPAD_CACHE, Unpad, _fit_padding, _is_static_buffer, _padding_mask, _unpad_cached, mask_function,
@@ -211,6 +212,9 @@ def _eager_needed(kwargs: dict) -> bool:
 _LENGTHS: list = [None]
 
 
+_stream_capturing = stream_query()[0]  # torch's C entry point: a tenth of torch.cuda's Python function
+
+
 def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -> torch.Tensor | None:
     """(batch,) contiguous device tensor of ``dtype`` (read-only: it may be shared): keys valid per
     sequence after this step (last position + 1), from ``cache_position`` (1-D) or ``position_ids``
@@ -225,22 +229,18 @@ def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -
         src = kwargs.get("position_ids")
         if not (isinstance(src, torch.Tensor) and src.dim() == 2 and src.shape[0] in (1, batch) and src.numel()):
             return None
+    shared = not (torch.compiler.is_compiling() or (device.type == "cuda" and _stream_capturing()))
     hit = _LENGTHS[0]
-    if (hit is not None and hit[0] is src and hit[1] == src._version and hit[2] == batch and hit[3] == dtype
-            and hit[4] == device and not _capturing()):
+    if (shared and hit is not None and hit[0] is src and hit[1] == src._version and hit[2] == batch
+            and hit[3] == dtype and hit[4] == device):
         return hit[5]
     last = src[-1:] if src is cp else src[:, -1]
     if last.device != device:
         last = last.to(device)
     lens = torch.add(last.expand(batch), 1, out=torch.empty(batch, dtype=dtype, device=device))
-    if not _capturing():
+    if shared:  # (a captured or traced result must not outlive its graph)
         _LENGTHS[0] = (src, src._version, batch, dtype, device, lens)
     return lens
-
-
-def _capturing() -> bool:
-    """A CUDA graph is being captured or torch.compile traces (results must not outlive the capture)."""
-    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _need_lengths(key) -> None:
