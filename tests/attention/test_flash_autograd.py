@@ -266,10 +266,13 @@ def _reference_grads(q, k, v, dout, causal, dlse=None, softcap=0.0, sink=None, r
 
 
 def _assert_grads(got, ref32, refdt, what):
+    # the epsilon scales with the problem's gradients, not each tensor's own: a gradient that is exactly 0
+    # (window (0, 0): one key per row, dS = P (dP - Delta) cancels) comes out as fp32 rounding of dP - Delta
+    scale = max(r.float().abs().amax() for r in ref32[:3]).clamp_min(1e-3)
     for name, g, r, d in zip("qkv", got, ref32, refdt):
         g, r, d = g.float(), r.float(), d.float()
         assert torch.isfinite(g).all(), f"{what} d{name}: non-finite"
-        tol = 2 * (d - r).abs().amax(dim=(-1, -2), keepdim=True) + 1e-3 * r.abs().amax().clamp_min(1e-3)
+        tol = 2 * (d - r).abs().amax(dim=(-1, -2), keepdim=True) + 1e-3 * scale
         err = (g - r).abs().amax(dim=(-1, -2), keepdim=True)
         assert (err <= tol).all(), f"{what} d{name}: worst row error {err.max().item():.3g} > {tol.flatten()[err.flatten().argmax()].item():.3g}"
 
