@@ -13,7 +13,8 @@ from cutlass.cute.nvgpu import cpasync
 
 from ..common.barriers import NamedBarrierId, count_up, wait_count
 from ..common.wgmma import store_acc_to_smem
-from .backward_mask import n_block_first
+from .backward_mask import n_block_last
+from .forward_softmax import WINDOW_UNBOUNDED
 
 #: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
 #: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
@@ -29,11 +30,11 @@ class BwdEpilogue:
 
     @cute.jit
     def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
-                  window_left):
+                  window_right):
         """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
         the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
         w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it.
-        Deterministic: the adds of a query tile wait for their turn and complete before the next turn."""
+        Deterministic: the adds of a query tile wait for their turn (the highest KV tile first) and complete before the next turn."""
         lane = cute.arch.lane_idx()
         t = self.cfg.tile
         nwg = t.consumer_warpgroups
@@ -50,10 +51,10 @@ class BwdEpilogue:
             if const_expr(self.cfg.deterministic):  # this KV tile's turn among those meeting the query tile
                 sem = mSemQ.iterator + cute.crd2idx((batch, head, m_block), mSemQ.layout)
                 if lane == 0:
-                    first = Int32(0)
+                    reach = Int32(0 if self.cfg.causal else WINDOW_UNBOUNDED)
                     if const_expr(self.cfg.window):
-                        first = n_block_first(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, window_left)
-                    wait_count(sem, n_block - first)
+                        reach = window_right
+                    wait_count(sem, n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block)
                 cute.arch.sync_warp()
             for w in cutlass.range_constexpr(nwg):
                 cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)

@@ -39,8 +39,9 @@ head add into the same rows -- and the post-pass scales and converts them (:mod:
 
 Deterministic mode (``deterministic``): the fp32 adds into one place happen in a fixed order, so the
 bits do not depend on which CTA runs first.  The dQ warp adds a query tile's dQ after the KV tiles
-below it (in launch order) did: it waits on the tile's int32 semaphore (B, Hq, Sq_pad / 64) until it
-reads the number of KV tiles before it that meet the query tile (``n_block - n_block_first``), adds,
+above it that meet the query tile did (the order in which a causal or windowed range reaches the
+query tile: the highest KV tile first): it waits on the tile's int32 semaphore (B, Hq, Sq_pad / 64)
+until it reads their number (``n_block_last - n_block``), adds,
 waits for its adds to complete and counts the semaphore up; with GQA, the query heads of a KV head add
 their dK / dV rows in head order on a semaphore per KV tile (B, Hkv, KV tiles)
 (:func:`~cute_kernels.common.barriers.wait_count`, :func:`~cute_kernels.common.barriers.count_up`).

@@ -90,20 +90,25 @@ def m_block_range_window_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: 
 
 
 @cute.jit
-def n_block_first(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
-                  tile_n: cutlass.Constexpr[int], window_left: Int32):
-    """The first KV tile whose query-tile range (:func:`m_block_range_window`) holds query tile
-    ``m_block``: the one holding the lowest key the tile's first row reaches, ``p - window_left``.  The
-    tiles that hold ``m_block`` are this one and the next ones up to the last (their ranges' bounds rise
-    with the tile), so a tile's place among them is ``n_block - n_block_first``.  Dense and causal
-    ranges (:func:`m_block_range`): 0 (pass :data:`~.forward_softmax.WINDOW_UNBOUNDED`)."""
-    return cutlass.max(m_block * tile_m + seqlen_k - seqlen_q - window_left, 0) // tile_n
+def n_block_last(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                 tile_n: cutlass.Constexpr[int], window_right: Int32):
+    """The last KV tile whose query-tile range (:func:`m_block_range`, :func:`m_block_range_window`) holds
+    query tile ``m_block``: the one holding the highest key the tile's last row reaches, ``p +
+    window_right`` (causal: a right side of 0; dense: :data:`~.forward_softmax.WINDOW_UNBOUNDED`), or
+    the last tile.  The tiles that hold ``m_block`` are this one and the ones below it down to the first
+    (their ranges' bounds rise with the tile), so ``n_block_last - n_block`` numbers them from the top:
+    the deterministic mode's turns, in the order the tiles reach a query tile (a causal or windowed KV
+    tile's first query tile is the diagonal's, so the highest tile gets there first)."""
+    reach = cutlass.min(window_right, seqlen_q + seqlen_k)  # past every key: no overflow
+    last = ((m_block + 1) * tile_m + reach + seqlen_k - seqlen_q - 1) // tile_n
+    return cutlass.min(last, (seqlen_k + tile_n - 1) // tile_n - 1)
 
 
-def n_block_first_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, window_left: int) -> int:
-    """:func:`n_block_first` in plain Python; a left side of -1 means unbounded, as at the API."""
-    wl = fs.WINDOW_UNBOUNDED if window_left < 0 else window_left
-    return max(m_block * tile_m + seqlen_k - seqlen_q - wl, 0) // tile_n
+def n_block_last_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, window_right: int) -> int:
+    """:func:`n_block_last` in plain Python; a right side of -1 means unbounded, as at the API."""
+    wr = fs.WINDOW_UNBOUNDED if window_right < 0 else window_right
+    reach = min(wr, seqlen_q + seqlen_k)
+    return min(((m_block + 1) * tile_m + reach + seqlen_k - seqlen_q - 1) // tile_n, -(-seqlen_k // tile_n) - 1)
 
 
 @cute.jit

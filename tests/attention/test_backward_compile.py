@@ -102,10 +102,10 @@ def test_m_block_range_window_brute_force(window):
 
 
 @pytest.mark.parametrize("window", [None, "causal"] + WINDOWS, ids=lambda w: str(w))
-def test_n_block_first_orders_the_turns(window):
+def test_n_block_last_orders_the_turns(window):
     """The deterministic mode's turns: for every query tile, the KV tiles whose ranges hold it are
-    consecutive and start at ``n_block_first`` (0 for the dense and causal ranges), so ``n_block -
-    n_block_first`` numbers them 0, 1, ... in launch order."""
+    consecutive and end at ``n_block_last`` (the last tile for dense ranges), so ``n_block_last -
+    n_block`` numbers them 0, 1, ... from the top."""
     tm, tn = 8, 16
     for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64, 100), (1, 7, 16, 17, 40, 64, 90)):
         holders = {}
@@ -116,9 +116,10 @@ def test_n_block_first_orders_the_turns(window):
                 m_min, m_max, _, _ = bm.m_block_range_window_py(n, Sq, Sk, tm, tn, *window)
             for m in range(m_min, m_max):
                 holders.setdefault(m, []).append(n)
+        right = {None: -1, "causal": 0}.get(window) if not isinstance(window, tuple) else window[1]
         for m, ns in holders.items():
-            first = 0 if window is None or window == "causal" else bm.n_block_first_py(m, Sq, Sk, tm, tn, window[0])
-            assert ns == list(range(first, first + len(ns))), (Sq, Sk, window, m, ns, first)
+            last = bm.n_block_last_py(m, Sq, Sk, tm, tn, right)
+            assert ns == list(range(last - len(ns) + 1, last + 1)), (Sq, Sk, window, m, ns, last)
 
 
 @pytest.mark.parametrize("causal", [False, True])
