@@ -38,7 +38,8 @@
 #   bench-attention-backward  profiles/bench_attention.py --backward (issue 32: dq/dk/dv vs cuDNN / FA2 SDPA / FA4,
 #                 + the backward's MMA bound, gradients checked against cuDNN's)                 [BENCH_BWD_S]
 #   bench-quick   cute-kernels bench all --quick (gemm, attention, decode, model; ~1 min each)       [QUICK_S]
-#   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s)
+#   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s; train's
+#                 --quick too, ~50 GB of device memory)                                           [BENCH_TEST_S]
 #   read-ceiling  profiles/read_ceiling.py (the fastest bare read of each bandwidth target's bytes)   [CEIL_S]
 #   host          profiles/bench_host.py (first-call time, host time per call)
 #   host-ab       profiles/bench_host.py --no-first-call on the BEFORE tree (default .ab_before: a `git archive`
@@ -48,6 +49,9 @@
 #                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run; then the package's own
 #                 share by `python3 -X importtime` (cute_kernels minus the torch inside it), 3 runs
 #   bench-model   profiles/bench_model.py (end-to-end decode of a Llama-3-8B-shaped model)              [MODEL_S]
+#   bench-train   profiles/bench_train.py (issue 33: a training step of a Llama-3-8B-shaped model, ours with and without
+#                 patch_linear vs HF sdpa on torch's flash / cuDNN / efficient backends, paired, attention / GEMM /
+#                 rest split; ~85 GB of device memory, ~3-5 min cold compile cache)            [TRAIN_S, TRAIN_ARGS]
 #   demo          cute-kernels demo (GPU: each kernel vs PyTorch, error and speed)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -103,7 +107,7 @@ for step in "$@"; do
     bench-variants) CK_COMMIT=$commit py "${VARIANTS_S:-300}" profiles/bench_variants.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-variants.log" ;;
     bench-gaps) CK_COMMIT=$commit py "${GAPS_S:-400}" profiles/bench_gaps.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-gaps.log" ;;
     bench-quick) CK_COMMIT=$commit py "${QUICK_S:-420}" -m cute_kernels bench all --quick --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-quick.log" ;;
-    bench-test) CK_COMMIT=$commit py 500 -m pytest -q -m gpu -p no:cacheprovider tests/tools/test_bench.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/bench-test.log" ;;
+    bench-test) CK_COMMIT=$commit py "${BENCH_TEST_S:-700}" -m pytest -q -m gpu -p no:cacheprovider tests/tools/test_bench.py 2>&1 | grep -v Warning | tail -n 40 | tee "$OUT/bench-test.log" ;;
     read-ceiling) py "${CEIL_S:-300}" profiles/read_ceiling.py --out "$OUT" 2>&1 | quiet | tee "$OUT/read-ceiling.log" ;;
     host) CK_COMMIT=$commit py 200 profiles/bench_host.py --out "$OUT" 2>&1 | tee "$OUT/bench-host.log" ;;
     host-ab) before=$(cd "${BEFORE:-.ab_before}" && pwd); pin="taskset -c ${HOST_AB_CPU:-3}"  # both sides on one core
@@ -129,6 +133,7 @@ for step in "$@"; do
         END {printf "importtime: cute_kernels %.3f s, torch within it %.3f s, own %.3f s\n", c/1e6, t/1e6, (c-t)/1e6}'
       done 2>&1 | tee -a "$OUT/import-time.log" ;;
     bench-model) CK_COMMIT=$commit py "${MODEL_S:-480}" profiles/bench_model.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model.log" ;;
+    bench-train) CK_COMMIT=$commit py "${TRAIN_S:-540}" profiles/bench_train.py --out-dir "$OUT" ${TRAIN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-train.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | quiet | tee "$OUT/demo.log" ;;
     *) echo "unknown step: $step (see the list at the top of profiles/gpu_session.sh)" | tee -a "$OUT/session.log" ;;
   esac

@@ -453,3 +453,33 @@ def test_bench_quick_on_gpu(kind, limit_s, tmp_path):
     assert js.with_suffix(".md").exists() and doc["roofs"]["read_TBps"] > 1
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1:  # alone on the GPU: the time counts
         assert dt < limit_s, f"bench {kind} --quick took {dt:.0f} s"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
+def test_bench_train_quick_on_gpu(tmp_path):
+    """``cute-kernels bench train --quick`` end to end (1 layer, length 1024, ~50 GB of device memory for
+    five model copies): ours ran its kernels (no fallback note), every side that ran has a split whose
+    attention part is named kernels (so the categoriser knows each backend's names), ours' attention
+    and GEMM kernels are recognized as ours, and the ratios are filled in."""
+    pytest.importorskip("transformers", minversion="5")
+    env = {**os.environ, "CK_COMMIT": os.environ.get("CK_COMMIT", "gputest")}
+    p = subprocess.run([sys.executable, "-m", "cute_kernels", "bench", "train", "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (js,) = tmp_path.glob("train-quick-*.json")
+    doc = records.load(js)
+    (row,) = doc["rows"]
+    assert row["ours"] in ("cute_kernels", "cute_kernels+gemm"), row
+    assert not [n for n in row["notes"] if "did not run" in n or "no gemm" in n or "loss" in n], row["notes"]
+    ran = {n: e for n, e in row["impls"].items() if "median_us" in e}
+    assert {"cute_kernels", "cute_kernels+gemm", "sdpa_flash"} <= set(ran), row["impls"]
+    for name, e in ran.items():
+        sp = e["split"]
+        assert sp["attention"] > 0 and sp["gemm"] > 0 and sp["rest"] > 0, (name, sp)
+    for name in ("cute_kernels", "cute_kernels+gemm"):
+        assert all("cute_kernelsattention" in n for n, _ in ran[name]["split"]["top"]["attention"]), ran[name]["split"]
+    assert any("cute_kernelsgemm" in n for n, _ in ran["cute_kernels+gemm"]["split"]["top"]["gemm"])
+    assert not any("cute_kernelsgemm" in n for n, _ in ran["cute_kernels"]["split"]["top"]["gemm"])
+    assert row["attention_ratio"] > 0 and row["ratio_vs_best_peer"] > 0 and row["memory"]["peak"] > 0
+    assert js.with_suffix(".md").exists()

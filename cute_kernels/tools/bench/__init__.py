@@ -1,12 +1,14 @@
 """``cute-kernels bench``: the benchmarks of the kernels against their peers, on the GPU.
 
-    cute-kernels bench gemm|attention|decode|model|gaps|all [--quick] [--shapes ...] [--out DIR] [...]
+    cute-kernels bench gemm|attention|decode|model|gaps|train|all [--quick] [--shapes ...] [--out DIR] [...]
 
 Each kind is a module with ``main(argv) -> int`` and a ``run(...)`` returning a results document
 (:mod:`.results`): :mod:`.gemm`, :mod:`.attention` (``--backward``: :mod:`.attention_backward`, results
 of kind ``attention-backward``), :mod:`.decode`; ``model`` is the end-to-end decode benchmark of
 :mod:`cute_kernels.tools.bench_model` (when present); ``gaps`` (:mod:`.gaps`) re-times issue 36's nine
-rows of the others under the paired timer, against their targets, and runs only by name.  ``all``
+rows of the others under the paired timer, against their targets, and ``train`` (:mod:`.train`) times
+a training step of a Llama-3-8B-shaped model on the kernels against PyTorch's SDPA backends; both run
+only by name.  ``all``
 runs each of :data:`KINDS` in turn with the options they share (``--quick``, ``--out``,
 ``--repeats``).  Every peer of a shape is timed by the same timer in interleaved rounds
 (:mod:`.timing`), beside a same-run ceiling (:mod:`.ceiling`); results go to ``--out`` (default ``profiles/results``) as JSON + markdown naming
@@ -19,8 +21,9 @@ import importlib
 import sys
 
 KINDS = ("gemm", "attention", "decode", "model")
-#: kinds run only by name, not by ``all`` (gaps re-times rows of the kinds above)
-ALONE = ("gaps",)
+#: kinds run only by name, not by ``all`` (gaps re-times rows of the kinds above; train needs
+#: transformers and about 85 GB of device memory)
+ALONE = ("gaps", "train")
 PROG = "cute-kernels bench"
 USAGE = f"""usage: {PROG} {{{','.join(KINDS + ALONE)},all}} [options]
 
@@ -31,6 +34,9 @@ USAGE = f"""usage: {PROG} {{{','.join(KINDS + ALONE)},all}} [options]
   model       end-to-end decode of a model (cute_kernels.tools.bench_model)
   gaps        issue 36's nine rows (decode, GEMM, forward), each ours against the figure its target
               names under the paired timer, met or not; not part of all
+  train       a training step (forward + loss + backward + AdamW) of a Llama-3-8B-shaped model:
+              attn_implementation="cute_kernels" with and without patch_linear vs HF sdpa on each of
+              torch's SDPA backends, paired timer, attention / GEMM / rest split; not part of all
   all         gemm, attention, decode (and model when present), with the shared options
               --quick, --out DIR, --repeats N
 
