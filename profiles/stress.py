@@ -39,6 +39,7 @@ import sweep as SW  # noqa: E402  (the shared case runners and checks)
 
 G, DEC, MRG, FWD = SW.gemm_case, SW.decode_case, SW.merge_case, SW.flash_case
 PERSISTENT = {"splitk_mode": "persistent"}
+CPASYNC = {"stage": False}  # misaligned operands read in place (PlanChoice.stage)
 
 
 def cases() -> list[dict]:
@@ -59,10 +60,11 @@ def cases() -> list[dict]:
           choice={"tile_m": 256, "tile_n": 128, "cluster": [1, 2], "splitk_mode": "none"}),
         G(520, 776, 264, choice={"epi_defer": True, "max_active_clusters": 1}, alpha=1.5, chain=True),
         G(300, 520, 104, choice={"epi_defer": True, "max_active_clusters": 1}, chain=True),
-        # ---- GEMM: the cp.async mainloop (operands TMA cannot describe)
-        G(100, 136, 131),                                                   # K = 131: rows of A 2-byte aligned
-        G(67, 200, 64, a_major="col", ptr_off=1),                           # misaligned base pointer
-        G(150, 99, 77, batch=2, b_major="col", out_dtype="float32"),        # batched, odd leading dims
+        # ---- GEMM: the cp.async mainloop (operands TMA cannot describe), forced (these sizes stage by default)
+        G(100, 136, 131, choice=CPASYNC),                                   # K = 131: rows of A 2-byte aligned
+        G(67, 200, 64, a_major="col", ptr_off=1, choice=CPASYNC),           # misaligned base pointer
+        G(150, 99, 77, batch=2, b_major="col", out_dtype="float32", choice=CPASYNC),  # batched, odd leading dims
+        G(140, 127, 100, out_layout="pad"),                                 # N = 127: staged (the default)
         # ---- GEMM: split-K
         G(128, 256, 1024, choice={"splitk_mode": "cluster", "splits": 2}),  # cluster split-K (DSMEM)
         G(200, 300, 2048, pad=True, choice={**PERSISTENT, "splits": 3}),    # persistent split-K, last-CTA fixup

@@ -8,8 +8,8 @@
 Shapes are drawn per op from ``random.Random(f"{seed}/{op}")`` (the seed is printed and written to the
 results): sizes log-uniform, with tile multiples +-1 (GEMM M/N tiles 64/128/256, K 64; attention
 128/192-row query tiles, 64/128-key tiles, decode KV tiles and page sizes) and primes mixed in.  Layout
-and feature axes are drawn with them: operand majors, padded / misaligned operands (the cp.async GEMM
-mainloop, or one case in six staged into aligned copies: ``PlanChoice(stage=True)``), batched GEMM, alpha / beta with C, fp32 / mixed outputs, out views (column-major, padded,
+and feature axes are drawn with them: operand majors, padded / misaligned operands (as planned: staged into
+aligned copies or read in place by the cp.async mainloop; one case in six forced each way, ``PlanChoice.stage``), batched GEMM, alpha / beta with C, fp32 / mixed outputs, out views (column-major, padded,
 odd row strides); decode paged / contiguous with ragged lengths (0 included), split counts, GQA, Sq 1..16,
 causal; merge with empty parts and strided parts; the forward at every head dim, causal and not, GQA,
 (B, H, S, D) views.
@@ -174,8 +174,8 @@ def gen_gemm(rng: random.Random) -> dict:
         alpha=rng.choice((1.0, 1.0, 0.5, -1.25)), beta=beta,
         c_dtype=(rng.choice((out_dtype or dtype, "float32")) if beta else None), c_major=rng.choice(("row", "col")),
         out_layout=out_layout, choice=choice, seed=rng.randrange(1 << 30))
-    if choice is None and c["seed"] % 6 == 0:  # staged operands (PlanChoice.stage; no draw: the sequence stays)
-        c["choice"] = {"stage": True}
+    if choice is None and c["seed"] % 6 in (0, 3):  # misaligned operands staged / read in place, forced
+        c["choice"] = {"stage": c["seed"] % 6 == 0}  # (PlanChoice.stage; no draw: the sequence stays)
     return c
 
 

@@ -210,3 +210,18 @@ def skinny_swap_choice(m: int, n: int, k: int, mcast: bool = True) -> SkinnySwap
         s = min(s, 2)  # short slices of 64-wide fp32 partials cost more through L2 than the CTAs gain
     return SkinnySwap(tn, s)
 
+
+
+def stage_misaligned(m: int, n: int, k: int, l: int, elem_bytes: int, staged_elems: int, min_vec: int) -> bool:
+    """Whether a GEMM whose A or B TMA cannot describe copies them into aligned buffers first (then runs
+    the TMA kernels: ``PlanChoice(stage=True)``) rather than reading them in place with the cp.async
+    mainloop.  ``staged_elems``: the elements copied; ``min_vec``: the cp.async path's narrowest vector
+    (bytes).  Element-wide vectors always stage (that mainloop then runs about 3x the TMA kernel's
+    time); wider ones stage when the copy (a launch plus reading and writing the operands) costs less
+    than 15% of the GEMM's own bound (MMA peak or one read of A, B and D), the least the cp.async
+    mainloop was measured to lose with 4- and 8-byte vectors (profiles/NOTES-gemm.md)."""
+    if min_vec <= elem_bytes:
+        return True
+    copy_us = 2.0 + 2 * staged_elems * elem_bytes / 3.0e6
+    gemm_us = max(2.0 * m * n * k * l / 650e6, (m * k + k * n + m * n) * l * elem_bytes / 3.5e6)
+    return copy_us < 0.15 * gemm_us

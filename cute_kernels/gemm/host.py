@@ -104,7 +104,8 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
     planning code (:func:`.plan.make_plan`) on meta tensors under :class:`jit.dry_run`.  One dict per
     kernel: its name, compile configuration and derived facts (tile, cluster, stages, raster as run,
     work units per SM).  Operands are 16-byte aligned contiguous buffers of the given majors ("row" /
-    "col"; a leading dimension that breaks TMA's 16-byte rule shows the cp.async path)."""
+    "col"; a leading dimension that breaks TMA's 16-byte rule shows the cp.async path, or the operands
+    copied into aligned buffers per call, ``operands`` saying which)."""
     _check_problem("explain", m, n, k, batch, a_major, b_major)
     a, b, c = _meta_operands(m, n, k, batch, dtype, a_major, b_major, out_dtype, with_c)
     with jit.dry_run():
@@ -119,6 +120,10 @@ def explain(m: int, n: int, k: int, *, batch: int | None = None, dtype=torch.bfl
         units = math.ceil(pm / tm) * math.ceil(pn / tn) * (batch or 1) * max(1, cfg.splits)
         if plan.swapped:
             row["operands"] = "swapped: out^T = b^T a^T (the problem's M is the kernel's N)"
+        staged = [x for x, s in (("a", plan.a_stage), ("b", plan.b_stage)) if s]
+        if staged:
+            row["operands"] = (f"staged: {' and '.join(staged)} copied per call into 16-byte-aligned buffers "
+                               "(TMA cannot describe them in place)")
         row.update(tile_mnk=tiles.tile_mnk, cluster_mn=tiles.cluster_mn, ab_stages=tiles.ab_stages,
                    splits=cfg.splits, work_units=units, units_per_sm=round(units / sms, 2))
         if hasattr(cfg, "raster_swizzle"):

@@ -145,7 +145,7 @@ def make_plan(a, b, out=None, c=None, beta: float = 0.0, out_dtype=None, choice:
     pr = _Problem(a, b, probe, m, n, k, a.shape[0] if a.dim() == 3 else 1, TORCH_TO_NAME[a.dtype], d_name,
                   TORCH_TO_NAME[c.dtype] if p.has_c else d_name, a_major, b_major)
     if not (tma_ok(a, a_major) and tma_ok(b, b_major)):
-        if not choice.stage:
+        if not (choice.stage if choice.stage is not None else _stage_by_default(pr)):
             return _plan_persistent(p, pr, choice, cpasync=True)
         # staged: aligned copies (allocated here as probes of their strides) run the TMA plans
         a_s = a if tma_ok(a, a_major) else staged(a, a_major, copy=False)
@@ -241,19 +241,34 @@ def _plan_splitk_persistent(p: Plan, pr: _Problem, splits: int, choice: PlanChoi
     return p
 
 
+def _vec_bytes(pr: _Problem) -> tuple[int, int]:
+    """The cp.async mainloop's vector widths for A and B (bytes): from the strides, the extents and the
+    pointers' low bits, OR-ed over a, b and out as in the plan signature (a call reusing the plan is as
+    aligned)."""
+    a, b = pr.a, pr.b
+    ptr_bits = (a.data_ptr() | b.data_ptr() | pr.probe.data_ptr()) & 15
+    es = a.element_size()
+    return (choose_vec_bytes(ptr_bits, a.shape, a.stride(), es, a.dim() - (1 if pr.a_major == "row" else 2)),
+            choose_vec_bytes(ptr_bits, b.shape, b.stride(), es, b.dim() - (1 if pr.b_major == "row" else 2)))
+
+
+def _stage_by_default(pr: _Problem) -> bool:
+    """:func:`~.heuristics.stage_misaligned` for the operands TMA cannot describe."""
+    vecs = _vec_bytes(pr)
+    bad = [(t, v) for t, major, v in ((pr.a, pr.a_major, vecs[0]), (pr.b, pr.b_major, vecs[1])) if not tma_ok(t, major)]
+    return H.stage_misaligned(pr.m, pr.n, pr.k, pr.l, pr.a.element_size(), sum(t.numel() for t, _ in bad),
+                              min(v for _, v in bad))
+
+
 def _plan_persistent(p: Plan, pr: _Problem, choice: PlanChoice, tiles: T.GemmTiles | None = None,
                      raster: tuple[int, bool] | None = None, cpasync: bool = False) -> Plan:
     """The persistent kernel over D's tiles.  ``cpasync``: TMA cannot describe A or B, so the cp.async
-    mainloop reads them in place, with vector widths from the strides, extents and the pointers' low
-    bits (OR-ed over a, b and out as in the plan signature, so a call reusing the plan is as aligned)."""
-    a, b, probe = pr.a, pr.b, pr.probe
+    mainloop reads them in place, with vector widths from :func:`_vec_bytes`."""
+    a, probe = pr.a, pr.probe
     extra = {}
     if cpasync:
-        ptr_bits = (a.data_ptr() | b.data_ptr() | probe.data_ptr()) & 15
-        es = a.element_size()
-        extra = dict(mainloop="cpasync",
-                     vec_a=choose_vec_bytes(ptr_bits, a.shape, a.stride(), es, a.dim() - (1 if pr.a_major == "row" else 2)),
-                     vec_b=choose_vec_bytes(ptr_bits, b.shape, b.stride(), es, b.dim() - (1 if pr.b_major == "row" else 2)))
+        vec_a, vec_b = _vec_bytes(pr)
+        extra = dict(mainloop="cpasync", vec_a=vec_a, vec_b=vec_b)
         tiles = cpasync_tiles(choice.tiles or H.default_tiles(pr.m, pr.n, pr.k, pr.l, pr.ab, pr.am, pr.bm, pr.d_name,
                                                               "n", stream_tiles=False))
         raster = choice.raster

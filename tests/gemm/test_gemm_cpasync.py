@@ -58,10 +58,11 @@ def test_config_checks():
         GemmSm90CpAsync(GemmConfig(tiles=cpasync_tiles(tiles), mainloop="cpasync", vec_a=32))
 
 
-def cpu_plan(a, b, out=None):
-    """The plan for CPU operands (nothing compiled) and the config of its last kernel."""
+def cpu_plan(a, b, out=None, choice=P.PlanChoice(stage=False)):
+    """The plan for CPU operands (nothing compiled) and the config of its last kernel; the cp.async
+    mainloop unless ``choice`` says otherwise (the default plan stages many misaligned operands)."""
     with jit.dry_run():
-        p = P.make_plan(a, b, out, allow_cpu=True)
+        p = P.make_plan(a, b, out, choice=choice, allow_cpu=True)
     return p, p.kernels[-1][1]
 
 
@@ -85,11 +86,26 @@ def test_plan_k4100():
     assert p.kind.startswith("splitk")  # aligned: TMA split-K
 
 
+@pytest.mark.parametrize("m,n,k,staged", [
+    (4096, 4096, 4100, True),  # 8-byte vectors, a 34 MB copy against a ~210 us GEMM: staged
+    (128, 4096, 4100, False),  # the same A rows, a ~7 us GEMM: the 2 us copy costs more than it saves
+    (1000, 3000, 522, False),  # 4-byte vectors, 1 MB copy, ~5 us GEMM: in place
+    (4097, 127, 1000, True),  # B's rows 2-byte aligned (element-wide vectors): always staged
+    (64, 64, 131, True),
+])
+def test_default_stages_by_cost(m, n, k, staged):
+    """The default plan (``PlanChoice.stage`` None) stages misaligned operands as
+    :func:`~cute_kernels.gemm.heuristics.stage_misaligned` decides, and says so in the plan."""
+    p, cfg = cpu_plan(_cpu_operand(m, k, "row"), _cpu_operand(k, n, "row"), choice=P.DEFAULT_CHOICE)
+    assert (getattr(cfg, "mainloop", "tma") == "tma") == staged, (m, n, k, cfg)
+    assert bool(p.a_stage or p.b_stage) == staged
+
+
 @pytest.mark.parametrize("majors", list(itertools.product(["row", "col"], repeat=2)), ids=lambda m: "".join(x[0] for x in m))
 def test_stage_plans_tma_kernels(majors):
     """``PlanChoice(stage=True)``: the operands TMA cannot describe are copied into aligned buffers per
     call (``staged``: the same logical tensor, the contiguous extent padded to 16 bytes) and the TMA
-    plan runs; an aligned operand is not copied.  Default: the cp.async mainloop."""
+    plan runs; an aligned operand is not copied.  ``stage=False``: the cp.async mainloop."""
     k, n = (1000, 127) if majors[1] == "row" else (127, 1000)  # B's contiguous extent 127: misaligned
     a = _cpu_operand(4097, k, majors[0])  # misaligned too where its contiguous extent (K or M = 4097) is odd
     b = _cpu_operand(k, n, majors[1])
@@ -205,12 +221,33 @@ def _operand(shape, major, dtype, batch=None, ld=None, offset=0):
     return t if batch else t[0]
 
 
-def _gemm(a, b, out, **kw):
-    """gemm into a NaN-filled ``out``; returns the config of the kernel its plan ran."""
+CPASYNC = P.PlanChoice(stage=False)  # misaligned operands read in place (the default stages many of them)
+
+
+def _gemm(a, b, out, choice=CPASYNC, **kw):
+    """gemm (``plan.run``, the cp.async mainloop where TMA cannot describe a or b unless ``choice`` says
+    otherwise) into a NaN-filled ``out``; returns the config of the kernel its plan ran."""
     out.fill_(float("nan"))
-    cute_kernels.gemm(a, b, out=out, **kw)
+    P.run(a, b, out, choice=choice, **kw)
     torch.cuda.synchronize()
-    return P.plan(a, b, out, kw.get("c"), kw.get("beta", 0.0)).kernels[-1][1]
+    return P.plan(a, b, out, kw.get("c"), kw.get("beta", 0.0), choice=choice).kernels[-1][1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk,staged", [((4097, 127, 1000), True), ((1000, 3000, 522), False), ((67, 5, 9), True)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+def test_default_plan_misaligned(mnk, staged):
+    """``cute_kernels.gemm`` on misaligned operands: staged or in place as the cost rule decides, right
+    elementwise either way."""
+    m, n, k = mnk
+    a = _operand((m, k), "row", torch.bfloat16)
+    b = _operand((k, n), "row", torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cute_kernels.gemm(a, b, out=out)
+    torch.cuda.synchronize()
+    p = P.plan(a, b, out)
+    assert bool(p.a_stage or p.b_stage) == staged and (getattr(p.kernels[-1][1], "mainloop", "tma") == "tma") == staged
+    check_gemm(out, a, b)
 
 
 @pytest.mark.gpu
