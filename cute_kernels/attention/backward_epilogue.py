@@ -14,7 +14,6 @@ from cutlass.cute.nvgpu import cpasync
 from ..common.barriers import NamedBarrierId, count_up, wait_count
 from ..common.wgmma import store_acc_to_smem
 from .backward_mask import n_block_last
-from .forward_softmax import WINDOW_UNBOUNDED
 
 #: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
 #: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
@@ -34,7 +33,8 @@ class BwdEpilogue:
         """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
         the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
         w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it.
-        Deterministic: the adds of a query tile wait for their turn (the highest KV tile first) and complete before the next turn."""
+        Deterministic: the adds of a query tile wait for their turn (dense: in launch order; causal and windowed:
+        the highest KV tile first) and complete before the next turn."""
         lane = cute.arch.lane_idx()
         t = self.cfg.tile
         nwg = t.consumer_warpgroups
@@ -51,10 +51,11 @@ class BwdEpilogue:
             if const_expr(self.cfg.deterministic):  # this KV tile's turn among those meeting the query tile
                 sem = mSemQ.iterator + cute.crd2idx((batch, head, m_block), mSemQ.layout)
                 if lane == 0:
-                    reach = Int32(0 if self.cfg.causal else WINDOW_UNBOUNDED)
-                    if const_expr(self.cfg.window):
-                        reach = window_right
-                    wait_count(sem, n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block)
+                    turn = n_block  # dense: every KV tile meets every query tile, in launch order
+                    if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
+                        reach = window_right if const_expr(self.cfg.window) else Int32(0)
+                        turn = n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block
+                    wait_count(sem, turn)
                 cute.arch.sync_warp()
             for w in cutlass.range_constexpr(nwg):
                 cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)

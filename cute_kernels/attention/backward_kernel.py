@@ -39,9 +39,10 @@ head add into the same rows -- and the post-pass scales and converts them (:mod:
 
 Deterministic mode (``deterministic``): the fp32 adds into one place happen in a fixed order, so the
 bits do not depend on which CTA runs first.  The dQ warp adds a query tile's dQ after the KV tiles
-above it that meet the query tile did (the order in which a causal or windowed range reaches the
-query tile: the highest KV tile first): it waits on the tile's int32 semaphore (B, Hq, Sq_pad / 64)
-until it reads their number (``n_block_last - n_block``), adds,
+before it in the tile's order did: dense, launch order (``n_block``, the CTAs start together);
+causal and windowed, from the top (``n_block_last - n_block``: the order in which the ranges reach
+the query tile, the highest KV tile first).  It waits on the tile's int32 semaphore (B, Hq, Sq_pad /
+64) until it reads that number, adds,
 waits for its adds to complete and counts the semaphore up; with GQA, the query heads of a KV head add
 their dK / dV rows in head order on a semaphore per KV tile (B, Hkv, KV tiles)
 (:func:`~cute_kernels.common.barriers.wait_count`, :func:`~cute_kernels.common.barriers.count_up`).
