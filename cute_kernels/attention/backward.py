@@ -19,6 +19,14 @@ dK / dV across a KV head's query heads) happen in a fixed order on int32 semapho
 (:mod:`.backward_kernel`), so repeated calls give the same bits; everything else is deterministic in
 both modes.
 
+Packed sequences (``cu_seqlens_q`` / ``cu_seqlens_k``): compile-time variants of the three kernels.
+The tensors go in as one batch of packed rows; the grid's z is the sequence, whose kernels read its
+bounds from cu_seqlens (clamped: bad values give wrong numbers, never an access outside the tensors).
+The row buffers hold each sequence's rows from ``off_p = (first row + b * pad)`` rounded down to
+``pad`` on, so a sequence's padded tiles are its own (the pre-pass fills its padding rows with +inf /
+0); a KV tile's dK / dV rows past its sequence's keys are not written (a partial last tile by
+predicated stores).
+
 Buffers per call (fp32): LSE_log2 and Delta (B, Hq, Sq_pad), the dQ accumulator (B, Hq, Sq_pad, D)
 (``Sq_pad``: Sq rounded up to :data:`layouts.attention.BWD_ROW_PAD`), and with GQA the dK and dV
 accumulators (B, Sk, Hkv, D) (zeroed here; the query heads of a KV head add into them).  Without GQA
@@ -38,7 +46,7 @@ from . import backward_kernel as bk
 from . import backward_prepost as bp
 from .forward_softmax import WINDOW_UNBOUNDED
 from .decode_plan import check_flag
-from .forward_validate import _err, check_softcap, check_window, validate
+from .forward_validate import _err, check_softcap, check_window, validate, validate_varlen
 
 __all__ = ["flash_attn_backward", "validate_backward", "bwd_plan", "precompile", "warmup_flash_attn_backward",
            "sink_grad"]
@@ -66,11 +74,12 @@ def _check_like(name: str, t, shape: tuple, dtype, device) -> None:
 
 
 def _check_rows(name: str, t, shape: tuple, device) -> None:
-    """An fp32 (B, Hq, Sq) row tensor (lse, dlse), any strides."""
+    """An fp32 (B, Hq, Sq) (packed: (Hq, total_q)) row tensor (lse, dlse), any strides."""
     if not isinstance(t, torch.Tensor):
         _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != tuple(shape):
-        _err(ValueError, f"{name} shape {tuple(t.shape)} must be (batch, heads_q, seqlen_q) = {tuple(shape)} "
+        what = "(batch, heads_q, seqlen_q)" if len(shape) == 3 else "(heads_q, total_q)"
+        _err(ValueError, f"{name} shape {tuple(t.shape)} must be {what} = {tuple(shape)} "
                          "(as flash_attn(..., return_lse=True) returns it)")
     if t.dtype != torch.float32:
         _err(TypeError, f"{name} must be float32, got {t.dtype}")
@@ -79,49 +88,60 @@ def _check_rows(name: str, t, shape: tuple, device) -> None:
 
 
 def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv, dlse, window_size=None,
-                      softcap=0.0, learnable_sink=None):
+                      softcap=0.0, learnable_sink=None, packed=None):
     """Every check before a launch, each error naming its argument (``TypeError`` / ``ValueError``);
-    returns ``(scale, causal, window, softcap)`` (:func:`~.forward_validate.check_window`: window None when
-    it bounds nothing beyond causal; softcap a float, 0 off).  q, k, v, out, softcap, learnable_sink as
-    :func:`~.forward_validate.validate`; dout and dq like q, dk and dv like k; lse (and dlse) fp32 (B, Hq,
-    Sq)."""
-    scale = validate(q, k, v, out=out, softmax_scale=softmax_scale, softcap=softcap, learnable_sink=learnable_sink)
+    returns ``(scale, causal, window, softcap, max_seqlen_q, max_seqlen_k)`` (:func:`~.forward_validate.check_window`:
+    window None when it bounds nothing beyond causal; softcap a float, 0 off; the max_seqlens None when
+    dense).  q, k, v, out, softcap, learnable_sink as :func:`~.forward_validate.validate` (packed:
+    :func:`~.forward_validate.validate_varlen` with ``packed = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k)``); dout and dq like q, dk and dv like k; lse (and dlse) fp32 (B, Hq, Sq), packed (Hq,
+    total_q)."""
+    mq = mk = None
+    if packed is None:
+        scale = validate(q, k, v, out=out, softmax_scale=softmax_scale, softcap=softcap, learnable_sink=learnable_sink)
+    else:
+        scale, mq, mk = validate_varlen(q, k, v, *packed, out=out, softmax_scale=softmax_scale, softcap=softcap,
+                                        learnable_sink=learnable_sink)
     softcap = check_softcap(softcap, scale)
     causal, window = check_window(window_size, causal)
     if q.shape[-1] not in LA.BWD_HEAD_DIMS:
         _err(ValueError, f"q head_dim {q.shape[-1]}: the backward supports head dims {LA.BWD_HEAD_DIMS}")
     _check_like("dout", dout, q.shape, q.dtype, q.device)
-    B, Sq, Hq, _ = q.shape
-    _check_rows("lse", lse, (B, Hq, Sq), q.device)
+    rows = (q.shape[0], q.shape[2], q.shape[1]) if packed is None else (q.shape[1], q.shape[0])
+    _check_rows("lse", lse, rows, q.device)
     if dlse is not None:
-        _check_rows("dlse", dlse, (B, Hq, Sq), q.device)
+        _check_rows("dlse", dlse, rows, q.device)
     for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, k)):
         if t is not None:
             _check_like(name, t, like.shape, like.dtype, like.device)
             if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
                 _err(ValueError, f"{name} has a stride of 0 (strides {t.stride()}): an expanded tensor "
                                  "cannot be written")
-    return scale, causal, window, softcap
+    return scale, causal, window, softcap, mq, mk
 
 
 _PLANS: dict = {}
 
 
 def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = False, window: bool = False,
-             gqa: bool = False, softcap: bool = False, deterministic: bool = False):
-    """The three configurations a call compiles (main, pre-pass, post-pass); memoized.  ``window``: a
-    sliding window of any sides (causal then False: it is the window's right side).  ``gqa``: more query
-    heads than KV heads (dK, dV then summed in fp32 accumulators; else the main kernel stores them).
-    ``softcap``: score softcapping (any softcap > 0; the value is a run-time argument).  Sinks compile
-    nothing of their own.  ``deterministic``: the main kernel's ordered adds."""
-    key = (dtype, head_dim, causal, has_dlse, window, gqa, softcap, deterministic)
+             gqa: bool = False, softcap: bool = False, deterministic: bool = False, varlen: bool = False):
+    """The configurations a call compiles (main, pre-pass, post-pass; packed with GQA also the dense
+    post-pass that converts dK / dV); memoized.  ``window``: a sliding window of any sides (causal then
+    False: it is the window's right side).  ``gqa``: more query heads than KV heads (dK, dV then summed in
+    fp32 accumulators; else the main kernel stores them).  ``softcap``: score softcapping (any softcap >
+    0; the value is a run-time argument).  Sinks compile nothing of their own.  ``deterministic``: the
+    main kernel's ordered adds.  ``varlen``: packed sequences."""
+    key = (dtype, head_dim, causal, has_dlse, window, gqa, softcap, deterministic, varlen)
     plan = _PLANS.get(key)
     if plan is None:
         name = name_of(dtype)
-        plan = _PLANS[key] = (bk.bwd_config(name, head_dim, causal and not window, window, direct_kv=not gqa,
-                                            softcap=softcap, deterministic=deterministic),
-                              bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse),
-                              bp.BwdPrepostConfig("convert", name, head_dim))
+        plan = (bk.bwd_config(name, head_dim, causal and not window, window, direct_kv=not gqa, softcap=softcap,
+                              deterministic=deterministic, varlen=varlen),
+                bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse, varlen=varlen),
+                bp.BwdPrepostConfig("convert", name, head_dim, varlen=varlen))
+        if varlen and gqa:  # dK / dV: packed rows in, packed rows out (the dense post-pass, one batch)
+            plan += (bp.BwdPrepostConfig("convert", name, head_dim),)
+        _PLANS[key] = plan
     return plan
 
 
@@ -130,7 +150,8 @@ def _compiled(plan):
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, dq=None, dk=None, dv=None,
-                        dlse=None, window_size=None, softcap=0.0, learnable_sink=None, deterministic=False):
+                        dlse=None, window_size=None, softcap=0.0, learnable_sink=None, deterministic=False,
+                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """``(dq, dk, dv)`` of ``out = flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale,
     window_size=window_size, softcap=softcap, learnable_sink=learnable_sink)`` for the output gradient
     ``dout`` (and the LSE gradient ``dlse``, if any); ``(dq, dk, dv, dsink)`` when ``learnable_sink`` is
@@ -141,62 +162,119 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     dv sum their query heads.  ``window_size=(left, right)`` as ``flash_attn``'s (-1: unbounded; causal
     is (-1, 0)).  ``softcap`` (0: off) and ``learnable_sink`` ((Hq,) fp32 or None) as ``flash_attn``'s.
     ``deterministic``: the same bits on every call for the same inputs (ordered fp32 adds; slower where
-    many CTAs add into one query tile)."""
+    many CTAs add into one query tile).  Packed sequences (``cu_seqlens_q`` / ``cu_seqlens_k`` (B + 1,)
+    int32 on the device, host ints ``max_seqlen_q`` / ``max_seqlen_k``, as ``flash_attn``'s): q, out, dout
+    (total_q, Hq, D), k, v (total_k, Hkv, D), lse and dlse (Hq, total_q); each sequence's causal diagonal
+    and window are its own (bottom-right), an empty sequence gets no gradient rows, a query of a
+    sequence without keys a zero row."""
     check_flag(deterministic, "deterministic", "flash_attn_backward")
-    scale, causal, window, softcap = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv,
-                                                       dlse, window_size, softcap, learnable_sink)
-    B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
+    packed = None
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            given, missing = ("cu_seqlens_q", "cu_seqlens_k") if cu_seqlens_k is None else ("cu_seqlens_k",
+                                                                                          "cu_seqlens_q")
+            _err(ValueError, f"flash_attn_backward: {given} given without {missing} (packed sequences need both)")
+        packed = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    elif max_seqlen_q is not None or max_seqlen_k is not None:
+        _err(ValueError, "flash_attn_backward: max_seqlen_q / max_seqlen_k are for packed sequences (cu_seqlens_q "
+                         "and cu_seqlens_k)")
+    scale, causal, window, softcap, mq, mk = validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk,
+                                                               dv, dlse, window_size, softcap, learnable_sink, packed)
+    if packed is not None:  # one batch of packed rows: the dense views the kernels take
+        B, Hq = cu_seqlens_q.shape[0] - 1, q.shape[1]
+        q_, k_, v_, out_, dout_ = (t.unsqueeze(0) for t in (q, k, v, out, dout))
+        lse_, dlse_ = lse.unsqueeze(0), None if dlse is None else dlse.unsqueeze(0)
+        Sq, Sk = q.shape[0], k.shape[0]
+        empty = B == 0 or mq == 0 or mk == 0
+    else:
+        B, Sq, Hq = q.shape[:3]
+        Sk = k.shape[1]
+        q_, k_, v_, out_, dout_, lse_, dlse_ = q, k, v, out, dout, lse, dlse
+        empty = B == 0
+    D, Hkv = q.shape[-1], k.shape[-2]
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     sink = learnable_sink is not None
-    if B == 0 or Hq == 0 or Sq == 0 or Sk == 0:  # nothing to launch: the gradients are 0
+    if empty or Hq == 0 or Sq == 0 or Sk == 0:  # nothing to launch: the gradients are 0
         for t in (dq, dk, dv):
             t.zero_()
         if not sink:
             return dq, dk, dv
         # no key: O = 0, lse = sink, so d sink = sum of dlse (exp(sink - lse) = 1, Delta = -dlse)
         dsink = torch.zeros(Hq, dtype=torch.float32, device=q.device)
-        if dlse is not None and Sk == 0:
-            dsink += dlse.sum((0, 2))
+        if dlse is not None and (Sk == 0 or mk == 0):
+            dsink += dlse.sum((0, 2)) if packed is None else dlse.sum(1)
         return dq, dk, dv, dsink
     gqa = Hq != Hkv
-    plan = bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa, bool(softcap), deterministic)
-    main, pre, post = _compiled(plan)
+    plan = bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa, bool(softcap), deterministic,
+                    packed is not None)
+    main, pre, post, *post_kv = _compiled(plan)
     if main is None:  # jit.dry_run
         return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)
     pad = LA.BWD_ROW_PAD
-    Sp = (Sq + pad - 1) // pad * pad
+    # the row buffers: dense (B, Hq, Sq rounded up to pad); packed one batch, each sequence's rows from
+    # off_p = (its first row + b * pad) rounded down to pad (the kernels' :meth:`~.backward_kernel.
+    # FlashAttnBwdSm90.sequence`), so total_q + B * pad rows hold every sequence's padded tiles
+    Bb, Sp = (B, -(-Sq // pad) * pad) if packed is None else (1, -(-(Sq + B * pad) // pad) * pad)
     f32 = dict(dtype=torch.float32, device=q.device)
-    lse2 = torch.empty(B, Hq, Sp, **f32)
-    delta = torch.empty(B, Hq, Sp, **f32)
-    dq_acc = torch.empty(B, Hq, Sp, D, **f32)  # zeroed by the pre-pass
+    lse2 = torch.empty(Bb, Hq, Sp, **f32)
+    delta = torch.empty(Bb, Hq, Sp, **f32)
+    dq_acc = torch.empty(Bb, Hq, Sp, D, **f32)  # zeroed by the pre-pass (each sequence's padded rows)
+    dk_, dv_ = (dk, dv) if packed is None else (dk.unsqueeze(0), dv.unsqueeze(0))
     if gqa:  # a KV head's query heads add into its rows
-        dk_out, dv_out = torch.zeros(B, Sk, Hkv, D, **f32), torch.zeros(B, Sk, Hkv, D, **f32)
+        dk_out, dv_out = torch.zeros(Bb, Sk, Hkv, D, **f32), torch.zeros(Bb, Sk, Hkv, D, **f32)
     else:  # the main kernel stores them
-        dk_out, dv_out = dk, dv
-    pre(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_acc)
+        dk_out, dv_out = dk_, dv_
+    seq = () if packed is None else (cu_seqlens_q, cu_seqlens_k, mq, mk)
+    pre(out_, dout_, lse_, lse_ if dlse_ is None else dlse_, lse2, delta, dq_acc, *seq[:1], *seq[2:3])
     # softcapping: scores tanh(q.k * scale / softcap), softmax scale softcap (the forward's convention)
     scale_log2, variant = (softcap * LOG2_E, (scale / softcap,)) if softcap else (scale * LOG2_E, ())
     if deterministic:  # one zeroed int32 buffer: the query tiles' turns (64-row units), the KV tiles' turns
-        n_m, n_n = Sp // LA.FWD_WGMMA_M, -(-Sk // plan[0].tile.tile_n)  # (tile_m: a multiple of 64)
-        sem = torch.zeros(B * Hq * n_m + (B * Hkv * n_n if gqa else 0), dtype=torch.int32, device=q.device)
-        variant += (sem[:B * Hq * n_m].view(B, Hq, n_m),)
+        n_m = Sp // LA.FWD_WGMMA_M  # (tile_m: a multiple of 64)
+        n_n = -(-(Sk if packed is None else mk) // plan[0].tile.tile_n)
+        sem = torch.zeros(Bb * Hq * n_m + (B * Hkv * n_n if gqa else 0), dtype=torch.int32, device=q.device)
+        variant += (sem[:Bb * Hq * n_m].view(Bb, Hq, n_m),)
         if gqa:
-            variant += (sem[B * Hq * n_m:].view(B, Hkv, n_n),)
+            variant += (sem[Bb * Hq * n_m:].view(B, Hkv, n_n),)
+    variant = seq + variant
     if window is None:
-        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, *variant)
+        main(q_, k_, v_, dout_, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, *variant)
     else:  # sides of -1 (unbounded) reach past any length
         wl, wr = (WINDOW_UNBOUNDED if w < 0 else w for w in window)
-        main(q, k, v, dout, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, wl, wr, *variant)
-    post(dq_acc.permute(0, 2, 1, 3)[:, :Sq], dq, scale)
+        main(q_, k_, v_, dout_, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, wl, wr, *variant)
+    dq_ = dq if packed is None else dq.unsqueeze(0)
+    if packed is None:
+        post(dq_acc.permute(0, 2, 1, 3)[:, :Sq], dq_, scale)
+    else:
+        post(dq_acc.permute(0, 2, 1, 3), dq_, scale, cu_seqlens_q, mq)
     if gqa:
-        post(dk_out, dk, scale)
-        post(dv_out, dv, 1.0)
+        post_dense = post if packed is None else post_kv[0]
+        post_dense(dk_out, dk_, scale)
+        post_dense(dv_out, dv_, 1.0)
     if sink:
-        return dq, dk, dv, sink_grad(learnable_sink, lse, delta[:, :, :Sq])
+        if packed is None:
+            return dq, dk, dv, sink_grad(learnable_sink, lse, delta[:, :, :Sq])
+        rows, valid = _packed_rows_in_padded(cu_seqlens_q, Sq)  # rows past the last sequence: no weight
+        lse_rows = torch.where(valid, lse_, float("inf"))
+        return dq, dk, dv, sink_grad(learnable_sink, lse_rows, torch.where(valid, delta[:, :, rows], 0.0))
     return dq, dk, dv
+
+
+def _packed_rows_in_padded(cu_seqlens_q: torch.Tensor, total_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each packed query row, its row in the padded row buffers and whether a sequence holds it (on the
+    device, no sync): row ``r`` of sequence ``b`` is ``r - cu_seqlens_q[b] + off_p[b]``, ``off_p[b] =
+    (cu_seqlens_q[b] + b * pad) // pad * pad`` (the kernels' layout); rows past the last sequence map to
+    row 0, not held."""
+    pad = LA.BWD_ROW_PAD
+    rows = torch.arange(total_q, device=cu_seqlens_q.device, dtype=torch.int64)
+    cu = cu_seqlens_q.long()
+    nseq = cu.shape[0] - 1
+    seq = torch.searchsorted(cu[1:], rows, right=True).clamp_max(nseq - 1)
+    first = cu[:-1]
+    off_p = (first + torch.arange(nseq, device=cu.device) * pad) // pad * pad
+    valid = (rows >= cu[0]) & (rows < cu[-1])
+    return torch.where(valid, rows - first[seq] + off_p[seq], 0), valid
 
 
 def sink_grad(learnable_sink: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -227,14 +305,15 @@ def precompile(plans, processes=None) -> list[str]:
 def warmup_flash_attn_backward(spec) -> None:
     """Compile (or load) the three kernels a backward call would run, without a GPU: ``spec`` is a
     :func:`bwd_plan` result or ``dict(dtype=torch.bfloat16 | "bfloat16", head_dim=64 | 96 | 128,
-    causal=bool, dlse=bool, window=bool, gqa=bool, softcap=bool, deterministic=bool)`` (``dlse``: a gradient
-    arriving at the LSE; ``gqa``: more query heads than KV heads; ``softcap``: any softcap > 0; sinks need
-    no kernel of their own)."""
+    causal=bool, dlse=bool, window=bool, gqa=bool, softcap=bool, deterministic=bool, varlen=bool)`` (``dlse``: a
+    gradient arriving at the LSE; ``gqa``: more query heads than KV heads; ``softcap``: any softcap > 0;
+    sinks need no kernel of their own; ``varlen``: packed sequences)."""
     if isinstance(spec, dict):
-        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window", "gqa", "softcap", "deterministic"}
+        extra = set(spec) - {"dtype", "head_dim", "causal", "dlse", "window", "gqa", "softcap", "deterministic",
+                             "varlen"}
         if extra:
             raise ValueError(f"warmup flash_attn_backward: unknown keys {sorted(extra)} "
-                             "(dtype, head_dim, causal, dlse, window, gqa, softcap, deterministic)")
+                             "(dtype, head_dim, causal, dlse, window, gqa, softcap, deterministic, varlen)")
         dtype = spec.get("dtype", torch.bfloat16)
         if isinstance(dtype, str):
             dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, dtype)
@@ -243,13 +322,13 @@ def warmup_flash_attn_backward(spec) -> None:
         head_dim = spec.get("head_dim", 128)
         if head_dim not in LA.BWD_HEAD_DIMS:
             raise ValueError(f"warmup flash_attn_backward: head_dim must be one of {LA.BWD_HEAD_DIMS}, got {head_dim}")
-        softcap, det = spec.get("softcap", False), spec.get("deterministic", False)
-        for name, flag in (("softcap", softcap), ("deterministic", det)):
+        softcap, det, varlen = spec.get("softcap", False), spec.get("deterministic", False), spec.get("varlen", False)
+        for name, flag in (("softcap", softcap), ("deterministic", det), ("varlen", varlen)):
             if type(flag) is not bool:  # (common.jit's spec kinds check the older keys)
                 raise TypeError(f"warmup flash_attn_backward: {name} must be a bool, got {type(flag).__name__} "
                                 f"{flag!r}")
         spec = bwd_plan(dtype, head_dim, spec.get("causal", False), spec.get("dlse", False), spec.get("window", False),
-                        spec.get("gqa", False), softcap, det)
+                        spec.get("gqa", False), softcap, det, varlen)
     _compiled(spec)
 
 

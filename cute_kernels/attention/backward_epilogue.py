@@ -13,6 +13,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from ..common.barriers import NamedBarrierId, count_up, wait_count
 from ..common.wgmma import store_acc_to_smem
+from . import forward_seqlen as fsl
 from .backward_mask import n_block_last
 
 #: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
@@ -23,13 +24,13 @@ BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
 
 
 class BwdEpilogue:
-    """Mixin: needs ``self.cfg``, ``dtype``, ``tile_m``, ``tile_n``, ``D``, ``num_mma_threads`` and
+    """Mixin: needs ``self.cfg``, ``dtype``, ``tile_m``, ``tile_n``, ``D``, ``num_mma_threads``,
     ``epilogue_barrier`` (a named barrier of the consumer warpgroups, free once their query-tile loop
-    is done)."""
+    is done) and ``rows`` (one head's rows of a dense or packed tensor)."""
 
     @cute.jit
     def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
-                  window_right):
+                  window_right, off_p):
         """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
         the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
         w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it.
@@ -40,7 +41,8 @@ class BwdEpilogue:
         nwg = t.consumer_warpgroups
         one = cute.make_layout(1)
         # (rows, cols, row tiles, col tiles) of this head's accumulator, and the warpgroups' buffers
-        gdQ = cute.local_tile(mdQacc[None, None, head, batch], (t.dq_rows_per_wg, t.dq_cols_per_wg), (None, None))
+        gdQ = cute.local_tile(self.rows(mdQacc, off_p, head, batch), (t.dq_rows_per_wg, t.dq_cols_per_wg),
+                              (None, None))
         tDsD, tDgD = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
         wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
         for i in cutlass.range(m_max - m_min, unroll=1):
@@ -49,7 +51,10 @@ class BwdEpilogue:
                 cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
             if const_expr(self.cfg.deterministic):  # this KV tile's turn among those meeting the query tile
-                sem = mSemQ.iterator + cute.crd2idx((batch, head, m_block), mSemQ.layout)
+                sem_crd = (batch, head, m_block)
+                if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
+                    sem_crd = (0, head, off_p // self.tile_m + m_block)
+                sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
                 if lane == 0:
                     turn = n_block  # dense: every KV tile meets every query tile, in launch order
                     if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
@@ -84,8 +89,9 @@ class BwdEpilogue:
             if mma_tidx == 0:
                 wait_count(sem, head - head_kv * qhead_per_kvhead)
             cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
-        self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, batch)
-        self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, batch)
+        rows_batch = 0 if const_expr(self.cfg.varlen) else batch  # packed: one batch (offset by the caller)
+        self.add_kv_rows(thr_dkv, acc_dK, mdKacc, seqlen_k, n_block, head_kv, rows_batch)
+        self.add_kv_rows(thr_dkv, acc_dV, mdVacc, seqlen_k, n_block, head_kv, rows_batch)
         if const_expr(self.cfg.deterministic):
             cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
             if mma_tidx == 0:
@@ -104,10 +110,13 @@ class BwdEpilogue:
 
 
     @cute.jit
-    def store_kv_tma(self, tiled_mma_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, sK, sV, tma_dk, mdK: cute.Tensor,
-                     tma_dv, mdV: cute.Tensor, k_scale: Float32, n_block, head_kv, batch, mma_tidx):
+    def store_kv(self, tiled_mma_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, sK, sV, tma_dk, mdK: cute.Tensor,
+                 tma_dv, mdV: cute.Tensor, k_scale: Float32, n_block, head_kv, batch, mma_tidx, seqlen_k, off_k,
+                 mdK_rows, mdV_rows):
         """``direct_kv``: dK (times ``k_scale``) and dV in the input dtype into the K and V buffers (once
-        both warpgroups' last wgmma read them), then one warp's TMA stores (rows past Sk clipped)."""
+        both warpgroups' last wgmma read them), then one warp's TMA stores (rows past Sk clipped).  Packed:
+        from the sequence's first key ``off_k``; its partial last tile by the consumer threads' predicated
+        stores into ``mdK_rows`` / ``mdV_rows`` (a TMA store would write the next sequence's rows)."""
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdK.store((acc_dK.load() * k_scale).to(self.dtype))
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
@@ -117,10 +126,27 @@ class BwdEpilogue:
         store_acc_to_smem(tiled_mma_dkv, rdV, sV, mma_tidx, self.dtype)
         cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
         cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
+        keys = seqlen_k - n_block * self.tile_n
+        if const_expr(self.cfg.varlen):
+            if keys < self.tile_n:  # the sequence's partial last tile: only its rows
+                for s_src, m_rows in ((sK, mdK_rows), (sV, mdV_rows)):
+                    g_dst = cute.local_tile(self.rows(m_rows, off_k, head_kv, batch), (self.tile_n, self.D),
+                                            (n_block, 0))
+                    fsl.store_rows_predicated(s_src, g_dst, keys, mma_tidx, self.num_mma_threads, self.dtype)
+            else:
+                self.store_kv_tiles(tma_dk, sK, self.rows(mdK, off_k, head_kv, batch), tma_dv, sV,
+                                    self.rows(mdV, off_k, head_kv, batch), n_block, mma_tidx)
+        else:
+            self.store_kv_tiles(tma_dk, sK, mdK[None, None, head_kv, batch], tma_dv, sV, mdV[None, None, head_kv, batch],
+                                n_block, mma_tidx)
+
+    @cute.jit
+    def store_kv_tiles(self, tma_dk, sK, mdK_head, tma_dv, sV, mdV_head, n_block, mma_tidx):
+        """One warp's TMA stores of the dK and dV tiles ``n_block`` of one head's (S, D) rows."""
         if mma_tidx // 32 == 0:  # the whole warp: the TMA copy elects its issuing thread itself
             one = cute.make_layout(1)
-            for atom, s_src, m_dst in ((tma_dk, sK, mdK), (tma_dv, sV, mdV)):
-                g_dst = cute.local_tile(m_dst[None, None, head_kv, batch], (self.tile_n, self.D), (n_block, 0))
+            for atom, s_src, m_dst in ((tma_dk, sK, mdK_head), (tma_dv, sV, mdV_head)):
+                g_dst = cute.local_tile(m_dst, (self.tile_n, self.D), (n_block, 0))
                 t_s, t_g = cpasync.tma_partition(atom, 0, one, cute.group_modes(s_src, 0, 2),
                                                  cute.group_modes(g_dst, 0, 2))
                 cute.copy(atom, t_s, t_g)

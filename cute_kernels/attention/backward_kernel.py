@@ -57,7 +57,6 @@ buffers, so their P is 0 with no mask; rows that see no key likewise (their forw
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -69,10 +68,11 @@ from layouts import attention as LA
 
 from ..common import ring, tma, wgmma
 from ..common.barriers import NamedBarrierId
-from ..common.dtypes import HALF_NAMES, to_cutlass
+from ..common.dtypes import to_cutlass
 from ..common.softmax import probs_from_lse, softcap_probs_from_lse, softcap_scores
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
+from .backward_config import FlashBwdConfig, backward_builder, bwd_config  # noqa: F401  (re-exported)
 from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdEpilogue
 from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
 
@@ -83,58 +83,6 @@ BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
 LN2 = math.log(2.0)
 #: the producer warpgroup's warps: the loads (Q, dO, LSE, Delta; K, V once) and the dQ reduce-adds
 LOAD_WARP, DQ_WARP = 0, 1
-
-
-@dataclass(frozen=True)
-class FlashBwdConfig:
-    """Everything the compiled backward specializes on (the compile-cache key).  B, Sq, Sk, Hq, Hkv
-    and the strides of q, k, v, dout are run-time values."""
-
-    dtype: str  # "bfloat16" | "float16"
-    head_dim: int  # one of layouts.attention.BWD_HEAD_DIMS
-    causal: bool
-    tile: LA.BwdTile
-    #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
-    window: bool = False
-    #: the MMA bound of the benchmark (``cute-kernels bench attention --backward``): the mask, the
-    #: exponentials and dS compiled out (P = S, dS = dP in 16 bits); loads, the five GEMMs and the
-    #: dQ / dK / dV reductions as in the real kernel.  Wrong gradients: never planned for a call.
-    mma_only: bool = False
-    #: dK and dV stored by the kernel, scaled and in the input dtype (Hq == Hkv: no other CTA adds into
-    #: a KV head's rows), instead of added into fp32 accumulators that a post-pass converts
-    direct_kv: bool = False
-    #: score softcapping (the forward's ``softcap * tanh(s * softmax_scale / softcap)``): the entries take
-    #: a trailing run-time ``softcap_scale = softmax_scale / softcap`` and ``scale_log2 = softcap *
-    #: log2(e)``; P from the capped scores and dS times ``1 - tanh^2`` (:meth:`FlashAttnBwdSm90.probs`)
-    softcap: bool = False
-    #: deterministic adds (see the module doc): the entries take a trailing int32 ``dq_semaphore`` (B,
-    #: Hq, Sq_pad / 64) and, without ``direct_kv``, ``dkv_semaphore`` (B, Hkv, KV tiles), both zeroed
-    deterministic: bool = False
-
-    def __post_init__(self):
-        if self.dtype not in HALF_NAMES:
-            raise ValueError(f"FlashBwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
-        if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
-            raise ValueError(f"FlashBwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
-        if self.window and self.causal:
-            raise ValueError("FlashBwdConfig: a window config folds causal into its right side (causal=False)")
-        if self.mma_only and self.softcap:
-            raise ValueError("FlashBwdConfig: the MMA bound (mma_only) has no softmax to softcap")
-
-    @property
-    def variant_args(self) -> tuple:
-        """The entries' trailing run-time arguments after the stream (:meth:`FlashAttnBwdSm90.__call__`):
-        ``softcap_scale`` (a float) with softcapping, then the deterministic mode's semaphores."""
-        return (("softcap_scale",) * self.softcap + ("dq_semaphore",) * self.deterministic
-                + ("dkv_semaphore",) * (self.deterministic and not self.direct_kv))
-
-
-def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False,
-               direct_kv: bool = False, softcap: bool = False, deterministic: bool = False) -> FlashBwdConfig:
-    """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
-    return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
-                          tile=LA.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap)), window=bool(window),
-                          direct_kv=bool(direct_kv), softcap=bool(softcap), deterministic=bool(deterministic))
 
 
 def _rows_first(t: cute.Tensor) -> cute.Tensor:
@@ -183,6 +131,8 @@ class FlashAttnBwdSm90(BwdEpilogue):
         named = self.variant(variant)
         softcap_scale = named.get("softcap_scale")
         mSemQ, mSemKV = named.get("dq_semaphore"), named.get("dkv_semaphore")
+        seq = (named.get("cu_seqlens_q"), named.get("cu_seqlens_k"), named.get("max_seqlen_q"),
+               named.get("max_seqlen_k"))
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mdO.element_type != self.dtype):
             raise TypeError(f"FlashAttnBwdSm90: q, k, v, dout must all be {self.dtype}")
@@ -215,8 +165,10 @@ class FlashAttnBwdSm90(BwdEpilogue):
         dq_box = (t.dq_rows_per_wg, t.dq_cols_per_wg)
         tma_dq, tma_mdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc,
                                                       cute.select(sdQ_layout, mode=[0, 1]), dq_box)
-        tma_dk = tma_dv = None
+        tma_dk = tma_dv = mdK_rows = mdV_rows = None
         if const_expr(self.cfg.direct_kv):  # dk, dv in the input dtype: TMA stores from the K / V buffers
+            if const_expr(self.cfg.varlen):  # and a sequence's partial last tile by predicated stores
+                mdK_rows, mdV_rows = fsl.bshd_to_sdhb(mdKacc), fsl.bshd_to_sdhb(mdVacc)
             s2g = cpasync.CopyBulkTensorTileS2GOp()
             tma_dk, mdKacc = cpasync.make_tiled_tma_atom(s2g, fsl.bshd_to_sdhb(mdKacc), sK_layout, (self.tile_n, self.D))
             tma_dv, mdVacc = cpasync.make_tiled_tma_atom(s2g, fsl.bshd_to_sdhb(mdVacc), sV_layout, (self.tile_n, self.D))
@@ -238,11 +190,13 @@ class FlashAttnBwdSm90(BwdEpilogue):
 
         self.shared_storage = SharedStorage
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
+        if const_expr(self.cfg.varlen):  # a sequence per grid z; KV tiles of the longest sequence
+            batch, num_n_blocks = seq[0].shape[0] - 1, (seq[3] + self.tile_n - 1) // self.tile_n
         self.kernel(
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
-            sRow_layout, window_left, window_right, softcap_scale, mSemQ, mSemKV,
+            sRow_layout, window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows,
         ).launch(
             grid=[num_n_blocks, num_heads, batch],
             block=[t.threads, 1, 1],
@@ -260,10 +214,14 @@ class FlashAttnBwdSm90(BwdEpilogue):
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
-               window_left, window_right, softcap_scale, mSemQ, mSemKV):
+               window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows):
         t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
+        # this sequence's lengths and first rows (packed: in q / k / v and in the padded row buffers); the
+        # kernel works in sequence-local rows from here on
+        totals = (seqlen_q, seqlen_k)  # (packed: the consumers' epilogue finds its rows again from these)
+        seqlen_q, seqlen_k, off_q, off_k, off_p = self.sequence(batch, seqlen_q, seqlen_k, seq)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
@@ -300,17 +258,17 @@ class FlashAttnBwdSm90(BwdEpilogue):
             if warp_idx == LOAD_WARP:
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO,
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
-                             m_min, m_max)
+                             m_min, m_max, off_q, off_k, off_p)
             elif warp_idx == DQ_WARP:
                 self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
-                               window_left)
+                               window_right, off_p)
         else:
             cute.arch.setmaxregister_increase(t.consumer_regs)
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
             self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta,
                          kv_ring, pipe_q, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, n_block,
                          qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right,
-                         softcap_scale, mSemKV)
+                         softcap_scale, mSemKV, seq, totals, mdK_rows, mdV_rows)
 
     def variant(self, args: tuple) -> dict:
         """An entry's trailing arguments by name (:attr:`FlashBwdConfig.variant_args`; absent: off)."""
@@ -321,34 +279,65 @@ class FlashAttnBwdSm90(BwdEpilogue):
         return dict(zip(names, args))
 
     @cute.jit
+    def sequence(self, batch, seqlen_q, seqlen_k, seq):
+        """``(len_q, len_k, off_q, off_k, off_p)`` of grid z ``batch``: dense, the tensors' lengths and
+        offsets 0; packed, sequence ``batch``'s lengths and first rows from ``seq`` (cu_seqlens_q / _k,
+        max_seqlen_q / _k, clamped as :func:`.forward_seqlen.sequence_bounds` does), ``off_p`` its first
+        row in the padded row buffers (LSE_log2, Delta, the dQ accumulator): ``off_q + batch * pad`` rounded
+        down to ``pad`` = :data:`layouts.attention.BWD_ROW_PAD`, so each sequence's tiles there are its own
+        (the pre-pass writes its padding rows)."""
+        if const_expr(self.cfg.varlen):
+            off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, seq[0], seq[1], seq[2],
+                                                             seq[3], True)
+            pad = LA.BWD_ROW_PAD
+            return len_q, len_k, off_q, off_k, (off_q + batch * pad) // pad * pad
+        return seqlen_q, seqlen_k, Int32(0), Int32(0), Int32(0)
+
+    def rows(self, mX: cute.Tensor, offset, head, batch) -> cute.Tensor:
+        """One head's rows of an (S, D, H, B) or (S, H, B) tensor (TMA coordinates or real): the batch
+        slice (dense), or the packed rows from ``offset`` on (row 0 of the result is row ``offset``)."""
+        if const_expr(cute.rank(mX) == 3):
+            if const_expr(self.cfg.varlen):
+                return cute.domain_offset((offset,), mX[None, head, 0])
+            return mX[None, head, batch]
+        return fsl.sequence_rows(mX, head, batch, offset, self.cfg.varlen)
+
+    @cute.jit
     def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
         """``(m_min, m_max, m_lo, m_hi)``: the query tiles of KV tile ``n_block``, ``m_lo .. m_hi - 1``
-        without a mask (dense: ``m_hi = m_max``; :func:`m_block_range`, :func:`m_block_range_window`)."""
+        without a mask (dense: ``m_hi = m_max``; :func:`m_block_range`, :func:`m_block_range_window`).
+        Packed: none for a KV tile past the sequence's keys (the grid covers the longest sequence)."""
         if const_expr(self.cfg.window):
-            return m_block_range_window(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, window_left,
-                                        window_right)
-        m_min, m_max, m_mask = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-        return m_min, m_max, m_mask, m_max
+            m_min, m_max, m_lo, m_hi = m_block_range_window(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
+                                                            window_left, window_right)
+        else:
+            m_min, m_max, m_lo = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+            m_hi = m_max
+        if const_expr(self.cfg.varlen):
+            if n_block * self.tile_n >= seqlen_k:
+                m_max, m_lo, m_hi = m_min, m_min, m_min
+        return m_min, m_max, m_lo, m_hi
 
     @cute.jit
     def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO, sK,
-                sV, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, n_block, head, head_kv, batch, m_min, m_max):
+                sV, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, n_block, head, head_kv, batch, m_min, m_max, off_q,
+                off_k, off_p):
         """The load warp: K and V once, then the query tiles ``m_min .. m_max - 1`` (Q, dO, LSE, Delta per stage)."""
         t = self.cfg.tile
         one = cute.make_layout(1)
         if m_max > m_min:
-            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.D), (n_block, 0))
-            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.D), (n_block, 0))
+            gK = cute.local_tile(self.rows(mK, off_k, head_kv, batch), (self.tile_n, self.D), (n_block, 0))
+            gV = cute.local_tile(self.rows(mV, off_k, head_kv, batch), (self.tile_n, self.D), (n_block, 0))
             tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
             kv_ring.arm(0, 2 * t.kv_tile_bytes)
             cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=kv_ring.barrier(0))
             cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=kv_ring.barrier(0))
 
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.D), (None, 0))
-            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.D), (None, 0))
-            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (None,))
-            gDelta = cute.local_tile(mDelta[None, head, batch], (self.tile_m,), (None,))
+            gQ = cute.local_tile(self.rows(mQ, off_q, head, batch), (self.tile_m, self.D), (None, 0))
+            gdO = cute.local_tile(self.rows(mdO, off_q, head, batch), (self.tile_m, self.D), (None, 0))
+            gLSE = cute.local_tile(self.rows(mLSE, off_p, head, batch), (self.tile_m,), (None,))
+            gDelta = cute.local_tile(self.rows(mDelta, off_p, head, batch), (self.tile_m,), (None,))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             tOsO, tOgO = cpasync.tma_partition(tma_do, 0, one, cute.group_modes(sdO, 0, 2),
                                                cute.group_modes(gdO, 0, 2))
@@ -365,7 +354,8 @@ class FlashAttnBwdSm90(BwdEpilogue):
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdKacc: cute.Tensor,
                 mdVacc: cute.Tensor, tma_dk, tma_dv, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
-                m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale, mSemKV):
+                m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale, mSemKV, seq, totals, mdK_rows,
+                mdV_rows):
         """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
         unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
@@ -424,16 +414,30 @@ class FlashAttnBwdSm90(BwdEpilogue):
                                        pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
                                        True, window_left, window_right, softcap_scale)
 
-        # the tile's coordinates read again: kept live across the loop they would spill (D = 64)
-        if const_expr(self.cfg.direct_kv):  # every KV tile stores (one no query sees: zeros)
+        # the tile's coordinates (and a packed sequence's first key) read again: kept live across the loop
+        # they would spill (D = 64)
+        off_k = Int32(0)
+        if const_expr(self.cfg.varlen):
+            _, head, batch = cute.arch.block_idx()
+            _, _, _, off_k, _ = self.sequence(batch, totals[0], totals[1], seq)
+        if const_expr(self.cfg.direct_kv):  # every KV tile of the keys stores (one no query sees: zeros)
             n_block, head, batch = cute.arch.block_idx()
             k_scale = scale_log2 * LN2  # the softmax scale (softcapping: softcap * softmax_scale / softcap)
             if const_expr(self.cfg.softcap):
                 k_scale = k_scale * softcap_scale
-            self.store_kv_tma(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc,
-                              k_scale, n_block, head // qhead_per_kvhead, batch, mma_tidx)
+            if const_expr(self.cfg.varlen):  # the grid covers the longest sequence's keys: only this one's
+                if n_block * self.tile_n < seqlen_k:
+                    self.store_kv(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc, k_scale,
+                                  n_block, head // qhead_per_kvhead, batch, mma_tidx, seqlen_k, off_k, mdK_rows,
+                                  mdV_rows)
+            else:
+                self.store_kv(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc, k_scale, n_block,
+                              head // qhead_per_kvhead, batch, mma_tidx, seqlen_k, off_k, mdK_rows, mdV_rows)
         elif m_max > m_min:
             n_block, head, batch = cute.arch.block_idx()
+            if const_expr(self.cfg.varlen):  # one batch of packed rows, from the sequence's first key
+                mdKacc = cute.domain_offset((0, off_k, 0, 0), mdKacc)
+                mdVacc = cute.domain_offset((0, off_k, 0, 0), mdVacc)
             self.add_kv(thr_dkv, acc_dK, acc_dV, mdKacc, mdVacc, seqlen_k, n_block, head, qhead_per_kvhead, batch,
                         mma_tidx, mSemKV)
 
@@ -514,49 +518,3 @@ class FlashAttnBwdSm90(BwdEpilogue):
         pipe_q.consumer_release(read)
         read.advance()
         return read
-
-
-# ---- compile entry ------------------------------------------------------------------------------
-
-
-def backward_builder(cfg: FlashBwdConfig):
-    """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled`: symbolic B, Sq,
-    Sk, Hq, Hkv, Sq_pad (a multiple of :data:`layouts.attention.BWD_ROW_PAD`) and a fresh symbolic
-    stride for every stride of q, k, v, dout (stride(-1) = 1); the fp32 buffers compact.  Arguments:
-    ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)`` (``direct_kv``: dk, dv
-    in the input dtype, any 16-byte strides, in place of the two accumulators), and a window
-    config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`), then a softcap
-    config's ``softcap_scale`` and a deterministic one's int32 semaphores, compact (B, Hq, Sq_pad / 64)
-    and (B, Hkv, KV tiles) (:attr:`FlashBwdConfig.variant_args`)."""
-
-    def build():
-        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-
-        dt = to_cutlass(cfg.dtype)
-        D = cfg.head_dim
-        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-        B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
-        Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
-        mQ, mK, mV, mdO = (fsl.fake_rows(dt, s) for s in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D),
-                                                           (B, Sq, Hq, D)))
-        f32 = cutlass.Float32
-        mLSE2 = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
-        mDelta = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
-        mdQ = make_fake_compact_tensor(f32, (B, Hq, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
-        if cfg.direct_kv:  # dk, dv themselves: the input dtype, any 16-byte strides
-            mdK, mdV = fsl.fake_rows(dt, (B, Sk, Hkv, D)), fsl.fake_rows(dt, (B, Sk, Hkv, D))
-        else:
-            mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
-            mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
-        k = FlashAttnBwdSm90(cfg)
-        variant = (Float32(1.0),) * cfg.softcap  # softcap_scale
-        if cfg.deterministic:
-            variant += (make_fake_compact_tensor(Int32, (B, Hq, cute.sym_int()), stride_order=(2, 1, 0)),)
-            if not cfg.direct_kv:
-                variant += (make_fake_compact_tensor(Int32, (B, Hkv, cute.sym_int()), stride_order=(2, 1, 0)),)
-        if cfg.window:
-            return k.call_window, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), Int32(0), Int32(0),
-                                   stream, *variant)
-        return k, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), stream, *variant)
-
-    return build

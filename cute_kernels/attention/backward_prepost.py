@@ -31,6 +31,7 @@ from layouts import attention as LA
 
 from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import LOG2_E
+from . import forward_seqlen as fsl
 
 ROWS = 64  # rows per CTA
 THREADS = 128
@@ -47,6 +48,8 @@ class BwdPrepostConfig:
     dtype: str
     head_dim: int
     has_dlse: bool = False
+    #: packed sequences (the module doc): the entries take ``cu_seqlens_q`` and ``max_seqlen_q`` after the stream
+    varlen: bool = False
 
     def __post_init__(self):
         if self.kind not in ("prepass", "convert"):
@@ -74,45 +77,78 @@ class BwdPrepass:
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-                 mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, stream):
+                 mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, stream, mCuSeqlens=None,
+                 max_seqlen=None):
         """out, dout (B, Sq, Hq, D); lse, dlse (B, Hq, Sq) fp32 (dlse read only with ``has_dlse``); the
-        outputs (B, Hq, Sq_pad) and (B, Hq, Sq_pad, D) fp32."""
+        outputs (B, Hq, Sq_pad) and (B, Hq, Sq_pad, D) fp32.  Packed: one batch of packed rows (the
+        outputs' padded), a CTA row per 64 rows of the longest sequence's padded length, grid z the
+        sequence."""
         batch, seqlen_q, num_heads = mO.shape[0], mO.shape[1], mO.shape[2]
-        rows_pad = mLSE2.shape[2]
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, Int32(seqlen_q)).launch(
-            grid=[(rows_pad + ROWS - 1) // ROWS, num_heads, batch], block=[THREADS, 1, 1], stream=stream)
+        blocks = (mLSE2.shape[2] + ROWS - 1) // ROWS
+        if const_expr(self.cfg.varlen):
+            batch = mCuSeqlens.shape[0] - 1
+            blocks = (max_seqlen + LA.BWD_ROW_PAD - 1) // LA.BWD_ROW_PAD * (LA.BWD_ROW_PAD // ROWS)
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, Int32(seqlen_q), mCuSeqlens, max_seqlen).launch(
+            grid=[blocks, num_heads, batch], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor, mLSE2: cute.Tensor,
-               mDelta: cute.Tensor, mdQacc: cute.Tensor, seqlen_q: Int32):
+               mDelta: cute.Tensor, mdQacc: cute.Tensor, seqlen_q: Int32, mCuSeqlens, max_seqlen):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         part = tidx % ROW_THREADS
+        # dense: row r of the batch slice in and out; packed: row off + r in, off_p + r out, rows up to the
+        # sequence's padded length written (past it the next sequence's rows begin)
+        off, off_p, written = Int32(0), Int32(0), Int32(0)
+        if const_expr(self.cfg.varlen):
+            off, seqlen_q, off_p, written = _packed_rows(mCuSeqlens, batch, seqlen_q, max_seqlen)
+            batch = 0
         for p in cutlass.range_constexpr(PASSES):
             row = m_block * ROWS + p * (THREADS // ROW_THREADS) + tidx // ROW_THREADS
             acc = Float32(0.0)
             if row < seqlen_q:
-                o = _row_slice(mO, batch, row, head, part, self.elems).load().to(Float32)
-                do = _row_slice(mdO, batch, row, head, part, self.elems).load().to(Float32)
+                o = _row_slice(mO, batch, off + row, head, part, self.elems).load().to(Float32)
+                do = _row_slice(mdO, batch, off + row, head, part, self.elems).load().to(Float32)
                 acc = (o * do).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             for i in cutlass.range_constexpr(3):  # the row's 8 lanes (an aligned group of the warp)
                 acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=ROW_THREADS >> (i + 1))
-            if part == 0:
-                lse2 = Float32.inf
-                delta = Float32(0.0)
-                if row < seqlen_q:
-                    lse = mLSE[batch, head, row]
-                    if lse != -Float32.inf:
-                        lse2 = lse * LOG2_E
-                    delta = acc
-                    if const_expr(self.cfg.has_dlse):
-                        delta = acc - mdLSE[batch, head, row]
-                mLSE2[batch, head, row] = lse2
-                mDelta[batch, head, row] = delta
-            zeros = cute.make_rmem_tensor((self.elems,), Float32)
-            zeros.fill(0.0)
-            dst = cute.local_tile(mdQacc[batch, head, row, None], (self.elems,), (part,))
-            dst.store(zeros.load())
+            if const_expr(self.cfg.varlen):
+                if row < written:
+                    self.write_row(mLSE, mdLSE, mLSE2, mDelta, mdQacc, acc, batch, head, row, off, off_p, seqlen_q,
+                                   part)
+            else:
+                self.write_row(mLSE, mdLSE, mLSE2, mDelta, mdQacc, acc, batch, head, row, off, off_p, seqlen_q, part)
+
+    @cute.jit
+    def write_row(self, mLSE, mdLSE, mLSE2, mDelta, mdQacc, acc, batch, head, row, off, off_p, seqlen_q, part):
+        """Row ``row``'s LSE_log2 and Delta (from the row sums ``acc``) at ``off_p + row``, and its dQ
+        accumulator row zeroed."""
+        if part == 0:
+            lse2 = Float32.inf
+            delta = Float32(0.0)
+            if row < seqlen_q:
+                lse = mLSE[batch, head, off + row]
+                if lse != -Float32.inf:
+                    lse2 = lse * LOG2_E
+                delta = acc
+                if const_expr(self.cfg.has_dlse):
+                    delta = acc - mdLSE[batch, head, off + row]
+            mLSE2[batch, head, off_p + row] = lse2
+            mDelta[batch, head, off_p + row] = delta
+        zeros = cute.make_rmem_tensor((self.elems,), Float32)
+        zeros.fill(0.0)
+        dst = cute.local_tile(mdQacc[batch, head, off_p + row, None], (self.elems,), (part,))
+        dst.store(zeros.load())
+
+
+@cute.jit
+def _packed_rows(mCuSeqlens: cute.Tensor, batch, total, max_seqlen):
+    """``(off, length, off_p, written)`` of packed sequence ``batch``: its first row and length (clamped as
+    the main kernel clamps them), its first row in the padded buffers (the main kernel's ``off_p``) and
+    its padded length there (a multiple of :data:`layouts.attention.BWD_ROW_PAD`)."""
+    off, length, _, _ = fsl.sequence_bounds(batch, total, total, mCuSeqlens, mCuSeqlens, max_seqlen, max_seqlen, True)
+    pad = LA.BWD_ROW_PAD
+    return off, length, (off + batch * pad) // pad * pad, (length + pad - 1) // pad * pad
 
 
 class BwdConvert:
@@ -124,22 +160,31 @@ class BwdConvert:
         self.elems = cfg.head_dim // ROW_THREADS
 
     @cute.jit
-    def __call__(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, stream):
-        """src (B, S, H, D) fp32 and dst (B, S, H, D) in the input dtype, any strides (stride(-1) = 1)."""
+    def __call__(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, stream, mCuSeqlens=None,
+                 max_seqlen=None):
+        """src (B, S, H, D) fp32 and dst (B, S, H, D) in the input dtype, any strides (stride(-1) = 1).
+        Packed (dQ): src the padded accumulator's one batch, dst the packed rows, grid z the sequence."""
         batch, seqlen, num_heads = mDst.shape[0], mDst.shape[1], mDst.shape[2]
-        self.kernel(mSrc, mDst, scale, Int32(seqlen)).launch(
-            grid=[(seqlen + ROWS - 1) // ROWS, num_heads, batch], block=[THREADS, 1, 1], stream=stream)
+        blocks = (seqlen + ROWS - 1) // ROWS
+        if const_expr(self.cfg.varlen):
+            batch, blocks = mCuSeqlens.shape[0] - 1, (max_seqlen + ROWS - 1) // ROWS
+        self.kernel(mSrc, mDst, scale, Int32(seqlen), mCuSeqlens, max_seqlen).launch(
+            grid=[blocks, num_heads, batch], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, seqlen: Int32):
+    def kernel(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, seqlen: Int32, mCuSeqlens, max_seqlen):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         part = tidx % ROW_THREADS
+        off, off_p = Int32(0), Int32(0)  # packed: rows off + r of dst from rows off_p + r of src
+        if const_expr(self.cfg.varlen):
+            off, seqlen, off_p, _ = _packed_rows(mCuSeqlens, batch, seqlen, max_seqlen)
+            batch = 0
         for p in cutlass.range_constexpr(PASSES):
             row = m_block * ROWS + p * (THREADS // ROW_THREADS) + tidx // ROW_THREADS
             if row < seqlen:
-                v = _row_slice(mSrc, batch, row, head, part, self.elems).load()
-                _row_slice(mDst, batch, row, head, part, self.elems).store((v * scale).to(self.dtype))
+                v = _row_slice(mSrc, batch, off_p + row, head, part, self.elems).load()
+                _row_slice(mDst, batch, off + row, head, part, self.elems).store((v * scale).to(self.dtype))
 
 
 # ---- compile entries ----------------------------------------------------------------------------
@@ -166,11 +211,14 @@ def prepost_builder(cfg: BwdPrepostConfig):
             return (cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div),
                     cute.sym_int64(divisibility=div), 1)
 
+        packed = ()
+        if cfg.varlen:  # cu_seqlens_q, max_seqlen_q
+            packed = (make_fake_compact_tensor(Int32, (cute.sym_int(),)), Int32(0))
         if cfg.kind == "convert":
             k = BwdConvert(cfg)
-            mSrc = make_fake_tensor(f32, (B, S, H, D), strides(4), assumed_align=16)
+            mSrc = make_fake_tensor(f32, (B, cute.sym_int() if cfg.varlen else S, H, D), strides(4), assumed_align=16)
             mDst = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
-            return k, (mSrc, mDst, Float32(1.0), stream)
+            return k, (mSrc, mDst, Float32(1.0), stream, *packed)
         k = BwdPrepass(cfg)
         Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
         mO = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
@@ -180,6 +228,6 @@ def prepost_builder(cfg: BwdPrepostConfig):
         mLSE2 = make_fake_compact_tensor(f32, (B, H, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mDelta = make_fake_compact_tensor(f32, (B, H, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mdQ = make_fake_compact_tensor(f32, (B, H, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
-        return k, (mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQ, stream)
+        return k, (mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQ, stream, *packed)
 
     return build

@@ -4,10 +4,10 @@ fake implementation for ``torch.compile``) and its formula registered on the fun
 
 The forward op saves q, k, v, out and lse (and the sink logits); the backward runs
 :func:`.backward.flash_attn_backward` (imported at the first backward: the DSL loads then), the LSE's
-gradient entering its Delta, with the forward's window and softcap and, when the sink needs its
-gradient, the sink.  Which calls may take this path (dense q and K/V, no ``out=``, windows with sides
->= -1, head dims the backward has; softcapping and sinks are fine) is :func:`check_differentiable`'s,
-called by ``flash_attn`` before the forward launches.
+gradient entering its Delta, with the forward's window, softcap and packed sequences and, when the
+sink needs its gradient, the sink.  Which calls may take this path (dense or packed q and K/V, not
+paged; no ``out=``, windows with sides >= -1, head dims the backward has; softcapping and sinks are
+fine) is :func:`check_differentiable`'s, called by ``flash_attn`` before the forward launches.
 """
 
 from __future__ import annotations
@@ -27,16 +27,15 @@ BWD_HEAD_DIMS = (64, 96, 128)
 
 def check_differentiable(call, q, out) -> None:
     """A ``ValueError`` naming what keeps a call that needs gradients from the backward: ``out=``, a
-    paged or packed call, a window side below -1 (FlashAttention-4's windows that end before the
-    diagonal or start after it), a head dim the backward lacks.  (Windows with sides >= -1,
+    paged call, a window side below -1 (FlashAttention-4's windows that end before the diagonal or
+    start after it), a head dim the backward lacks.  (Packed sequences, windows with sides >= -1,
     softcapping and sinks have one.)"""
     if out is not None:
         raise ValueError("flash_attn: out= cannot be used when an input requires grad (autograd needs the "
                          "output it allocates); call it under torch.no_grad() or drop out=")
-    if call.mode != "dense":
-        what = "block_table (paged K/V)" if call.block_table is not None else "cu_seqlens (packed sequences)"
-        raise ValueError(f"flash_attn: {what} has no backward yet; inputs that require grad need dense q, k, v "
-                         "(or run under torch.no_grad())")
+    if call.block_table is not None:
+        raise ValueError("flash_attn: block_table (paged K/V) has no backward; inputs that require grad need "
+                         "dense or packed q, k, v (or run under torch.no_grad())")
     if min(call.window) < -1:
         raise ValueError(f"flash_attn: window_size {call.window} has a side below -1 (a window that ends before "
                          "the diagonal or starts after it), which has no backward yet; inputs that require "
@@ -50,16 +49,20 @@ def check_differentiable(call, q, out) -> None:
 def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
                             softmax_scale: float, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
-                            window_left: int = -1, window_right: int = -1, deterministic: bool = False
+                            window_left: int = -1, window_right: int = -1, deterministic: bool = False,
+                            cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+                            max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dsink)``: dsink the sink's gradient ((Hq,) fp32) when ``learnable_sink`` is given
-    (pass it only when its gradient is wanted: q, k, v's gradients do not read it), else an empty (0,)."""
+    (pass it only when its gradient is wanted: q, k, v's gradients do not read it), else an empty (0,).
+    Packed sequences: the forward's cu_seqlens and max_seqlens."""
     from .backward import flash_attn_backward
 
     LAUNCHES["flash_attn_backward"] += 1
     res = flash_attn_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dlse=dlse,
                               softcap=softcap, learnable_sink=learnable_sink, window_size=(window_left, window_right),
-                              deterministic=deterministic)
+                              deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if learnable_sink is None:
         return (*res, q.new_empty((0,), dtype=torch.float32))
     return res
@@ -67,7 +70,8 @@ def _flash_attn_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
 @_flash_attn_backward_op.register_fake
 def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale, softcap=0.0, learnable_sink=None, window_left=-1,
-      window_right=-1, deterministic=False):
+      window_right=-1, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+      max_seqlen_k=None):
     n = 0 if learnable_sink is None else learnable_sink.shape[0]
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n,), dtype=torch.float32)
 
@@ -75,14 +79,15 @@ def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale, softcap=0.0, learnab
 #: the functional forward op's inputs (``cute_kernels::flash_attn``, defaults filled): q, k, v, causal,
 #: softmax_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 #: block_table, seqused_k, softcap, learnable_sink, deterministic
-_NUM_INPUTS, _SOFTCAP, _SINK, _DETERMINISTIC = 16, 13, 14, 15
+_NUM_INPUTS, _CU_Q, _MAX_Q, _SOFTCAP, _SINK, _DETERMINISTIC = 16, 7, 9, 13, 14, 15
 
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, causal, softmax_scale = inputs[:5]
     softcap, sink = inputs[_SOFTCAP], inputs[_SINK]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sink)
+    ctx.save_for_backward(q, k, v, out, lse, sink, inputs[_CU_Q], inputs[_CU_Q + 1])
+    ctx.max_seqlens = inputs[_MAX_Q], inputs[_MAX_Q + 1]
     ctx.causal, ctx.softmax_scale, ctx.softcap = causal, softmax_scale, softcap
     ctx.window = inputs[5], inputs[6]  # window_left, window_right (-1: unbounded)
     ctx.deterministic = inputs[_DETERMINISTIC]
@@ -102,7 +107,7 @@ def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, sink = ctx.saved_tensors
+    q, k, v, out, lse, sink, cu_q, cu_k = ctx.saved_tensors
     dout = torch.zeros_like(out) if dout is None else _kernel_ready(dout)  # None: only the LSE was used
     if dlse is not None:
         dlse = dlse.contiguous()
@@ -116,6 +121,9 @@ def _backward(ctx, dout, dlse):
         variant["window_left"], variant["window_right"] = ctx.window
     if ctx.deterministic:
         variant["deterministic"] = True
+    if cu_q is not None:  # packed sequences
+        variant.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=ctx.max_seqlens[0],
+                       max_seqlen_k=ctx.max_seqlens[1])
     dq, dk, dv, dsink = _flash_attn_backward_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.softmax_scale,
                                                 **variant)
     grads = [None] * _NUM_INPUTS
