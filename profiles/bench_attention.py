@@ -20,6 +20,14 @@ ratio to cuDNN against the target (geomean >= 1.0x, none below 0.9x) (the code:
 
     python profiles/bench_attention.py --backward [--quick] [--only SUBSTR] [--shapes NAMES] [--repeats N]
                                        [--tag T] [--out-dir DIR]
+
+``--backward --varlen``: issue 33's packed backward instead -- ours vs FlashAttention-4's varlen backward
+(``torch.autograd.grad`` of one packed forward each) on the ``--varlen`` bench's two packed cases, the
+paired timer, gradients checked against FA4's and a float32 reference (the code:
+:mod:`cute_kernels.tools.bench.attention_backward_varlen`; GPU step ``bench-attention-backward-varlen``):
+
+    python profiles/bench_attention.py --backward --varlen [--quick] [--only SUBSTR] [--repeats N]
+                                       [--tag T] [--out-dir DIR] [--list]
 """
 
 from __future__ import annotations
@@ -30,11 +38,15 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from cute_kernels.tools.bench import attention, attention_backward, attention_varlen  # noqa: F401
+from cute_kernels.tools.bench import attention, attention_backward, attention_backward_varlen, attention_varlen  # noqa: F401
 from cute_kernels.tools.bench.attention import SHAPES, build_impls, flops_bytes  # noqa: F401
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    if "--varlen" in argv and "--backward" in argv:
+        argv = [a for a in argv if a not in ("--varlen", "--backward")]
+        sys.exit(attention_backward_varlen.main(["--out", os.path.join(HERE, "results"), *argv],
+                                                prog="bench_attention.py --backward --varlen"))
     if "--varlen" in argv:
         argv.remove("--varlen")
         sys.exit(attention_varlen.main(["--out", os.path.join(HERE, "results"), *argv],

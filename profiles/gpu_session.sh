@@ -37,6 +37,9 @@
 #                 our dense kernel at the same work; ~2-3 min cold)       [BENCH_VARLEN_S, BENCH_VARLEN_ARGS]
 #   bench-attention-backward  profiles/bench_attention.py --backward (issue 32: dq/dk/dv vs cuDNN / FA2 SDPA / FA4,
 #                 + the backward's MMA bound, gradients checked against cuDNN's)                 [BENCH_BWD_S]
+#   bench-attention-backward-varlen  profiles/bench_attention.py --backward --varlen (issue 33: the packed backward
+#                 vs FA4's varlen backward on the --varlen bench's two packed cases, paired; gradients vs FA4's
+#                 and a float32 reference; ~3-5 min cold)          [BENCH_BWD_VARLEN_S, BENCH_BWD_VARLEN_ARGS]
 #   bench-quick   cute-kernels bench all --quick (gemm, attention, decode, model; ~1 min each)       [QUICK_S]
 #   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s; train's
 #                 --quick too, ~50 GB of device memory)                                           [BENCH_TEST_S]
@@ -94,6 +97,7 @@ for step in "$@"; do
     bench-gemm) py "${BENCH_S:-400}" profiles/bench_gemm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-attention) CK_COMMIT=$commit py "${BENCH_S:-400}" profiles/bench_attention.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-attention.log" ;;
     bench-attention-varlen) CK_COMMIT=$commit py "${BENCH_VARLEN_S:-420}" profiles/bench_attention.py --varlen --out-dir "$OUT" ${BENCH_VARLEN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-attention-varlen.log" ;;
+    bench-attention-backward-varlen) CK_COMMIT=$commit py "${BENCH_BWD_VARLEN_S:-420}" profiles/bench_attention.py --backward --varlen --out-dir "$OUT" ${BENCH_BWD_VARLEN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-attention-backward-varlen.log" ;;
     bench-attention-backward) CK_COMMIT=$commit py "${BENCH_BWD_S:-420}" profiles/bench_attention.py --backward --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-attention-backward.log" ;;
     bench-gemm-tune) py 500 profiles/bench_gemm.py --tune --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm.log" ;;
     bench-gemm-decode) py "${BENCH_S:-300}" profiles/bench_gemm.py --preset decode --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-gemm-decode.log" ;;

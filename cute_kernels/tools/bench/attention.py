@@ -30,6 +30,12 @@ A head dim our kernel does not support yet (``flash_attn`` raises ValueError) sk
 results of kind ``attention-backward``.
 
     cute-kernels bench attention --backward [--quick] [--shapes ...] [--out DIR]
+
+``--backward --varlen``: the packed (variable-length) backward instead (issue 33;
+:mod:`.attention_backward_varlen`): ours vs FlashAttention-4's varlen backward on the forward varlen
+bench's packed cases, paired timer.
+
+    cute-kernels bench attention --backward --varlen [--quick] [--only SUBSTR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -246,6 +252,11 @@ def build_parser(prog: str = "cute-kernels bench attention") -> argparse.Argumen
 
 def main(argv: list[str] | None = None, prog: str = "cute-kernels bench attention") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--backward" in argv and "--varlen" in argv:  # the packed backward benchmark, its own options
+        from . import attention_backward_varlen
+
+        return attention_backward_varlen.main([a for a in argv if a not in ("--backward", "--varlen")],
+                                              prog=f"{prog} --backward --varlen")
     if "--backward" in argv:  # the backward benchmark, its own options
         from . import attention_backward
 

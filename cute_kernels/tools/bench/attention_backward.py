@@ -34,6 +34,9 @@ The target (issue 32): a geomean of at least 1.0x cuDNN over the shapes, none be
 
     cute-kernels bench attention --backward [--quick] [--shapes NAMES] [--only SUBSTR] [--repeats N]
                                             [--tag T] [--out DIR]
+
+``--varlen``: the packed (variable-length) backward instead, ours vs FlashAttention-4's varlen backward
+(issue 33; :mod:`.attention_backward_varlen`, its own options: ``--backward --varlen --help``).
 """
 
 from __future__ import annotations
@@ -402,12 +405,16 @@ def build_parser(prog: str = "cute-kernels bench attention --backward") -> argpa
     ap.add_argument("--tag", default="", help=f"suffix of the file names after the kind ({KIND})")
     ap.add_argument("--out", "--out-dir", dest="out", default=os.path.join("profiles", "results"),
                     help="folder for the JSON and markdown (default profiles/results)")
+    ap.add_argument("--varlen", action="store_true",
+                    help="the packed (variable-length) backward vs FA4's varlen backward instead: see --varlen --help")
     return ap
 
 
 def main(argv: list[str] | None = None, prog: str = "cute-kernels bench attention --backward") -> int:
     ap = build_parser(prog)
     args = ap.parse_args(argv)
+    if args.varlen:  # cute-kernels bench attention and profiles/bench_attention.py send it to its own module
+        ap.error("--varlen: run it as cute-kernels bench attention --backward --varlen")
     try:
         shapes = select(args.shapes, args.only, args.quick)
     except ValueError as e:
