@@ -72,7 +72,7 @@ from ..common.dtypes import to_cutlass
 from ..common.softmax import probs_from_lse, softcap_probs_from_lse, softcap_scores
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
-from .backward_config import FlashBwdConfig, backward_builder, bwd_config  # noqa: F401  (re-exported)
+from .backward_config import FlashBwdConfig, bwd_config  # noqa: F401  (re-exported)
 from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdEpilogue
 from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
 
@@ -418,8 +418,8 @@ class FlashAttnBwdSm90(BwdEpilogue):
         # they would spill (D = 64)
         off_k = Int32(0)
         if const_expr(self.cfg.varlen):
-            _, head, batch = cute.arch.block_idx()
-            _, _, _, off_k, _ = self.sequence(batch, totals[0], totals[1], seq)
+            _, _, seq_idx = cute.arch.block_idx()
+            _, _, _, off_k, _ = self.sequence(seq_idx, totals[0], totals[1], seq)
         if const_expr(self.cfg.direct_kv):  # every KV tile of the keys stores (one no query sees: zeros)
             n_block, head, batch = cute.arch.block_idx()
             k_scale = scale_log2 * LN2  # the softmax scale (softcapping: softcap * softmax_scale / softcap)
@@ -518,3 +518,54 @@ class FlashAttnBwdSm90(BwdEpilogue):
         pipe_q.consumer_release(read)
         read.advance()
         return read
+
+
+# ---- compile entry ------------------------------------------------------------------------------
+
+
+def backward_builder(cfg: FlashBwdConfig):
+    """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled`: symbolic B, Sq,
+    Sk, Hq, Hkv, Sq_pad (a multiple of :data:`layouts.attention.BWD_ROW_PAD`) and a fresh symbolic
+    stride for every stride of q, k, v, dout (stride(-1) = 1); the fp32 buffers compact.  Arguments:
+    ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)`` (``direct_kv``: dk, dv
+    in the input dtype, any 16-byte strides, in place of the two accumulators), and a window
+    config's ``window_left, window_right`` after them (:meth:`FlashAttnBwdSm90.call_window`), then a softcap
+    config's ``softcap_scale`` and a deterministic one's int32 semaphores, compact (B, Hq, Sq_pad / 64)
+    and (B, Hkv, KV tiles) (:attr:`FlashBwdConfig.variant_args`); a packed config's cu_seqlens and
+    max_seqlens before them (the tensors then hold one batch of packed rows)."""
+
+    def build():
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+        dt = to_cutlass(cfg.dtype)
+        D = cfg.head_dim
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
+        Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
+        mQ, mK, mV, mdO = (fsl.fake_rows(dt, s) for s in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D),
+                                                           (B, Sq, Hq, D)))
+        f32 = cutlass.Float32
+        mLSE2 = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
+        mDelta = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
+        mdQ = make_fake_compact_tensor(f32, (B, Hq, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        if cfg.direct_kv:  # dk, dv themselves: the input dtype, any 16-byte strides
+            mdK, mdV = fsl.fake_rows(dt, (B, Sk, Hkv, D)), fsl.fake_rows(dt, (B, Sk, Hkv, D))
+        else:
+            mdK = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+            mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        k = FlashAttnBwdSm90(cfg)
+        variant = ()
+        if cfg.varlen:  # cu_seqlens_q / _k, max_seqlen_q / _k
+            variant += (make_fake_compact_tensor(Int32, (cute.sym_int(),)),
+                        make_fake_compact_tensor(Int32, (cute.sym_int(),)), Int32(0), Int32(0))
+        variant += (Float32(1.0),) * cfg.softcap  # softcap_scale
+        if cfg.deterministic:
+            variant += (make_fake_compact_tensor(Int32, (B, Hq, cute.sym_int()), stride_order=(2, 1, 0)),)
+            if not cfg.direct_kv:
+                variant += (make_fake_compact_tensor(Int32, (B, Hkv, cute.sym_int()), stride_order=(2, 1, 0)),)
+        if cfg.window:
+            return k.call_window, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), Int32(0), Int32(0),
+                                   stream, *variant)
+        return k, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), stream, *variant)
+
+    return build

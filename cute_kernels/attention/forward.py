@@ -549,7 +549,8 @@ def _checked(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_s
                   softcap=softcap, learnable_sink=learnable_sink)
     if grad:
         check_differentiable(c, q, out)  # autograd records the functional op (forward_autograd)
-        out, lse = _flash_attn_op(q, k, v, c.causal, c.scale, c.window_left, c.window_right, softcap=c.softcap,
+        out, lse = _flash_attn_op(q, k, v, c.causal, c.scale, c.window_left, c.window_right, c.cu_seqlens_q,
+                                  c.cu_seqlens_k, c.max_seqlen_q, c.max_seqlen_k, softcap=c.softcap,
                                   learnable_sink=c.learnable_sink, deterministic=deterministic)
     elif tracing:  # torch.compile / fake tensors: the custom ops (their fake implementations trace)
         out, lse = _traced(c, q, k, v, out)

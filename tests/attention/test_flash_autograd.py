@@ -165,8 +165,7 @@ def test_no_grad_and_detached_inputs_record_nothing(meta_ok):
     ("out", "out", "out= cannot be used when an input requires grad"),
     ("window", dict(window_size=(16, -4)), r"window_size \(16, -4\) has a side below -1"),
     ("head_dim", "d256", r"head dims \(64, 96, 128\), got 256"),
-    ("paged", "paged", r"block_table \(paged K/V\) has no backward yet"),
-    ("packed", "packed", r"cu_seqlens \(packed sequences\) has no backward yet"),
+    ("paged", "paged", r"block_table \(paged K/V\) has no backward"),
 ])
 def test_calls_without_a_backward_are_refused(meta_ok, what, kw, match):
     q, k, v = meta_qkv(D=256 if kw == "d256" else 128)
@@ -178,11 +177,6 @@ def test_calls_without_a_backward_are_refused(meta_ok, what, kw, match):
         args = (q, pool, pool)
         extra = dict(block_table=torch.empty(2, 5, dtype=torch.int32, device="meta"),
                      seqused_k=torch.empty(2, dtype=torch.int32, device="meta"))
-    elif kw == "packed":
-        qp = torch.empty(30, 8, 128, dtype=BF, device="meta", requires_grad=True)
-        kp = torch.empty(50, 2, 128, dtype=BF, device="meta")
-        cu = torch.empty(3, dtype=torch.int32, device="meta")
-        args, extra = (qp, kp, kp), dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=20, max_seqlen_k=30)
     elif isinstance(kw, dict):
         extra = kw
     with count_launches() as n, pytest.raises(ValueError, match=match):
