@@ -77,12 +77,21 @@ class BwdPrepass:
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-                 mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, stream, mCuSeqlens=None,
-                 max_seqlen=None):
+                 mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, stream):
         """out, dout (B, Sq, Hq, D); lse, dlse (B, Hq, Sq) fp32 (dlse read only with ``has_dlse``); the
-        outputs (B, Hq, Sq_pad) and (B, Hq, Sq_pad, D) fp32.  Packed: one batch of packed rows (the
-        outputs' padded), a CTA row per 64 rows of the longest sequence's padded length, grid z the
-        sequence."""
+        outputs (B, Hq, Sq_pad) and (B, Hq, Sq_pad, D) fp32."""
+        self.launch(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, stream)
+
+    @cute.jit
+    def call_varlen(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                    mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, stream, mCuSeqlens: cute.Tensor,
+                    max_seqlen: Int32):
+        """Packed: one batch of packed rows (the outputs' padded), a CTA row per 64 rows of the longest
+        sequence's padded length, grid z the sequence."""
+        self.launch(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, stream, mCuSeqlens, max_seqlen)
+
+    @cute.jit
+    def launch(self, mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, stream, mCuSeqlens=None, max_seqlen=None):
         batch, seqlen_q, num_heads = mO.shape[0], mO.shape[1], mO.shape[2]
         blocks = (mLSE2.shape[2] + ROWS - 1) // ROWS
         if const_expr(self.cfg.varlen):
@@ -160,10 +169,18 @@ class BwdConvert:
         self.elems = cfg.head_dim // ROW_THREADS
 
     @cute.jit
-    def __call__(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, stream, mCuSeqlens=None,
-                 max_seqlen=None):
-        """src (B, S, H, D) fp32 and dst (B, S, H, D) in the input dtype, any strides (stride(-1) = 1).
-        Packed (dQ): src the padded accumulator's one batch, dst the packed rows, grid z the sequence."""
+    def __call__(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, stream):
+        """src (B, S, H, D) fp32 and dst (B, S, H, D) in the input dtype, any strides (stride(-1) = 1)."""
+        self.launch(mSrc, mDst, scale, stream)
+
+    @cute.jit
+    def call_varlen(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, stream, mCuSeqlens: cute.Tensor,
+                    max_seqlen: Int32):
+        """Packed (dQ): src the padded accumulator's one batch, dst the packed rows, grid z the sequence."""
+        self.launch(mSrc, mDst, scale, stream, mCuSeqlens, max_seqlen)
+
+    @cute.jit
+    def launch(self, mSrc, mDst, scale, stream, mCuSeqlens=None, max_seqlen=None):
         batch, seqlen, num_heads = mDst.shape[0], mDst.shape[1], mDst.shape[2]
         blocks = (seqlen + ROWS - 1) // ROWS
         if const_expr(self.cfg.varlen):
@@ -218,7 +235,7 @@ def prepost_builder(cfg: BwdPrepostConfig):
             k = BwdConvert(cfg)
             mSrc = make_fake_tensor(f32, (B, cute.sym_int() if cfg.varlen else S, H, D), strides(4), assumed_align=16)
             mDst = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
-            return k, (mSrc, mDst, Float32(1.0), stream, *packed)
+            return (k.call_varlen if cfg.varlen else k), (mSrc, mDst, Float32(1.0), stream, *packed)
         k = BwdPrepass(cfg)
         Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
         mO = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
@@ -228,6 +245,6 @@ def prepost_builder(cfg: BwdPrepostConfig):
         mLSE2 = make_fake_compact_tensor(f32, (B, H, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mDelta = make_fake_compact_tensor(f32, (B, H, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mdQ = make_fake_compact_tensor(f32, (B, H, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
-        return k, (mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQ, stream, *packed)
+        return (k.call_varlen if cfg.varlen else k), (mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQ, stream, *packed)
 
     return build

@@ -520,3 +520,25 @@ def test_bwd_plan_and_warmup_softcap():
         cute_kernels.warmup([("flash_attn_backward", dict(softcap=30.0))])
     with pytest.raises(ValueError, match="unknown keys"):
         cute_kernels.warmup([("flash_attn_backward", dict(sink=True))])
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_prepost_entries_take_their_call_arguments(varlen):
+    """The compiled pre- / post-pass accept exactly the arguments :func:`.backward.flash_attn_backward`
+    passes (dense: no packed arguments; packed: cu_seqlens_q and max_seqlen_q): called with CPU tensors
+    they stop at the device check, not at the argument count."""
+    import cutlass.cute as cute
+
+    from cute_kernels.attention import backward_prepost as bp
+
+    f32 = dict(dtype=torch.float32)
+    packed = (torch.zeros(3, dtype=torch.int32), 4) if varlen else ()
+    pre_args = ((torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16),) * 2 + (torch.zeros(1, 2, 8, **f32),) * 2
+                + (torch.zeros(1, 2, 128, **f32),) * 2 + (torch.zeros(1, 2, 128, 64, **f32),) + packed)
+    post_args = (torch.zeros(1, 128 if varlen else 8, 2, 64, **f32), torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16),
+                 1.0) + packed
+    for kind, args in (("prepass", pre_args), ("convert", post_args)):
+        k, fake = bp.prepost_builder(bp.BwdPrepostConfig(kind, "bfloat16", 64, varlen=varlen))()
+        fn = cute.compile(k, *fake, options="--enable-tvm-ffi")
+        with pytest.raises(ValueError, match="Mismatched Tensor on argument #0"):
+            fn(*args)
