@@ -562,7 +562,9 @@ def backward_builder(cfg: FlashBwdConfig):
         if cfg.deterministic:
             variant += (make_fake_compact_tensor(Int32, (B, Hq, cute.sym_int()), stride_order=(2, 1, 0)),)
             if not cfg.direct_kv:
-                variant += (make_fake_compact_tensor(Int32, (B, Hkv, cute.sym_int()), stride_order=(2, 1, 0)),)
+                # (per sequence when packed: the tensors then hold one batch)
+                nseq = cute.sym_int() if cfg.varlen else B
+                variant += (make_fake_compact_tensor(Int32, (nseq, Hkv, cute.sym_int()), stride_order=(2, 1, 0)),)
         if cfg.window:
             return k.call_window, (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, mdK, mdV, Float32(1.0), Int32(0), Int32(0),
                                    stream, *variant)
