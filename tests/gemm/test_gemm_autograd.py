@@ -73,3 +73,20 @@ def test_gradients_match_float32(M, N, K, batch, with_c, out_dtype, b_major):
         assert torch.isfinite(x).all()
         tol = 2e-2 * r.abs().amax(dim=-1, keepdim=True).clamp_min(1e-3) + 1e-2  # bf16 operands: rounding of dout
         assert ((x - r).abs() <= tol).all(), f"d{name}: {(x - r).abs().max().item()}"
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_gradients_come_in_the_inputs_layout(batch):
+    """A column-major operand's gradient is column-major too (computed as the transposed GEMM), so a
+    linear layer's weight (b = weight.t()) gets a contiguous gradient: no copy into its layout."""
+    lead = () if batch is None else (batch,)
+    w = meta(*lead, 24, 64)  # (out, in) row-major: b = w^T is column-major
+    at = meta(*lead, 64, 40)  # a = at^T: column-major too
+    a, b = at.transpose(-1, -2), w.transpose(-1, -2)
+    out = GH.gemm(a, b)
+    gat, gw = torch.autograd.grad(out.float().sum(), (at, w))
+    assert gw.shape == w.shape and gw.is_contiguous(), gw.stride()
+    assert gat.shape == at.shape and gat.is_contiguous(), gat.stride()
+    a2, b2 = meta(*lead, 40, 64), meta(*lead, 64, 24)  # row-major: row-major gradients
+    ga, gb = torch.autograd.grad(GH.gemm(a2, b2).float().sum(), (a2, b2))
+    assert ga.is_contiguous() and gb.is_contiguous()
