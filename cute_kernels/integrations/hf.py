@@ -69,8 +69,7 @@ Routing, per call:
 
   Reasons: a dense (4-D) mask (custom, an unrecognised pattern, or built under tracing), a padding
   mask under tracing (unpadding is data-dependent: torch.compile and CUDA-graph capture cannot run
-  it), dropout, inputs requiring grad with padding (no packed backward; softcapping and sinks
-  have a backward on the kernels), CPU / non-Hopper / non-16-bit tensors, head dims or strides the kernels lack,
+  it), dropout, CPU / non-Hopper / non-16-bit tensors, head dims or strides the kernels lack,
   causal with more queries than keys, query positions inconsistent with a static buffer,
   ``position_bias``, packed sequences given by keywords.
 
@@ -144,7 +143,6 @@ R_PACKED = "packed sequences (cu_seq_lens_q / cu_seq_lens_k)"
 R_POSITIONS = "query positions are inconsistent with the key length"
 R_CAUSAL = "causal with more queries than keys"
 R_TRACED_PADDING = "a padding mask under tracing (torch.compile / CUDA-graph capture cannot unpad: data-dependent)"
-R_PADDED_GRAD = "a padded batch with inputs requiring grad (packed sequences have no backward)"
 R_GAPS = "a padding mask with gaps inside a sequence under a sliding window"
 R_SOFTCAP = "the softcap is not a finite number >= 0"
 R_SINKS = "the sinks are not one logit per query head"
@@ -454,22 +452,22 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 def _padded(args, softcap, sink, scale, where):
     """A 2-D padding mask: a left-padded decode step reads the cache in place (``decode_attn`` with
-    ``cache_leftpad``); anything else packs the valid queries and keys, runs one packed ``flash_attn``
-    and scatters the output back (zeros at padded query rows)."""
+    ``cache_leftpad``; not with grad: ``decode_attn`` has no backward); anything else packs the valid
+    queries and keys, runs one packed ``flash_attn`` (differentiable) and scatters the output back
+    (zeros at padded query rows)."""
     from transformers.utils.import_utils import is_tracing
 
     module, query, key, value, attention_mask, dropout, scaling, causal, kwargs = args
     B, Hq, q_len, D = query.shape
     if is_tracing(attention_mask) or is_tracing(query):
         return _fallback(None, R_TRACED_PADDING, *args)
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-        return _fallback(None, R_PADDED_GRAD, *args)
+    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     mask, key, value = _fit_padding(attention_mask, key, value)
     window = kwargs.get(WINDOW)
     meta = _unpad_cached(mask, q_len)
     if causal and window is not None and not meta.one_run and mask.shape[1] > window:
         return _fallback(None, R_GAPS, *args)  # HF's window counts the gaps' columns, packing would not
-    if where == "decode_attn" and causal and meta.one_run and meta.all_queries:
+    if where == "decode_attn" and causal and meta.one_run and meta.all_queries and not grad:
         return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
     hf_stats["flash_attn"] += 1
@@ -481,7 +479,8 @@ def _padded(args, softcap, sink, scale, where):
     k, v = key.transpose(1, 2)[meta.k_index], value.transpose(1, 2)[meta.k_index]
     o = flash_attn(q, k, v, cu_seqlens_q=meta.cu_seqlens_q, cu_seqlens_k=meta.cu_seqlens_k,
                    max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k, causal=causal,
-                   softmax_scale=scale, window_size=win, softcap=softcap, learnable_sink=sink)
+                   softmax_scale=scale, window_size=win, softcap=softcap, learnable_sink=sink,
+                   deterministic=_deterministic(kwargs))
     if meta.all_queries:
         return o.view(B, q_len, Hq, D), None
     out = o.new_zeros(B, q_len, Hq, D)

@@ -411,12 +411,39 @@ class TestDecisions:
         assert (ref(q1, k1, v1, 0.125, band(2, 1, 20, pad=sparse)) - ref(q1, k1, v1, 0.125, band(
             2, 1, 20, W, pad=sparse))).abs().max() > 10 * TOL  # the window matters there
 
-    @pytest.mark.parametrize("why", ["dense mask", "grad", "tracing"])
+    @pytest.mark.parametrize("q_len", [20, 1])
+    @pytest.mark.parametrize("family", ["mistral", "gpt_oss"])
+    def test_padded_batch_with_grad_runs_packed(self, family, q_len):
+        """A padded batch whose inputs require grad runs the packed ``flash_attn`` (differentiable; a
+        decode-shaped one too: ``decode_attn`` has no backward), the layer's ``deterministic`` passed on;
+        output and gradients against the float64 reference on the valid query rows."""
+        attn = layer(family)
+        mask = torch.ones(2, 20, dtype=torch.bool)
+        mask[1, :6] = False
+        q, k, v = tensors(2, q_len, 20)
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        kw = dict(sliding_window=W, deterministic=True)
+        sinks = None
+        if family == "gpt_oss":
+            kw["s_aux"] = sinks = attn.sinks.detach()
+        o, warned = call(attn, q, k, v, mask, **kw)
+        assert warned == [] and hf.hf_stats == {"flash_attn": 1, "decode_attn": 0, "fallback": 0}
+        assert FLASH_CALLS[-1]["cu_seqlens_q"] is not None and FLASH_CALLS[-1]["deterministic"] is True
+        vis = band(2, q_len, 20, W, pad=mask)
+        rows = pad_rows(mask, q_len)
+        want = ref(q, k, v, 0.125, vis, sinks=sinks)
+        close(o.detach(), want.detach(), rows)
+        dout = torch.randn(o.shape, dtype=torch.float64) * rows[:, :, None, None]
+        got = torch.autograd.grad((o.double() * dout).sum(), (q, k, v))
+        exp = torch.autograd.grad((want * dout).sum(), (q, k, v))
+        for g, e in zip(got, exp):
+            assert (g.double() - e).abs().max().item() < 2 * TOL
+
+    @pytest.mark.parametrize("why", ["dense mask", "tracing"])
     @pytest.mark.parametrize("family", ["mistral", "gpt_oss"])
     def test_remaining_fallbacks_honour_everything(self, monkeypatch, why, family):
-        """A dense 4-D mask, a padded batch that requires grad, a padded batch under tracing: the
-        fallback (the model's eager attention for a layer with sinks), with the window, the padding
-        and the sinks applied."""
+        """A dense 4-D mask, a padded batch under tracing: the fallback (the model's eager attention for
+        a layer with sinks), with the window, the padding and the sinks applied."""
         attn = layer(family)
         mask = torch.ones(2, 20, dtype=torch.bool)
         mask[1, :6] = False
@@ -429,9 +456,6 @@ class TestDecisions:
         given, reason = mask, None
         if why == "dense mask":
             given, reason = vis[:, None], hf.R_MASK
-        elif why == "grad":
-            q.requires_grad_()
-            reason = hf.R_PADDED_GRAD
         else:
             import transformers.utils.import_utils as iu
 
