@@ -215,13 +215,31 @@ class FlashAttnBwdSm90(BwdEpilogue):
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows):
-        t = self.cfg.tile
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
         # this sequence's lengths and first rows (packed: in q / k / v and in the padded row buffers); the
         # kernel works in sequence-local rows from here on
         totals = (seqlen_q, seqlen_k)  # (packed: the consumers' epilogue finds its rows again from these)
         seqlen_q, seqlen_k, off_q, off_k, off_p = self.sequence(batch, seqlen_q, seqlen_k, seq)
+        work = (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, tma_dq, mdQacc, mdKacc,
+                mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, qhead_per_kvhead, tiled_mma_sdp, tiled_mma_dkv,
+                tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout, window_left,
+                window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows, tidx, n_block, head, batch, totals,
+                off_q, off_k, off_p)
+        if const_expr(self.cfg.varlen):  # the grid covers the longest sequence's keys: past this one's, exit
+            if n_block * self.tile_n < seqlen_k:
+                self.kv_tile(*work)
+        else:
+            self.kv_tile(*work)
+
+    @cute.jit
+    def kv_tile(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, tma_dq, mdQacc,
+                mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, qhead_per_kvhead, tiled_mma_sdp,
+                tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout,
+                window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows, tidx, n_block,
+                head, batch, totals, off_q, off_k, off_p):
+        """One CTA's work (:meth:`kernel`, lengths and offsets already the sequence's)."""
+        t = self.cfg.tile
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
