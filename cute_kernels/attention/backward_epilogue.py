@@ -14,7 +14,7 @@ from cutlass.cute.nvgpu import cpasync
 from ..common.barriers import NamedBarrierId, count_up, wait_count
 from ..common.wgmma import store_acc_to_smem
 from . import forward_seqlen as fsl
-from .backward_mask import n_block_last
+from .backward_mask import dense_turn, n_block_last
 
 #: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
 #: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
@@ -24,7 +24,8 @@ BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
 
 
 class BwdEpilogue:
-    """Mixin: needs ``self.cfg``, ``dtype``, ``tile_m``, ``tile_n``, ``D``, ``num_mma_threads``,
+    """Mixin: needs ``self.cfg``, ``dtype``, ``tile_m``, ``tile_n``, ``D``, ``num_mma_threads``, ``tile_at``
+    (the order of a KV tile's query tiles),
     ``epilogue_barrier`` (a named barrier of the consumer warpgroups, free once their query-tile loop
     is done) and ``rows`` (one head's rows of a dense or packed tensor)."""
 
@@ -34,8 +35,8 @@ class BwdEpilogue:
         """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
         the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
         w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it.
-        Deterministic: the adds of a query tile wait for their turn (dense: in launch order; causal and windowed:
-        the highest KV tile first) and complete before the next turn."""
+        Deterministic: the adds of a query tile wait for their turn (dense: in the order the KV tiles arrive
+        from their rotated starts; causal and windowed: the highest KV tile first) and complete before the next turn."""
         lane = cute.arch.lane_idx()
         t = self.cfg.tile
         nwg = t.consumer_warpgroups
@@ -46,7 +47,7 @@ class BwdEpilogue:
         tDsD, tDgD = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
         wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
         for i in cutlass.range(m_max - m_min, unroll=1):
-            m_block = m_min + i
+            m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
             for w in cutlass.range_constexpr(nwg):
                 cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
@@ -56,7 +57,8 @@ class BwdEpilogue:
                     sem_crd = (0, head, off_p // self.tile_m + m_block)
                 sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
                 if lane == 0:
-                    turn = n_block  # dense: every KV tile meets every query tile, in launch order
+                    # dense: every KV tile meets every query tile, in the order they arrive (rotated starts)
+                    turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n)
                     if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
                         reach = window_right if const_expr(self.cfg.window) else Int32(0)
                         turn = n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block

@@ -74,7 +74,7 @@ from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .backward_config import FlashBwdConfig, bwd_config  # noqa: F401  (re-exported)
 from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdEpilogue
-from .backward_mask import apply_mask_t, apply_window_mask_t, m_block_range, m_block_range_window
+from .backward_mask import BwdTileOrder, apply_mask_t, apply_window_mask_t
 
 #: the named barrier of the consumer warpgroups: every warpgroup wrote its rows of this stage's dS^T
 #: (and, in the ``direct_kv`` epilogue, no wgmma reads K / V any more, then dK / dV are in them)
@@ -90,7 +90,7 @@ def _rows_first(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
 
 
-class FlashAttnBwdSm90(BwdEpilogue):
+class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
     """The kernel for one :class:`FlashBwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
 
     def __init__(self, cfg: FlashBwdConfig):
@@ -276,7 +276,7 @@ class FlashAttnBwdSm90(BwdEpilogue):
             if warp_idx == LOAD_WARP:
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO,
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
-                             m_min, m_max, off_q, off_k, off_p)
+                             m_min, m_max, off_q, off_k, off_p, seqlen_q, seqlen_k)
             elif warp_idx == DQ_WARP:
                 self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
                                window_right, off_p)
@@ -297,49 +297,9 @@ class FlashAttnBwdSm90(BwdEpilogue):
         return dict(zip(names, args))
 
     @cute.jit
-    def sequence(self, batch, seqlen_q, seqlen_k, seq):
-        """``(len_q, len_k, off_q, off_k, off_p)`` of grid z ``batch``: dense, the tensors' lengths and
-        offsets 0; packed, sequence ``batch``'s lengths and first rows from ``seq`` (cu_seqlens_q / _k,
-        max_seqlen_q / _k, clamped as :func:`.forward_seqlen.sequence_bounds` does), ``off_p`` its first
-        row in the padded row buffers (LSE_log2, Delta, the dQ accumulator): ``off_q + batch * pad`` rounded
-        down to ``pad`` = :data:`layouts.attention.BWD_ROW_PAD`, so each sequence's tiles there are its own
-        (the pre-pass writes its padding rows)."""
-        if const_expr(self.cfg.varlen):
-            off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, seq[0], seq[1], seq[2],
-                                                             seq[3], True)
-            pad = LA.BWD_ROW_PAD
-            return len_q, len_k, off_q, off_k, (off_q + batch * pad) // pad * pad
-        return seqlen_q, seqlen_k, Int32(0), Int32(0), Int32(0)
-
-    def rows(self, mX: cute.Tensor, offset, head, batch) -> cute.Tensor:
-        """One head's rows of an (S, D, H, B) or (S, H, B) tensor (TMA coordinates or real): the batch
-        slice (dense), or the packed rows from ``offset`` on (row 0 of the result is row ``offset``)."""
-        if const_expr(cute.rank(mX) == 3):
-            if const_expr(self.cfg.varlen):
-                return cute.domain_offset((offset,), mX[None, head, 0])
-            return mX[None, head, batch]
-        return fsl.sequence_rows(mX, head, batch, offset, self.cfg.varlen)
-
-    @cute.jit
-    def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
-        """``(m_min, m_max, m_lo, m_hi)``: the query tiles of KV tile ``n_block``, ``m_lo .. m_hi - 1``
-        without a mask (dense: ``m_hi = m_max``; :func:`m_block_range`, :func:`m_block_range_window`).
-        Packed: none for a KV tile past the sequence's keys (the grid covers the longest sequence)."""
-        if const_expr(self.cfg.window):
-            m_min, m_max, m_lo, m_hi = m_block_range_window(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
-                                                            window_left, window_right)
-        else:
-            m_min, m_max, m_lo = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-            m_hi = m_max
-        if const_expr(self.cfg.varlen):
-            if n_block * self.tile_n >= seqlen_k:
-                m_max, m_lo, m_hi = m_min, m_min, m_min
-        return m_min, m_max, m_lo, m_hi
-
-    @cute.jit
     def produce(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO, sK,
                 sV, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, n_block, head, head_kv, batch, m_min, m_max, off_q,
-                off_k, off_p):
+                off_k, off_p, seqlen_q, seqlen_k):
         """The load warp: K and V once, then the query tiles ``m_min .. m_max - 1`` (Q, dO, LSE, Delta per stage)."""
         t = self.cfg.tile
         one = cute.make_layout(1)
@@ -366,7 +326,8 @@ class FlashAttnBwdSm90(BwdEpilogue):
             copies = ((tma_q, tQgQ, tQsQ), (tma_do, tOgO, tOsO), (tma_lse, tLgL, tLsL), (tma_delta, tDgD, tDsD))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for i in cutlass.range(m_max - m_min, unroll=1):
-                state = tma.tma_produce_stage(pipe_q, state, copies, m_min + i)
+                state = tma.tma_produce_stage(pipe_q, state, copies,
+                                              self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k))
 
     @cute.jit
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
@@ -418,13 +379,15 @@ class FlashAttnBwdSm90(BwdEpilogue):
         for i in cutlass.range(m_lo - m_min, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
-                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_min + i, mma_tidx, wg, True,
-                                   window_left, window_right, softcap_scale)
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block,
+                                   self.tile_at(m_min, i, m_lo - m_min, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
+                                   True, window_left, window_right, softcap_scale)
         for i in cutlass.range(m_hi - m_lo, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
-                                   read, scale_log2, seqlen_q, seqlen_k, n_block, m_lo + i, mma_tidx, wg, False,
-                                   softcap_scale=softcap_scale)
+                                   read, scale_log2, seqlen_q, seqlen_k, n_block,
+                                   self.tile_at(m_lo, i, m_hi - m_lo, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
+                                   False, softcap_scale=softcap_scale)
         if const_expr(self.cfg.window):  # the window's far edge: masked again
             for i in cutlass.range(m_max - m_hi, unroll=1):
                 read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,

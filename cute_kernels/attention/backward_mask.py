@@ -4,7 +4,10 @@ columns: queries) -- dense (key-length tail, bottom-right causal) and sliding wi
 conventions are the forward's (:mod:`.forward_softmax`): query ``q`` at position ``p = q + Sk - Sq``
 sees key ``k`` iff ``k < Sk`` and, causal, ``k <= p``; with a window ``(left, right)``, iff
 ``p - left <= k <= p + right``.  The ``@cute.jit`` functions run inside a kernel trace; the ``_py``
-ones are the same ranges in plain Python, for tests."""
+ones are the same ranges in plain Python, for tests.  :class:`BwdTileOrder` (a mixin of the kernel)
+puts them together per CTA: its sequence (dense or packed), its query-tile range and the order it
+walks it (the deterministic mode's rotated start on dense ranges, :func:`dense_rotation` /
+:func:`dense_turn`; from the top on causal and windowed ones, :func:`n_block_last`)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from layouts import attention as LA
+
+from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 
 @cute.jit
@@ -112,6 +118,52 @@ def n_block_last_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, til
 
 
 @cute.jit
+def dense_rotation(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                   tile_n: cutlass.Constexpr[int]):
+    """The deterministic mode's start on dense ranges: KV tile ``n_block`` walks the query tiles from
+    ``n_block mod M`` on (M query tiles, N KV tiles), so when N <= M the CTAs of a head start on
+    different query tiles and reach each one at different steps (:func:`dense_turn`), instead of all
+    starting at tile 0 and queueing for its adds; 0 (in order) when N > M."""
+    num_m = (seqlen_q + tile_m - 1) // tile_m
+    num_n = (seqlen_k + tile_n - 1) // tile_n
+    shift = Int32(0)
+    if num_n <= num_m:
+        shift = n_block % num_m
+    return shift
+
+
+@cute.jit
+def dense_turn(n_block: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+               tile_n: cutlass.Constexpr[int]):
+    """KV tile ``n_block``'s turn at query tile ``m_block`` on dense ranges: the number of KV tiles that
+    reach the query tile before it when each starts at :func:`dense_rotation` (KV tile n reaches tile m
+    at step ``(m - n) mod M``): ``min(m, N - 1) - n`` for n <= m, ``m + N - n`` above; launch order when
+    N > M."""
+    num_m = (seqlen_q + tile_m - 1) // tile_m
+    num_n = (seqlen_k + tile_n - 1) // tile_n
+    turn = n_block
+    if num_n <= num_m:
+        turn = cutlass.min(m_block, num_n - 1) - n_block
+        if n_block > m_block:
+            turn = m_block + num_n - n_block
+    return turn
+
+
+def dense_rotation_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int) -> int:
+    """:func:`dense_rotation` in plain Python."""
+    num_m, num_n = -(-seqlen_q // tile_m), -(-seqlen_k // tile_n)
+    return n_block % num_m if num_n <= num_m else 0
+
+
+def dense_turn_py(n_block: int, m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int) -> int:
+    """:func:`dense_turn` in plain Python."""
+    num_m, num_n = -(-seqlen_q // tile_m), -(-seqlen_k // tile_n)
+    if num_n > num_m:
+        return n_block
+    return min(m_block, num_n - 1) - n_block if n_block <= m_block else m_block + num_n - n_block
+
+
+@cute.jit
 def apply_window_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
                         seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
                         window_left: Int32, window_right: Int32):
@@ -139,3 +191,64 @@ def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_bloc
                 q = m_block * tile_m + tScS_mn[0, c][1]
                 visible = visible & (key <= q + seqlen_k - seqlen_q)
             s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
+
+
+class BwdTileOrder:
+    """Mixin of :class:`~.backward_kernel.FlashAttnBwdSm90`: a CTA's sequence (dense or packed), the
+    query tiles its KV tile meets and the order it walks them.  Needs ``self.cfg``, ``tile_m``,
+    ``tile_n`` and ``causal``."""
+
+    @cute.jit
+    def sequence(self, batch, seqlen_q, seqlen_k, seq):
+        """``(len_q, len_k, off_q, off_k, off_p)`` of grid z ``batch``: dense, the tensors' lengths and
+        offsets 0; packed, sequence ``batch``'s lengths and first rows from ``seq`` (cu_seqlens_q / _k,
+        max_seqlen_q / _k, clamped as :func:`.forward_seqlen.sequence_bounds` does), ``off_p`` its first
+        row in the padded row buffers (LSE_log2, Delta, the dQ accumulator): ``off_q + batch * pad`` rounded
+        down to ``pad`` = :data:`layouts.attention.BWD_ROW_PAD`, so each sequence's tiles there are its own
+        (the pre-pass writes its padding rows)."""
+        if const_expr(self.cfg.varlen):
+            off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, seq[0], seq[1], seq[2],
+                                                             seq[3], True)
+            pad = LA.BWD_ROW_PAD
+            return len_q, len_k, off_q, off_k, (off_q + batch * pad) // pad * pad
+        return seqlen_q, seqlen_k, Int32(0), Int32(0), Int32(0)
+
+    def rows(self, mX: cute.Tensor, offset, head, batch) -> cute.Tensor:
+        """One head's rows of an (S, D, H, B) or (S, H, B) tensor (TMA coordinates or real): the batch
+        slice (dense), or the packed rows from ``offset`` on (row 0 of the result is row ``offset``)."""
+        if const_expr(cute.rank(mX) == 3):
+            if const_expr(self.cfg.varlen):
+                return cute.domain_offset((offset,), mX[None, head, 0])
+            return mX[None, head, batch]
+        return fsl.sequence_rows(mX, head, batch, offset, self.cfg.varlen)
+
+    @cute.jit
+    def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
+        """``(m_min, m_max, m_lo, m_hi)``: the query tiles of KV tile ``n_block``, ``m_lo .. m_hi - 1``
+        without a mask (dense: ``m_hi = m_max``; :func:`m_block_range`, :func:`m_block_range_window`).
+        Packed: none for a KV tile past the sequence's keys (the grid covers the longest sequence)."""
+        if const_expr(self.cfg.window):
+            m_min, m_max, m_lo, m_hi = m_block_range_window(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
+                                                            window_left, window_right)
+        else:
+            m_min, m_max, m_lo = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+            m_hi = m_max
+        if const_expr(self.cfg.varlen):
+            if n_block * self.tile_n >= seqlen_k:
+                m_max, m_lo, m_hi = m_min, m_min, m_min
+        return m_min, m_max, m_lo, m_hi
+
+    @property
+    def rotates(self) -> bool:
+        """Whether the query tiles are walked from a rotated start (:func:`dense_rotation`): the
+        deterministic mode on dense ranges (every KV tile meets every query tile)."""
+        return self.cfg.deterministic and not (self.cfg.causal or self.cfg.window or self.cfg.mma_only)
+
+    @cute.jit
+    def tile_at(self, base, i, count, n_block, seqlen_q, seqlen_k):
+        """The query tile of iteration ``i`` over ``base .. base + count - 1``: in order, or, when
+        :attr:`rotates`, from :func:`dense_rotation` on (the producer, the consumers and the dQ warp walk
+        the same order; on dense ranges one of the consumers' two loops is empty)."""
+        if const_expr(self.rotates):
+            return base + (i + dense_rotation(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n)) % count
+        return base + i

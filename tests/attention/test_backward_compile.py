@@ -122,6 +122,26 @@ def test_n_block_last_orders_the_turns(window):
             assert ns == list(range(last - len(ns) + 1, last + 1)), (Sq, Sk, window, m, ns, last)
 
 
+def test_dense_rotation_turns_follow_arrival():
+    """The deterministic mode on dense ranges: KV tile n walks query tiles (n mod M, n + 1 mod M, ...)
+    when N <= M, else 0, 1, ...; ``dense_turn`` numbers the N KV tiles at each query tile in the order they
+    arrive there (step, then KV tile), 0 .. N - 1, and with N <= M no two arrive at the same step."""
+    tm, tn = 8, 16
+    for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64, 100, 300), (1, 7, 16, 17, 40, 64, 90, 300)):
+        M, N = -(-Sq // tm), -(-Sk // tn)
+        arrival = {}
+        for n in range(N):
+            shift = bm.dense_rotation_py(n, Sq, Sk, tm, tn)
+            assert shift == (n % M if N <= M else 0)
+            for step in range(M):
+                arrival.setdefault((shift + step) % M, []).append((step, n))
+        for m, who in arrival.items():
+            order = [n for _, n in sorted(who)]
+            assert [bm.dense_turn_py(n, m, Sq, Sk, tm, tn) for n in order] == list(range(N)), (Sq, Sk, m, order)
+            if N <= M:
+                assert len({step for step, _ in who}) == N  # distinct steps: nobody queues
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_window_range_reduces_to_dense(causal):
     """(-1, -1) and (-1, 0) visit the dense ranges' tiles and leave the same ones unmasked (a key-length
