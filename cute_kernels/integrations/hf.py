@@ -71,7 +71,8 @@ Routing, per call:
   mask under tracing (unpadding is data-dependent: torch.compile and CUDA-graph capture cannot run
   it), dropout, CPU / non-Hopper / non-16-bit tensors, head dims or strides the kernels lack,
   causal with more queries than keys, query positions inconsistent with a static buffer,
-  ``position_bias``, packed sequences given by keywords.
+  ``position_bias``, packed sequences given by keywords with a mask, a batch above 1 or lengths that are
+  not int32-castable tensors and ints.
 
   A fallback gets an explicit boolean mask where the kernels' own masking would differ from its own:
   bottom-right causal over the valid keys with the window (no mask: a query shorter than the keys, a
@@ -87,7 +88,9 @@ attention interface) and the path that honours each:
 - ``softcap``, ``s_aux``, ``sinks``: the kernels; a fallback, the model's eager attention.
 - ``dropout`` (> 0): HF's sdpa (``dropout_p``), or eager attention with softcap / sinks.
 - ``position_ids``, ``cache_position``: read for the valid key lengths; no other effect.
-- ``cu_seq_lens_q/k``, ``max_length_q/k``: the fallback, with an explicit block-diagonal mask (batch 1).
+- ``cu_seq_lens_q/k``, ``max_length_q/k`` (a padding-free collator's batch of one): one packed
+  ``flash_attn`` call (differentiable); the fallback, with an explicit block-diagonal mask, where they
+  come with a mask or a batch above 1.
 - ``position_bias``: HF's sdpa (added to the scores).
 - ``output_attentions=True``: the model's eager attention (it returns the weights).
 - ``deterministic`` (HF's flash-attention keyword): the backward's deterministic mode; when the layer
@@ -397,7 +400,10 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         raise ValueError(f"cute_kernels attention: a non-causal sliding-window layer (sliding_window={window}) got "
                          f"no dense attention mask for {key.shape[2]} keys; pass one explicitly")
     need = fallback_path(kwargs)
-    if need is not None:
+    packed = need == (SDPA, R_PACKED)
+    if packed and (attention_mask is not None or B != 1 or _packed_lengths(kwargs) is None):
+        return _fallback(*need, *args)  # (what the keywords describe is one batch of packed rows, no mask)
+    if need is not None and not packed:
         return _fallback(*need, *args)
     padded = attention_mask is not None
     if padded and not _padding_mask(attention_mask, B, q_len):
@@ -408,9 +414,11 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     softcap, sink, reason = _variant(kwargs, query.shape[1], query.device)
     if reason is not None:
         return _fallback(EAGER, reason, *args)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    if packed:
+        return _packed_keywords(query, key, value, kwargs, causal, softcap, sink, scale)
     if causal and q_len > kv_len:
         return _fallback(None, R_CAUSAL, *args)
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     if padded:
         return _padded(args, softcap, sink, scale, where)
     q = query.transpose(1, 2)
@@ -486,6 +494,41 @@ def _padded(args, softcap, sink, scale, where):
     out = o.new_zeros(B, q_len, Hq, D)
     out[meta.q_index] = o
     return out, None
+
+
+def _packed_lengths(kwargs):
+    """``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` from HF's packed-sequence keywords
+    (``cu_seq_lens_q/k`` tensors, ``max_length_q/k`` ints; a missing k side is the q side's), cu_seqlens
+    as int32 on their device (a cast, no sync); None when they are not that (the fallback then applies
+    them as a mask)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    cu_q = cu_k if cu_q is None else cu_q
+    cu_k = cu_q if cu_k is None else cu_k
+    mq, mk = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    mq = mk if mq is None else mq
+    mk = mq if mk is None else mk
+    if not (isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor) and cu_q.dim() == cu_k.dim() == 1
+            and cu_q.shape == cu_k.shape and cu_q.shape[0] >= 1):
+        return None
+    if any(isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in (mq, mk)):
+        return None
+    return cu_q.to(torch.int32), cu_k.to(torch.int32), mq, mk
+
+
+def _packed_keywords(query, key, value, kwargs, causal, softcap, sink, scale):
+    """One batch of packed sequences given by keywords (a padding-free collator's ``cu_seq_lens_q/k``,
+    ``max_length_q/k``): one packed ``flash_attn`` call (differentiable), each sequence's causal
+    diagonal and window its own."""
+    from ..attention.forward import flash_attn
+
+    cu_q, cu_k, mq, mk = _packed_lengths(kwargs)
+    window = kwargs.get(WINDOW)
+    o = flash_attn(query.transpose(1, 2)[0], key.transpose(1, 2)[0], value.transpose(1, 2)[0], cu_seqlens_q=cu_q,
+                   cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk, causal=causal, softmax_scale=scale,
+                   window_size=_window_size(window if causal else None, mk), softcap=softcap, learnable_sink=sink,
+                   deterministic=_deterministic(kwargs))
+    hf_stats["flash_attn"] += 1
+    return o.unsqueeze(0), None
 
 
 def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, sink, scale):

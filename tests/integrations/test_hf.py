@@ -365,6 +365,39 @@ def test_padded_batch_trains_on_the_kernels():
         num_key_value_heads=2, head_dim=64, vocab_size=1000), ids, ("sdpa", "cute_kernels"), 15, mask=mask))
 
 
+@gpu
+def test_packed_keywords_batch_matches_sequences_one_by_one():
+    """A padding-free batch (one row of 3 packed sequences, ``position_ids`` restarting per sequence,
+    ``cu_seq_lens_q/k`` and ``max_length_q/k`` as a flattening collator passes them) runs every layer on one
+    packed flash_attn call, forward and backward; each sequence's logits equal those of the sequence run
+    alone on sdpa (bf16 rounding), and the loss's gradients reach the weights."""
+    lens = [50, 1, 77]
+    torch.manual_seed(12)
+    seqs = [torch.randint(0, 1000, (n,), device="cuda") for n in lens]
+    make = lambda attn: tiny_llama(torch.bfloat16, attn=attn, hidden_size=256, intermediate_size=512,  # noqa: E731
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                   vocab_size=1000).cuda()
+    ref = make("sdpa")
+    with torch.no_grad():
+        want = [ref(s[None]).logits[0].float() for s in seqs]
+    model = make("cute_kernels").train()
+    ids = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(n, device="cuda") for n in lens])[None]
+    cu = torch.tensor([0, 50, 51, 128], dtype=torch.int32, device="cuda")
+    hf.reset_stats()
+    with count_launches() as n:
+        out = model(ids, position_ids=pos, labels=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=77,
+                    max_length_k=77)
+        out.loss.backward()
+    L = model.config.num_hidden_layers
+    assert hf.hf_stats == {"flash_attn": L, "decode_attn": 0, "fallback": 0}, hf.hf_stats
+    assert n["flash_attn"] == L and n["flash_attn_backward"] == L, n.as_dict()
+    got = out.logits[0].float().detach().split(lens)
+    for g, w in zip(got, want):
+        assert (g - w).abs().max().item() < 0.05 * w.abs().max().item()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
 def test_valid_lengths_computed_once_per_step():
     """The lengths from ``cache_position`` / ``position_ids``: computed by the first layer of a step and
     shared by the next ones (the same unchanged source tensor); recomputed for another source, batch,

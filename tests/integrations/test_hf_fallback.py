@@ -97,8 +97,7 @@ def case(name):
     return attn, dict(indices=torch.arange(3)), {}, hf.EAGER, "'indices'", 2
 
 
-@pytest.mark.parametrize("name", ["position_bias", "packed", "output_attentions", "softcap+output_attentions",
-                                  "unknown"])
+@pytest.mark.parametrize("name", ["position_bias", "output_attentions", "softcap+output_attentions", "unknown"])
 @pytest.mark.usefixtures("cpu_as_gpu")
 def test_each_keyword_runs_a_path_that_honours_it(name):
     attn, kw, ref_kw, path, text, B = case(name)
@@ -122,6 +121,36 @@ def test_each_keyword_runs_a_path_that_honours_it(name):
         assert (plain - ref).abs().max().item() > 10 * TOL
     if "output_attentions" in name:
         assert w is not None and w.shape == (B, 4, 24, 24)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.usefixtures("cpu_as_gpu")
+def test_packed_keywords_run_on_the_kernels(grad):
+    """A padding-free collator's batch (``cu_seq_lens_q/k``, ``max_length_q/k``, batch 1, an empty sequence):
+    one packed flash_attn call with those lengths, no warning, equal to the block-diagonal reference, and
+    differentiable; with a mask or a batch of 2 the keywords still take the fallback."""
+    attn, kw, ref_kw, path, text, B = case("packed")
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(1, 4, 24, 64, generator=g).to(torch.bfloat16).requires_grad_(grad)
+    k, v = (torch.randn(1, 2, 24, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        o, _ = hf.attention_forward(attn, q, k, v, None, scaling=0.125, **kw)
+    assert ours(rec) == [] and hf.hf_stats == {"flash_attn": 1, "decode_attn": 0, "fallback": 0}
+    call = FLASH_CALLS[-1]
+    assert call["cu_seqlens_q"].tolist() == CU and call["cu_seqlens_q"].dtype == torch.int32
+    assert (call["max_seqlen_q"], call["max_seqlen_k"], call["causal"]) == (12, 12, True)
+    ref = reference(q.detach(), k, v, 0.125, **ref_kw)
+    assert o.shape == (1, 24, 4, 64) and (o.detach().double() - ref).abs().max().item() < TOL
+    if grad:
+        (gq,) = torch.autograd.grad(o.float().sum(), (q,))
+        assert gq.shape == q.shape and torch.isfinite(gq).all() and gq.abs().max() > 0
+    hf.reset_stats()
+    q2, k2, v2 = (torch.cat([t.detach()] * 2) for t in (q, k, v))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        hf.attention_forward(attn, q2, k2, v2, None, scaling=0.125, **kw)
+    assert hf.hf_stats["fallback"] == 1 and text in ours(rec)[0]
 
 
 @pytest.mark.parametrize("name", ["softcap", "s_aux", "sinks"])
