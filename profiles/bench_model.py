@@ -5,9 +5,12 @@ the split between attention, GEMMs and the rest and the step's read bound (issue
 
 A thin wrapper of :mod:`cute_kernels.tools.bench_model` (also ``cute-kernels bench model``):
 
-    python3 profiles/bench_model.py [--quick] [--layers N] [--batches 1,8,32] [--contexts 4k,32k] [--out DIR]
+    python3 profiles/bench_model.py [--quick] [--family llama|mistral] [--layers N] [--batches 1,8,32]
+        [--contexts 4k,32k] [--out DIR]
 
-Writes ``model-decode-DATE-COMMIT.json`` and ``.md`` to ``--out`` (default profiles/results);
+``--family mistral`` (issue 34): the same shapes as a ``MistralForCausalLM`` with a 4096-key sliding
+window (:mod:`cute_kernels.tools.bench_model_families`).  Writes ``model-decode-DATE-COMMIT.json``
+(mistral: ``model-decode-mistral-DATE-COMMIT.json``) and ``.md`` to ``--out`` (default profiles/results);
 ``CK_COMMIT`` names the commit where the device copy has no usable .git.
 """
 

@@ -52,6 +52,8 @@
 #                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run; then the package's own
 #                 share by `python3 -X importtime` (cute_kernels minus the torch inside it), 3 runs
 #   bench-model   profiles/bench_model.py (end-to-end decode of a Llama-3-8B-shaped model)              [MODEL_S]
+#   bench-model-mistral  profiles/bench_model.py --family mistral (issue 34: the same shapes with a 4096-key
+#                 sliding window; model-decode-mistral-DATE-COMMIT; ~4-8 min cold compile cache)  [MODEL_MISTRAL_S]
 #   bench-train   profiles/bench_train.py (issue 33: a training step of a Llama-3-8B-shaped model, ours with and without
 #                 patch_linear vs HF sdpa on torch's flash / cuDNN / efficient backends, paired, attention / GEMM /
 #                 rest split; ~85 GB of device memory, ~3-5 min cold compile cache)            [TRAIN_S, TRAIN_ARGS]
@@ -137,6 +139,7 @@ for step in "$@"; do
         END {printf "importtime: cute_kernels %.3f s, torch within it %.3f s, own %.3f s\n", c/1e6, t/1e6, (c-t)/1e6}'
       done 2>&1 | tee -a "$OUT/import-time.log" ;;
     bench-model) CK_COMMIT=$commit py "${MODEL_S:-480}" profiles/bench_model.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model.log" ;;
+    bench-model-mistral) CK_COMMIT=$commit py "${MODEL_MISTRAL_S:-540}" profiles/bench_model.py --family mistral --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model-mistral.log" ;;
     bench-train) CK_COMMIT=$commit py "${TRAIN_S:-540}" profiles/bench_train.py --out-dir "$OUT" ${TRAIN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-train.log" ;;
     demo) py 300 -m cute_kernels demo 2>&1 | quiet | tee "$OUT/demo.log" ;;
     *) echo "unknown step: $step (see the list at the top of profiles/gpu_session.sh)" | tee -a "$OUT/session.log" ;;

@@ -2,8 +2,9 @@
 model on PyTorch (``cute-kernels bench model``, ``python3 profiles/bench_model.py``).
 
 Model: ``LlamaForCausalLM`` of :data:`LLAMA3_8B`'s shapes with ``--layers`` layers (default 4), random
-weights, bf16.  Its ``StaticCache`` (capacity ctx + :data:`EXTRA_SLOTS`) holds random K/V and length
-ctx: a step is ``model(input_ids (B, 1), position_ids=ctx, past_key_values=cache, logits_to_keep=1)``
+weights, bf16 (``--family mistral``: ``MistralForCausalLM``, the same shapes, sliding window 4096,
+:mod:`.bench_model_families`).  Its ``StaticCache`` (capacity ctx + :data:`EXTRA_SLOTS`) holds random
+K/V and length ctx: a step is ``model(input_ids (B, 1), position_ids=ctx, past_key_values=cache, logits_to_keep=1)``
 (no sampling), which first sets the lengths back to ctx (:class:`DecodeStep`), so every repetition,
 eager or a graph replay, writes the same slot and reads the same ctx + 1 keys.
 
@@ -51,13 +52,11 @@ from pathlib import Path
 import torch
 
 from .args import OneLineParser, int_in, one_line
+from . import bench_model_families as families
 from .bench import timing
+from .bench_model_families import LLAMA3_8B, llama_config  # noqa: F401 - the llama family, as before
 
 PROG = "cute-kernels bench model"
-#: Llama-3-8B's shapes (only the layer count differs)
-LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-             "head_dim": 128, "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-             "max_position_embeddings": 131072, "tie_word_embeddings": False}
 OURS, HF_SDPA, SDPA_GQA = "cute_kernels", "sdpa", "sdpa_gqa"
 SIDES = (OURS, HF_SDPA, SDPA_GQA)
 MODES = ("eager", "graph")
@@ -75,12 +74,6 @@ QUICK = {"batches": (1, 8), "contexts": (4096,), "rounds": 2, "iters": 8, "profi
 
 
 # ------------------------------------------------------------------------------------------ model
-def llama_config(layers: int, **over):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(**{**LLAMA3_8B, "num_hidden_layers": layers, **over})
-
-
 def build_model(config, device, dtype=torch.bfloat16, seed: int = 0):
     """Random-weight ``LlamaForCausalLM`` built on ``device`` (no download, no CPU copy of the weights)."""
     from transformers import AutoModelForCausalLM
@@ -146,6 +139,7 @@ def make_cache(model, batch: int, ctx: int, seed: int = 0):
     lengths = torch.full((len(cache.layers),), ctx, dtype=torch.int64, device=p.device)
     for i, layer in enumerate(cache.layers):  # StaticLayer.update adds to it in place: one fill resets all
         layer.cumulative_length = lengths[i]
+    families.sliding_layers(cache, ctx)  # sliding layers: as after a prefill of ctx tokens (families' doc)
     return cache, lengths
 
 
@@ -157,10 +151,13 @@ class DecodeStep:
         g = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g).to(lengths.device)
         self.pos = torch.full((batch, 1), ctx, dtype=torch.int64, device=lengths.device)
+        self.sliding = families.sliding_layers(cache, ctx)
 
     @torch.no_grad()
     def __call__(self) -> torch.Tensor:
         self.lengths.fill_(self.ctx)
+        for layer in self.sliding:
+            layer.cumulative_length_int = self.ctx
         return self.model(input_ids=self.ids, position_ids=self.pos, past_key_values=self.cache, use_cache=True,
                           logits_to_keep=1).logits
 
@@ -175,7 +172,7 @@ def weight_bytes(model, batch: int) -> int:
 
 def kv_bytes(config, batch: int, ctx: int, elem: int = 2) -> int:
     """K + V bytes of ``ctx + 1`` positions (the cache and the new token) over every layer."""
-    return batch * (ctx + 1) * config.num_key_value_heads * config.head_dim * 2 * elem * config.num_hidden_layers
+    return batch * families.kv_positions(config, ctx) * config.num_key_value_heads * config.head_dim * 2 * elem
 
 
 def bucket(name: str) -> str:
@@ -272,13 +269,14 @@ def run_point(model, batch: int, ctx: int, *, sides=SIDES, modes=MODES, rounds: 
     from ..integrations import hf
 
     cache, lengths = make_cache(model, batch, ctx)
-    step = DecodeStep(model, cache, lengths, batch, ctx)
+    step, restore = DecodeStep(model, cache, lengths, batch, ctx), families.snapshot(cache)
     on_gpu = lengths.device.type == "cuda"
     modes = [m for m in modes if m == "eager" or on_gpu]
     res: dict = {"batch": batch, "ctx": ctx, "configs": {}, "split": {}, "notes": []}
     logits, fns = {}, {}
     for side in sides:  # warm: compiles our kernels on first use, the library's caches
         activate(model, side, ctx + 1)
+        restore()  # a full sliding buffer rolls every step: each side's first steps on the same keys
         hf.reset_stats()
         t0 = time.time()
         try:
@@ -384,12 +382,12 @@ def commit_name() -> str:
 def run_meta(args, layers: int) -> dict:
     import transformers
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now, family = datetime.datetime.now(datetime.timezone.utc), getattr(args, "family", "llama")
     return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "date": now.date().isoformat(), "time_utc": now.strftime("%H:%M:%S"), "commit": commit_name(),
             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                          "transformers": transformers.__version__, "python": platform.python_version()},
-            "model": {**LLAMA3_8B, "num_hidden_layers": layers, "dtype": "bfloat16"},
+            "family": family, "model": families.model_meta(family, layers),
             "rounds": args.rounds, "iters": args.iters, "timer": "CUDA events per step (graphs: after a GPU "
             "spin), median of iters, median over interleaved rounds"}
 
@@ -428,7 +426,8 @@ HEADER = ["batch", "ctx", "mode", "ours us/step", "best torch us/step", "ratio",
 
 def markdown(doc: dict) -> str:
     m = doc["meta"]
-    lines = [f"# End-to-end decode: Llama-3-8B shapes, {m['model']['num_hidden_layers']} layers, bf16",
+    title = families.TITLES[m.get("family", "llama")]
+    lines = [f"# End-to-end decode: {title}, {m['model']['num_hidden_layers']} layers, bf16",
              "", f"{m['device']}, {m['date']} {m['time_utc']} UTC, commit {m['commit']}, "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), "",
              (f"Read bandwidth {doc['bandwidth']['bound_TBps']:.2f} TB/s ({doc['bandwidth']['how']}); "
@@ -452,9 +451,10 @@ def markdown(doc: dict) -> str:
 
 
 def write_results(doc: dict, out_dir: str) -> str:
-    """``doc`` as ``model-decode-DATE-COMMIT.json`` and ``.md`` in ``out_dir``; returns the path stem."""
+    """``doc`` as ``model-decode[-FAMILY]-DATE-COMMIT.json`` and ``.md`` in ``out_dir``; returns the path stem."""
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"model-decode-{doc['meta']['date']}-{doc['meta']['commit'][:7]}")
+    prefix = families.record_prefix(doc["meta"].get("family", "llama"))
+    stem = os.path.join(out_dir, f"{prefix}-{doc['meta']['date']}-{doc['meta']['commit'][:7]}")
     with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=1)
     with open(stem + ".md", "w") as f:
@@ -478,6 +478,8 @@ def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description="Decode steps of a Llama-3-8B-shaped model (random weights, KV cache "
                       "pre-filled) on the kernels vs the same model on PyTorch sdpa + cuBLAS, eager and in graphs.")
     p.add_argument("--quick", action="store_true", help="batch 1 and 8, context 4k, fewer rounds and steps")
+    p.add_argument("--family", choices=families.FAMILIES, default="llama", help="llama (default) or mistral "
+                   f"(sliding window {families.MISTRAL_WINDOW}): the model's shapes and attention")
     p.add_argument("--layers", type=int_in(1, 32), default=4, help="decoder layers (default 4)")
     p.add_argument("--batches", type=_int_list, default=None, help="comma-separated batch sizes (default 1,8,32)")
     p.add_argument("--contexts", type=_int_list, default=None, help="comma-separated context lengths, 4k = 4096 "
@@ -530,7 +532,8 @@ def precompile(config, batches, contexts, log=print) -> None:
         for n, k in shapes:
             jobs.setdefault(repr([r["config"] for r in gemm_explain(b, n, k, b_major="col")]), ("gemm", b, n, k))
         for c in contexts:
-            job = ("decode", b, config.num_attention_heads, config.num_key_value_heads, c + EXTRA_SLOTS)
+            job = ("decode", b, config.num_attention_heads, config.num_key_value_heads,
+                   families.cache_len(config, c + EXTRA_SLOTS))
             jobs.setdefault(repr(decode_explain(*job[1:])["config"]), job)
     t0 = time.time()
     try:
@@ -557,11 +560,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: needs transformers 5.x (pip install 'cute-kernels[hf]')", file=sys.stderr)
         return 2
     register_sides()
-    config = llama_config(args.layers)
+    config = families.family_config(args.family, args.layers)
     if not args.no_precompile:
         precompile(config, args.batches, args.contexts)
     model = build_model(config, "cuda")
-    print(f"model: {args.layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters")
+    print(f"model: {args.family}, {args.layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters")
     bw = measure_bandwidth()
     print(f"read bandwidth {bw['bound_TBps']:.2f} TB/s (sum {bw['read_TBps']:.2f}, copy {bw['copy_TBps']:.2f})")
     points = []
