@@ -44,6 +44,7 @@ from ..common.dtypes import name_of
 from ..common.softmax import LOG2_E
 from . import backward_kernel as bk
 from . import backward_prepost as bp
+from .backward_mask import padded_first_row
 from .forward_softmax import WINDOW_UNBOUNDED
 from .decode_plan import check_flag
 from .forward_validate import _err, check_softcap, check_window, validate, validate_varlen
@@ -214,8 +215,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)
     pad = LA.BWD_ROW_PAD
     # the row buffers: dense (B, Hq, Sq rounded up to pad); packed one batch, each sequence's rows from
-    # off_p = (its first row + b * pad) rounded down to pad (the kernels' :meth:`~.backward_kernel.
-    # FlashAttnBwdSm90.sequence`), so total_q + B * pad rows hold every sequence's padded tiles
+    # backward_mask.padded_first_row on, so total_q + B * pad rows hold every sequence's padded tiles
     Bb, Sp = (B, -(-Sq // pad) * pad) if packed is None else (1, -(-(Sq + B * pad) // pad) * pad)
     f32 = dict(dtype=torch.float32, device=q.device)
     lse2 = torch.empty(Bb, Hq, Sp, **f32)
@@ -263,16 +263,14 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
 
 def _packed_rows_in_padded(cu_seqlens_q: torch.Tensor, total_q: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For each packed query row, its row in the padded row buffers and whether a sequence holds it (on the
-    device, no sync): row ``r`` of sequence ``b`` is ``r - cu_seqlens_q[b] + off_p[b]``, ``off_p[b] =
-    (cu_seqlens_q[b] + b * pad) // pad * pad`` (the kernels' layout); rows past the last sequence map to
-    row 0, not held."""
-    pad = LA.BWD_ROW_PAD
+    device, no sync): row ``r`` of sequence ``b`` is ``r - cu_seqlens_q[b] + off_p[b]``, ``off_p`` the
+    kernels' :func:`~.backward_mask.padded_first_row`; rows past the last sequence map to row 0, not held."""
     rows = torch.arange(total_q, device=cu_seqlens_q.device, dtype=torch.int64)
     cu = cu_seqlens_q.long()
     nseq = cu.shape[0] - 1
     seq = torch.searchsorted(cu[1:], rows, right=True).clamp_max(nseq - 1)
     first = cu[:-1]
-    off_p = (first + torch.arange(nseq, device=cu.device) * pad) // pad * pad
+    off_p = padded_first_row(first, torch.arange(nseq, device=cu.device))
     valid = (rows >= cu[0]) & (rows < cu[-1])
     return torch.where(valid, rows - first[seq] + off_p[seq], 0), valid
 

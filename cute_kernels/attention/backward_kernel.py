@@ -401,19 +401,15 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
         if const_expr(self.cfg.varlen):
             _, _, seq_idx = cute.arch.block_idx()
             _, _, _, off_k, _ = self.sequence(seq_idx, totals[0], totals[1], seq)
-        if const_expr(self.cfg.direct_kv):  # every KV tile of the keys stores (one no query sees: zeros)
+        # every KV tile of the keys stores (one no query sees: zeros; packed, the kernel's early exit leaves
+        # only tiles of the sequence's keys)
+        if const_expr(self.cfg.direct_kv):
             n_block, head, batch = cute.arch.block_idx()
             k_scale = scale_log2 * LN2  # the softmax scale (softcapping: softcap * softmax_scale / softcap)
             if const_expr(self.cfg.softcap):
                 k_scale = k_scale * softcap_scale
-            if const_expr(self.cfg.varlen):  # the grid covers the longest sequence's keys: only this one's
-                if n_block * self.tile_n < seqlen_k:
-                    self.store_kv(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc, k_scale,
-                                  n_block, head // qhead_per_kvhead, batch, mma_tidx, seqlen_k, off_k, mdK_rows,
-                                  mdV_rows)
-            else:
-                self.store_kv(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc, k_scale, n_block,
-                              head // qhead_per_kvhead, batch, mma_tidx, seqlen_k, off_k, mdK_rows, mdV_rows)
+            self.store_kv(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc, k_scale, n_block,
+                          head // qhead_per_kvhead, batch, mma_tidx, seqlen_k, off_k, mdK_rows, mdV_rows)
         elif m_max > m_min:
             n_block, head, batch = cute.arch.block_idx()
             if const_expr(self.cfg.varlen):  # one batch of packed rows, from the sequence's first key

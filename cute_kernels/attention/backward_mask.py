@@ -193,6 +193,16 @@ def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_bloc
             s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
 
 
+def padded_first_row(first_row, batch):
+    """Packed sequence ``batch``'s first row in the backward's padded row buffers (LSE_log2, Delta, the dQ
+    accumulator), given its first packed row: ``first_row + batch * pad`` rounded down to ``pad`` =
+    :data:`layouts.attention.BWD_ROW_PAD`, so each sequence's padded tiles there are its own and
+    ``total_q + B * pad`` rows hold them all.  The one definition of that layout, for the kernels' Int32
+    values and the host's tensors alike."""
+    pad = LA.BWD_ROW_PAD
+    return (first_row + batch * pad) // pad * pad
+
+
 class BwdTileOrder:
     """Mixin of :class:`~.backward_kernel.FlashAttnBwdSm90`: a CTA's sequence (dense or packed), the
     query tiles its KV tile meets and the order it walks them.  Needs ``self.cfg``, ``tile_m``,
@@ -203,14 +213,11 @@ class BwdTileOrder:
         """``(len_q, len_k, off_q, off_k, off_p)`` of grid z ``batch``: dense, the tensors' lengths and
         offsets 0; packed, sequence ``batch``'s lengths and first rows from ``seq`` (cu_seqlens_q / _k,
         max_seqlen_q / _k, clamped as :func:`.forward_seqlen.sequence_bounds` does), ``off_p`` its first
-        row in the padded row buffers (LSE_log2, Delta, the dQ accumulator): ``off_q + batch * pad`` rounded
-        down to ``pad`` = :data:`layouts.attention.BWD_ROW_PAD`, so each sequence's tiles there are its own
-        (the pre-pass writes its padding rows)."""
+        row in the padded row buffers (LSE_log2, Delta, the dQ accumulator; :func:`padded_first_row`)."""
         if const_expr(self.cfg.varlen):
             off_q, len_q, off_k, len_k = fsl.sequence_bounds(batch, seqlen_q, seqlen_k, seq[0], seq[1], seq[2],
                                                              seq[3], True)
-            pad = LA.BWD_ROW_PAD
-            return len_q, len_k, off_q, off_k, (off_q + batch * pad) // pad * pad
+            return len_q, len_k, off_q, off_k, padded_first_row(off_q, batch)
         return seqlen_q, seqlen_k, Int32(0), Int32(0), Int32(0)
 
     def rows(self, mX: cute.Tensor, offset, head, batch) -> cute.Tensor:
@@ -226,16 +233,13 @@ class BwdTileOrder:
     def m_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
         """``(m_min, m_max, m_lo, m_hi)``: the query tiles of KV tile ``n_block``, ``m_lo .. m_hi - 1``
         without a mask (dense: ``m_hi = m_max``; :func:`m_block_range`, :func:`m_block_range_window`).
-        Packed: none for a KV tile past the sequence's keys (the grid covers the longest sequence)."""
+        (A packed KV tile past its sequence's keys never gets here: the kernel exits first.)"""
         if const_expr(self.cfg.window):
             m_min, m_max, m_lo, m_hi = m_block_range_window(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
                                                             window_left, window_right)
         else:
             m_min, m_max, m_lo = m_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
             m_hi = m_max
-        if const_expr(self.cfg.varlen):
-            if n_block * self.tile_n >= seqlen_k:
-                m_max, m_lo, m_hi = m_min, m_min, m_min
         return m_min, m_max, m_lo, m_hi
 
     @property

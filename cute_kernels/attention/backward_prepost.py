@@ -32,6 +32,7 @@ from layouts import attention as LA
 from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import LOG2_E
 from . import forward_seqlen as fsl
+from .backward_mask import padded_first_row
 
 ROWS = 64  # rows per CTA
 THREADS = 128
@@ -157,7 +158,7 @@ def _packed_rows(mCuSeqlens: cute.Tensor, batch, total, max_seqlen):
     its padded length there (a multiple of :data:`layouts.attention.BWD_ROW_PAD`)."""
     off, length, _, _ = fsl.sequence_bounds(batch, total, total, mCuSeqlens, mCuSeqlens, max_seqlen, max_seqlen, True)
     pad = LA.BWD_ROW_PAD
-    return off, length, (off + batch * pad) // pad * pad, (length + pad - 1) // pad * pad
+    return off, length, padded_first_row(off, batch), (length + pad - 1) // pad * pad
 
 
 class BwdConvert:
