@@ -38,6 +38,7 @@ from cute_kernels.testing import count_launches
 from _check import RTOL, assert_raises_before_any_launch
 from conftest import precompile_for_module_gpu_tests
 from test_backward import out_rounding_effect, reference
+from test_flash_autograd import graph_replay_matches_eager, same_up_to_reduction_order
 from test_forward_varlen import make_packed, window_mask
 
 gpu = pytest.mark.gpu
@@ -438,15 +439,6 @@ def test_packed_autograd_matches_float32(D, causal, window, G, lens):
         check_packed(got, R, lens, causal, window, f"autograd D={D} causal={causal} window={window} dlse={dl is not None}")
 
 
-def _same_up_to_reduction_order(a, b):
-    """The same kernels on the same inputs: equal but for the order of the fp32 reduce-adds: at most 2 bf16
-    ulps apart, elementwise (as test_flash_autograd's)."""
-    assert a.shape == b.shape and a.dtype == b.dtype
-    assert torch.isfinite(a).all() and torch.isfinite(b).all()
-    tol = 2 * 2.0 ** -7 * torch.maximum(a.float().abs(), b.float().abs()) + 1e-6
-    assert ((a.float() - b.float()).abs() <= tol).all(), (a.float() - b.float()).abs().max()
-
-
 def _packed_step_inputs():
     lens = LENS_A
     q, k, v, cq, ck, _, _ = _grad_leaves(lens, 128, 4, seed=3)
@@ -470,7 +462,7 @@ def test_packed_autograd_compile_training_step():
     finally:
         torch._dynamo.reset()
     for a, b in zip(got, ref):
-        _same_up_to_reduction_order(a, b)
+        same_up_to_reduction_order(a, b)
 
 
 @gpu
@@ -481,24 +473,7 @@ def test_packed_autograd_cuda_graph_training_step():
     def step(q, k, v):
         return torch.autograd.grad(loss(q, k, v), (q, k, v))
 
-    static = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    step(*static)  # warm-up outside the capture (compiles, allocator)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(*static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step(*static)
-    with torch.no_grad():
-        for s, t in zip(static, (q, k, v)):
-            s.copy_(t * 0.5)
-    graph.replay()
-    torch.cuda.synchronize()
-    want = step(*(t.detach().mul(0.5).requires_grad_(True) for t in (q, k, v)))
-    for a, b in zip(out, want):
-        _same_up_to_reduction_order(a, b)
+    graph_replay_matches_eager(step, (q, k, v))
 
 
 # ------------------------------------------------------------------------------------------ CPU: autograd on meta
