@@ -53,7 +53,7 @@ import torch
 
 from .args import OneLineParser, int_in, one_line
 from . import bench_model_families as families
-from .bench import timing
+from .bench import results, timing
 from .bench_model_families import LLAMA3_8B, llama_config  # noqa: F401 - the llama family, as before
 
 PROG = "cute-kernels bench model"
@@ -550,14 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"{PROG}: error: needs a CUDA GPU (Hopper for the kernels); none is visible", file=sys.stderr)
         return 2
-    try:
-        import transformers
-
-        major = int(transformers.__version__.split(".")[0])
-    except ImportError:
-        major = None
-    if major != 5:
-        print(f"{PROG}: error: needs transformers 5.x (pip install 'cute-kernels[hf]')", file=sys.stderr)
+    if results.transformers_missing(PROG):
         return 2
     register_sides()
     config = families.family_config(args.family, args.layers)

@@ -260,6 +260,21 @@ def cuda_missing(prog: str) -> bool:
     return True
 
 
+def transformers_missing(prog: str) -> bool:
+    """The check of a bench command that runs a Transformers model: True, with the one-line error on
+    stderr, unless transformers 5.x is installed."""
+    try:
+        import transformers
+
+        major = int(transformers.__version__.split(".")[0])
+    except ImportError:
+        major = None
+    if major == 5:
+        return False
+    print(f"{prog}: error: needs transformers 5.x (pip install 'cute-kernels[hf]')", file=sys.stderr)
+    return True
+
+
 def publish(doc: dict, out_dir, tag: str = "", to_markdown=None) -> int:
     """A bench command's end: :func:`write` the run, print its table and the files written; status 0."""
     js, md = write(doc, out_dir, tag, to_markdown)

@@ -418,19 +418,8 @@ def parse_args(argv=None, prog: str = PROG) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    import sys
-
     args = parse_args(argv, prog)
-    if results.cuda_missing(prog):
-        return 2
-    try:
-        import transformers
-
-        major = int(transformers.__version__.split(".")[0])
-    except ImportError:
-        major = None
-    if major != 5:
-        print(f"{prog}: error: needs transformers 5.x (pip install 'cute-kernels[hf]')", file=sys.stderr)
+    if results.cuda_missing(prog) or results.transformers_missing(prog):
         return 2
     from ..bench_model import llama_config
 
