@@ -21,18 +21,9 @@ from cute_kernels.integrations import sdpa as S
 from cute_kernels.tools import bench_model as BM
 from cute_kernels.tools import bench_model_families as F
 from cute_kernels.tools.bench import records
+from test_bench_model import TINY, registered  # noqa: F401  (the tiny shapes; the autouse fixture)
 
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 64, "vocab_size": 512, "max_position_embeddings": 4096}
 W = 16
-
-
-@pytest.fixture(autouse=True)
-def registered():
-    BM.register_sides()
-    hf.reset_stats()
-    yield
-    hf.reset_stats()
 
 
 @pytest.fixture
