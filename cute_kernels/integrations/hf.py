@@ -256,13 +256,18 @@ def _causal_band(kpos: torch.Tensor, last: torch.Tensor, window) -> torch.Tensor
     return band if window is None else band & (kpos > last - window)
 
 
+def _cu_seq_lens(kwargs) -> tuple:
+    """HF's packed-sequence boundaries ``(cu_seq_lens_q, cu_seq_lens_k)``, a side not given (absent or None)
+    being the other's."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    return (cu_k if cu_q is None else cu_q), (cu_q if cu_k is None else cu_k)
+
+
 def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device, window=None) -> torch.Tensor:
     """(1, 1, q_len, kv_len) boolean mask of packed sequences: query i of sequence s sees the keys of
     sequence s (bottom-right causal when ``causal``, and within ``window``); rows past the last
     sequence see nothing."""
-    cu_q = kwargs.get("cu_seq_lens_q")
-    cu_k = kwargs.get("cu_seq_lens_k", cu_q)
-    cu_q = cu_k if cu_q is None else cu_q
+    cu_q, cu_k = _cu_seq_lens(kwargs)
     cu_q, cu_k = cu_q.to(device=device, dtype=torch.int64), cu_k.to(device=device, dtype=torch.int64)
     qi, kj = torch.arange(q_len, device=device), torch.arange(kv_len, device=device)
     sq = torch.bucketize(qi, cu_q[1:], right=True)  # the sequence of each row (n: past the last)
@@ -499,9 +504,7 @@ def _packed_lengths(kwargs):
     (``cu_seq_lens_q/k`` tensors, ``max_length_q/k`` ints; a missing k side is the q side's), cu_seqlens
     as int32 on their device (a cast, no sync); None when they are not that (the fallback then applies
     them as a mask)."""
-    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    cu_q = cu_k if cu_q is None else cu_q
-    cu_k = cu_q if cu_k is None else cu_k
+    cu_q, cu_k = _cu_seq_lens(kwargs)
     mq, mk = kwargs.get("max_length_q"), kwargs.get("max_length_k")
     mq = mk if mq is None else mq
     mk = mq if mk is None else mk
