@@ -194,20 +194,10 @@ def split(kernels, steps: int) -> dict:
 
 
 def profile_split(step, steps: int) -> dict:
-    """:func:`split` of ``steps`` eager steps under ``torch.profiler`` (CUDA kernels only)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """:func:`split` of ``steps`` eager steps under ``torch.profiler`` (CUDA kernels only), after one
+    unprofiled step."""
     step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == cuda]
-    if not kernels:  # a profiler build that lists kernels only in its averages
-        kernels = [(k.key, k.self_device_time_total) for k in prof.key_averages() if k.device_type == cuda]
-    return split(kernels, steps)
+    return split(timing.profiled_kernels(step, steps), steps)
 
 
 # ---------------------------------------------------------------------------------------- timing

@@ -211,3 +211,20 @@ def warm_one(entry) -> str:
         return ""
     except Exception as e:  # noqa: BLE001 - reported; the first call compiles it again
         return f"{entry}: {type(e).__name__}: {e}"
+
+
+def profiled_kernels(fn, steps: int) -> list[tuple[str, float]]:
+    """``(name, microseconds)`` of every CUDA kernel ``steps`` calls of ``fn`` ran, under ``torch.profiler``
+    (synchronized before and after)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == cuda]
+    if not kernels:  # a profiler build that lists kernels only in its averages
+        kernels = [(k.key, k.self_device_time_total) for k in prof.key_averages() if k.device_type == cuda]
+    return kernels

@@ -232,19 +232,9 @@ def _free() -> None:
 
 def profile_split(fn, steps: int) -> dict:
     """:func:`.train_report.split` of ``steps`` calls of ``fn`` under ``torch.profiler``."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from .timing import profiled_kernels
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == cuda]
-    if not kernels:  # a profiler build that lists kernels only in its averages
-        kernels = [(k.key, k.self_device_time_total) for k in prof.key_averages() if k.device_type == cuda]
-    return R.split(kernels, steps)
+    return R.split(profiled_kernels(fn, steps), steps)
 
 
 # ----------------------------------------------------------------------------------------- one length
