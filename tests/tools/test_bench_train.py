@@ -126,6 +126,26 @@ def test_split_sums_per_step_by_category():
                               "top": {"attention": [], "gemm": [], "rest": []}}
 
 
+def test_device_times_leave_out_user_annotations():
+    """The optimizer's ``record_function`` range is mirrored on the device spanning its kernels: counted,
+    the split's kernels summed to more than the step (a negative gap)."""
+    from types import SimpleNamespace as NS
+
+    from cute_kernels.tools.bench.timing import device_kernel_times
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(name, us, device=cuda, annotation=False):
+        return NS(name=name, device_type=device, is_user_annotation=annotation,
+                  time_range=NS(elapsed_us=lambda: us))
+
+    prof = NS(events=lambda: [ev("Optimizer.step#AdamW.step", 50.0, annotation=True),
+                              ev("multi_tensor_apply_kernel", 20.0), ev("aten::add_", 9.0, device=cpu),
+                              ev("Memcpy DtoD (Device -> Device)", 3.0)],
+              key_averages=lambda: [])
+    assert device_kernel_times(prof) == [("multi_tensor_apply_kernel", 20.0), ("Memcpy DtoD (Device -> Device)", 3.0)]
+
+
 # ---- ratios, rows, documents ---------------------------------------------------------------------------
 TIMES = {"cute_kernels": [100.0, 90.0, 95.0], "cute_kernels+gemm": [98.0, 92.0, 99.0],
          "sdpa_flash": [110.0, 100.0, 120.0], "sdpa_cudnn": [105.0, 112.0, 101.0]}

@@ -215,7 +215,7 @@ def warm_one(entry) -> str:
 
 def profiled_kernels(fn, steps: int) -> list[tuple[str, float]]:
     """``(name, microseconds)`` of every CUDA kernel ``steps`` calls of ``fn`` ran, under ``torch.profiler``
-    (synchronized before and after)."""
+    (synchronized before and after), by :func:`device_kernel_times`."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -223,8 +223,17 @@ def profiled_kernels(fn, steps: int) -> list[tuple[str, float]]:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
+    return device_kernel_times(prof)
+
+
+def device_kernel_times(prof) -> list[tuple[str, float]]:
+    """``(name, microseconds)`` of each device event of a finished ``torch.profiler`` profile that is work
+    (kernels, memcpy, memset), without the GPU user annotations (``record_function`` ranges mirrored on
+    the device, e.g. the optimizer's step: each spans kernels that are already listed)."""
     cuda = torch.autograd.DeviceType.CUDA
-    kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == cuda]
+    kernels = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+               if e.device_type == cuda and not getattr(e, "is_user_annotation", False)]
     if not kernels:  # a profiler build that lists kernels only in its averages
-        kernels = [(k.key, k.self_device_time_total) for k in prof.key_averages() if k.device_type == cuda]
+        kernels = [(k.key, k.self_device_time_total) for k in prof.key_averages()
+                   if k.device_type == cuda and not getattr(k, "is_user_annotation", False)]
     return kernels
