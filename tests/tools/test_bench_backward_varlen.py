@@ -160,6 +160,12 @@ def stand_ins(fake_gpu, monkeypatch):
         return {n: [speeds[n]] * reps for n in impls}
 
     monkeypatch.setattr(timing, "paired_times", paired)
+
+    def profiled(fn, steps):  # every kernel twice per call, names longer than the split keeps
+        fn()
+        return [("k" * 80, 6.0), ("convert", 1.5)] * 2 * steps
+
+    monkeypatch.setattr(timing, "profiled_kernels", profiled)
     return state
 
 
@@ -176,6 +182,7 @@ def test_orchestration_on_cpu(stand_ins, tmp_path):
     assert math.isclose(r["ratio_vs"]["fa4"], 1.25) and math.isclose(o["tflops"], r["flops"] / 20e-6 / 1e12)
     assert set(o["max_abs_diff_vs_fa4"]) == {"dq", "dk", "dv"} and max(o["max_abs_diff_vs_fa4"].values()) < 1e-2
     assert not o["mismatch"] and not f["mismatch"] and o["ref_sequences"] == [[0, 70], [2, 130]]
+    assert o["kernels_us"] == [["k" * 72, 12.0], ["convert", 3.0]] == f["kernels_us"]
     assert max(f["ref_max_rel_err"].values()) < AB.GRAD_RTOL
     s = doc["summary"]
     assert s["fa4_target_met"] is True and math.isclose(s["min_vs_fa4"], 1.25) and s["mismatches"] == []
@@ -185,7 +192,7 @@ def test_orchestration_on_cpu(stand_ins, tmp_path):
     assert back["kind"] == "attention-backward" and back["rows"][0]["ratio_vs"] == r["ratio_vs"]
     text = md.read_text()
     for want in ("Attention backward bf16", "| varlen_tiny_b3 | 1.250x |", "target met", "ceiling: none in this mode",
-                 "Failed sides: none"):
+                 "Failed sides: none", f"- cute, kernels per call (us, torch.profiler over {ABV.SPLIT_STEPS} calls): `{'k' * 72}` 12; `convert` 3"):
         assert want in text, want
 
 

@@ -55,6 +55,7 @@ MODE = "varlen"
 OURS, PEER = "cute", "fa4"
 TARGET_VS_FA4 = 1.0
 REPEATS, QUICK_REPEATS = 30, 5
+SPLIT_STEPS = 3  # profiled calls per side for the kernel split
 REF_SEQS, REF_MIN_LEN, REF_MAX_LEN = 3, 64, 2048
 DEVICE = "cuda"  # where :func:`build` makes the inputs (the CPU tests run the whole row with stand-ins)
 TIMER = ("paired: every side once per repetition, in an order rotated by the repetition, each call after its own "
@@ -255,6 +256,15 @@ def make_row(case, times: dict, sides: dict, errors: dict, checks: dict, notes: 
     return row
 
 
+def kernel_split(kernels: list, steps: int) -> list:
+    """``[[name, us per call], ...]`` of a profiled side, summed by kernel name (cut to its first 72
+    characters), longest first."""
+    per: dict = {}
+    for name, us in kernels:
+        per[name[:72]] = per.get(name[:72], 0.0) + us / steps
+    return [[n, round(us, 1)] for n, us in sorted(per.items(), key=lambda x: -x[1])]
+
+
 def failed_row(case, error: BaseException, notes: list) -> dict:
     fl, nb = flops_bytes(case)
     return {"shape": case.name, "params": case_params(case), "direction": "backward", "flops": fl, "bytes": nb,
@@ -275,6 +285,8 @@ def run_case(case, repeats: int, prog) -> dict:
     times = timing.paired_times({n: s.run for n, s in sides.items()}, repeats,
                                 tick=lambda n, s=case.name: prog.step(f"{s[:24]} {n}")) if sides else {}
     row = make_row(case, times, sides, errors, checks, notes)
+    for n, s in sides.items():  # where each side's backward spends its time, kernel by kernel
+        row["impls"][n]["kernels_us"] = kernel_split(timing.profiled_kernels(s.run, SPLIT_STEPS), SPLIT_STEPS)
     del inp, dout, sides
     torch.cuda.empty_cache()
     return row
@@ -396,6 +408,10 @@ def markdown(doc: dict) -> str:
                   f"{r['flops'] / 1e12:.4f} TFLOP (2.5x the forward's)",
                   f"- lengths (q = k): {r['lengths_q']}" if len(r["lengths_q"]) <= 64 else
                   f"- lengths (q = k): {len(r['lengths_q'])} sequences, the first 16 {r['lengths_q'][:16]}"]
+        for n, e in r["impls"].items():
+            if e.get("kernels_us"):
+                lines.append(f"- {n}, kernels per call (us, torch.profiler over {SPLIT_STEPS} calls): "
+                             + "; ".join(f"`{k}` {us:.0f}" for k, us in e["kernels_us"][:6]))
         for n, e in r["impls"].items():
             seqs = e.get("ref_sequences")
             lines.append(f"- {n}: `{e.get('form')}`" + (f"; first call {e['first_call_s']} s" if "first_call_s" in e else "")
