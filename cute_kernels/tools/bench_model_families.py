@@ -21,7 +21,8 @@ view of its ``lengths`` buffer is that state once ``cumulative_length_int`` is s
 (:func:`sliding_layers`, reset every step by ``DecodeStep``: a step adds 1 to it, which would flip a
 buffer that is not yet full to full after S - ctx steps).  A full buffer's contents move every step
 (the roll): :func:`snapshot` restores them before each side's first steps, so the sides' logits are
-compared on the same keys.
+compared on the same keys.  HF's update of a full buffer cannot be captured in a CUDA graph: the
+sliding layers get :func:`capturable_update`, the same work, on every side.
 """
 
 from __future__ import annotations
@@ -88,11 +89,40 @@ def kv_positions(config, ctx: int) -> int:
 
 def sliding_layers(cache, ctx: int) -> list:
     """The cache's ``StaticSlidingWindowLayer``s, each with ``cumulative_length_int`` set to ctx (a
-    prefill of ctx tokens)."""
+    prefill of ctx tokens) and its update made capturable (:func:`capturable_update`)."""
     out = [layer for layer in cache.layers if hasattr(layer, "cumulative_length_int")]
     for layer in out:
         layer.cumulative_length_int = ctx
+        if "update" not in vars(layer):
+            layer.update = capturable_update(layer)
     return out
+
+
+def capturable_update(layer):
+    """``layer.update`` with HF's full-buffer one-token branch done on an index tensor built here, once.
+
+    HF's branch (transformers 5.17 / 5.24) builds ``torch.tensor([-1], device=...)`` on every call: a
+    host-to-device copy from pageable memory, which CUDA-graph capture refuses, so no side's step could
+    be captured.  The replacement does the same work (roll the buffer left by one, write the new key and
+    value in the last slot, copy back in place, advance ``cumulative_length_int``); every other case goes
+    to the class's own update.  Every side of the benchmark gets it."""
+    import torch
+
+    index = torch.tensor([-1], dtype=torch.long, device=layer.keys.device)
+    own = type(layer).update
+
+    def update(key_states, value_states, *args, **kwargs):
+        if layer.cumulative_length_int < layer.max_cache_len or key_states.shape[-2] != 1:
+            return own(layer, key_states, value_states, *args, **kwargs)
+        layer.cumulative_length_int += 1
+        new_keys, new_values = layer.keys.roll(-1, dims=-2), layer.values.roll(-1, dims=-2)
+        new_keys[:, :, index] = key_states
+        new_values[:, :, index] = value_states
+        layer.keys.copy_(new_keys)
+        layer.values.copy_(new_values)
+        return layer.keys, layer.values
+
+    return update
 
 
 def snapshot(cache):

@@ -156,6 +156,33 @@ def test_decode_step_matches_a_real_prefill(cpu_as_gpu, side, ctx):
     BM.activate(model, BM.HF_SDPA)
 
 
+def test_full_buffer_step_is_capturable_and_hf_s_update(monkeypatch):
+    """The benchmark's sliding layers update a full buffer as HF's own update does (bitwise), without
+    building a tensor from host data inside the step (what CUDA-graph capture refused)."""
+    model, ctx = tiny(), 40
+    cache, _ = BM.make_cache(model, 2, ctx)
+    layer = cache.layers[0]
+    assert "update" in vars(layer)
+    plain = type(layer)(max_cache_len=layer.max_cache_len + 2 * W, sliding_window=W)  # HF's, same state
+    plain.lazy_initialization(layer.keys, layer.values)
+    plain.keys.copy_(layer.keys)
+    plain.values.copy_(layer.values)
+    plain.cumulative_length_int = ctx
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        k, v = (torch.randn(2, 2, 1, 64, generator=gen) for _ in range(2))
+        want = plain.update(k, v)
+        with monkeypatch.context() as m:
+            m.setattr(torch, "tensor", lambda *a, **kw: pytest.fail("torch.tensor inside the step"))
+            got = layer.update(k, v)
+        assert got[0] is layer.keys and got[1] is layer.values
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        assert layer.cumulative_length_int == plain.cumulative_length_int
+    ours = vars(layer)["update"]
+    F.sliding_layers(cache, ctx)  # again (every DecodeStep does): the override is not wrapped twice
+    assert vars(layer)["update"] is ours and layer.cumulative_length_int == ctx
+
+
 def test_run_point_on_cpu_runs_every_side(cpu_as_gpu):
     model = tiny(torch.bfloat16)
     res = BM.run_point(model, 2, 40, modes=("eager",), rounds=2, iters=2, profile_steps=0, bw_bytes_per_us=1e6,
