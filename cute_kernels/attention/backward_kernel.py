@@ -190,8 +190,8 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
 
         self.shared_storage = SharedStorage
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
-        if const_expr(self.cfg.varlen):  # a sequence per grid z; KV tiles of the longest sequence
-            batch, num_n_blocks = seq[0].shape[0] - 1, (seq[3] + self.tile_n - 1) // self.tile_n
+        if const_expr(self.cfg.varlen):  # the sequences' KV tiles in the gapped numbering (tile_coords)
+            batch, num_n_blocks = 1, fsl.gapped_grid_bound(seqlen_k, seq[1].shape[0] - 1, self.tile_n)
         self.kernel(
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
@@ -216,7 +216,7 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head, batch = cute.arch.block_idx()
+        n_block, head, batch = self.tile_coords(seqlen_k, seq)
         # this sequence's lengths and first rows (packed: in q / k / v and in the padded row buffers); the
         # kernel works in sequence-local rows from here on
         totals = (seqlen_q, seqlen_k)  # (packed: the consumers' epilogue finds its rows again from these)
@@ -226,8 +226,8 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
                 tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout, window_left,
                 window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows, tidx, n_block, head, batch, totals,
                 off_q, off_k, off_p)
-        if const_expr(self.cfg.varlen):  # the grid covers the longest sequence's keys: past this one's, exit
-            if n_block * self.tile_n < seqlen_k:
+        if const_expr(self.cfg.varlen):  # a gap of the numbering: exit
+            if n_block >= 0 and n_block * self.tile_n < seqlen_k:
                 self.kv_tile(*work)
         else:
             self.kv_tile(*work)
@@ -397,21 +397,19 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
 
         # the tile's coordinates (and a packed sequence's first key) read again: kept live across the loop
         # they would spill (D = 64)
+        n_block, head, batch = self.tile_coords(totals[1], seq)
         off_k = Int32(0)
         if const_expr(self.cfg.varlen):
-            _, _, seq_idx = cute.arch.block_idx()
-            _, _, _, off_k, _ = self.sequence(seq_idx, totals[0], totals[1], seq)
+            _, _, _, off_k, _ = self.sequence(batch, totals[0], totals[1], seq)
         # every KV tile of the keys stores (one no query sees: zeros; packed, the kernel's early exit leaves
         # only tiles of the sequence's keys)
         if const_expr(self.cfg.direct_kv):
-            n_block, head, batch = cute.arch.block_idx()
             k_scale = scale_log2 * LN2  # the softmax scale (softcapping: softcap * softmax_scale / softcap)
             if const_expr(self.cfg.softcap):
                 k_scale = k_scale * softcap_scale
             self.store_kv(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc, k_scale, n_block,
                           head // qhead_per_kvhead, batch, mma_tidx, seqlen_k, off_k, mdK_rows, mdV_rows)
         elif m_max > m_min:
-            n_block, head, batch = cute.arch.block_idx()
             if const_expr(self.cfg.varlen):  # one batch of packed rows, from the sequence's first key
                 mdKacc = cute.domain_offset((0, off_k, 0, 0), mdKacc)
                 mdVacc = cute.domain_offset((0, off_k, 0, 0), mdVacc)

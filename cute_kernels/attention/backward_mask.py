@@ -209,8 +209,19 @@ class BwdTileOrder:
     ``tile_n`` and ``causal``."""
 
     @cute.jit
+    def tile_coords(self, seqlen_k, seq):
+        """``(n_block, head, batch)`` of this CTA (warp-wide).  Dense: the grid's.  Packed: grid x numbers
+        the sequences' KV tiles in :mod:`.forward_seqlen`'s gapped numbering (``seqlen_k`` the packed
+        total), so no CTA is launched for the tiles past a shorter sequence's keys; ``n_block`` may be
+        negative or past the sequence's keys (a gap: the kernel exits)."""
+        n_block, head, batch = cute.arch.block_idx()
+        if const_expr(self.cfg.varlen):
+            batch, n_block = fsl.gapped_tile_coords(n_block, seq[1], seq[1].shape[0] - 1, seqlen_k, self.tile_n)
+        return n_block, head, batch
+
+    @cute.jit
     def sequence(self, batch, seqlen_q, seqlen_k, seq):
-        """``(len_q, len_k, off_q, off_k, off_p)`` of grid z ``batch``: dense, the tensors' lengths and
+        """``(len_q, len_k, off_q, off_k, off_p)`` of sequence ``batch`` (:meth:`tile_coords`): dense, the tensors' lengths and
         offsets 0; packed, sequence ``batch``'s lengths and first rows from ``seq`` (cu_seqlens_q / _k,
         max_seqlen_q / _k, clamped as :func:`.forward_seqlen.sequence_bounds` does), ``off_p`` its first
         row in the padded row buffers (LSE_log2, Delta, the dQ accumulator; :func:`padded_first_row`)."""

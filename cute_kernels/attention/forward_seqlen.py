@@ -158,6 +158,66 @@ def varlen_grid_bound(total_q: int, num_batch: int, num_heads: int, tile_m: int)
     return ((total_q + tile_m - 1) // tile_m + num_batch) * num_heads
 
 
+# ---- the gapped numbering: one CTA per tile of a packed problem, found without a walk over the sequences
+# Sequence b's tiles of ``tile`` rows are numbered from start(b) = floor(first_row(b) / tile) + b on.
+# start grows by at least a sequence's tiles from one sequence to the next (and by at least 1), so tile t
+# belongs to the last sequence whose start is <= t, at local index t - start(b); a local index past the
+# sequence's tiles is a gap (at most one per sequence).  All tiles fit in ceil(total / tile) + B numbers
+# (:func:`gapped_grid_bound`), and a lookup is a search over the starts (:func:`gapped_tile_coords`):
+# lane i of a warp reads every stride-th start, a ballot narrows the range to one stride, two rounds
+# for up to 1024 sequences -- where the exact numbering's walk (:func:`varlen_tile_coords`) reads every
+# sequence before the tile's, which only a persistent CTA amortizes.
+
+
+@cute.jit
+def _gapped_start(mCuSeqlens: cute.Tensor, batch, total: Int32, tile: cutlass.Constexpr[int]):
+    return cutlass.min(cutlass.max(mCuSeqlens[batch], 0), total) // tile + batch
+
+
+@cute.jit
+def gapped_tile_coords(t: Int32, mCuSeqlens: cute.Tensor, num_batch: Int32, total: Int32,
+                       tile: cutlass.Constexpr[int]):
+    """Warp-wide (every lane calls; all get the result): ``(batch, local)`` of tile ``t`` in the gapped
+    numbering (comment above) of the sequences of ``mCuSeqlens`` (first rows clamped to ``[0, total]``;
+    ``num_batch >= 1``).  The caller runs the tile only when ``0 <= local`` and ``local * tile`` is below
+    the sequence's (clamped) length; bad ``cu_seqlens`` give some ``batch`` in ``[0, num_batch)``."""
+    lane = cute.arch.lane_idx()
+    lo, count = Int32(0), num_batch
+    while count > 1:
+        stride = (count + 31) // 32
+        ok = Int32(0)
+        if lane * stride < count:
+            if _gapped_start(mCuSeqlens, lo + lane * stride, total, tile) <= t:
+                ok = Int32(1)
+        k = cutlass.max(cute.arch.popc(cute.arch.vote_ballot_sync(ok > 0)), 1)
+        lo = lo + (k - 1) * stride
+        count = cutlass.min(stride, count - (k - 1) * stride)
+    return lo, t - _gapped_start(mCuSeqlens, lo, total, tile)
+
+
+def gapped_tile_coords_py(t: int, cu_seqlens: list, tile: int, total: int) -> tuple:
+    """:func:`gapped_tile_coords` in plain Python, step for step (the tests check it against a brute
+    force): ``(batch, local)``."""
+    num_batch = len(cu_seqlens) - 1
+
+    def start(b):
+        return min(max(cu_seqlens[b], 0), total) // tile + b
+
+    lo, count = 0, num_batch
+    while count > 1:
+        stride = -(-count // 32)
+        k = max(sum(1 for lane in range(32) if lane * stride < count and start(lo + lane * stride) <= t), 1)
+        lo += (k - 1) * stride
+        count = min(stride, count - (k - 1) * stride)
+    return lo, t - start(lo)
+
+
+def gapped_grid_bound(total: int, num_batch: int, tile: int) -> int:
+    """Numbers of the gapped numbering (comment above): ``ceil(total / tile) + B``, Python ints or the
+    host entry's traced values alike."""
+    return (total + tile - 1) // tile + num_batch
+
+
 def sequence_rows(mX: cute.Tensor, head, batch, offset, varlen: bool) -> cute.Tensor:
     """The (S, D) rows of one head of one sequence in an (S, D, H, B) tensor (a TMA coordinate tensor
     or a real one): the batch slice (dense), or the single batch shifted by the sequence's first row

@@ -12,6 +12,7 @@ a CUDA graph captured at max_seqlen replayed with shorter lengths; checked mode.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -314,6 +315,34 @@ def test_varlen_tile_order_walks_every_tile_once(longest_first):
             for t in counter:  # a dynamic schedule's growing, irregular tiles
                 m, h, b, scan = fsl.varlen_tile_coords_py(t, lens, H, tm, longest_first, scan)
                 assert (m, h, b) == got[t]
+
+
+def test_gapped_numbering_runs_every_tile_once_and_bad_lengths_stay_in_range():
+    """Every (sequence, tile) of a packed problem has one number below the host's bound, and a lookup
+    of each number gives it back (the gaps give a local index past their sequence's tiles); bad
+    ``cu_seqlens`` (decreasing, negative, past the total) give sequences in range."""
+    from cute_kernels.attention import forward_seqlen as fsl
+
+    rng = torch.Generator().manual_seed(1)
+    draws = [[1], [0, 0, 5], [128, 129, 0, 1, 255, 256, 257], [0] * 40 + [3],
+             torch.randint(0, 700, (75,), generator=rng).tolist(),
+             torch.randint(0, 40, (1024,), generator=rng).tolist(), torch.randint(0, 9, (1500,), generator=rng).tolist()]
+    for lens in draws:
+        cu = [0, *itertools.accumulate(lens)]
+        for tile in (64, 128):
+            bound = fsl.gapped_grid_bound(cu[-1], len(lens), tile)
+            seen = []
+            for t in range(bound):
+                b, local = fsl.gapped_tile_coords_py(t, cu, tile, cu[-1])
+                assert 0 <= b < len(lens)
+                if 0 <= local and local * tile < lens[b]:
+                    seen.append((b, local))
+            want = [(b, n) for b, L in enumerate(lens) for n in range(-(-L // tile))]
+            assert sorted(seen) == want and len(seen) == len(set(seen))
+    total = 50
+    for cu in ([0, 30, 10, 80, -5], [7, 7, 7], [0, 2**31 - 1, 3]):
+        for t in range(fsl.gapped_grid_bound(total, len(cu) - 1, 64) + 3):
+            assert 0 <= fsl.gapped_tile_coords_py(t, cu, 64, total)[0] < len(cu) - 1
 
 
 def test_varlen_empty_problems_launch_nothing():
