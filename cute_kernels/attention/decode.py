@@ -324,21 +324,15 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(),
     o_ext = B * Sq * Hq * D * dtype.itemsize
 
     names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
-    out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), (qe, ke, ve, se, bte, wse))
-    ws_g = out_guard("decode_attn", "workspace", wse, names, (qe, ke, ve, se, bte))
 
-    def guard(q, k, v, out, s, bt, ws):
-        if out is not None:
-            out_g(out, q, k, v, s, bt, ws)
-        if ws is not None:
-            ws_g(ws, q, k, v, s, bt)
+    if P == 1:  # (one split: the workspace is not used, nor guarded)
+        out_g = out_guard("decode_attn", "out", o_ext, names, (qe, ke, ve, se, bte))
 
-    if P == 1:
         def launch(q, k, v, out, lse, scale, s, bt, ws):
             if out is None:
                 out = _empty(*osize, dtype=dtype, device=dev)
             else:
-                guard(q, k, v, out, s, bt, None)  # (one split: the workspace is not used)
+                out_g(out, q, k, v, s, bt)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
@@ -354,9 +348,14 @@ def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(),
         def new_parts():
             return _empty(*pshape, dtype=_F32, device=dev), _empty(*plshape, dtype=_F32, device=dev)
 
+        out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), (qe, ke, ve, se, bte, wse))
+        ws_g = out_guard("decode_attn", "workspace", wse, names, (qe, ke, ve, se, bte))
+
         def launch(q, k, v, out, lse, scale, s, bt, ws):
-            if out is not None or ws is not None:
-                guard(q, k, v, out, s, bt, ws)
+            if out is not None:
+                out_g(out, q, k, v, s, bt, ws)
+            if ws is not None:
+                ws_g(ws, q, k, v, s, bt)
             if out is None:
                 out = _empty(*osize, dtype=dtype, device=dev)
             if lse.__class__ is bool:

@@ -84,40 +84,42 @@ def out_guard(who: str, name: str, out_extent: int, names: tuple, extents: tuple
     """A launcher's check, made once per launcher: ``guard(out, *inputs)`` raises a ValueError naming
     ``name`` and the input it meets when ``out``'s ``out_extent`` bytes meet an input's bytes
     (``extents``, in the order of ``names``; None inputs and empty extents are skipped).  The
-    launcher's key fixes every extent, so only the data pointers are read per call; three inputs (q,
-    k, v; a, b, c), the common case, get a closure with the comparisons written out (no per-call
-    iterator)."""
+    launcher's key fixes every extent, so only the data pointers are read per call, each input's
+    comparison written out (:func:`_guard_maker`): no per-call loop, star-args tuple or nested call,
+    and no pointer read for an input whose extent is empty."""
     if not out_extent:
-        return lambda out, *ts: None
-    if len(names) == 3:
-        (n1, n2, n3), (e1, e2, e3) = names, extents
+        return _no_guard
+    live = tuple(i for i, e in enumerate(extents) if e)
+    make = _guard_makers.get((len(names), live))
+    if make is None:
+        make = _guard_makers[(len(names), live)] = _guard_maker(len(names), live)
+    return make(_refused, who, name, tuple(names), int(out_extent), *(int(extents[i]) for i in live))
 
-        def guard3(out, t1, t2, t3):
-            o = out.data_ptr()
-            end = o + out_extent
-            if t1 is not None and e1:
-                p = t1.data_ptr()
-                if p < end and o < p + e1:
-                    _refused(who, name, n1)
-            if t2 is not None and e2:
-                p = t2.data_ptr()
-                if p < end and o < p + e2:
-                    _refused(who, name, n2)
-            if t3 is not None and e3:
-                p = t3.data_ptr()
-                if p < end and o < p + e3:
-                    _refused(who, name, n3)
-        return guard3
 
-    live = tuple((i, names[i], e) for i, e in enumerate(extents) if e)
+def _no_guard(out, *ts) -> None:
+    """The guard of an empty out: it meets nothing."""
 
-    def guard(out, *ts):
-        o = out.data_ptr()
-        end = o + out_extent
-        for i, n, e in live:
-            t = ts[i]
-            if t is not None:
-                p = t.data_ptr()
-                if p < end and o < p + e:
-                    _refused(who, name, n)
-    return guard
+
+#: (number of inputs, indices of the non-empty ones) -> :func:`_guard_maker`'s factory
+_guard_makers: dict = {}
+
+
+def _guard_maker(n: int, live: tuple):
+    """The factory of :func:`out_guard`'s closures for ``n`` inputs of which those at ``live`` have bytes:
+    ``make(refused, who, name, names, out_extent, *live extents) -> guard(out, t0, ..., t{n-1})``, the
+    source generated once per pattern (as ``dataclasses`` builds its methods) so that each live
+    input's test is written out: its pointer read once, two comparisons against closure constants."""
+    ts = ", ".join(f"t{i}" for i in range(n))
+    src = [f"def make(refused, who, name, names, out_extent{''.join(f', e{i}' for i in live)}):",
+           f"    def guard(out, {ts}):",
+           "        o = out.data_ptr()",
+           "        end = o + out_extent"]
+    for i in live:
+        src += [f"        if t{i} is not None:",
+                f"            p = t{i}.data_ptr()",
+                f"            if p < end and o < p + e{i}:",
+                f"                refused(who, name, names[{i}])"]
+    src.append("    return guard")
+    scope: dict = {}  # (a fixed template: only input counts and indices enter the source)
+    exec(compile("\n".join(src), f"<out_guard {n} {live}>", "exec"), scope)
+    return scope["make"]
