@@ -511,7 +511,7 @@ def decode_attn(
     """
     if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
                             or getattr(v_cache, "requires_grad", False)
-                            or getattr(learnable_sink, "requires_grad", False)):
+                            or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))):
         raise ValueError("decode_attn: an input requires grad, and decode_attn has no backward; call it under "
                          "torch.no_grad() / torch.inference_mode(), or use flash_attn (differentiable)")
     key = None
@@ -531,13 +531,17 @@ def decode_attn(
                 hit = None
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        # forward_host.run_hit's steps written out (a call and star-args show in decode's host time)
+        # forward_host.run_hit's steps written out (a call and star-args show in decode's host time): the
+        # default scale and a plain configuration's launch without a call to fast_scale or star-args
         if hit is not None and return_lse.__class__ is bool and (checked is False or not _plan_mod.checked_env()):
-            scale = fh.fast_scale(hit, softmax_scale)
+            scale = hit.default_scale if softmax_scale is None else fh.fast_scale(hit, softmax_scale)
             if scale is not None:
                 try:
-                    o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace,
-                                 *(() if variant is None else _variant_values(softcap, learnable_sink, cache_leftpad)))
+                    if variant is None:
+                        o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace)
+                    else:
+                        o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace,
+                                     *_variant_values(softcap, learnable_sink, cache_leftpad))
                 except Exception:  # the compiled function refused an argument: the checks below name it
                     pass
                 else:
