@@ -151,7 +151,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     """
     ta, tb = type(alpha), type(beta)
     grad = _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
-                                or getattr(c, "requires_grad", False))
+                                or (c is not None and getattr(c, "requires_grad", False)))
     if (not grad and (ta is float or ta is int) and (tb is float or tb is int) and tune is False
             and not _is_compiling()):
         # the fast path (module doc); anything unusual goes to _run, which checks it
@@ -277,18 +277,20 @@ def _launcher(p, fn, ws, dev, operands):
     shape, dtype, has_c = jit.size_args(p.shape), p.out_dtype, p.has_c
     a_ext, b_ext, o_ext, c_ext = (0 if t is None else extent(t) for t in operands)
     refuse = out_guard("gemm", "out", o_ext, ("a", "b", "c"), (a_ext, b_ext, c_ext))
-
-    def guard(a, b, out, c):
-        if c is not None and same_view(c, out):
-            c = None  # out=c: each element read, then written
-        refuse(out, a, b, c)
+    if operands[3] is None:  # no c (the key fixes that): the guard itself, no out=c test around it
+        guard = refuse
+    else:
+        def guard(out, a, b, c):
+            if c is not None and same_view(c, out):
+                c = None  # out=c: each element read, then written
+            refuse(out, a, b, c)
 
     if ws is None:
         def launch_(a, b, out, c, alpha, beta):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
             else:
-                guard(a, b, out, c)
+                guard(out, a, b, c)
             fn(a, b, out, c if has_c else out, float(alpha), float(beta))
             LAUNCHES["gemm"] += 1
             return out
@@ -297,7 +299,7 @@ def _launcher(p, fn, ws, dev, operands):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
             else:
-                guard(a, b, out, c)
+                guard(out, a, b, c)
             w, cnt = ws.workspace(dev)
             fn(a, b, out, c if has_c else out, w, cnt, float(alpha), float(beta))
             LAUNCHES["gemm"] += 1
