@@ -465,7 +465,8 @@ def flash_attn(
     key = None
     grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
                                 or getattr(v, "requires_grad", False)
-                                or getattr(learnable_sink, "requires_grad", False))  # then: the differentiable op
+                                or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))
+                                )  # then: the differentiable op
     # softcapping or sinks: their keys and launch values (forward_host.variant_key / variant_values)
     variant = None if softcap.__class__ is float and not softcap and learnable_sink is None else (softcap, learnable_sink)
     if not grad and (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
@@ -482,8 +483,10 @@ def flash_attn(
                     hit = None
             except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
                 key = hit = None
-            # run_hit's steps written out: the most frequent call, where a call and star-args show
-            scale = None if hit is None or return_lse.__class__ is not bool else fh.fast_scale(hit, softmax_scale)
+            # run_hit's steps written out: the most frequent call, where a call and star-args show (the
+            # default scale without a call to fast_scale)
+            scale = (None if hit is None or return_lse.__class__ is not bool else hit.default_scale
+                     if softmax_scale is None else fh.fast_scale(hit, softmax_scale))
             if scale is not None:
                 try:
                     o, lse = hit(q, k, v, out, return_lse, scale)
