@@ -219,12 +219,11 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
         n_block, head, batch = self.tile_coords(seqlen_k, seq)
         # this sequence's lengths and first rows (packed: in q / k / v and in the padded row buffers); the
         # kernel works in sequence-local rows from here on
-        totals = (seqlen_q, seqlen_k)  # (packed: the consumers' epilogue finds its rows again from these)
         seqlen_q, seqlen_k, off_q, off_k, off_p = self.sequence(batch, seqlen_q, seqlen_k, seq)
         work = (tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, tma_dq, mdQacc, mdKacc,
                 mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, qhead_per_kvhead, tiled_mma_sdp, tiled_mma_dkv,
                 tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout, window_left,
-                window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows, tidx, n_block, head, batch, totals,
+                window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows, tidx, n_block, head, batch,
                 off_q, off_k, off_p)
         if const_expr(self.cfg.varlen):  # a gap of the numbering: exit
             if n_block >= 0 and n_block * self.tile_n < seqlen_k:
@@ -237,7 +236,7 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
                 mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, qhead_per_kvhead, tiled_mma_sdp,
                 tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout, sRow_layout,
                 window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows, tidx, n_block,
-                head, batch, totals, off_q, off_k, off_p):
+                head, batch, off_q, off_k, off_p):
         """One CTA's work (:meth:`kernel`, lengths and offsets already the sequence's)."""
         t = self.cfg.tile
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -286,7 +285,8 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
             self.consume(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta,
                          kv_ring, pipe_q, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, n_block,
                          qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right,
-                         softcap_scale, mSemKV, seq, totals, mdK_rows, mdV_rows)
+                         softcap_scale, mSemKV, seq, (head, batch, off_k) if const_expr(self.cfg.varlen) else None,
+                         mdK_rows, mdV_rows)
 
     def variant(self, args: tuple) -> dict:
         """An entry's trailing arguments by name (:attr:`FlashBwdConfig.variant_args`; absent: off)."""
@@ -333,7 +333,7 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdKacc: cute.Tensor,
                 mdVacc: cute.Tensor, tma_dk, tma_dv, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
-                m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale, mSemKV, seq, totals, mdK_rows,
+                m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale, mSemKV, seq, packed, mdK_rows,
                 mdV_rows):
         """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
         unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
@@ -395,12 +395,13 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
                                        pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
                                        True, window_left, window_right, softcap_scale)
 
-        # the tile's coordinates (and a packed sequence's first key) read again: kept live across the loop
-        # they would spill (D = 64)
-        n_block, head, batch = self.tile_coords(totals[1], seq)
+        # dense: the tile's coordinates read again (kept live across the loop they would spill at D = 64);
+        # packed: ``packed`` (head, sequence, its first key), found by a search at the start, kept
         off_k = Int32(0)
         if const_expr(self.cfg.varlen):
-            _, _, _, off_k, _ = self.sequence(batch, totals[0], totals[1], seq)
+            head, batch, off_k = packed
+        else:
+            n_block, head, batch = cute.arch.block_idx()
         # every KV tile of the keys stores (one no query sees: zeros; packed, the kernel's early exit leaves
         # only tiles of the sequence's keys)
         if const_expr(self.cfg.direct_kv):

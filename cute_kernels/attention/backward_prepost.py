@@ -87,17 +87,17 @@ class BwdPrepass:
     def call_varlen(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                     mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor, stream, mCuSeqlens: cute.Tensor,
                     max_seqlen: Int32):
-        """Packed: one batch of packed rows (the outputs' padded), a CTA per 64 rows of a sequence's padded
-        length, numbered by :func:`.forward_seqlen.gapped_tile_coords` (no CTA past a sequence's rows)."""
+        """Packed: one batch of packed rows (the outputs' padded), a CTA row per 64 rows of the longest
+        sequence's padded length, grid z the sequence."""
         self.launch(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, stream, mCuSeqlens, max_seqlen)
 
     @cute.jit
     def launch(self, mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, stream, mCuSeqlens=None, max_seqlen=None):
         batch, seqlen_q, num_heads = mO.shape[0], mO.shape[1], mO.shape[2]
         blocks = (mLSE2.shape[2] + ROWS - 1) // ROWS
-        if const_expr(self.cfg.varlen):  # the sequences' padded tiles in the gapped numbering, ROWS a CTA
-            batch = 1
-            blocks = fsl.gapped_grid_bound(seqlen_q, mCuSeqlens.shape[0] - 1, LA.BWD_ROW_PAD) * (LA.BWD_ROW_PAD // ROWS)
+        if const_expr(self.cfg.varlen):
+            batch = mCuSeqlens.shape[0] - 1
+            blocks = (max_seqlen + LA.BWD_ROW_PAD - 1) // LA.BWD_ROW_PAD * (LA.BWD_ROW_PAD // ROWS)
         self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, Int32(seqlen_q), mCuSeqlens, max_seqlen).launch(
             grid=[blocks, num_heads, batch], block=[THREADS, 1, 1], stream=stream)
 
@@ -111,13 +111,7 @@ class BwdPrepass:
         # sequence's padded length written (past it the next sequence's rows begin)
         off, off_p, written = Int32(0), Int32(0), Int32(0)
         if const_expr(self.cfg.varlen):
-            per = LA.BWD_ROW_PAD // ROWS
-            u = m_block // per
-            batch, local = fsl.gapped_tile_coords(u, mCuSeqlens, mCuSeqlens.shape[0] - 1, seqlen_q, LA.BWD_ROW_PAD)
-            m_block = local * per + (m_block - u * per)
             off, seqlen_q, off_p, written = _packed_rows(mCuSeqlens, batch, seqlen_q, max_seqlen)
-            if local < 0:  # before the first sequence's numbers (bad cu_seqlens): no rows
-                seqlen_q, written = Int32(0), Int32(0)
             batch = 0
         for p in cutlass.range_constexpr(PASSES):
             row = m_block * ROWS + p * (THREADS // ROW_THREADS) + tidx // ROW_THREADS
@@ -183,16 +177,15 @@ class BwdConvert:
     @cute.jit
     def call_varlen(self, mSrc: cute.Tensor, mDst: cute.Tensor, scale: Float32, stream, mCuSeqlens: cute.Tensor,
                     max_seqlen: Int32):
-        """Packed (dQ): src the padded accumulator's one batch, dst the packed rows, a CTA per 64 rows of a
-        sequence, numbered by :func:`.forward_seqlen.gapped_tile_coords`."""
+        """Packed (dQ): src the padded accumulator's one batch, dst the packed rows, grid z the sequence."""
         self.launch(mSrc, mDst, scale, stream, mCuSeqlens, max_seqlen)
 
     @cute.jit
     def launch(self, mSrc, mDst, scale, stream, mCuSeqlens=None, max_seqlen=None):
         batch, seqlen, num_heads = mDst.shape[0], mDst.shape[1], mDst.shape[2]
         blocks = (seqlen + ROWS - 1) // ROWS
-        if const_expr(self.cfg.varlen):  # the sequences' row tiles in the gapped numbering
-            batch, blocks = 1, fsl.gapped_grid_bound(seqlen, mCuSeqlens.shape[0] - 1, ROWS)
+        if const_expr(self.cfg.varlen):
+            batch, blocks = mCuSeqlens.shape[0] - 1, (max_seqlen + ROWS - 1) // ROWS
         self.kernel(mSrc, mDst, scale, Int32(seqlen), mCuSeqlens, max_seqlen).launch(
             grid=[blocks, num_heads, batch], block=[THREADS, 1, 1], stream=stream)
 
@@ -203,10 +196,7 @@ class BwdConvert:
         part = tidx % ROW_THREADS
         off, off_p = Int32(0), Int32(0)  # packed: rows off + r of dst from rows off_p + r of src
         if const_expr(self.cfg.varlen):
-            batch, m_block = fsl.gapped_tile_coords(m_block, mCuSeqlens, mCuSeqlens.shape[0] - 1, seqlen, ROWS)
             off, seqlen, off_p, _ = _packed_rows(mCuSeqlens, batch, seqlen, max_seqlen)
-            if m_block < 0:  # before the first sequence's numbers (bad cu_seqlens): no rows
-                seqlen = Int32(0)
             batch = 0
         for p in cutlass.range_constexpr(PASSES):
             row = m_block * ROWS + p * (THREADS // ROW_THREADS) + tidx // ROW_THREADS
