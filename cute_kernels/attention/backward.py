@@ -44,6 +44,7 @@ from ..common.dtypes import name_of
 from ..common.softmax import LOG2_E
 from . import backward_kernel as bk
 from . import backward_prepost as bp
+from . import forward_seqlen as fsl
 from .backward_mask import padded_first_row
 from .forward_softmax import WINDOW_UNBOUNDED
 from .decode_plan import check_flag
@@ -237,6 +238,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         variant += (sem[:Bb * Hq * n_m].view(Bb, Hq, n_m),)
         if gqa:
             variant += (sem[Bb * Hq * n_m:].view(B, Hkv, n_n),)
+    if packed is not None:  # the main kernel's grid numbering (forward_seqlen.gapped_pays)
+        seq = seq + (int(fsl.gapped_pays(B, Sk, mk, plan[0].tile.tile_n)),)
     variant = seq + variant
     if window is None:
         main(q_, k_, v_, dout_, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, *variant)

@@ -54,9 +54,11 @@ class FlashBwdConfig:
     @property
     def variant_args(self) -> tuple:
         """The entries' trailing run-time arguments after the stream (:meth:`FlashAttnBwdSm90.__call__`):
-        the packed sequences' bounds, ``softcap_scale`` (a float) with softcapping, then the deterministic
-        mode's semaphores."""
-        return (("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k") * self.varlen
+        the packed sequences' bounds and the grid's numbering (``gapped``: 1 for
+        :func:`.forward_seqlen.gapped_tile_coords`, 0 for a max_seqlen_k-sized row of CTAs per sequence;
+        :func:`.forward_seqlen.gapped_pays`), ``softcap_scale`` (a float) with softcapping, then the
+        deterministic mode's semaphores."""
+        return (("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "gapped") * self.varlen
                 + ("softcap_scale",) * self.softcap + ("dq_semaphore",) * self.deterministic
                 + ("dkv_semaphore",) * (self.deterministic and not self.direct_kv))
 

@@ -132,7 +132,7 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
         softcap_scale = named.get("softcap_scale")
         mSemQ, mSemKV = named.get("dq_semaphore"), named.get("dkv_semaphore")
         seq = (named.get("cu_seqlens_q"), named.get("cu_seqlens_k"), named.get("max_seqlen_q"),
-               named.get("max_seqlen_k"))
+               named.get("max_seqlen_k"), named.get("gapped"))
         if const_expr(mQ.element_type != self.dtype or mK.element_type != self.dtype
                       or mV.element_type != self.dtype or mdO.element_type != self.dtype):
             raise TypeError(f"FlashAttnBwdSm90: q, k, v, dout must all be {self.dtype}")
@@ -190,8 +190,11 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
 
         self.shared_storage = SharedStorage
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
-        if const_expr(self.cfg.varlen):  # the sequences' KV tiles in the gapped numbering (tile_coords)
-            batch, num_n_blocks = 1, fsl.gapped_grid_bound(seqlen_k, seq[1].shape[0] - 1, self.tile_n)
+        if const_expr(self.cfg.varlen):  # the sequences' KV tiles, gapped or in rows (tile_coords)
+            nseq = seq[1].shape[0] - 1
+            gapped = cutlass.min(cutlass.max(seq[4], 0), 1)
+            rows = nseq * ((seq[3] + self.tile_n - 1) // self.tile_n)
+            batch, num_n_blocks = 1, gapped * fsl.gapped_grid_bound(seqlen_k, nseq, self.tile_n) + (1 - gapped) * rows
         self.kernel(
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
@@ -531,9 +534,9 @@ def backward_builder(cfg: FlashBwdConfig):
             mdV = make_fake_compact_tensor(f32, (B, Sk, Hkv, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         k = FlashAttnBwdSm90(cfg)
         variant = ()
-        if cfg.varlen:  # cu_seqlens_q / _k, max_seqlen_q / _k
+        if cfg.varlen:  # cu_seqlens_q / _k, max_seqlen_q / _k, gapped
             variant += (make_fake_compact_tensor(Int32, (cute.sym_int(),)),
-                        make_fake_compact_tensor(Int32, (cute.sym_int(),)), Int32(0), Int32(0))
+                        make_fake_compact_tensor(Int32, (cute.sym_int(),)), Int32(0), Int32(0), Int32(0))
         variant += (Float32(1.0),) * cfg.softcap  # softcap_scale
         if cfg.deterministic:
             variant += (make_fake_compact_tensor(Int32, (B, Hq, cute.sym_int()), stride_order=(2, 1, 0)),)

@@ -194,6 +194,16 @@ def run_packed(dtype, D, causal, G, lens, *, dlse_on=False, window=None, softcap
     return res, again
 
 
+def test_the_length_sets_cover_both_grid_numberings():
+    """LENS_B runs the main kernel's gapped numbering, LENS_A its rows per sequence (tile_n 128)."""
+    from cute_kernels.attention import forward_seqlen as fsl
+
+    def gapped(lens):
+        return fsl.gapped_pays(len(lens[1]), sum(lens[1]), max(lens[1]), 128)
+
+    assert gapped(LENS_B) and not gapped(LENS_A)
+
+
 #: (dtype, D, causal, GQA group, lengths, dlse): every head dim in both dtypes, GQA 1/4/8, both masks
 CASES = [(BF, 128, True, 4, "A", False), (BF, 128, False, 8, "B", True), (FP, 128, True, 1, "A", False),
          (FP, 64, True, 1, "B", False), (FP, 64, False, 1, "A", True), (BF, 96, True, 8, "A", True),

@@ -345,6 +345,17 @@ def test_gapped_numbering_runs_every_tile_once_and_bad_lengths_stay_in_range():
             assert 0 <= fsl.gapped_tile_coords_py(t, cu, 64, total)[0] < len(cu) - 1
 
 
+def test_gapped_pays_where_rows_waste_more():
+    """The packed backward's grid choice: the bench's 32 long sequences gapped, its 1024 short ones in rows
+    (both measured so), one sequence always in rows (nothing to waste), rounds growing past 32 and 1024."""
+    from cute_kernels.attention import forward_seqlen as fsl
+
+    assert fsl.gapped_pays(32, 42149, 7015, 128) and not fsl.gapped_pays(1024, 83085, 511, 128)
+    assert not fsl.gapped_pays(1, 5000, 5000, 128) and not fsl.gapped_pays(3, 30, 10, 128)
+    assert fsl.gapped_pays(32, 32 * 100, 32 * 100, 128) and not fsl.gapped_pays(33, 33 * 100, 100, 128)
+    assert fsl.gapped_pays(1025, 1025 * 10, 1025 * 10, 64)
+
+
 def test_varlen_empty_problems_launch_nothing():
     """No sequence (B = 0), no query rows, or max_seqlen_q = 0: nothing planned or launched."""
     for lens_q, mq in (([], 0), ([0, 0], 0), ([3], 0)):
