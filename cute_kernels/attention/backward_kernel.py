@@ -190,11 +190,12 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
 
         self.shared_storage = SharedStorage
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
-        if const_expr(self.cfg.varlen):  # the sequences' KV tiles, gapped or in rows (tile_coords)
+        if const_expr(self.cfg.varlen):  # the sequences' KV tiles, gapped or a row per sequence (tile_coords)
             nseq = seq[1].shape[0] - 1
             gapped = cutlass.min(cutlass.max(seq[4], 0), 1)
-            rows = nseq * ((seq[3] + self.tile_n - 1) // self.tile_n)
-            batch, num_n_blocks = 1, gapped * fsl.gapped_grid_bound(seqlen_k, nseq, self.tile_n) + (1 - gapped) * rows
+            row = (seq[3] + self.tile_n - 1) // self.tile_n
+            num_n_blocks = gapped * fsl.gapped_grid_bound(seqlen_k, nseq, self.tile_n) + (1 - gapped) * row
+            batch = gapped + (1 - gapped) * nseq
         self.kernel(
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),

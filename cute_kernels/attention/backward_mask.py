@@ -212,17 +212,13 @@ class BwdTileOrder:
     def tile_coords(self, seqlen_k, seq):
         """``(n_block, head, batch)`` of this CTA (warp-wide).  Dense: the grid's.  Packed: grid x numbers
         the sequences' KV tiles, in :mod:`.forward_seqlen`'s gapped numbering (``seq[4]`` set: no CTA past
-        a shorter sequence's keys, a search to find the tile; ``seqlen_k`` the packed total) or as a row
-        of ``ceil(max_seqlen_k / tile_n)`` per sequence; ``n_block`` may be negative or past the
-        sequence's keys (the kernel exits)."""
+        a shorter sequence's keys, a search to find the tile; ``seqlen_k`` the packed total), or grid z
+        is the sequence and x its KV tiles up to ``ceil(max_seqlen_k / tile_n)`` (the dense grid's
+        order); ``n_block`` may be negative or past the sequence's keys (the kernel exits)."""
         n_block, head, batch = cute.arch.block_idx()
         if const_expr(self.cfg.varlen):
-            if seq[4] > 0:
+            if seq[4] > 0:  # (else grid z is the sequence: a row of ceil(max_seqlen_k / tile_n) CTAs each)
                 batch, n_block = fsl.gapped_tile_coords(n_block, seq[1], seq[1].shape[0] - 1, seqlen_k, self.tile_n)
-            else:  # a row of ceil(max_seqlen_k / tile_n) CTAs per sequence
-                row = (seq[3] + self.tile_n - 1) // self.tile_n
-                batch = n_block // row
-                n_block = n_block - batch * row
         return n_block, head, batch
 
     @cute.jit
