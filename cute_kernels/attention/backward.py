@@ -238,8 +238,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         variant += (sem[:Bb * Hq * n_m].view(Bb, Hq, n_m),)
         if gqa:
             variant += (sem[Bb * Hq * n_m:].view(B, Hkv, n_n),)
-    if packed is not None:  # the main kernel's grid numbering (forward_seqlen.gapped_pays)
-        seq = seq + (int(fsl.gapped_pays(B, Sk, mk, plan[0].tile.tile_n)),)
+    if packed is not None:
+        seq = seq + (packed_numbering(deterministic, B, Sk, mk, plan[0].tile.tile_n),)
     variant = seq + variant
     if window is None:
         main(q_, k_, v_, dout_, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, *variant)
@@ -262,6 +262,15 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         lse_rows = torch.where(valid, lse_, float("inf"))
         return dq, dk, dv, sink_grad(learnable_sink, lse_rows, torch.where(valid, delta[:, :, rows], 0.0))
     return dq, dk, dv
+
+
+def packed_numbering(deterministic: bool, num_batch: int, total_k: int, max_seqlen_k: int, tile_n: int) -> int:
+    """The packed main kernel's grid numbering (its ``gapped`` argument): 1 where
+    :func:`.forward_seqlen.gapped_pays`, never in the deterministic mode: there a KV tile waits for the
+    later-launched tiles of its (sequence, head), which the gapped grid launches a head count apart (a
+    tile's heads together), so too few of them could be resident for the turns to finish; a row per
+    sequence launches them one after another, as the dense grid does."""
+    return int(not deterministic and fsl.gapped_pays(num_batch, total_k, max_seqlen_k, tile_n))
 
 
 def _packed_rows_in_padded(cu_seqlens_q: torch.Tensor, total_q: int) -> tuple[torch.Tensor, torch.Tensor]:

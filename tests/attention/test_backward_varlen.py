@@ -202,6 +202,8 @@ def test_the_length_sets_cover_both_grid_numberings():
         return fsl.gapped_pays(len(lens[1]), sum(lens[1]), max(lens[1]), 128)
 
     assert gapped(LENS_B) and not gapped(LENS_A)
+    args = (len(LENS_B[1]), sum(LENS_B[1]), max(LENS_B[1]), 128)
+    assert BW.packed_numbering(False, *args) == 1 and BW.packed_numbering(True, *args) == 0  # turns: rows
 
 
 #: (dtype, D, causal, GQA group, lengths, dlse): every head dim in both dtypes, GQA 1/4/8, both masks
