@@ -45,7 +45,7 @@ from ..common.softmax import LOG2_E
 from . import backward_kernel as bk
 from . import backward_prepost as bp
 from . import forward_seqlen as fsl
-from .backward_mask import padded_first_row
+from .backward_mask import det_wait_span, padded_first_row
 from .forward_softmax import WINDOW_UNBOUNDED
 from .decode_plan import check_flag
 from .forward_validate import _err, check_softcap, check_window, validate, validate_varlen
@@ -211,6 +211,16 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     gqa = Hq != Hkv
     plan = bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa, bool(softcap), deterministic,
                     packed is not None)
+    if deterministic and q.is_cuda:  # turns that cannot finish would hang the GPU: refused before any launch
+        tile = plan[0].tile
+        n_n, n_m = -(-(Sk if packed is None else mk) // tile.tile_n), -(-(Sq if packed is None else mq) // tile.tile_m)
+        span = det_wait_span(n_n, n_m, causal, window, tile.tile_m, tile.tile_n)
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        if span > sms:
+            _err(ValueError, f"flash_attn_backward: deterministic=True here makes {span} KV tiles of {tile.tile_n} keys of "
+                             f"one sequence and head wait on one another, more than this GPU runs at once ({sms} SMs): "
+                             f"the backward could never finish. Use deterministic=False, or keys per sequence up to "
+                             f"{sms * tile.tile_n}")
     main, pre, post, *post_kv = _compiled(plan)
     if main is None:  # jit.dry_run
         return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)

@@ -117,6 +117,23 @@ def n_block_last_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, til
     return min(((m_block + 1) * tile_m + reach + seqlen_k - seqlen_q - 1) // tile_n, -(-seqlen_k // tile_n) - 1)
 
 
+def det_wait_span(num_n: int, num_m: int, causal: bool, window, tile_m: int, tile_n: int) -> int:
+    """How many KV tiles of one (sequence, head) the deterministic turns can make wait on one another:
+    a tile waits at a query tile for the contributors before it in turn order, which (from the top,
+    :func:`n_block_last`; rotated, :func:`dense_turn`) are launched after it.  Causal, a window unbounded
+    on a side, or a dense range walked rotated (N <= M): all N tiles; a bounded window: the tiles one
+    query tile sees; dense with N > M: 1 (launch order: a tile waits only for tiles launched before it).
+    More than the GPU holds at once (one CTA per SM) and no resident tile can finish (host ints)."""
+    if window is not None:
+        wl, wr = window
+        if wl < 0 or wr < 0:
+            return num_n
+        return min(num_n, -(-(wl + wr + tile_m) // tile_n) + 1)
+    if causal or num_n <= num_m:
+        return num_n
+    return 1
+
+
 @cute.jit
 def dense_rotation(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
                    tile_n: cutlass.Constexpr[int]):

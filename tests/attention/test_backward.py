@@ -460,3 +460,22 @@ def test_validation_names_the_argument():
         call(softcap=-1.0)
     with pytest.raises(TypeError, match="softcap"):
         call(softcap=torch.tensor(1.0))
+
+
+@gpu
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (False, (-1, 0))])
+def test_deterministic_turns_that_could_not_finish_are_refused(causal, window):
+    """Deterministic turns over more KV tiles of one sequence and head than the GPU runs at once would
+    hang (``backward_mask.det_wait_span``): refused with a ValueError before anything is launched; a
+    bounded window over the same keys is not (its turns span the window's tiles)."""
+    from _check import assert_raises_before_any_launch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    S = (sms + 8) * 128  # more KV tiles than SMs at any tile_n <= 128; dense: Sq = Sk, so N <= M
+    q, k, v, out, dout = (torch.randn(1, S, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(5))
+    lse = torch.randn(1, 1, S, device="cuda")
+    assert_raises_before_any_launch(ValueError, "deterministic=True", BW.flash_attn_backward, dout, q, k, v, out, lse,
+                                    causal=causal, window_size=window, deterministic=True)
+    dq, dk, dv = BW.flash_attn_backward(dout, q, k, v, out, lse, causal=False, window_size=(256, 0), deterministic=True)
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(t).all() for t in (dq, dk, dv))

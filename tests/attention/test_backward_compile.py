@@ -51,6 +51,68 @@ def visible(q, k, Sq, Sk, causal):
     return k < Sk and (not causal or k <= q + Sk - Sq)
 
 
+def _turns_finish(Sq, Sk, tm, tn, window, capacity):
+    """Simulate one (sequence, head)'s KV-tile CTAs in the deterministic mode: launched in ascending
+    order, at most ``capacity`` resident, each walking its query tiles in the kernel's order and adding
+    at a query tile only on its turn (as many adds there before it as its turn number).  True when all
+    finish, False when every resident CTA waits (the GPU would hang)."""
+    N, M = -(-Sk // tn), -(-Sq // tm)
+    walks, turns = [], []
+    for n in range(N):
+        if window is None:
+            rot = bm.dense_rotation_py(n, Sq, Sk, tm, tn)
+            walks.append([(rot + i) % M for i in range(M)])
+            turns.append(lambda m, n=n: bm.dense_turn_py(n, m, Sq, Sk, tm, tn))
+        else:
+            if window == "causal":
+                m_min, m_max, _ = bm.m_block_range_py(n, Sq, Sk, tm, tn, True)
+                right = 0
+            else:
+                m_min, m_max, _, _ = bm.m_block_range_window_py(n, Sq, Sk, tm, tn, *window)
+                right = window[1]
+            walks.append(list(range(m_min, m_max)))
+            turns.append(lambda m, n=n, r=right: bm.n_block_last_py(m, Sq, Sk, tm, tn, r) - n)
+    adds, pos, resident, launched = {}, [0] * N, [], 0
+    while True:
+        while len(resident) < capacity and launched < N:
+            resident.append(launched)
+            launched += 1
+        if not resident:
+            return True
+        moved = False
+        for n in list(resident):
+            if pos[n] == len(walks[n]):
+                resident.remove(n)
+                moved = True
+                continue
+            m = walks[n][pos[n]]
+            if adds.get(m, 0) == turns[n](m):
+                adds[m] = adds.get(m, 0) + 1
+                pos[n] += 1
+                moved = True
+        if not moved:
+            return False
+
+
+@pytest.mark.parametrize("window", [None, "causal", (24, 0), (40, 16), (-1, 0), (16, -1)], ids=str)
+def test_det_wait_span_is_what_the_turns_need_resident(window):
+    """``det_wait_span`` against a simulation of the turns with a limited number of resident CTAs: the
+    turns finish whenever the span fits (what the host's refusal relies on), and for causal masks and
+    dense rotated ranges they hang as soon as it does not."""
+    tm, tn = 8, 16
+    for Sq, Sk in itertools.product((8, 40, 100, 300), (16, 70, 160, 300)):
+        N, M = -(-Sk // tn), -(-Sq // tm)
+        w = None if window in (None, "causal") else window
+        span = bm.det_wait_span(N, M, window == "causal", w, tm, tn)
+        assert 1 <= span <= N
+        for capacity in sorted({1, 2, 3, span - 1, span, span + 1, N} - {0}):
+            finish = _turns_finish(Sq, Sk, tm, tn, window, capacity)
+            if capacity >= span:
+                assert finish, (Sq, Sk, window, capacity, span)
+            elif window == "causal" or (window is None and N <= M):
+                assert not finish, (Sq, Sk, window, capacity, span)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_m_block_range_brute_force(causal):
     """Every visible (q, k) of a real row lies in a visited query tile of k's KV tile; tiles outside
