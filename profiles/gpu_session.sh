@@ -9,7 +9,7 @@
 #   attn-k        tests/attention -k "$PYTEST_K", 8 workers                                          [PYTEST_S]
 #   gemm-k        tests/gemm -k "$PYTEST_K", 8 workers                                              [PYTEST_S]
 #   decode-tests  the decode GPU tests (plain, arguments, windows / cache_leftpad), 8 workers         [DECODE_TESTS_S]
-#   backward-tests  the backward and autograd GPU tests, 8 workers                                  [BWD_TESTS_S]
+#   backward-tests  the backward, packed backward and autograd GPU tests, 8 workers                 [BWD_TESTS_S]
 #   variant-tests the forward variants' GPU tests (softcap / sinks / windows), 8 workers             [VARIANT_TESTS_S]
 #   hf-tests      tests/integrations (Transformers, sdpa, torch.compile ops), 8 workers             [HF_TESTS_S]
 #   stress        profiles/stress.py: a warm-up run (kernels compiled in parallel), then the same cases under
@@ -85,7 +85,8 @@ for step in "$@"; do
     decode-tests) gpu_tests "${DECODE_TESTS_S:-300}" decode-tests.log tests/attention/test_decode.py \
       tests/attention/test_decode_args.py tests/attention/test_decode_window.py ;;
     backward-tests) gpu_tests "${BWD_TESTS_S:-300}" backward-tests.log tests/attention/test_backward.py \
-      tests/attention/test_backward_compile.py tests/attention/test_flash_autograd.py ;;
+      tests/attention/test_backward_compile.py tests/attention/test_flash_autograd.py \
+      tests/attention/test_backward_varlen.py ;;
     variant-tests) gpu_tests "${VARIANT_TESTS_S:-240}" variant-tests.log tests/attention/test_variants.py \
       tests/attention/test_variants_compile.py ;;
     hf-tests) gpu_tests "${HF_TESTS_S:-200}" hf-tests.log tests/integrations ;;
