@@ -211,16 +211,10 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     gqa = Hq != Hkv
     plan = bwd_plan(q.dtype, D, causal, dlse is not None, window is not None, gqa, bool(softcap), deterministic,
                     packed is not None)
+    tile = plan[0].tile
+    n_n = -(-(Sk if packed is None else mk) // tile.tile_n)  # KV tiles of a sequence
     if deterministic and q.is_cuda:  # turns that cannot finish would hang the GPU: refused before any launch
-        tile = plan[0].tile
-        n_n, n_m = -(-(Sk if packed is None else mk) // tile.tile_n), -(-(Sq if packed is None else mq) // tile.tile_m)
-        span = det_wait_span(n_n, n_m, causal, window, tile.tile_m, tile.tile_n)
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        if span > sms:
-            _err(ValueError, f"flash_attn_backward: deterministic=True here makes {span} KV tiles of {tile.tile_n} keys of "
-                             f"one sequence and head wait on one another, more than this GPU runs at once ({sms} SMs): "
-                             f"the backward could never finish. Use deterministic=False, or keys per sequence up to "
-                             f"{sms * tile.tile_n}")
+        _check_turns_finish(n_n, -(-(Sq if packed is None else mq) // tile.tile_m), causal, window, tile, q.device)
     main, pre, post, *post_kv = _compiled(plan)
     if main is None:  # jit.dry_run
         return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)
@@ -243,13 +237,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     scale_log2, variant = (softcap * LOG2_E, (scale / softcap,)) if softcap else (scale * LOG2_E, ())
     if deterministic:  # one zeroed int32 buffer: the query tiles' turns (64-row units), the KV tiles' turns
         n_m = Sp // LA.FWD_WGMMA_M  # (tile_m: a multiple of 64)
-        n_n = -(-(Sk if packed is None else mk) // plan[0].tile.tile_n)
         sem = torch.zeros(Bb * Hq * n_m + (B * Hkv * n_n if gqa else 0), dtype=torch.int32, device=q.device)
         variant += (sem[:Bb * Hq * n_m].view(Bb, Hq, n_m),)
         if gqa:
             variant += (sem[Bb * Hq * n_m:].view(B, Hkv, n_n),)
     if packed is not None:
-        seq = seq + (packed_numbering(deterministic, B, Sk, mk, plan[0].tile.tile_n),)
+        seq = seq + (packed_numbering(deterministic, B, Sk, mk, tile.tile_n),)
     variant = seq + variant
     if window is None:
         main(q_, k_, v_, dout_, lse2, delta, dq_acc, dk_out, dv_out, scale_log2, *variant)
@@ -272,6 +265,19 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         lse_rows = torch.where(valid, lse_, float("inf"))
         return dq, dk, dv, sink_grad(learnable_sink, lse_rows, torch.where(valid, delta[:, :, rows], 0.0))
     return dq, dk, dv
+
+
+def _check_turns_finish(num_n: int, num_m: int, causal: bool, window, tile, device) -> None:
+    """The deterministic mode's ValueError where its turns would make more KV tiles of one sequence and
+    head wait on one another (:func:`~.backward_mask.det_wait_span`) than the GPU runs at once (one CTA
+    per SM): the backward would never finish."""
+    span = det_wait_span(num_n, num_m, causal, window, tile.tile_m, tile.tile_n)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if span > sms:
+        _err(ValueError, f"flash_attn_backward: deterministic=True here makes {span} KV tiles of {tile.tile_n} keys of "
+                         f"one sequence and head wait on one another, more than this GPU runs at once ({sms} SMs): "
+                         f"the backward could never finish. Use deterministic=False, or keys per sequence up to "
+                         f"{sms * tile.tile_n}")
 
 
 def packed_numbering(deterministic: bool, num_batch: int, total_k: int, max_seqlen_k: int, tile_n: int) -> int:
