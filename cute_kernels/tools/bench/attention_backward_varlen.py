@@ -257,12 +257,9 @@ def make_row(case, times: dict, sides: dict, errors: dict, checks: dict, notes: 
 
 
 def kernel_split(kernels: list, steps: int) -> list:
-    """``[[name, us per call], ...]`` of a profiled side, summed by kernel name (cut to its first 72
-    characters), longest first."""
-    per: dict = {}
-    for name, us in kernels:
-        per[name[:72]] = per.get(name[:72], 0.0) + us / steps
-    return [[n, round(us, 1)] for n, us in sorted(per.items(), key=lambda x: -x[1])]
+    """``[[name, us per call], ...]`` of a profiled side, summed by kernel name cut to its first 72
+    characters (:func:`.results.per_kernel`), longest first."""
+    return [[n, round(us, 1)] for n, us in results.per_kernel([(n[:72], us) for n, us in kernels], steps)]
 
 
 def failed_row(case, error: BaseException, notes: list) -> dict:

@@ -260,6 +260,15 @@ def cuda_missing(prog: str) -> bool:
     return True
 
 
+def per_kernel(kernels, steps: int = 1) -> list:
+    """``[(kernel name, microseconds per step), ...]`` of ``[(name, microseconds), ...]`` recorded over
+    ``steps`` steps (:func:`.timing.profiled_kernels`), summed by name, longest first."""
+    per_name: dict[str, float] = {}
+    for name, us in kernels:
+        per_name[name] = per_name.get(name, 0.0) + us / steps
+    return sorted(per_name.items(), key=lambda kv: -kv[1])
+
+
 def transformers_missing(prog: str) -> bool:
     """The check of a bench command that runs a Transformers model: True, with the one-line error on
     stderr, unless transformers 5.x is installed."""

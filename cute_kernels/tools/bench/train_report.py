@@ -55,14 +55,11 @@ def split(kernels, steps: int = 1) -> dict:
     """``{attention, gemm, rest, kernels}`` in microseconds per step of ``[(kernel name, microseconds),
     ...]`` recorded over ``steps`` steps (``kernels`` = their sum), plus ``top``: the four longest
     kernels of each category, ``[name (120 characters), us per step]``."""
-    per_name: dict[str, float] = {}
-    for name, us in kernels:
-        per_name[name] = per_name.get(name, 0.0) + us / steps
+    ranked = results.per_kernel(kernels, steps)
     out: dict = {c: 0.0 for c in CATEGORIES}
-    for name, us in per_name.items():
+    for name, us in ranked:
         out[category(name)] += us
     out["kernels"] = sum(out[c] for c in CATEGORIES)
-    ranked = sorted(per_name.items(), key=lambda kv: -kv[1])
     out["top"] = {c: [[n[:120], round(t, 1)] for n, t in ranked if category(n) == c][:4] for c in CATEGORIES}
     return out
 
