@@ -283,9 +283,8 @@ def _check_turns_finish(num_n: int, num_m: int, causal: bool, window, tile, devi
 def packed_numbering(deterministic: bool, num_batch: int, total_k: int, max_seqlen_k: int, tile_n: int) -> int:
     """The packed main kernel's grid numbering (its ``gapped`` argument): 1 where
     :func:`.forward_seqlen.gapped_pays`, never in the deterministic mode: there a KV tile waits for the
-    later-launched tiles of its (sequence, head), which the gapped grid launches a head count apart (a
-    tile's heads together), so too few of them could be resident for the turns to finish; a row per
-    sequence launches them one after another, as the dense grid does."""
+    later-launched tiles of its (sequence, head), and :func:`_check_turns_finish` bounds how many of those
+    must be resident for the row-per-sequence order (the dense grid's) only."""
     return int(not deterministic and fsl.gapped_pays(num_batch, total_k, max_seqlen_k, tile_n))
 
 

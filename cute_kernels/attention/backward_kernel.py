@@ -189,21 +189,20 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        grid = [(seqlen_k + self.tile_n - 1) // self.tile_n, num_heads, batch]
-        if const_expr(self.cfg.varlen):  # (tile_coords) gapped: [heads, tiles, 1]; else a row per sequence
+        num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
+        if const_expr(self.cfg.varlen):  # the sequences' KV tiles, gapped or a row per sequence (tile_coords)
             nseq = seq[1].shape[0] - 1
             gapped = cutlass.min(cutlass.max(seq[4], 0), 1)
             row = (seq[3] + self.tile_n - 1) // self.tile_n
-            grid = [gapped * num_heads + (1 - gapped) * row,
-                    gapped * fsl.gapped_grid_bound(seqlen_k, nseq, self.tile_n) + (1 - gapped) * num_heads,
-                    gapped + (1 - gapped) * nseq]
+            num_n_blocks = gapped * fsl.gapped_grid_bound(seqlen_k, nseq, self.tile_n) + (1 - gapped) * row
+            batch = gapped + (1 - gapped) * nseq
         self.kernel(
             tma_q, tma_mQ, tma_do, tma_mdO, tma_k, tma_mK, tma_v, tma_mV, tma_lse, tma_mLSE, tma_delta, tma_mDelta,
             tma_dq, tma_mdQ, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, Int32(seqlen_q), Int32(seqlen_k), Int32(qhead_per_kvhead),
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             sRow_layout, window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows,
         ).launch(
-            grid=grid,
+            grid=[num_n_blocks, num_heads, batch],
             block=[t.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,

@@ -227,19 +227,15 @@ class BwdTileOrder:
 
     @cute.jit
     def tile_coords(self, seqlen_k, seq):
-        """``(n_block, head, batch)`` of this CTA (warp-wide).  Dense: the grid's.  Packed, ``seq[4]`` set:
-        grid y numbers the sequences' KV tiles in :mod:`.forward_seqlen`'s gapped numbering (no CTA past a
-        shorter sequence's keys; a search finds the tile; ``seqlen_k`` the packed total) and x is the
-        head, so a tile's heads run together (its K / V shared by a GQA group, its rows' Q / dO of every
-        head read together); else grid z is the sequence and x its KV tiles up to
-        ``ceil(max_seqlen_k / tile_n)`` (the dense grid's order).  ``n_block`` may be negative or past the
-        sequence's keys (the kernel exits)."""
+        """``(n_block, head, batch)`` of this CTA (warp-wide).  Dense: the grid's.  Packed: grid x numbers
+        the sequences' KV tiles, in :mod:`.forward_seqlen`'s gapped numbering (``seq[4]`` set: no CTA past
+        a shorter sequence's keys, a search to find the tile; ``seqlen_k`` the packed total), or grid z
+        is the sequence and x its KV tiles up to ``ceil(max_seqlen_k / tile_n)`` (the dense grid's
+        order); ``n_block`` may be negative or past the sequence's keys (the kernel exits)."""
         n_block, head, batch = cute.arch.block_idx()
         if const_expr(self.cfg.varlen):
-            if seq[4] > 0:  # grid [heads, tiles, 1] (else a row of ceil(max_seqlen_k / tile_n) CTAs per sequence)
-                tile = head
-                head = n_block
-                batch, n_block = fsl.gapped_tile_coords(tile, seq[1], seq[1].shape[0] - 1, seqlen_k, self.tile_n)
+            if seq[4] > 0:  # (else grid z is the sequence: a row of ceil(max_seqlen_k / tile_n) CTAs each)
+                batch, n_block = fsl.gapped_tile_coords(n_block, seq[1], seq[1].shape[0] - 1, seqlen_k, self.tile_n)
         return n_block, head, batch
 
     @cute.jit

@@ -212,23 +212,17 @@ def gapped_tile_coords_py(t: int, cu_seqlens: list, tile: int, total: int) -> tu
     return lo, t - start(lo)
 
 
-#: CUDA's limit on a grid's y (and z) size
-MAX_GRID_Y = 65535
-
-
 def gapped_pays(num_batch: int, total: int, max_seqlen: int, tile: int) -> bool:
     """Whether a packed problem launches fewer wasted CTA-latencies in the gapped numbering than with a
     row of ``ceil(max_seqlen / tile)`` CTAs per sequence (host ints).  The row form wastes a short CTA
     per tile past a shorter sequence's end; the gapped one costs each CTA its search, one round of loads
     per 32x of sequences (two up to 1024), beside the one round that finds the sequence's bounds.  Both
     priced alike: gapped when ``B * ceil(max / tile) > gapped_grid_bound * (1 + rounds)`` (a 32-sequence
-    batch up to 8192 long: gapped; 1024 sequences up to 512: rows).  The numbers go on grid y: never
-    more than :data:`MAX_GRID_Y`."""
+    batch up to 8192 long: gapped; 1024 sequences up to 512: rows)."""
     rounds, span = 1, 32
     while span < num_batch:
         rounds, span = rounds + 1, span * 32
-    bound = gapped_grid_bound(total, num_batch, tile)
-    return bound <= MAX_GRID_Y and num_batch * -(-max_seqlen // tile) > bound * (1 + rounds)
+    return num_batch * -(-max_seqlen // tile) > gapped_grid_bound(total, num_batch, tile) * (1 + rounds)
 
 
 def gapped_grid_bound(total: int, num_batch: int, tile: int) -> int:
