@@ -339,9 +339,9 @@ def make_fwd_tiled_mma_pv(t: FwdTile):
 # ================================================================================================
 # The dense backward (FlashAttention-2/3 structure on Hopper wgmma)
 # ================================================================================================
-#: head dims the backward supports (D = 256 would need dK + dV = 256 registers per thread at 64 keys
-#: per warpgroup: not in this tile family)
-BWD_HEAD_DIMS = (64, 96, 128)
+#: head dims the backward supports (D = 256 through ``BwdTile.kv_split_d``: dK + dV of 64 keys over all
+#: 256 columns would take 256 registers per thread of one warpgroup)
+BWD_HEAD_DIMS = (64, 96, 128, 256)
 #: registers per thread after ``setmaxnreg``: (producer, consumer) with two consumer warpgroups
 BWD_REGS = (24, 240)
 #: keys per consumer warpgroup (the wgmma M of S^T = K Q^T)
@@ -365,6 +365,12 @@ class BwdTile:
 
     * ``dq_split_m`` (tile_m = 128): warpgroup w computes dQ rows 64w .. 64w + 63 (all head dims);
     * otherwise (tile_m = 64): warpgroup w computes the columns w * D/2 .. of all 64 rows.
+
+    ``kv_split_d`` (D = 256, whose dK + dV per key would not fit one warpgroup's registers): 64 keys and
+    two consumer warpgroups that split everything by columns -- S^T and dP^T by queries (tile_m / 2
+    each), dK, dV and dQ by head dims (D / 2 each); P^T and dS^T both go through shared memory (the A
+    operands of dV += P^T dO, dK += dS^T Q from there) and the ring has one stage (shared memory): the
+    ring's hand-back orders the reuse of the P^T / dS^T buffers.
     """
 
     dtype: str  # "float16" | "bfloat16"
@@ -373,10 +379,17 @@ class BwdTile:
     tile_n: int = 128
     stages: int = 2
     dq_split_m: bool = False
+    kv_split_d: bool = False
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
             raise ValueError(f"BwdTile: head_dim {self.head_dim} must be one of {BWD_HEAD_DIMS}")
+        if self.head_dim > 128 and not self.kv_split_d:
+            raise ValueError(f"BwdTile: head_dim {self.head_dim} needs kv_split_d (dK + dV of 64 keys would take "
+                             f"{self.head_dim} registers per thread)")
+        if self.kv_split_d and (self.tile_n != BWD_WG_KEYS or self.tile_m != FWD_WGMMA_M or self.dq_split_m
+                                or self.stages != 1):
+            raise ValueError("BwdTile: kv_split_d takes tile_n = tile_m = 64, dQ split by columns and 1 stage")
         if self.tile_n % BWD_WG_KEYS or not 1 <= self.tile_n // BWD_WG_KEYS <= 2:
             raise ValueError(f"BwdTile: tile_n {self.tile_n} must be 64 or 128 (64 keys per consumer warpgroup)")
         if self.tile_m not in (64, 128) or BWD_ROW_PAD % self.tile_m:
@@ -387,7 +400,7 @@ class BwdTile:
             raise ValueError("BwdTile: a dQ split by columns needs tile_m = 64")
         if self.dq_cols_per_wg % 8:
             raise ValueError(f"BwdTile: {self.dq_cols_per_wg} dQ columns per warpgroup is not a wgmma N")
-        if self.stages < 2:
+        if self.stages < 2 and not self.kv_split_d:
             raise ValueError("BwdTile: at least 2 stages (a dS^T buffer per stage; the kernel writes one while "
                              "the other warpgroup may read the previous one)")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:
@@ -395,7 +408,7 @@ class BwdTile:
 
     @property
     def consumer_warpgroups(self) -> int:
-        return self.tile_n // BWD_WG_KEYS
+        return 2 if self.kv_split_d else self.tile_n // BWD_WG_KEYS
 
     @property
     def threads(self) -> int:
@@ -435,8 +448,13 @@ class BwdTile:
 
     @property
     def ds_bytes(self) -> int:
-        """One dS^T buffer (there is one per ring stage)."""
+        """One dS^T (or P^T) buffer."""
         return self.tile_n * self.tile_m * self.elem_bytes
+
+    @property
+    def ds_buffers(self) -> int:
+        """16-bit (keys, queries) buffers: a dS^T per ring stage, or (``kv_split_d``) dS^T and P^T."""
+        return 2 if self.kv_split_d else self.stages
 
     @property
     def dq_rows_per_wg(self) -> int:
@@ -451,7 +469,7 @@ class BwdTile:
     def smem_bytes(self) -> int:
         """K, V, the Q / dO / LSE / Delta ring, a dS^T per stage, the warpgroups' fp32 dQ tiles, barriers
         and alignment slack."""
-        return (2 * self.kv_tile_bytes + self.stages * (self.stage_bytes + self.ds_bytes)
+        return (2 * self.kv_tile_bytes + self.stages * self.stage_bytes + self.ds_buffers * self.ds_bytes
                 + self.consumer_warpgroups * self.dq_wg_bytes + 3 * FWD_SMEM_SLACK)
 
 
@@ -462,7 +480,9 @@ def bwd_tile(dtype: str, head_dim: int, window: bool = False, softcap: bool = Fa
     sliding window (its third, far-edge loop spills 27 values there) or softcapping (``softcap``: the
     capped scores' tanh and ``1 - tanh^2`` spill 45 values there).  D = 96 / 128: 64 query rows,
     dQ split by columns (128 rows do not fit: D 128's dK + dV alone take 128 registers, D 96's ring
-    267 KB of shared memory)."""
+    267 KB of shared memory).  D = 256: :attr:`BwdTile.kv_split_d` (64 x 64, one stage)."""
+    if head_dim == 256:
+        return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=64, stages=1, kv_split_d=True)
     if head_dim == 64 and not window and not softcap:
         return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=128, tile_n=128, stages=2, dq_split_m=True)
     return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=128, stages=2, dq_split_m=False)
@@ -502,8 +522,9 @@ def make_bwd_smem_layout_ds(t: BwdTile):
     """(tile_n, tile_m, stages) dS^T, one per ring stage, query rows contiguous (the C layout of S^T,
     written by stmatrix); the transposed view (tile_m, tile_n) is dQ = dS K's MN-major A operand (64
     rows per warpgroup).  One buffer per stage: a warpgroup writes stage s's while the other may still
-    read the previous stage's (no barrier before the write)."""
-    return cute.tile_to_shape(_bwd_atom(t, FWD_WGMMA_M), (t.tile_n, t.tile_m, t.stages), (0, 1, 2))
+    read the previous stage's (no barrier before the write).  ``kv_split_d``: buffer 0 dS^T, 1 P^T, both
+    also the K-major A operands of dK += dS^T Q, dV += P^T dO."""
+    return cute.tile_to_shape(_bwd_atom(t, FWD_WGMMA_M), (t.tile_n, t.tile_m, t.ds_buffers), (0, 1, 2))
 
 
 def make_bwd_smem_layout_dq(t: BwdTile):
@@ -518,18 +539,25 @@ def make_bwd_smem_layout_dq(t: BwdTile):
 
 def make_bwd_tiled_mma_sdp(t: BwdTile):
     """S^T = K Q^T and dP^T = V dO^T: one 64 x tile_m wgmma per consumer warpgroup (its 64 keys), both
-    operands K-major from shared memory."""
+    operands K-major from shared memory; ``kv_split_d``: the 64 keys' 64 x tile_m / 2 half of the
+    queries per warpgroup."""
     dt = _dtype(t.dtype)
+    atoms, n = ((1, 2, 1), t.tile_m // 2) if t.kv_split_d else ((t.consumer_warpgroups, 1, 1), t.tile_m)
     return sm90_helpers.make_trivial_tiled_mma(
-        dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32,
-        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.tile_m),
+        dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, atoms, tiler_mn=(FWD_WGMMA_M, n),
     )
 
 
 def make_bwd_tiled_mma_dkv(t: BwdTile):
     """dV += P^T dO and dK += dS^T Q: one 64 x head_dim wgmma per consumer warpgroup, A (P^T / dS^T in
-    16 bits) from registers, B (dO / Q) MN-major from shared memory."""
+    16 bits) from registers, B (dO / Q) MN-major from shared memory; ``kv_split_d``: 64 x head_dim / 2
+    per warpgroup (its columns), A K-major from shared memory."""
     dt = _dtype(t.dtype)
+    if t.kv_split_d:
+        return sm90_helpers.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32, (1, 2, 1),
+            tiler_mn=(FWD_WGMMA_M, t.head_dim // 2),
+        )
     return sm90_helpers.make_trivial_tiled_mma(
         dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
         (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=warpgroup.OperandSource.RMEM,

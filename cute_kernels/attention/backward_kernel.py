@@ -62,23 +62,18 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 
 from layouts import attention as LA
 
-from ..common import ring, tma, wgmma
-from ..common.barriers import NamedBarrierId
+from ..common import ring, tma
 from ..common.dtypes import to_cutlass
-from ..common.softmax import probs_from_lse, softcap_probs_from_lse, softcap_scores
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .backward_config import FlashBwdConfig, bwd_config  # noqa: F401  (re-exported)
-from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdEpilogue
-from .backward_mask import BwdTileOrder, apply_mask_t, apply_window_mask_t
-
-#: the named barrier of the consumer warpgroups: every warpgroup wrote its rows of this stage's dS^T
-#: (and, in the ``direct_kv`` epilogue, no wgmma reads K / V any more, then dK / dV are in them)
-BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
+from .backward_epilogue import BwdEpilogue
+from .backward_mask import BwdTileOrder
+from .backward_step import BAR_DS_FULL, BwdQueryStep
 #: ln 2: the softmax scale is ``scale_log2 * LN2``
 LN2 = math.log(2.0)
 #: the producer warpgroup's warps: the loads (Q, dO, LSE, Delta; K, V once) and the dQ reduce-adds
@@ -90,7 +85,7 @@ def _rows_first(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
 
 
-class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
+class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
     """The kernel for one :class:`FlashBwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
 
     def __init__(self, cfg: FlashBwdConfig):
@@ -358,6 +353,11 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
         t_order = cute.make_ordered_layout((self.D, self.tile_m, self.stages), order=(1, 0, 2))
         tKrQt = tiled_mma_dkv.make_fragment_B(wg_dkv.partition_B(cute.composition(sQ, t_order)))
         tVrdOt = tiled_mma_dkv.make_fragment_B(wg_dkv.partition_B(cute.composition(sdO, t_order)))
+        # kv_split_d: their A operands dS^T (buffer 0) and P^T (buffer 1) from shared memory
+        smem_a = None
+        if const_expr(self.cfg.tile.kv_split_d):
+            smem_a = (tiled_mma_dkv.make_fragment_A(wg_dkv.partition_A(sdS[None, None, 0])),
+                      tiled_mma_dkv.make_fragment_A(wg_dkv.partition_A(sdS[None, None, 1])))
         # dQ = dS K: A = dS as (tile_m, tile_n, stages) (the transposed dS^T), B = K as (D, tile_n)
         sdS_t = cute.composition(sdS, cute.make_ordered_layout((self.tile_m, self.tile_n, self.stages),
                                                                order=(1, 0, 2)))
@@ -385,19 +385,19 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block,
                                    self.tile_at(m_min, i, m_lo - m_min, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
-                                   True, window_left, window_right, softcap_scale)
+                                   True, window_left, window_right, softcap_scale, smem_a)
         for i in cutlass.range(m_hi - m_lo, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block,
                                    self.tile_at(m_lo, i, m_hi - m_lo, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
-                                   False, softcap_scale=softcap_scale)
+                                   False, softcap_scale=softcap_scale, smem_a=smem_a)
         if const_expr(self.cfg.window):  # the window's far edge: masked again
             for i in cutlass.range(m_max - m_hi, unroll=1):
                 read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                        tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn,
                                        pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
-                                       True, window_left, window_right, softcap_scale)
+                                       True, window_left, window_right, softcap_scale, smem_a)
 
         # dense: the tile's coordinates read again (kept live across the loop they would spill at D = 64);
         # packed: ``packed`` (head, sequence, its first key), found by a search at the start, kept
@@ -420,84 +420,6 @@ class FlashAttnBwdSm90(BwdEpilogue, BwdTileOrder):
                 mdVacc = cute.domain_offset((0, off_k, 0, 0), mdVacc)
             self.add_kv(thr_dkv, acc_dK, acc_dV, mdKacc, mdVacc, seqlen_k, n_block, head, qhead_per_kvhead, batch,
                         mma_tidx, mSemKV)
-
-    @cute.jit
-    def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
-                   tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q, read, scale_log2, seqlen_q,
-                   seqlen_k, n_block, m_block, mma_tidx, wg, masked: cutlass.Constexpr[bool], window_left=None,
-                   window_right=None, softcap_scale=None):
-        """Query tile ``m_block`` (see the module docstring).  Returns the advanced ring state."""
-        acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
-        acc_S = cute.make_rmem_tensor(acc_shape, Float32)
-        acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
-        stage = read.index
-        pipe_q.consumer_wait(read)
-        warpgroup.fence()
-        wgmma.wgmma_tile(tiled_mma_sdp, acc_S, tSrK, tSrQ, None, stage, accumulate=False)
-        warpgroup.commit_group()
-        wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage, accumulate=False)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
-
-        s_mn = fs.acc_mn_view(acc_S)
-        if const_expr(self.cfg.softcap):  # t = tanh(s * softmax_scale / softcap), before the mask (as the forward)
-            softcap_scores(acc_S, softcap_scale)
-        if const_expr(self.cfg.mma_only):
-            pass
-        elif const_expr(masked and self.cfg.window):
-            apply_window_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m,
-                                window_left, window_right)
-        elif const_expr(masked):
-            apply_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m, self.causal)
-        # P^T in 16 bits: the register A operand of dV += P^T dO
-        rP = cute.make_rmem_tensor(acc_shape, self.dtype)
-        if const_expr(self.cfg.softcap):  # P^T to rP; acc_S keeps P^T (1 - t^2) for dS^T
-            softcap_probs_from_lse(s_mn, fs.acc_mn_view(rP), lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2,
-                                   masked)
-        else:
-            if const_expr(not self.cfg.mma_only):
-                probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
-            rP.store(acc_S.load().to(self.dtype))
-        tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
-
-        warpgroup.wait_group(0)
-        dp_mn = fs.acc_mn_view(acc_dP)
-        if const_expr(not self.cfg.mma_only):
-            for c in cutlass.range_constexpr(cute.size(dp_mn, mode=[1])):
-                delta = sDelta[tScS_mn[0, c][1], stage]
-                for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
-                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - delta)
-        rdS = cute.make_rmem_tensor(acc_shape, self.dtype)
-        rdS.store(acc_dP.load().to(self.dtype))
-        tKrdS = cute.make_tensor(rdS.iterator, fs.acc_to_frg_a_layout(rdS.layout))
-
-        # dS^T -> this stage's buffer (the other warpgroup read the previous stage's), dV += P^T dO meanwhile
-        wgmma.store_acc_to_smem(tiled_mma_sdp, rdS, sdS[None, None, stage], mma_tidx, self.dtype)
-        warpgroup.fence()
-        wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage, accumulate=True)
-        warpgroup.commit_group()
-        cute.arch.fence_proxy("async.shared", space="cta")  # visible to the wgmma (async proxy)
-        cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
-
-        # dQ = dS K, then dK += dS^T Q (register A operand) while dQ goes to shared memory
-        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.get_slice(mma_tidx).partition_shape_C(
-            (self.tile_m, self.D)), Float32)
-        wgmma.wgmma_tile(tiled_mma_dq, acc_dQ, tQrdS, tQrK, stage, None, accumulate=False)
-        warpgroup.commit_group()
-        wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
-
-        # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
-        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
-        cute.autovec_copy(acc_dQ, tdQsdQ)
-        cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
-        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
-
-        warpgroup.wait_group(0)
-        pipe_q.consumer_release(read)
-        read.advance()
-        return read
 
 
 # ---- compile entry ------------------------------------------------------------------------------

@@ -447,8 +447,8 @@ def test_validation_names_the_argument():
     with pytest.raises(TypeError, match="deterministic"):
         call(deterministic="yes")
     with pytest.raises(ValueError, match="head_dim"):
-        q2 = torch.randn(1, 5, 2, 256, device="cuda", dtype=dt)
-        k2 = torch.randn(1, 7, 1, 256, device="cuda", dtype=dt)
+        q2 = torch.randn(1, 5, 2, 192, device="cuda", dtype=dt)
+        k2 = torch.randn(1, 7, 1, 192, device="cuda", dtype=dt)
         BW.flash_attn_backward(torch.randn_like(q2), q2, k2, k2.clone(), torch.randn_like(q2), lse)
     with pytest.raises(ValueError, match="out"):
         call(out=torch.randn(1, 4, 2, 64, device="cuda", dtype=dt))

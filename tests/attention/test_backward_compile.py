@@ -27,9 +27,13 @@ def test_bwd_tile_fits(head_dim):
     assert t.smem_bytes() <= LA.FWD_SMEM_CAPACITY
     assert 128 * t.producer_regs + t.consumer_warpgroups * 128 * t.consumer_regs <= 65536
     assert LA.BWD_ROW_PAD % t.tile_m == 0
-    # S^T, dP^T (fp32) + dK, dV (fp32) per consumer thread, with room for the rest
-    regs = 2 * (64 * t.tile_m // 128) + 2 * (64 * head_dim // 128)
+    # S^T, dP^T (fp32) + dK, dV (fp32) per consumer thread, with room for the rest; split by head dims
+    # (D = 256): half the queries of S^T / dP^T and half the columns of dK / dV per warpgroup
+    split = 2 if t.kv_split_d else 1
+    assert t.kv_split_d == (head_dim == 256)
+    regs = 2 * (64 * t.tile_m // 128 // split) + 2 * (64 * head_dim // 128 // split)
     assert regs <= t.consumer_regs - 32
+    assert t.ds_buffers == (2 if t.kv_split_d else t.stages)
     hash(t)
 
 
@@ -44,6 +48,10 @@ def test_bwd_tile_rejects():
         LA.BwdTile("bfloat16", 128, stages=8)  # shared memory
     with pytest.raises(ValueError, match="2 stages"):
         LA.BwdTile("bfloat16", 128, stages=1)  # a dS^T buffer per stage
+    with pytest.raises(ValueError, match="kv_split_d"):
+        LA.BwdTile("bfloat16", 256, tile_n=128, kv_split_d=True)
+    with pytest.raises(ValueError, match="kv_split_d"):
+        LA.BwdTile("bfloat16", 256, tile_n=64, stages=2, kv_split_d=True)
 
 
 # ------------------------------------------------------------------------------------------ index math
@@ -317,8 +325,8 @@ def reference_grads(q, k, v, do, causal, scale, window=None, softcap=0.0, sink=N
     return res if sk is None else res + (sk.grad,)
 
 
-def check_emulation(Sq, Sk, Hq, Hkv, causal, window, seed, softcap=0.0, sink=False, dlse=False):
-    """Emulated kernels (64 x 128 tiles, D = 16) vs float64 autograd, every gradient finite; with
+def check_emulation(Sq, Sk, Hq, Hkv, causal, window, seed, softcap=0.0, sink=False, dlse=False, tn=128):
+    """Emulated kernels (64 x ``tn`` tiles, D = 16) vs float64 autograd, every gradient finite; with
     ``sink``, the host's sink gradient (:func:`~cute_kernels.attention.backward.sink_grad`) from the
     emulated pre-pass's Delta too."""
     from cute_kernels.attention.backward import sink_grad
@@ -331,7 +339,7 @@ def check_emulation(Sq, Sk, Hq, Hkv, causal, window, seed, softcap=0.0, sink=Fal
     dl = torch.randn(Hq, Sq, generator=g, dtype=torch.float64) if dlse else None
     scale = D ** -0.5
     o, lse, dq_ref, dk_ref, dv_ref, *dsink_ref = reference_grads(q, k, v, do, causal, scale, window, softcap, sk, dl)
-    dq, dk, dv, delta = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, 128, window, softcap, dl)
+    dq, dk, dv, delta = emulate_backward(q, k, v, o, do, lse, causal, scale, 64, tn, window, softcap, dl)
     pairs = [(dq, dq_ref), (dk, dk_ref), (dv, dv_ref)]
     if sink:
         pairs.append((sink_grad(sk, lse[None], delta[None]), dsink_ref[0]))
@@ -340,13 +348,14 @@ def check_emulation(Sq, Sk, Hq, Hkv, causal, window, seed, softcap=0.0, sink=Fal
         assert torch.allclose(got, ref, atol=1e-10), (got - ref).abs().max()
 
 
+@pytest.mark.parametrize("tn", [128, 64], ids=["tile_n128", "tile_n64"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Sq,Sk,Hq,Hkv", [(1, 1, 1, 1), (17, 130, 2, 1), (130, 17, 4, 2), (70, 70, 2, 2),
                                           (200, 77, 1, 1), (5, 300, 3, 1)])
-def test_emulated_backward_matches_autograd(causal, Sq, Sk, Hq, Hkv):
-    """The tile algorithm, emulated at the real tile sizes (64 x 128), equals autograd, including rows
-    that see no key (causal, Sq > Sk: zero gradients) and GQA sums."""
-    check_emulation(Sq, Sk, Hq, Hkv, causal, None, 0)
+def test_emulated_backward_matches_autograd(causal, Sq, Sk, Hq, Hkv, tn):
+    """The tile algorithm, emulated at the real tile sizes (64 x 128; 64 x 64 of D = 256), equals
+    autograd, including rows that see no key (causal, Sq > Sk: zero gradients) and GQA sums."""
+    check_emulation(Sq, Sk, Hq, Hkv, causal, None, 0, tn=tn)
 
 
 @pytest.mark.parametrize("softcap,sink,dlse", [(5.0, False, False), (0.0, True, False), (0.0, True, True),
@@ -364,10 +373,11 @@ def test_emulated_variant_backward_matches_autograd(Sq, Sk, Hq, Hkv, causal, sof
 @pytest.mark.parametrize("window", [(0, 0), (5, 0), (0, 7), (40, 3), (130, 130), (300, -1), (-1, 200)],
                          ids=lambda w: f"w{w[0]}_{w[1]}")
 @pytest.mark.parametrize("Sq,Sk,Hq,Hkv", [(17, 300, 2, 1), (300, 17, 2, 2), (200, 200, 4, 2), (333, 257, 1, 1)])
-def test_emulated_window_backward_matches_autograd(window, Sq, Sk, Hq, Hkv):
+@pytest.mark.parametrize("tn", [128, 64], ids=["tile_n128", "tile_n64"])
+def test_emulated_window_backward_matches_autograd(window, Sq, Sk, Hq, Hkv, tn):
     """The window walk (masked near edge, unmasked, masked far edge) equals autograd of windowed
     attention, rows that see no key included."""
-    check_emulation(Sq, Sk, Hq, Hkv, False, window, 1)
+    check_emulation(Sq, Sk, Hq, Hkv, False, window, 1, tn=tn)
 
 
 # ------------------------------------------------------------------------------------------ compile

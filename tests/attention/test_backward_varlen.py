@@ -396,7 +396,7 @@ BAD = [
                                          max_seqlen_k=_DROP), ValueError, "cu_seqlens"),
     ("kv-heads", lambda a: dict(k=a["k"][:, :1].expand(10, 3, 64).contiguous(),
                                 v=a["v"][:, :1].expand(10, 3, 64).contiguous()), ValueError, "heads"),
-    ("head-dim-256", lambda a: {n: torch.randn(*a[n].shape[:-1], 256, device="cuda").to(BF)
+    ("head-dim-192", lambda a: {n: torch.randn(*a[n].shape[:-1], 192, device="cuda").to(BF)
                                 for n in ("q", "k", "v", "out", "dout")}, ValueError, "head_dim"),
     ("window-below-minus-1", lambda a: dict(window_size=(-2, 0)), ValueError, "window_size"),
     ("sink-shape", lambda a: dict(learnable_sink=torch.zeros(3, device="cuda")), ValueError, "learnable_sink"),
