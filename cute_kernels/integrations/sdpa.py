@@ -17,7 +17,7 @@ causal, Sq > Sk                                        torch (top-left mask; the
 =====================================================  =============================================
 
 An input that requires grad (grad enabled) runs on ``flash_attn``, which is differentiable (the
-backward kernels: D 64/96/128), never on ``decode_attn``; under ``torch.use_deterministic_algorithms(True)``
+backward kernels: D 64/96/128/256), never on ``decode_attn``; under ``torch.use_deterministic_algorithms(True)``
 its backward runs in the deterministic mode (bitwise repeatable gradients).
 
 torch's ``is_causal`` is top-left aligned: query i sees keys j <= i.  With Sq < Sk no query sees a
@@ -71,7 +71,7 @@ _HOPPER: dict = {}
 # fallback reasons (stable strings: one warning per reason)
 R_MASK = "attn_mask is given (its values are never inspected)"
 R_DROPOUT = "dropout_p != 0"
-R_GRAD_HEAD_DIM = "an input requires grad and the head dim has no backward (64/96/128)"
+R_GRAD_HEAD_DIM = "an input requires grad and the head dim has no backward (64/96/128/256)"
 R_RANK = "inputs are not 4-d (batch, heads, seq, head_dim) tensors"
 R_DEVICE = "inputs are not all on one CUDA device"
 R_ARCH = "the GPU is not Hopper (sm_90)"

@@ -6,7 +6,7 @@ eps`` with ``g_torch`` the same math computed by torch in the input dtype (autog
 ``eps`` one machine epsilon of the row's largest reference value (plus 1e-5, plus the effect of
 ``out``'s rounding on FlashAttention's ``Delta = rowsum(dO * out)``: :func:`out_rounding_effect`);
 fresh random inputs; outputs poisoned with NaN before the launch; lengths 1/17/128/1000/4097 with
-Sq != Sk, GQA 1/4/8, D 64/96/128, fp16/bf16, causal (bottom-right) and not; rows that see no key
+Sq != Sk, GQA 1/4/8, D 64/96/128/256, fp16/bf16, causal (bottom-right) and not; rows that see no key
 (causal, Sq > Sk: zero dq rows, no NaN); sliding windows; the deterministic mode (the same bits over
 repeated calls); strided
 views of NaN-filled buffers; the LSE gradient; the real forward's out / lse; validation errors

@@ -11,7 +11,7 @@ machine epsilon of the row's largest reference value + 1e-4 of the problem's lar
 effect of ``out``'s rounding on Delta (``test_backward.out_rounding_effect``); rows of queries that see
 no key (empty / keyless sequences, causal Sq > Sk) give dq exactly 0, rows of keys no query sees (empty
 query sequences, windows) dk, dv exactly 0; fresh random inputs, NaN-poisoned given buffers.  Lengths
-0 / 1 / primes / off the tile (17, 127, 129, 300, 1000), Sq != Sk per sequence, GQA 1/4/8, D 64/96/128,
+0 / 1 / primes / off the tile (17, 127, 129, 300, 1000), Sq != Sk per sequence, GQA 1/4/8, D 64/96/128/256,
 bf16 / fp16, causal and not, windows, an LSE gradient, a learnable sink (its gradient per head) with and
 without softcapping, the deterministic mode (the same bits over 3 calls, within rounding of the
 default), out / lse from the real packed forward, strided views, total_q or total_k = 0, argument

@@ -26,7 +26,7 @@ the elementwise work's overlap can at best reach.  A configuration without the f
 
 Correctness, once before timing: each side's dq, dk, dv against cuDNN's (else the first peer that
 ran); a row is flagged when, for any of the three, max |diff| > ``GRAD_RTOL`` x max |reference|.
-Our backward runs head dims :data:`layouts.attention.BWD_HEAD_DIMS`; another (D 256) skips ours and
+Our backward runs head dims :data:`layouts.attention.BWD_HEAD_DIMS`; another skips ours and
 ``mma_bound`` with a note, the peers still timed.  Peers that are not installed: a note.
 
 The target (issue 32): a geomean of at least 1.0x cuDNN over the shapes, none below 0.9x
