@@ -38,13 +38,11 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import to_cutlass
-from ..common.overlap import extent, out_guard
-from ..common.softmax import LOG2_E
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
 from . import forward_host as fh
 from .decode_kernel import DecodeAttnKernel
-from .forward_validate import FLOAT32_MAX, check_softcap
+from .forward_validate import check_softcap
 from .decode_plan import (  # noqa: F401  (the planning API, re-exported)
     TMA_EF_MAX_KV_BYTES, DecodeConfig, _check_workspace, choose_num_splits, decode_attn_workspace, explain, load_for,
     make_config, workspace_numel,
@@ -134,7 +132,7 @@ def _aligned(q, k_cache) -> bool:
 def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, num_splits, causal, scale,
          key=None, softcap=0.0, learnable_sink=None, window=None, cache_leftpad=None) -> None:
     """Launch a validated CUDA call (out (B, Sq, Hq, D) and lse (B, Hq, Sq) float32 written) through a
-    launcher (:func:`_launcher`), kept under ``key`` for later calls with the same metadata (not for an
+    launcher (:func:`.forward_host.decode_launcher`), kept under ``key`` for later calls with the same metadata (not for an
     empty batch, nor a q that needed an aligned copy).  ``causal`` and ``window`` normalized
     (:func:`~.decode_plan.check_window`)."""
     B, Sq, Hq, D = q.shape
@@ -149,7 +147,7 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
         q, key = q.clone(memory_format=torch.contiguous_format), None  # (contiguous() keeps a misaligned q)
     if P > 1 and workspace is not None:
         _check_workspace(workspace, P, B, Sq, Hq, D)
-    launch = _launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device,
+    launch = fh.decode_launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device,
                        (q, k_cache, v_cache, cache_seqlens, block_table, workspace), cfg.variant_args, learnable_sink,
                        cache_leftpad, window)
     launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace,
@@ -247,15 +245,21 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, softm
 # ------------------------------------------------------------------------------------------------
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
-_empty = torch.empty
-_F32 = torch.float32
 _FAST_TYPES = fh.FAST_TYPES
-#: call metadata (:func:`_key`) -> launcher (:func:`_launcher`)
+#: call metadata (:func:`_key`) -> launcher (:func:`.forward_host.decode_launcher`)
 _launchers: dict = {}
 #: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
 _KERNEL_DEVICES = ("cuda",)
 #: decode_attn's default window_size (no window)
 _NO_WINDOW = (-1, -1)
+_ENV, _ENV_CHECKED = _plan_mod.ENV, _plan_mod.ENV_CHECKED
+
+
+def _no_backward():
+    raise ValueError("decode_attn: an input requires grad, and decode_attn has no backward; call it under "
+                     "torch.no_grad() / torch.inference_mode(), or use flash_attn (differentiable)")
+
+
 def _key(q, k, v, s, bt, out, ws, num_splits, causal, variant=None) -> tuple:
     """What :func:`~.decode_plan.validate` and the plan read from a call that the compiled function's own
     argument checks (:func:`~cute_kernels.common.jit.direct`) leave open: q's shape, dtype and device
@@ -294,146 +298,6 @@ def _variant_values(softcap, learnable_sink, cache_leftpad) -> tuple:
     (when not 0), the sink, the left padding (when given); a window's sides are the launcher's own."""
     vals = fh.variant_values(softcap, learnable_sink)
     return vals if cache_leftpad is None else vals + (cache_leftpad,)
-
-
-def _launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(), sink=None, leftpad=None, window=None):
-    """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
-    forward's launcher convention, :func:`.forward_host.run_hit`): allocates out (unless given) and the
-    LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
-    (a call the compiled function refuses raises uncounted).  Every launch goes through one.  With
-    P > 1 the partial outputs and LSEs are views of the given workspace, else the launcher's own per stream (calls on one stream are ordered, so each reuses
-    them: two allocations fewer per call) or, while a CUDA graph is being captured, fresh ones that
-    the graph keeps.  Without ``want_lse`` the kernel writes the LSE
-    into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA
-    graphs too) may share it.
-
-    A given out (or, split, workspace) must not overlap an input or each other (issue 35): validation
-    refused that for the call the launcher was made from, and each later call with the same metadata
-    (:func:`_key`: shapes and strides fix the byte extents of ``operands``, the first call's (q, k, v,
-    cache_seqlens, block_table, workspace); out is contiguous) is checked against its data pointers
-    before the launch; a refused one takes the checked path, which names it.
-
-    ``variant`` (the config's ``variant_args``; ``sink`` / ``leftpad``: the first call's, for their
-    extents; ``window``: the normalized sides): :func:`_variant_launcher`."""
-    if variant:
-        return _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink, leftpad, window)
-    B, Sq, Hq, D = qshape
-    lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
-    lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
-    qe, ke, ve, se, bte, wse = (0 if t is None else extent(t) for t in operands)
-    o_ext = B * Sq * Hq * D * dtype.itemsize
-
-    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
-
-    if P == 1:  # (one split: the workspace is not used, nor guarded)
-        out_g = out_guard("decode_attn", "out", o_ext, names, (qe, ke, ve, se, bte))
-
-        def launch(q, k, v, out, lse, scale, s, bt, ws):
-            if out is None:
-                out = _empty(*osize, dtype=dtype, device=dev)
-            else:
-                out_g(out, q, k, v, s, bt)
-            if lse.__class__ is bool:
-                lse = lse_for(lse)
-            fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
-            LAUNCHES["decode_attn"] += 1
-            return out, lse
-    else:
-        pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
-        pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
-        lse_off = P * B * Sq * Hq * D  # the partial LSEs follow the partial outputs in a workspace
-
-        parts: dict = {}  # (device, stream) -> (o_part, lse_part), as the GEMM's split-K workspaces
-
-        def new_parts():
-            return _empty(*pshape, dtype=_F32, device=dev), _empty(*plshape, dtype=_F32, device=dev)
-
-        out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), (qe, ke, ve, se, bte, wse))
-        ws_g = out_guard("decode_attn", "workspace", wse, names, (qe, ke, ve, se, bte))
-
-        def launch(q, k, v, out, lse, scale, s, bt, ws):
-            if out is not None:
-                out_g(out, q, k, v, s, bt, ws)
-            if ws is not None:
-                ws_g(ws, q, k, v, s, bt)
-            if out is None:
-                out = _empty(*osize, dtype=dtype, device=dev)
-            if lse.__class__ is bool:
-                lse = lse_for(lse)
-            if ws is None:
-                o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
-            else:
-                off = ws.storage_offset()
-                o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
-            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E)
-            LAUNCHES["decode_attn"] += 1
-            return out, lse
-    launch.default_scale = D ** -0.5
-    launch.keep = keep  # the compiled object owns fn's CUDA library
-    return launch
-
-
-def _variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink, leftpad=None, window=None):
-    """:func:`_launcher` of a softcapping, sink, window and / or left-padding config: ``launch(q, k, v, out,
-    lse, scale, seqlens, block_table, workspace, *values)`` with the values of :func:`_variant_values`
-    (softcap: the float, passed as ``softcap * log2(e)`` for the softmax and ``softmax_scale / softcap``;
-    learnable_sink, cache_leftpad: the tensors, guarded against overlap with out and the workspace
-    too); a window's sides (``window``, normalized; -1: :data:`~.forward_softmax.WINDOW_UNBOUNDED`) are
-    fixed by the launcher's key and passed by the launcher; one body for split and unsplit calls."""
-    B, Sq, Hq, D = qshape
-    lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
-    lse_for = jit.fresh_or_scratch(_empty, lshape, _F32, dev)
-    exts = tuple(0 if t is None else extent(t) for t in (*operands, sink, leftpad))
-    o_ext = B * Sq * Hq * D * dtype.itemsize
-    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "learnable_sink", "cache_leftpad")
-    in_exts = exts[:5] + exts[6:]
-    out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), in_exts + exts[5:6])
-    ws_g = out_guard("decode_attn", "workspace", exts[5], names, in_exts)
-    softcap_on = "softcap_scale" in variant
-    n_sink = int("learnable_sink" in variant)
-    pad_on = "cache_leftpad" in variant
-    win = fh.window_args(*window) if "window_left" in variant else ()
-    pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
-    pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
-    lse_off = P * B * Sq * Hq * D
-    parts: dict = {}
-
-    def new_parts():
-        return _empty(*pshape, dtype=_F32, device=dev), _empty(*plshape, dtype=_F32, device=dev)
-
-    def launch(q, k, v, out, lse, scale, s, bt, ws, *vals):
-        if softcap_on and not scale / vals[0] <= FLOAT32_MAX:  # a hit's new scale: the checks name it
-            raise ValueError("decode_attn: softmax_scale / softcap past the float32 range")
-        ws = ws if P > 1 else None  # (one split: the workspace is not used)
-        tens = vals[1:] if softcap_on else vals  # (sink,) (leftpad,)
-        if out is not None or ws is not None:
-            sk = tens[0] if n_sink else None
-            lp = tens[-1] if pad_on else None
-            if out is not None:
-                out_g(out, q, k, v, s, bt, sk, lp, ws)
-            if ws is not None:
-                ws_g(ws, q, k, v, s, bt, sk, lp)
-        if out is None:
-            out = _empty(*osize, dtype=dtype, device=dev)
-        if lse.__class__ is bool:
-            lse = lse_for(lse)
-        if P == 1:
-            o_part = lse_part = None
-        elif ws is None:
-            o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
-        else:
-            off = ws.storage_offset()
-            o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
-        if softcap_on:
-            fn(q, k, v, s, bt, out, lse, o_part, lse_part, vals[0] * LOG2_E, scale / vals[0], *tens[:n_sink], *win,
-               *tens[n_sink:])
-        else:
-            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E, *tens[:n_sink], *win, *tens[n_sink:])
-        LAUNCHES["decode_attn"] += 1
-        return out, lse
-    launch.default_scale = D ** -0.5
-    launch.keep = keep
-    return launch
 
 
 def decode_attn(
@@ -509,35 +373,42 @@ def decode_attn(
     differentiable: with grad enabled, an input that requires grad raises ValueError (a result
     without gradients would be silently wrong); ``flash_attn`` has the backward.
     """
-    if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
-                            or getattr(v_cache, "requires_grad", False)
-                            or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))):
-        raise ValueError("decode_attn: an input requires grad, and decode_attn has no backward; call it under "
-                         "torch.no_grad() / torch.inference_mode(), or use flash_attn (differentiable)")
     key = None
-    # softcapping, sinks, windows, left padding: in the key (_key), their tensors after the launch's others
-    variant = None if (softcap.__class__ is float and not softcap and learnable_sink is None and cache_leftpad is None
-                       and (window_size is _NO_WINDOW or window_size is None
-                            or (window_size.__class__ is tuple and window_size == _NO_WINDOW
-                                and window_size[0].__class__ is int and window_size[1].__class__ is int))
-                       ) else (softcap, learnable_sink, window_size, cache_leftpad)
-    if (checked is None or checked is False) and not _is_compiling():  # the fast path (see _key)
+    if ((checked is None or checked is False) and type(q) in _FAST_TYPES and type(k_cache) in _FAST_TYPES
+            and type(v_cache) in _FAST_TYPES and type(cache_seqlens) in _FAST_TYPES and not _is_compiling()):
+        # the fast path (see _key): the grad check on the plain tensors' own attributes
+        if _grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad or (
+                learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))):
+            _no_backward()
+        # softcapping, sinks, windows, left padding: in the key (_key), their tensors after the launch's others
+        plain = (learnable_sink is None and cache_leftpad is None and softcap.__class__ is float and not softcap
+                 and (window_size is _NO_WINDOW or window_size is None
+                      or (window_size.__class__ is tuple and window_size == _NO_WINDOW
+                          and window_size[0].__class__ is int and window_size[1].__class__ is int)))
         try:
-            if (type(q) in _FAST_TYPES and type(k_cache) in _FAST_TYPES and type(v_cache) in _FAST_TYPES
-                    and type(cache_seqlens) in _FAST_TYPES):
-                key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal, variant)
-                hit = _launchers.get(key)
+            if plain:  # _key's tuple, written out (a call with ten arguments shows in decode's host time)
+                key = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), v_cache.stride(),
+                       cache_seqlens.dtype,
+                       None if block_table is None else (type(block_table), block_table.shape, block_table.stride(),
+                                                         block_table.dtype),
+                       None if out is None else type(out),
+                       None if workspace is None else (type(workspace), workspace.shape, workspace.stride()),
+                       type(num_splits), num_splits, causal)
             else:
-                hit = None
+                key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal,
+                           (softcap, learnable_sink, window_size, cache_leftpad))
+            hit = _launchers.get(key)
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
         # forward_host.run_hit's steps written out (a call and star-args show in decode's host time): the
-        # default scale and a plain configuration's launch without a call to fast_scale or star-args
-        if hit is not None and return_lse.__class__ is bool and (checked is False or not _plan_mod.checked_env()):
+        # default scale, checked_env's test of an unset variable, a plain configuration's launch without
+        # star-args
+        if hit is not None and return_lse.__class__ is bool and (
+                checked is False or _ENV_CHECKED not in _ENV or not _plan_mod.checked_env()):
             scale = hit.default_scale if softmax_scale is None else fh.fast_scale(hit, softmax_scale)
             if scale is not None:
                 try:
-                    if variant is None:
+                    if plain:
                         o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace)
                     else:
                         o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace,
@@ -546,6 +417,10 @@ def decode_attn(
                     pass
                 else:
                     return (o, lse) if return_lse else o
+    elif _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
+                              or getattr(v_cache, "requires_grad", False)
+                              or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))):
+        _no_backward()
     # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)

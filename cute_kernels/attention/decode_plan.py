@@ -140,16 +140,19 @@ def checked_default(checked: Optional[bool], who: str = "decode_attn") -> bool:
 
 
 # CUTE_KERNELS_CHECKED is read on every call (tests set it mid-process), from os.environ's backing
-# dict: os.environ.get encodes the key on each call (~0.5 us)
-_ENV = getattr(os.environ, "_data", None)
-_ENV_CHECKED = os.environ.encodekey("CUTE_KERNELS_CHECKED") if _ENV is not None and hasattr(
+# dict: os.environ.get encodes the key on each call (~0.5 us).  ``ENV_CHECKED not in ENV``: it is unset
+# (without that backing dict never true, and checked_default reads the variable)
+ENV = getattr(os.environ, "_data", None)
+ENV_CHECKED = os.environ.encodekey("CUTE_KERNELS_CHECKED") if ENV is not None and hasattr(
     os.environ, "encodekey") else None
+if ENV_CHECKED is None:
+    ENV = {None: None}
 
 
 def checked_env() -> bool:
     """``checked_default(None)`` for the host fast paths: the variable is usually unset, which one
-    dict lookup tells."""
-    if _ENV_CHECKED is not None and _ENV_CHECKED not in _ENV:
+    dict lookup tells (a fast path writes that test out: ``ENV_CHECKED not in ENV``)."""
+    if ENV_CHECKED not in ENV:
         return False
     return checked_default(None)
 

@@ -463,21 +463,29 @@ def flash_attn(
     if deterministic is not False:
         check_flag(deterministic, "deterministic", "flash_attn")
     key = None
-    grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-                                or getattr(v, "requires_grad", False)
-                                or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))
-                                )  # then: the differentiable op
-    # softcapping or sinks: their keys and launch values (forward_host.variant_key / variant_values)
-    variant = None if softcap.__class__ is float and not softcap and learnable_sink is None else (softcap, learnable_sink)
-    if not grad and (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host)
-        if variant is not None:
+    if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and (checked is None or checked is False) \
+            and not _is_compiling():  # the fast path (forward_host), the grad check on the tensors' own attributes
+        grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+            learnable_sink is not None and getattr(learnable_sink, "requires_grad", False)))  # then: the differentiable op
+        fast = not grad
+    else:
+        grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+                                    or getattr(v, "requires_grad", False)
+                                    or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False)))
+        fast = False
+    if fast:
+        # softcapping or sinks: their keys and launch values (forward_host.variant_key / variant_values)
+        if softcap.__class__ is not float or softcap or learnable_sink is not None:
             key, res = _variant_hit(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
-                                    max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k, variant)
+                                    max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k,
+                                    (softcap, learnable_sink))
         elif block_table is None and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None:
             try:
-                if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and max_seqlen_q is None \
-                        and max_seqlen_k is None:
-                    key = fh.dense_key(q, k, v, out, causal, window_size)
+                if max_seqlen_q is None and max_seqlen_k is None and type(causal) is bool:
+                    # forward_host.dense_key's tuple, written out (the most frequent call)
+                    key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
+                           None if out is None else (type(out), out.stride()), bool, causal, type(window_size),
+                           window_size)
                     hit = _launchers.get(key)
                 else:
                     hit = None

@@ -10,7 +10,8 @@ and their dtypes (the compiled function takes uint32 for int32); the host scalar
 causal) with their types; the optional tensors' types (a fake one never hits).  Never a device value
 (lengths, page ids), never a tensor's identity.  A hit the compiled function refuses raises before it
 launches and counts nothing; :func:`~.forward.flash_attn` then takes its checked path, which names the
-argument.
+argument.  ``decode_attn``'s launchers live here too (:func:`decode_launcher`, its keys in
+:mod:`.decode`): the same convention and the same per-call overlap guard.
 """
 
 from __future__ import annotations
@@ -179,14 +180,24 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     wl, wr = window_args(*window)
 
     if mode == "dense" and tuple(window) == (-1, -1):
+        scratch, (qe, ke, ve) = lse_for.scratch, exts
+        static = None if dynamic else tile_counter(dev, False)  # (a static schedule's: one per device, kept)
+
         def launch(q, k, v, out, lse, scale):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
-            else:
-                guard(out, q, k, v)
-            if lse.__class__ is bool:
-                lse = lse_for(lse)
-            run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E)
+            else:  # out's byte range against the inputs' on their pointers, written out (one read each, no
+                # call); one that meets (or an empty input's, which the guard skips) goes to the guard
+                o = out.data_ptr()
+                end = o + o_ext
+                if ((p := q.data_ptr()) < end and o < p + qe or (p := k.data_ptr()) < end and o < p + ke
+                        or (p := v.data_ptr()) < end and o < p + ve):
+                    guard(out, q, k, v)
+            if lse is False:
+                lse = scratch[0] if scratch else lse_for(False)
+            elif lse is True:
+                lse = lse_for(True)
+            run(q, k, v, out, lse, tile_counter(dev, True) if static is None else static, scale * LOG2_E)
             LAUNCHES["flash_attn"] += 1
             return out, lse
     elif mode == "dense":
@@ -294,3 +305,162 @@ def variant_launcher(fn, q, lshape, dynamic: bool, mode: str, window, max_seqlen
     launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn
     return launch
 
+
+# ------------------------------------------------------------------------------- decode_attn's launchers
+def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(), sink=None, leftpad=None, window=None):
+    """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
+    forward's launcher convention, :func:`run_hit`): allocates out (unless given) and the
+    LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
+    (a call the compiled function refuses raises uncounted).  Every launch goes through one.  With
+    P > 1 the partial outputs and LSEs are views of the given workspace, else the launcher's own per stream (calls on one stream are ordered, so each reuses
+    them: two allocations fewer per call) or, while a CUDA graph is being captured, fresh ones that
+    the graph keeps.  Without ``want_lse`` the kernel writes the LSE
+    into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA
+    graphs too) may share it.
+
+    A given out (or, split, workspace) must not overlap an input or each other (issue 35): validation
+    refused that for the call the launcher was made from, and each later call with the same metadata
+    (:func:`.decode._key`: shapes and strides fix the byte extents of ``operands``, the first call's (q, k, v,
+    cache_seqlens, block_table, workspace); out is contiguous) is checked against its data pointers
+    before the launch; a refused one takes the checked path, which names it.
+
+    ``variant`` (the config's ``variant_args``; ``sink`` / ``leftpad``: the first call's, for their
+    extents; ``window``: the normalized sides): :func:`_decode_variant_launcher`."""
+    if variant:
+        return _decode_variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink, leftpad, window)
+    B, Sq, Hq, D = qshape
+    lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
+    lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
+    scratch = lse_for.scratch
+    qe, ke, ve, se, bte, wse = (0 if t is None else extent(t) for t in operands)
+    o_ext = B * Sq * Hq * D * dtype.itemsize
+
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+
+    # Each launch below tests out's byte range against the inputs' on their pointers, written out (one
+    # read each, no call), and only a range that meets one (or an empty input's, which the guard then
+    # skips) goes to the guard, which names it.
+    if P == 1:  # (one split: the workspace is not used, nor guarded)
+        out_g = out_guard("decode_attn", "out", o_ext, names, (qe, ke, ve, se, bte))
+
+        def launch(q, k, v, out, lse, scale, s, bt, ws):
+            if out is None:
+                out = _empty(*osize, dtype=dtype, device=dev)
+            else:
+                o = out.data_ptr()
+                end = o + o_ext
+                if ((p := q.data_ptr()) < end and o < p + qe or (p := k.data_ptr()) < end and o < p + ke
+                        or (p := v.data_ptr()) < end and o < p + ve or (p := s.data_ptr()) < end and o < p + se
+                        or bt is not None and (p := bt.data_ptr()) < end and o < p + bte):
+                    out_g(out, q, k, v, s, bt)
+            if lse is False:
+                lse = scratch[0] if scratch else lse_for(False)
+            elif lse is True:
+                lse = lse_for(True)
+            fn(q, k, v, s, bt, out, lse, None, None, scale * LOG2_E)
+            LAUNCHES["decode_attn"] += 1
+            return out, lse
+    else:
+        pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
+        pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
+        lse_off = P * B * Sq * Hq * D  # the partial LSEs follow the partial outputs in a workspace
+
+        parts: dict = {}  # (device, stream) -> (o_part, lse_part), as the GEMM's split-K workspaces
+
+        def new_parts():
+            return _empty(*pshape, dtype=torch.float32, device=dev), _empty(*plshape, dtype=torch.float32, device=dev)
+
+        out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), (qe, ke, ve, se, bte, wse))
+        ws_g = out_guard("decode_attn", "workspace", wse, names, (qe, ke, ve, se, bte))
+
+        def launch(q, k, v, out, lse, scale, s, bt, ws):
+            if out is not None:
+                o = out.data_ptr()
+                end = o + o_ext
+                if ((p := q.data_ptr()) < end and o < p + qe or (p := k.data_ptr()) < end and o < p + ke
+                        or (p := v.data_ptr()) < end and o < p + ve or (p := s.data_ptr()) < end and o < p + se
+                        or bt is not None and (p := bt.data_ptr()) < end and o < p + bte
+                        or ws is not None and (p := ws.data_ptr()) < end and o < p + wse):
+                    out_g(out, q, k, v, s, bt, ws)
+            if ws is not None:
+                ws_g(ws, q, k, v, s, bt)
+            if out is None:
+                out = _empty(*osize, dtype=dtype, device=dev)
+            if lse is False:
+                lse = scratch[0] if scratch else lse_for(False)
+            elif lse is True:
+                lse = lse_for(True)
+            if ws is None:
+                o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
+            else:
+                off = ws.storage_offset()
+                o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E)
+            LAUNCHES["decode_attn"] += 1
+            return out, lse
+    launch.default_scale = D ** -0.5
+    launch.keep = keep  # the compiled object owns fn's CUDA library
+    return launch
+
+
+def _decode_variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant, sink, leftpad=None, window=None):
+    """:func:`decode_launcher` of a softcapping, sink, window and / or left-padding config: ``launch(q, k, v, out,
+    lse, scale, seqlens, block_table, workspace, *values)`` with the values of :func:`.decode._variant_values`
+    (softcap: the float, passed as ``softcap * log2(e)`` for the softmax and ``softmax_scale / softcap``;
+    learnable_sink, cache_leftpad: the tensors, guarded against overlap with out and the workspace
+    too); a window's sides (``window``, normalized; -1: :data:`~.forward_softmax.WINDOW_UNBOUNDED`) are
+    fixed by the launcher's key and passed by the launcher; one body for split and unsplit calls."""
+    B, Sq, Hq, D = qshape
+    lshape, osize = (B, Hq, Sq), jit.size_args(qshape)
+    lse_for = jit.fresh_or_scratch(_empty, lshape, torch.float32, dev)
+    exts = tuple(0 if t is None else extent(t) for t in (*operands, sink, leftpad))
+    o_ext = B * Sq * Hq * D * dtype.itemsize
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "learnable_sink", "cache_leftpad")
+    in_exts = exts[:5] + exts[6:]
+    out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), in_exts + exts[5:6])
+    ws_g = out_guard("decode_attn", "workspace", exts[5], names, in_exts)
+    softcap_on = "softcap_scale" in variant
+    n_sink = int("learnable_sink" in variant)
+    pad_on = "cache_leftpad" in variant
+    win = window_args(*window) if "window_left" in variant else ()
+    pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
+    pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
+    lse_off = P * B * Sq * Hq * D
+    parts: dict = {}
+
+    def new_parts():
+        return _empty(*pshape, dtype=torch.float32, device=dev), _empty(*plshape, dtype=torch.float32, device=dev)
+
+    def launch(q, k, v, out, lse, scale, s, bt, ws, *vals):
+        if softcap_on and not scale / vals[0] <= FLOAT32_MAX:  # a hit's new scale: the checks name it
+            raise ValueError("decode_attn: softmax_scale / softcap past the float32 range")
+        ws = ws if P > 1 else None  # (one split: the workspace is not used)
+        tens = vals[1:] if softcap_on else vals  # (sink,) (leftpad,)
+        if out is not None or ws is not None:
+            sk = tens[0] if n_sink else None
+            lp = tens[-1] if pad_on else None
+            if out is not None:
+                out_g(out, q, k, v, s, bt, sk, lp, ws)
+            if ws is not None:
+                ws_g(ws, q, k, v, s, bt, sk, lp)
+        if out is None:
+            out = _empty(*osize, dtype=dtype, device=dev)
+        if lse.__class__ is bool:
+            lse = lse_for(lse)
+        if P == 1:
+            o_part = lse_part = None
+        elif ws is None:
+            o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
+        else:
+            off = ws.storage_offset()
+            o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
+        if softcap_on:
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, vals[0] * LOG2_E, scale / vals[0], *tens[:n_sink], *win,
+               *tens[n_sink:])
+        else:
+            fn(q, k, v, s, bt, out, lse, o_part, lse_part, scale * LOG2_E, *tens[:n_sink], *win, *tens[n_sink:])
+        LAUNCHES["decode_attn"] += 1
+        return out, lse
+    launch.default_scale = D ** -0.5
+    launch.keep = keep
+    return launch

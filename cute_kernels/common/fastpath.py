@@ -81,7 +81,8 @@ def fresh_or_scratch(empty: Callable, shape, dtype, device) -> Callable[[bool], 
     """``get(fresh)``: ``empty(shape, dtype=dtype, device=device)`` when ``fresh``, else one scratch
     tensor made by the first such call and returned to every later one -- for an output a kernel must
     write but no caller reads (a launcher's LSE when the call did not ask for it): calls on any stream,
-    and CUDA graphs, may share it."""
+    and CUDA graphs, may share it.  ``get.scratch``: the list that holds it once made (empty before),
+    for a launcher that takes it without a call."""
     scratch, size = [], size_args(shape)
 
     def get(fresh: bool):
@@ -90,4 +91,5 @@ def fresh_or_scratch(empty: Callable, shape, dtype, device) -> Callable[[bool], 
         if not scratch:
             scratch.append(empty(*size, dtype=dtype, device=device))
         return scratch[0]
+    get.scratch = scratch
     return get

@@ -150,22 +150,31 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     grad, the call goes through the functional op (``out=`` then raises ValueError).
     """
     ta, tb = type(alpha), type(beta)
-    grad = _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
-                                or (c is not None and getattr(c, "requires_grad", False)))
-    if (not grad and (ta is float or ta is int) and (tb is float or tb is int) and tune is False
-            and not _is_compiling()):
-        # the fast path (module doc); anything unusual goes to _run, which checks it
-        try:
-            hit = (_launchers.get(_key(a, b, out, c, beta, out_dtype))
-                   if type(a) in _FAST_TYPES and type(b) in _FAST_TYPES else None)
-        except (AttributeError, TypeError):  # not tensors, an unhashable out_dtype: the checked path says what
-            hit = None
-        if hit is not None:
+    plain = (ta is float or ta is int) and (tb is float or tb is int) and tune is False
+    if plain and type(a) in _FAST_TYPES and type(b) in _FAST_TYPES and not _is_compiling():
+        # the fast path (module doc): the key as :func:`_key` builds it, the data pointers read once for
+        # its alignment and the launcher's overlap guard; anything unusual goes to the checks
+        if not (_grad_enabled() and (a.requires_grad or b.requires_grad
+                                     or (c is not None and getattr(c, "requires_grad", False)))):
             try:
-                return hit(a, b, out, c, alpha, beta)
+                pa, pb = a.data_ptr(), b.data_ptr()
+                po = 0 if out is None else out.data_ptr()
+                key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), (pa | pb | po) & 15,
+                       out_dtype, beta != 0.0, None if out is None else (type(out), out.stride(), out.dtype),
+                       None if c is None else (type(c), c.stride(), c.dtype))
+                hit = _launchers.get(key)
+            except (AttributeError, TypeError):  # not tensors, an unhashable out_dtype: the checks say what
+                return _checked_run(a, b, out, c, alpha, beta, out_dtype)
+            if hit is None:
+                return _miss(key, a, b, out, c, alpha, beta, out_dtype)
+            try:
+                return hit(a, b, out, c, alpha, beta, pa, pb, po)
             except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
                 return _checked_run(a, b, out, c, alpha, beta, out_dtype)
-        return _run(a, b, out, c, alpha, beta, out_dtype)
+    grad = _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
+                                or (c is not None and getattr(c, "requires_grad", False)))
+    if not grad and plain and not _is_compiling():
+        return _run(a, b, out, c, alpha, beta, out_dtype)  # (not tensors: the checks say what)
     if ta not in _PLAIN_SCALARS or tb not in _PLAIN_SCALARS:
         check_scalars(alpha, beta)
     if type(tune) is not bool:  # a string would pass as its truth value
@@ -234,6 +243,12 @@ def _run(a, b, out, c, alpha, beta, out_dtype):
             return hit(a, b, out, c, alpha, beta)
         except Exception:  # refused (nothing ran): the checks name the argument
             return _checked_run(a, b, out, c, alpha, beta, out_dtype)
+    return _miss(key, a, b, out, c, alpha, beta, out_dtype)
+
+
+def _miss(key, a, b, out, c, alpha, beta, out_dtype):
+    """A call whose metadata ``key`` has no launcher yet: validate, plan (or find the plan) and run,
+    then cache a launcher for it."""
     res = run(a, b, out, c, alpha, beta, out_dtype)
     _prepare(key, a, b, out, c, beta, out_dtype)
     return res
@@ -267,39 +282,50 @@ def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
 
 
 def _launcher(p, fn, ws, dev, operands):
-    """The launcher of one plan: allocate the output (on ``dev``), call ``fn`` (with the
-    workspace of ``ws``, a :class:`.launch.WorkspaceLauncher`, when there is one), count once it returned
-    (a call the compiled function refuses raises before launching anything).  A given out must not
-    overlap a, b or c (but may be c exactly): validation refused it for the call the launcher was made
-    from, and a later call with the same metadata (:func:`_key`: shapes and strides, so the byte
-    extents of ``operands``, the first call's (a, b, out, c), are the same) is checked against its
-    data pointers before the launch, the refused one then taking the checked path that names it."""
+    """The launcher of one plan, ``launch_(a, b, out, c, alpha, beta, pa=None, pb=None, po=None)``:
+    allocate the output (on ``dev``), call ``fn`` (with the workspace of ``ws``, a
+    :class:`.launch.WorkspaceLauncher`, when there is one), count once it returned (a call the compiled
+    function refuses raises before launching anything).  A given out must not overlap a, b or c (but
+    may be c exactly): validation refused it for the call the launcher was made from, and a later call
+    with the same metadata (:func:`_key`: shapes and strides, so the byte extents of ``operands``, the
+    first call's (a, b, out, c), are the same) is checked against its data pointers before the launch,
+    the refused one then taking the checked path that names it.  ``pa``, ``pb``, ``po``: a's, b's and
+    out's data pointers when the caller read them already (:func:`gemm`'s fast path, for the key's
+    alignment): without c, out's byte range is compared with a's and b's on them, and only a meeting
+    one goes to the guard, which names the input."""
     shape, dtype, has_c = jit.size_args(p.shape), p.out_dtype, p.has_c
     a_ext, b_ext, o_ext, c_ext = (0 if t is None else extent(t) for t in operands)
     refuse = out_guard("gemm", "out", o_ext, ("a", "b", "c"), (a_ext, b_ext, c_ext))
     if operands[3] is None:  # no c (the key fixes that): the guard itself, no out=c test around it
-        guard = refuse
+        guard, with_c = refuse, False
     else:
         def guard(out, a, b, c):
             if c is not None and same_view(c, out):
                 c = None  # out=c: each element read, then written
             refuse(out, a, b, c)
+        with_c = True
+
+    def checks(out, a, b, c, pa, pb, po):
+        """The overlap guard of a given out: on the pointers given, a test (an empty extent may pass it,
+        the guard then skips it) before the guard itself."""
+        if pa is None or with_c or (po < pa + a_ext and pa < po + o_ext) or (po < pb + b_ext and pb < po + o_ext):
+            guard(out, a, b, c)
 
     if ws is None:
-        def launch_(a, b, out, c, alpha, beta):
+        def launch_(a, b, out, c, alpha, beta, pa=None, pb=None, po=None):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
-            else:
-                guard(out, a, b, c)
+            elif pa is None or with_c or (po < pa + a_ext and pa < po + o_ext) or (po < pb + b_ext and pb < po + o_ext):
+                guard(out, a, b, c)  # (the pointer test of checks(), written out: no call)
             fn(a, b, out, c if has_c else out, float(alpha), float(beta))
             LAUNCHES["gemm"] += 1
             return out
     else:
-        def launch_(a, b, out, c, alpha, beta):
+        def launch_(a, b, out, c, alpha, beta, pa=None, pb=None, po=None):
             if out is None:
                 out = _empty(*shape, dtype=dtype, device=dev)
             else:
-                guard(out, a, b, c)
+                checks(out, a, b, c, pa, pb, po)
             w, cnt = ws.workspace(dev)
             fn(a, b, out, c if has_c else out, w, cnt, float(alpha), float(beta))
             LAUNCHES["gemm"] += 1
