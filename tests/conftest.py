@@ -401,6 +401,7 @@ def stubbed(monkeypatch):
     from cute_kernels.attention import forward as FW
     from cute_kernels.attention import forward_validate as FV
     from cute_kernels.attention import merge as ME
+    from cute_kernels.common.fastpath import LauncherCache
     from cute_kernels.gemm import host as GH
     from cute_kernels.gemm import launch as GL
     from cute_kernels.gemm import plan as GP
@@ -413,10 +414,10 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(GH, "_launchers", {})
     monkeypatch.setattr(DE, "_KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(DE, "get_decode_kernel", lambda cfg: Stub.fetch("decode", cfg))
-    monkeypatch.setattr(DE, "_launchers", {})
+    monkeypatch.setattr(DE, "_launchers", LauncherCache())
     monkeypatch.setattr(FV, "_check_devices", lambda named: None)
     monkeypatch.setattr(FW, "get_forward_kernel", lambda cfg: Stub.fetch("flash", cfg))
-    monkeypatch.setattr(FW, "_launchers", {})
+    monkeypatch.setattr(FW, "_launchers", LauncherCache())
     monkeypatch.setattr(ME, "_KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(ME, "get_merge_kernel", lambda cfg: Stub.fetch("merge", cfg))
     monkeypatch.setattr(ME, "_launchers", {})

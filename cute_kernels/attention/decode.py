@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import to_cutlass
+from ..common.fastpath import LauncherCache
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
 from . import forward_host as fh
@@ -247,7 +248,7 @@ _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _FAST_TYPES = fh.FAST_TYPES
 #: call metadata (:func:`_key`) -> launcher (:func:`.forward_host.decode_launcher`)
-_launchers: dict = {}
+_launchers = LauncherCache()
 #: devices the kernel runs on (CPU tensors run the torch reference; tests add "cpu" with a stub kernel)
 _KERNEL_DEVICES = ("cuda",)
 #: decode_attn's default window_size (no window)
@@ -397,7 +398,13 @@ def decode_attn(
             else:
                 key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal,
                            (softcap, learnable_sink, window_size, cache_leftpad))
-            hit = _launchers.get(key)
+            last = _launchers.last  # (LauncherCache: the last hit's key compared, not hashed)
+            if last[0] == key:
+                hit = last[1]
+            else:
+                hit = _launchers.get(key)
+                if hit is not None:
+                    _launchers.last = (key, hit)
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
         # forward_host.run_hit's steps written out (a call and star-args show in decode's host time): the

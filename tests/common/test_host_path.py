@@ -30,6 +30,7 @@ from cute_kernels.attention import forward as FW
 from cute_kernels.attention import forward_host as FH
 from cute_kernels.attention import merge as ME
 from cute_kernels.common import jit
+from cute_kernels.common.fastpath import LauncherCache
 from cute_kernels.gemm import host as GH
 from cute_kernels.gemm import launch as GL
 from cute_kernels.gemm import plan as GP
@@ -206,7 +207,7 @@ def test_decode_hit_with_other_metadata_is_checked(stubbed, monkeypatch):
 
 def test_decode_cpu_reference_is_never_cached(monkeypatch):
     """CPU tensors run the torch reference every time (no launcher is made for them)."""
-    monkeypatch.setattr(DE, "_launchers", {})
+    monkeypatch.setattr(DE, "_launchers", LauncherCache())
     q, k, v, s = decode_inputs()
     with count_launches() as n:
         DE.decode_attn(q, k, v, cache_seqlens=s)
@@ -215,6 +216,54 @@ def test_decode_cpu_reference_is_never_cached(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------- flash_attn
+def test_launcher_cache_forgets_its_last_hit_on_any_change():
+    """LauncherCache.last (the attention fast paths compare a call's key with it before hashing it) never
+    names a launcher the dict no longer holds under that key."""
+    c = LauncherCache({(1,): "a"})
+    assert c.last == (None, None) and c.hit((2,)) is None and c.last == (None, None)
+    assert c.hit((1,)) == "a" and c.last == ((1,), "a")
+    for change in (lambda: c.__setitem__((1,), "b"), lambda: c.pop((1,)), lambda: c.clear(),
+                   lambda: c.update({(3,): "c"}), lambda: c.setdefault((4,), "d"), lambda: c.popitem(),
+                   lambda: c.__delitem__(next(iter(c))), lambda: c.__ior__({(5,): "e"})):
+        c[(1,)] = "a"
+        assert c.hit((1,)) == "a" and c.last[1] == "a"
+        change()
+        assert c.last == (None, None), change
+
+
+def test_fast_paths_take_the_launcher_now_under_the_key(stubbed):
+    """A call with the metadata of the call before it takes the last hit; a launcher replaced under that
+    key (the checked path stores a new one) is the one the next call takes, and a key alternating
+    with another still finds its own."""
+    q, k, v, s = decode_inputs()
+    o = torch.empty_like(q)
+    DE.decode_attn(q, k, v, cache_seqlens=s, out=o)
+    DE.decode_attn(q, k, v, cache_seqlens=s, out=o)
+    (key,) = DE._launchers
+    assert key == DE._key(q, k, v, s, None, o, None, None, True) and DE._launchers.last[0] == key
+    calls = []
+    old = DE._launchers[key]
+
+    def spy(*args):
+        calls.append(args)
+        return old(*args)
+    spy.default_scale, spy.keep = old.default_scale, old.keep
+    DE._launchers[key] = spy
+    with count_launches() as n:
+        for _ in range(3):
+            DE.decode_attn(q, k, v, cache_seqlens=s, out=o)
+            DE.decode_attn(q, k, v, cache_seqlens=s)  # (another key: the last hit alternates)
+    assert len(calls) == 3 and n["decode_attn"] == 6 and len(DE._launchers) == 2
+    fq, fk = torch.randn(1, 16, 4, 64, dtype=BF), torch.randn(1, 24, 2, 64, dtype=BF)
+    FW.flash_attn(fq, fk, fk)
+    FW.flash_attn(fq, fk, fk)
+    assert FW._launchers.last[0] == FH.dense_key(fq, fk, fk, None, False, (-1, -1))
+    FW._launchers.clear()
+    with count_launches() as n:
+        FW.flash_attn(fq, fk, fk)
+    assert n["flash_attn"] == 1 and len(FW._launchers) == 1  # re-made, not the forgotten one
+
+
 def test_flash_attn_hits_and_checks(stubbed):
     q, k = torch.randn(1, 16, 4, 64, dtype=BF), torch.randn(1, 24, 2, 64, dtype=BF)
     with count_launches() as n:
