@@ -369,11 +369,8 @@ class BwdTile:
     ``kv_split_d`` (D = 256, whose dK + dV per key would not fit one warpgroup's registers): 64 keys and
     two consumer warpgroups that split everything by columns -- S^T and dP^T by queries (tile_m / 2
     each), dK, dV and dQ by head dims (D / 2 each); P^T and dS^T both go through shared memory (the A
-    operands of dV += P^T dO, dK += dS^T Q from there).  Shared memory holds one ring stage with the
-    warpgroups' fp32 dQ tiles (the ring's hand-back orders the reuse of the P^T / dS^T buffers), or,
-    with ``dq_atomic``, two stages and no dQ tiles: the consumer threads add their dQ values into the
-    accumulator themselves (fp32 reductions from registers) and a named barrier orders the P^T / dS^T
-    reuse.
+    operands of dV += P^T dO, dK += dS^T Q from there) and the ring has one stage (shared memory): the
+    ring's hand-back orders the reuse of the P^T / dS^T buffers.
     """
 
     dtype: str  # "float16" | "bfloat16"
@@ -383,7 +380,6 @@ class BwdTile:
     stages: int = 2
     dq_split_m: bool = False
     kv_split_d: bool = False
-    dq_atomic: bool = False
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
@@ -392,11 +388,8 @@ class BwdTile:
             raise ValueError(f"BwdTile: head_dim {self.head_dim} needs kv_split_d (dK + dV of 64 keys would take "
                              f"{self.head_dim} registers per thread)")
         if self.kv_split_d and (self.tile_n != BWD_WG_KEYS or self.tile_m != FWD_WGMMA_M or self.dq_split_m
-                                or self.stages != 1 + self.dq_atomic):
-            raise ValueError("BwdTile: kv_split_d takes tile_n = tile_m = 64, dQ split by columns and 1 stage "
-                             "(2 with dq_atomic)")
-        if self.dq_atomic and not self.kv_split_d:
-            raise ValueError("BwdTile: dq_atomic goes with kv_split_d")
+                                or self.stages != 1):
+            raise ValueError("BwdTile: kv_split_d takes tile_n = tile_m = 64, dQ split by columns and 1 stage")
         if self.tile_n % BWD_WG_KEYS or not 1 <= self.tile_n // BWD_WG_KEYS <= 2:
             raise ValueError(f"BwdTile: tile_n {self.tile_n} must be 64 or 128 (64 keys per consumer warpgroup)")
         if self.tile_m not in (64, 128) or BWD_ROW_PAD % self.tile_m:
@@ -477,23 +470,19 @@ class BwdTile:
         """K, V, the Q / dO / LSE / Delta ring, a dS^T per stage, the warpgroups' fp32 dQ tiles, barriers
         and alignment slack."""
         return (2 * self.kv_tile_bytes + self.stages * self.stage_bytes + self.ds_buffers * self.ds_bytes
-                + self.consumer_warpgroups * self.dq_wg_bytes * (not self.dq_atomic) + 3 * FWD_SMEM_SLACK)
+                + self.consumer_warpgroups * self.dq_wg_bytes + 3 * FWD_SMEM_SLACK)
 
 
-def bwd_tile(dtype: str, head_dim: int, window: bool = False, softcap: bool = False,
-             deterministic: bool = False) -> BwdTile:
+def bwd_tile(dtype: str, head_dim: int, window: bool = False, softcap: bool = False) -> BwdTile:
     """The backward tile per head dim: 128 keys per CTA (two consumer warpgroups), two stages.  D = 64:
     128 query rows per step, dQ split by rows (FlashAttention-3/4's choice: S^T + dP^T + dK + dV take
     192 registers per thread; 1.08-1.10x the 64-row tile's main kernel on the H200), except with a
     sliding window (its third, far-edge loop spills 27 values there) or softcapping (``softcap``: the
     capped scores' tanh and ``1 - tanh^2`` spill 45 values there).  D = 96 / 128: 64 query rows,
     dQ split by columns (128 rows do not fit: D 128's dK + dV alone take 128 registers, D 96's ring
-    267 KB of shared memory).  D = 256: :attr:`BwdTile.kv_split_d` (64 x 64), dQ added from registers
-    over two ring stages (``dq_atomic``), except in the deterministic mode (its dQ warp adds in turn:
-    one stage)."""
+    267 KB of shared memory).  D = 256: :attr:`BwdTile.kv_split_d` (64 x 64, one stage)."""
     if head_dim == 256:
-        return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=64, stages=2 - deterministic,
-                       kv_split_d=True, dq_atomic=not deterministic)
+        return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=64, stages=1, kv_split_d=True)
     if head_dim == 64 and not window and not softcap:
         return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=128, tile_n=128, stages=2, dq_split_m=True)
     return BwdTile(dtype=dtype, head_dim=head_dim, tile_m=64, tile_n=128, stages=2, dq_split_m=False)

@@ -50,8 +50,6 @@ class FlashBwdConfig:
             raise ValueError("FlashBwdConfig: a window config folds causal into its right side (causal=False)")
         if self.mma_only and self.softcap:
             raise ValueError("FlashBwdConfig: the MMA bound (mma_only) has no softmax to softcap")
-        if self.deterministic and self.tile.dq_atomic:
-            raise ValueError("FlashBwdConfig: the deterministic mode adds dQ by its dQ warp in turn (dq_atomic off)")
 
     @property
     def variant_args(self) -> tuple:
@@ -69,7 +67,6 @@ def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False, di
                softcap: bool = False, deterministic: bool = False, varlen: bool = False) -> FlashBwdConfig:
     """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
     return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
-                          tile=LA.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap),
-                                           deterministic=bool(deterministic)), window=bool(window),
+                          tile=LA.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap)), window=bool(window),
                           direct_kv=bool(direct_kv), softcap=bool(softcap), deterministic=bool(deterministic),
                           varlen=bool(varlen))

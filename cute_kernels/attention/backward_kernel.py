@@ -158,11 +158,8 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         tma_lse, tma_mLSE = cpasync.make_tiled_tma_atom(g2s, mLSE2, row_box, (self.tile_m,))
         tma_delta, tma_mDelta = cpasync.make_tiled_tma_atom(g2s, mDelta, row_box, (self.tile_m,))
         dq_box = (t.dq_rows_per_wg, t.dq_cols_per_wg)
-        tma_dq, tma_mdQ = None, mdQacc  # dq_atomic: the consumers add into the accumulator itself
-        if const_expr(not t.dq_atomic):
-            tma_dq, tma_mdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc,
-                                                          cute.select(sdQ_layout, mode=[0, 1]), dq_box)
-        dq_elems = 32 if const_expr(t.dq_atomic) else cute.cosize(sdQ_layout)  # (no dQ tiles: a stub)
+        tma_dq, tma_mdQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc,
+                                                      cute.select(sdQ_layout, mode=[0, 1]), dq_box)
         tma_dk = tma_dv = mdK_rows = mdV_rows = None
         if const_expr(self.cfg.direct_kv):  # dk, dv in the input dtype: TMA stores from the K / V buffers
             if const_expr(self.cfg.varlen):  # and a sequence's partial last tile by predicated stores
@@ -184,7 +181,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
 
         self.shared_storage = SharedStorage
         num_n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
@@ -245,10 +242,8 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
         if warp_idx == LOAD_WARP:
-            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_delta):
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_delta, tma_dq):
                 cpasync.prefetch_descriptor(atom)
-            if const_expr(not t.dq_atomic):
-                cpasync.prefetch_descriptor(tma_dq)
             if const_expr(self.cfg.direct_kv):
                 cpasync.prefetch_descriptor(tma_dk)
                 cpasync.prefetch_descriptor(tma_dv)
@@ -269,13 +264,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        # where the consumers' dQ goes: their fp32 tiles for the dQ warp, or (dq_atomic) this head's rows
-        # of the accumulator
-        sdQ = None
-        if const_expr(t.dq_atomic):
-            sdQ = self.rows(mdQacc, off_p, head, batch)
-        else:
-            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDelta = storage.sDelta.get_tensor(sRow_layout)
 
@@ -287,9 +276,8 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
                              m_min, m_max, off_q, off_k, off_p, seqlen_q, seqlen_k)
             elif warp_idx == DQ_WARP:
-                if const_expr(not t.dq_atomic):  # (dq_atomic: the consumers add dQ themselves)
-                    self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
-                                   window_right, off_p)
+                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
+                               window_right, off_p)
         else:
             cute.arch.setmaxregister_increase(t.consumer_regs)
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
@@ -378,9 +366,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         tQrK = tiled_mma_dq.make_fragment_B(wg_dq.partition_B(sK_t))
         # this thread's dQ values in its warpgroup's fp32 tile: the tiled MMA's first warpgroup partitions
         # a (rows, cols) tile as warpgroup w's threads hold theirs
-        tdQsdQ = sdQ  # dq_atomic: (rows, D) of the accumulator, partitioned per query tile
-        if const_expr(not self.cfg.tile.dq_atomic):
-            tdQsdQ = tiled_mma_dq.get_slice(mma_tidx % 128).partition_C(sdQ[None, None, wg])
+        tdQsdQ = tiled_mma_dq.get_slice(mma_tidx % 128).partition_C(sdQ[None, None, wg])
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)

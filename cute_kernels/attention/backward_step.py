@@ -28,9 +28,6 @@ from .backward_mask import apply_mask_t, apply_window_mask_t
 #: (and P^T when the head dims are split; in the ``direct_kv`` epilogue, no wgmma reads K / V any more,
 #: then dK / dV are in them)
 BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
-#: the consumer warpgroups (head dims split over two ring stages): both finished the previous tile's
-#: wgmmas, so its P^T / dS^T buffers are free (ids after :data:`.backward_epilogue.BAR_DQ_FULL`'s)
-BAR_DS_EMPTY = int(NamedBarrierId.FIRST_FREE) + 5
 
 
 class BwdQueryStep:
@@ -76,8 +73,6 @@ class BwdQueryStep:
                 probs_from_lse(s_mn, lambda c: sLSE[tScS_mn[0, c][1], stage], scale_log2)
             rP.store(acc_S.load().to(self.dtype))
         if const_expr(split_d):  # P^T to its buffer while dP^T finishes
-            if const_expr(self.cfg.tile.stages > 1):  # the other warpgroup may still read the previous tile's
-                cute.arch.barrier(barrier_id=BAR_DS_EMPTY, number_of_threads=self.num_mma_threads)
             wgmma.store_acc_to_smem(tiled_mma_sdp, rP, sdS[None, None, 1], mma_tidx, self.dtype)
 
         warpgroup.wait_group(0)
@@ -118,26 +113,13 @@ class BwdQueryStep:
         warpgroup.commit_group()
         warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
 
-        if const_expr(self.cfg.tile.dq_atomic):  # dQ added into the accumulator's rows from registers
-            self.add_dq(tiled_mma_dq, acc_dQ, tdQsdQ, m_block, mma_tidx)
-        else:  # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce read it; its reduce-add
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
-            cute.autovec_copy(acc_dQ, tdQsdQ)
-            cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
+        # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
+        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
+        cute.autovec_copy(acc_dQ, tdQsdQ)
+        cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
+        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
 
         warpgroup.wait_group(0)
         pipe_q.consumer_release(read)
         read.advance()
         return read
-
-    @cute.jit
-    def add_dq(self, tiled_mma_dq, acc_dQ: cute.Tensor, gdQ_rows: cute.Tensor, m_block, mma_tidx):
-        """``dq_atomic``: this thread's dQ values of query tile ``m_block`` added into the fp32 accumulator
-        rows ``gdQ_rows`` (Sq_pad, D) by reductions (no return value; the rows are padded, so every row of
-        the tile exists)."""
-        gdQ = cute.local_tile(gdQ_rows, (self.tile_m, self.D), (m_block, 0))
-        tdQgdQ = tiled_mma_dq.get_slice(mma_tidx).partition_C(gdQ)
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            cute.arch.atomic_add(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i])
-

@@ -396,24 +396,12 @@ def _sass_counts(rep):
     return collections.Counter(re.findall(r"\b(REDG|ATOMG|STG|LDG)[A-Z0-9._]*", rep.sass))
 
 
-def _per_thread(t, rows, cols):
-    """Values of a (rows, cols) tile per consumer thread (split over both warpgroups' 256 threads when the
-    head dims are split, else one warpgroup's 64 keys by 128 threads)."""
-    return rows * cols // (128 * t.consumer_warpgroups) if t.kv_split_d else 64 * cols // 128
-
-
-def _dq_reds(t, bodies):
-    """The consumers' dQ reductions (``dq_atomic``): a (tile_m, D) tile per query tile, per loop body."""
-    return bodies * t.tile_m * t.head_dim // (128 * t.consumer_warpgroups) if t.dq_atomic else 0
-
-
 @pytest.mark.parametrize("dtype,head_dim,causal", CONFIGS)
 def test_backward_compiles_within_spill_budget(dtype, head_dim, causal):
     """One kernel, no local memory or stack, the wgmma bodies of the masked and the unmasked query-tile
     loops (S^T, dP^T: D/16 k-blocks each; dV, dK: tile_m/16; dQ: tile_n/16), every operand loaded by
     TMA (no LDG), dQ added by TMA reduce-adds (no per-thread reduction in the loop bodies) and dK / dV
-    stored by TMA from shared memory (one query head per KV head: no per-thread global access at all);
-    D 256 (``dq_atomic``): dQ by the consumers' fp32 reductions instead, 64 per thread and loop body."""
+    stored by TMA from shared memory (one query head per KV head: no per-thread global access at all)."""
     from cute_kernels.tools import inspect as ins
 
     cfg = bk.bwd_config(dtype, head_dim, causal, direct_kv=True)
@@ -427,8 +415,8 @@ def test_backward_compiles_within_spill_budget(dtype, head_dim, causal):
     assert k.instructions["UTMALDG"] > 0 and k.instructions["STSM"] > 0, rep.summary()
     ops = _sass_counts(rep)
     assert ops["LDG"] == 0, ops
-    assert ops["REDG"] == _dq_reds(t, 2) and ops["STG"] == 0, ops
-    assert (k.instructions["UTMAREDG"] > 0) == (not t.dq_atomic) and k.instructions["UTMASTG"] > 0, rep.summary()
+    assert ops["REDG"] == 0 and ops["STG"] == 0, ops
+    assert k.instructions["UTMAREDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
 
 
 @pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
@@ -450,7 +438,7 @@ def test_varlen_backward_compiles_within_spill_budget(head_dim, kv):
     ops = _sass_counts(rep)
     assert 0 < ops["LDG"] <= 8, ops  # cu_seqlens only: every operand comes by TMA
     if kv == "direct":
-        assert ops["STG"] > 0 and k.instructions["UTMASTG"] > 0 and ops["REDG"] == _dq_reds(t, 2), ops
+        assert ops["STG"] > 0 and k.instructions["UTMASTG"] > 0 and ops["REDG"] == 0, ops
     else:
         assert ops["REDG"] > 0 and ops["STG"] == 0, ops
 
@@ -479,9 +467,7 @@ def test_gqa_backward_compiles_within_spill_budget(head_dim):
     k = rep.kernels[0]
     _assert_spill_budget(k, cfg.tile, rep.summary())
     ops = _sass_counts(rep)
-    t = cfg.tile
-    assert ops["REDG"] == 2 * _per_thread(t, t.tile_n, head_dim) + _dq_reds(t, 2), ops
-    assert ops["STG"] == 0 and ops["LDG"] == 0, ops
+    assert ops["REDG"] == 2 * (64 * head_dim // 128) and ops["STG"] == 0 and ops["LDG"] == 0, ops
 
 
 @pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
@@ -520,8 +506,8 @@ def test_softcap_backward_compiles_without_spills(kv, head_dim):
     assert k.spills == 0 and k.stack_frame == 0, rep.summary()
     assert k.instructions["HGMMA"] == k0.instructions["HGMMA"] == 2 * (2 * head_dim // 16 + 2 * t.tile_m // 16
                                                                         + t.tile_n // 16), rep.summary()
-    assert k.instructions["MUFU"] - k0.instructions["MUFU"] == 2 * _per_thread(t, t.tile_n, t.tile_m), (
-        rep.summary(), rep0.summary())
+    assert k.instructions["MUFU"] - k0.instructions["MUFU"] == 2 * (64 * t.tile_m // 128), (rep.summary(),
+                                                                                            rep0.summary())
     assert _sass_counts(rep) == _sass_counts(rep0)
 
 
