@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import to_cutlass
+from ..common import fastpath
 from ..common.fastpath import LauncherCache
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
@@ -154,6 +155,10 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
     launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace,
            *_variant_values(softcap, learnable_sink, cache_leftpad))
     if key is not None:
+        if len(key) == 14 and key[8] is None and key[10] is None:  # a plain key, no block table or workspace:
+            # the fast path's guard for its tensors, and the rest of the key (LauncherCache)
+            launch.guard = fastpath.metadata_guard(q, k_cache, v_cache, cache_seqlens)
+            launch.rest = (key[9], key[11], key[12], bool, key[13])
         _launchers[key] = launch
 
 
@@ -374,10 +379,23 @@ def decode_attn(
     differentiable: with grad enabled, an input that requires grad raises ValueError (a result
     without gradients would be silently wrong); ``flash_attn`` has the backward.
     """
-    key = None
-    if ((checked is None or checked is False) and type(q) in _FAST_TYPES and type(k_cache) in _FAST_TYPES
-            and type(v_cache) in _FAST_TYPES and type(cache_seqlens) in _FAST_TYPES and not _is_compiling()):
-        # the fast path (see _key): the grad check on the plain tensors' own attributes
+    key = hit = last_key = last_hit = None
+    fast = (checked is None or checked is False) and not _is_compiling()
+    if fast:  # the fast path (see _key)
+        last_key, last_hit, guard, rest = _launchers.last
+        if (guard is not None and window_size is _NO_WINDOW and softcap.__class__ is float and not softcap
+                and learnable_sink is None and cache_leftpad is None and block_table is None and workspace is None
+                and rest == (None if out is None else type(out), type(num_splits), num_splits, type(causal), causal)):
+            if guard.check(q, k_cache, v_cache, cache_seqlens):  # the last hit's tensors, none requiring grad
+                hit = last_hit
+            else:
+                guard = False  # (failed: see below)
+        plain = True
+    if hit is not None:
+        pass
+    elif fast and type(q) in _FAST_TYPES and type(k_cache) in _FAST_TYPES and type(v_cache) in _FAST_TYPES \
+            and type(cache_seqlens) in _FAST_TYPES:
+        # the grad check on the plain tensors' own attributes
         if _grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad or (
                 learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))):
             _no_backward()
@@ -398,36 +416,37 @@ def decode_attn(
             else:
                 key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal,
                            (softcap, learnable_sink, window_size, cache_leftpad))
-            last = _launchers.last  # (LauncherCache: the last hit's key compared, not hashed)
-            if last[0] == key:
-                hit = last[1]
+            # LauncherCache: the last hit's key compared, not hashed (a bool causal: a tensor would compare
+            # equal to its value where the dict, hashing it by identity, finds nothing)
+            if causal.__class__ is bool and key == last_key:
+                hit = last_hit
+                if guard is False:  # its guard fails a call its key takes (inference mode...): the key path
+                    _launchers.last = (last_key, last_hit, None, None)
             else:
-                hit = _launchers.get(key)
-                if hit is not None:
-                    _launchers.last = (key, hit)
+                hit = _launchers.hit(key)
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
-        # forward_host.run_hit's steps written out (a call and star-args show in decode's host time): the
-        # default scale, checked_env's test of an unset variable, a plain configuration's launch without
-        # star-args
-        if hit is not None and return_lse.__class__ is bool and (
-                checked is False or _ENV_CHECKED not in _ENV or not _plan_mod.checked_env()):
-            scale = hit.default_scale if softmax_scale is None else fh.fast_scale(hit, softmax_scale)
-            if scale is not None:
-                try:
-                    if plain:
-                        o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace)
-                    else:
-                        o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace,
-                                     *_variant_values(softcap, learnable_sink, cache_leftpad))
-                except Exception:  # the compiled function refused an argument: the checks below name it
-                    pass
-                else:
-                    return (o, lse) if return_lse else o
     elif _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
                               or getattr(v_cache, "requires_grad", False)
                               or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False))):
         _no_backward()
+    # forward_host.run_hit's steps written out (a call and star-args show in decode's host time): the
+    # default scale, checked_env's test of an unset variable, a plain configuration's launch without
+    # star-args
+    if hit is not None and return_lse.__class__ is bool and (
+            checked is False or _ENV_CHECKED not in _ENV or not _plan_mod.checked_env()):
+        scale = hit.default_scale if softmax_scale is None else fh.fast_scale(hit, softmax_scale)
+        if scale is not None:
+            try:
+                if plain:
+                    o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace)
+                else:
+                    o, lse = hit(q, k_cache, v_cache, out, return_lse, scale, cache_seqlens, block_table, workspace,
+                                 *_variant_values(softcap, learnable_sink, cache_leftpad))
+            except Exception:  # the compiled function refused an argument: the checks below name it
+                pass
+            else:
+                return (o, lse) if return_lse else o
     # under torch.compile: no data_ptr / host-sync checks here (the op re-plans in eager code); fake
     # tensors (FakeTensorMode, make_fx) go through the custom ops too: their fakes give the shapes
     compiling = torch.compiler.is_compiling() or isinstance(q, FakeTensor)

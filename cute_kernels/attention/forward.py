@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..common import jit
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
+from ..common import fastpath
 from ..common.fastpath import LauncherCache
 from ..common.overlap import check_written
 from ..common.scheduler import tile_counter  # noqa: F401  (FW.tile_counter: the benches pass it to bare launches)
@@ -231,6 +232,11 @@ def _run(c: Call, q, k, v, out, lse, key=None) -> None:
                               inputs=(q, k, v, *dev, *sink), out=out, variant=cfg.variant_args)
     launch(q, k, v, out, lse, c.scale, *dev, *c.variant_values())
     if key is not None:
+        if len(key) == 12 and c.mode == DENSE and c.window == (-1, -1) and not sink and not c.softcap:
+            # a plain dense key (forward_host.dense_key's) without a window: the fast path's guard for its
+            # tensors, and the rest of the key (LauncherCache)
+            launch.guard = fastpath.metadata_guard(q, k, v) if key[7] is None else fastpath.metadata_guard(q, k, v, out)
+            launch.rest = (key[7] is None, key[8], key[9])
         _launchers[key] = launch
 
 
@@ -355,6 +361,8 @@ _grad_enabled = torch.is_grad_enabled
 _FAST = fh.FAST_TYPES
 #: call metadata (the ``forward_host`` keys) -> launcher (:func:`.forward_host.make_launcher`)
 _launchers = LauncherCache()
+#: flash_attn's default window_size (no window)
+_NO_WINDOW = (-1, -1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -373,7 +381,7 @@ def flash_attn(
     cu_seqlens_k: Optional[torch.Tensor] = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k: Optional[int] = None,
-    window_size: tuple[int, int] = (-1, -1),
+    window_size: tuple[int, int] = _NO_WINDOW,
     checked: Optional[bool] = None,
     block_table: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
@@ -463,41 +471,47 @@ def flash_attn(
         check_unsupported(dropout_p, alibi_slopes)
     if deterministic is not False:
         check_flag(deterministic, "deterministic", "flash_attn")
-    key = None
-    if type(q) in _FAST and type(k) in _FAST and type(v) in _FAST and (checked is None or checked is False) \
-            and not _is_compiling():  # the fast path (forward_host), the grad check on the tensors' own attributes
+    key = hit = None
+    # a dense call without softcapping or sinks (max_seqlen: the key's test below)
+    dense = (softcap.__class__ is float and not softcap and learnable_sink is None and block_table is None
+             and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None)
+    last_key, last_hit, guard, rest = _launchers.last
+    if (guard is not None and dense and window_size is _NO_WINDOW and max_seqlen_q is None and max_seqlen_k is None
+            and (checked is None or checked is False) and rest == (out is None, type(causal), causal)
+            and not _is_compiling()):
+        if guard.check(q, k, v) if out is None else guard.check(q, k, v, out):
+            # the last hit's metadata (LauncherCache): its guard checked q, k, v (and out), none requiring grad
+            hit, grad, fast = last_hit, False, True
+        else:
+            guard = False  # (failed: the key path below)
+    if hit is None and type(q) in _FAST and type(k) in _FAST and type(v) in _FAST \
+            and (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host), the grad check on the tensors' own attributes
         grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
             learnable_sink is not None and getattr(learnable_sink, "requires_grad", False)))  # then: the differentiable op
         fast = not grad
-    else:
+    elif hit is None:
         grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
                                     or getattr(v, "requires_grad", False)
                                     or (learnable_sink is not None and getattr(learnable_sink, "requires_grad", False)))
         fast = False
     if fast:
-        # softcapping or sinks: their keys and launch values (forward_host.variant_key / variant_values)
-        if softcap.__class__ is not float or softcap or learnable_sink is not None:
-            key, res = _variant_hit(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
-                                    max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k,
-                                    (softcap, learnable_sink))
-        elif block_table is None and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None:
-            try:
-                if max_seqlen_q is None and max_seqlen_k is None and type(causal) is bool:
-                    # forward_host.dense_key's tuple, written out (the most frequent call)
-                    key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
-                           None if out is None else (type(out), out.stride()), bool, causal, type(window_size),
-                           window_size)
-                    last = _launchers.last  # (LauncherCache: the last hit's key compared, not hashed)
-                    if last[0] == key:
-                        hit = last[1]
-                    else:
-                        hit = _launchers.get(key)
-                        if hit is not None:
-                            _launchers.last = (key, hit)
-                else:
-                    hit = None
-            except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
-                key = hit = None
+        if dense:
+            if hit is None:
+                try:
+                    if max_seqlen_q is None and max_seqlen_k is None and type(causal) is bool:
+                        # forward_host.dense_key's tuple, written out (the most frequent call); LauncherCache: the
+                        # last hit's key compared, not hashed (forward_host.int_sides: why)
+                        key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
+                               None if out is None else (type(out), out.stride()), bool, causal, type(window_size),
+                               window_size)
+                        if key == last_key and (window_size is _NO_WINDOW or fh.int_sides(window_size)):
+                            hit = last_hit
+                            if guard is False:  # its guard fails a call its key takes (inference mode...)
+                                _launchers.last = (last_key, last_hit, None, None)
+                        else:
+                            hit = _launchers.hit(key)
+                except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
+                    key = hit = None
             # run_hit's steps written out: the most frequent call, where a call and star-args show (the
             # default scale without a call to fast_scale)
             scale = (None if hit is None or return_lse.__class__ is not bool else hit.default_scale
@@ -510,6 +524,11 @@ def flash_attn(
                 else:
                     return (o, lse) if return_lse else o
             res = None
+        # softcapping or sinks: their keys and launch values (forward_host.variant_key / variant_values)
+        elif softcap.__class__ is not float or softcap or learnable_sink is not None:
+            key, res = _variant_hit(q, k, v, causal, softmax_scale, return_lse, out, cu_seqlens_q, cu_seqlens_k,
+                                    max_seqlen_q, max_seqlen_k, window_size, checked, block_table, seqused_k,
+                                    (softcap, learnable_sink))
         elif cu_seqlens_k is not None and (block_table is not None or seqused_k is not None):
             res = None  # an error the checks name
         elif block_table is not None or seqused_k is not None:

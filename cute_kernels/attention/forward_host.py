@@ -40,6 +40,17 @@ def window_args(window_left: int, window_right: int) -> tuple[int, int]:
     return (WINDOW_UNBOUNDED if window_left == -1 else window_left), (WINDOW_UNBOUNDED if window_right == -1 else window_right)
 
 
+def int_sides(window_size) -> bool:
+    """``window_size`` is a pair of ints / None: the last-hit test (:class:`~..common.fastpath.LauncherCache`)
+    compares keys without hashing them, which the dict does, and a tensor side compares equal to its
+    value where the dict, hashing it by identity, finds nothing (the checks then refuse it)."""
+    return (window_size.__class__ is tuple and len(window_size) == 2 and window_size[0].__class__ in _SIDES
+            and window_size[1].__class__ in _SIDES)
+
+
+_SIDES = frozenset({int, type(None)})
+
+
 def variant_key(softcap, learnable_sink) -> tuple:
     """What a call with softcapping or a sink adds to its key: softcap with its type (its value: a
     launcher is made only after the checks passed it, so a NaN or negative one never hits), and the

@@ -96,17 +96,25 @@ def fresh_or_scratch(empty: Callable, shape, dtype, device) -> Callable[[bool], 
 
 
 #: :attr:`LauncherCache.last` with no hit to remember (no key equals None)
-NO_LAST = (None, None)
+NO_LAST = (None, None, None, None)
 
 
 class LauncherCache(dict):
     """A host fast path's launchers by call metadata (key -> launcher) that remembers its last hit:
-    ``last`` is ``(key, launcher)``, so a call with the metadata of the call before it finds its
-    launcher with one tuple comparison, without hashing the key (a dict lookup hashes it and then
-    compares it too: ~0.15 us on a decode key).  The fast path writes the test out::
+    ``last`` is ``(key, launcher, guard, rest)``, so a call with the metadata of the call before it
+    finds its launcher with one tuple comparison, without hashing the key (a dict lookup hashes it and
+    then compares it too: ~0.15 us on a decode key), or, where the launcher has a ``guard``
+    (:func:`metadata_guard` of the tensors its key describes), with that guard's check and ``rest``
+    (the key's other parts) compared, without reading the tensors' metadata in Python at all.  The
+    fast path writes the tests out::
 
-        last = cache.last
-        hit = last[1] if last[0] == key else cache.hit(key)
+        key, launch, guard, rest = cache.last
+        hit = launch if guard and rest == call_rest and guard.check(*tensors) else None
+        hit = hit or (launch if key == call_key else cache.hit(call_key))
+
+    and, when a guard failed a call whose key is the last one (another dispatch state than the one it
+    was made in, say inference mode), stores ``last`` without it.  A key that alternates with another
+    pays the failed test and a dict lookup (~0.3 us more than the dict alone).
 
     Every change to the dict forgets the last hit (a launcher replaced or removed under its key is never
     returned again)."""
@@ -118,10 +126,11 @@ class LauncherCache(dict):
         self.last = NO_LAST
 
     def hit(self, key):
-        """``get(key)``, remembered as the last hit when there is one."""
+        """``get(key)``, remembered as the last hit when there is one, with the launcher's ``guard`` and
+        ``rest`` attributes (None without)."""
         launch = self.get(key)
         if launch is not None:
-            self.last = (key, launch)
+            self.last = (key, launch, getattr(launch, "guard", None), getattr(launch, "rest", None))
         return launch
 
     def __setitem__(self, key, value):
@@ -155,3 +164,28 @@ class LauncherCache(dict):
     def __ior__(self, other):
         self.update(other)
         return self
+
+
+try:  # torch.compile's tensor guard (C++): one call checks a few tensors' metadata
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover  (another torch)
+    _TensorGuards = None
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def metadata_guard(*tensors):
+    """A check, ``guard.check(*like) -> bool``, that ``like`` are tensors of ``tensors``' exact types,
+    dtypes, device indices, dispatch keys (device type, inference mode), sizes and strides, none
+    requiring grad, and no two the same object: torch.compile's ``TensorGuards``, a C++ loop (~0.6 us
+    for four tensors where reading their metadata in Python takes ~1.2).  None where it cannot stand
+    for a launcher's key: another torch without it, a tensor that is not a plain one or requires grad,
+    two of them the same object (its check refuses that), any failure building it."""
+    if _TensorGuards is None or any(type(t) not in _PLAIN or t.requires_grad for t in tensors):
+        return None
+    try:
+        guard = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                              dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        return guard if guard.check(*tensors) is True else None
+    except Exception:  # noqa: BLE001  (a guard is an optimization: without one, the key path)
+        return None

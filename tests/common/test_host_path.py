@@ -30,6 +30,7 @@ from cute_kernels.attention import forward as FW
 from cute_kernels.attention import forward_host as FH
 from cute_kernels.attention import merge as ME
 from cute_kernels.common import jit
+from cute_kernels.common import fastpath
 from cute_kernels.common.fastpath import LauncherCache
 from cute_kernels.gemm import host as GH
 from cute_kernels.gemm import launch as GL
@@ -217,18 +218,44 @@ def test_decode_cpu_reference_is_never_cached(monkeypatch):
 
 # ----------------------------------------------------------------------------------------- flash_attn
 def test_launcher_cache_forgets_its_last_hit_on_any_change():
-    """LauncherCache.last (the attention fast paths compare a call's key with it before hashing it) never
-    names a launcher the dict no longer holds under that key."""
+    """LauncherCache.last (the attention fast paths compare a call's key with it before hashing it, or
+    check its guard) never names a launcher the dict no longer holds under that key."""
+    none = (None, None, None, None)
     c = LauncherCache({(1,): "a"})
-    assert c.last == (None, None) and c.hit((2,)) is None and c.last == (None, None)
-    assert c.hit((1,)) == "a" and c.last == ((1,), "a")
+    assert c.last == none and c.hit((2,)) is None and c.last == none
+    assert c.hit((1,)) == "a" and c.last == ((1,), "a", None, None)
     for change in (lambda: c.__setitem__((1,), "b"), lambda: c.pop((1,)), lambda: c.clear(),
                    lambda: c.update({(3,): "c"}), lambda: c.setdefault((4,), "d"), lambda: c.popitem(),
                    lambda: c.__delitem__(next(iter(c))), lambda: c.__ior__({(5,): "e"})):
         c[(1,)] = "a"
         assert c.hit((1,)) == "a" and c.last[1] == "a"
         change()
-        assert c.last == (None, None), change
+        assert c.last == none, change
+
+
+def test_launcher_cache_remembers_a_guard(stubbed):
+    """A hit remembers its launcher's guard (fastpath.metadata_guard) and rest; a guard that fails a call
+    whose key is the last one (here: inference mode, another dispatch state than the guard's) is dropped
+    from ``last``, so the calls after it take the key path alone."""
+    q, k = torch.randn(2, 3), torch.randn(4)
+
+    def launch():
+        pass
+    launch.guard, launch.rest = fastpath.metadata_guard(q, k), ("rest",)
+    assert launch.guard is not None and launch.guard.check(q, k) and not launch.guard.check(k, q)
+    c = LauncherCache({(1,): launch})
+    assert c.hit((1,)) is launch and c.last == ((1,), launch, launch.guard, ("rest",))
+    # no guard where it cannot stand for a key: a tensor requiring grad, one passed twice, not a tensor
+    assert fastpath.metadata_guard(q.clone().requires_grad_()) is None
+    assert fastpath.metadata_guard(k, k) is None and fastpath.metadata_guard(k, 1) is None
+    dq, dk, dv, ds = decode_inputs()
+    for _ in range(2):
+        DE.decode_attn(dq, dk, dv, cache_seqlens=ds)
+    assert DE._launchers.last[2] is not None
+    with torch.inference_mode(), count_launches() as n:
+        for _ in range(3):
+            DE.decode_attn(dq, dk, dv, cache_seqlens=ds)
+        assert DE._launchers.last[2] is None and n["decode_attn"] == 3 and len(DE._launchers) == 1
 
 
 def test_fast_paths_take_the_launcher_now_under_the_key(stubbed):
@@ -262,6 +289,58 @@ def test_fast_paths_take_the_launcher_now_under_the_key(stubbed):
     with count_launches() as n:
         FW.flash_attn(fq, fk, fk)
     assert n["flash_attn"] == 1 and len(FW._launchers) == 1  # re-made, not the forgotten one
+
+
+def test_guarded_last_hits_check_what_the_key_did(stubbed):
+    """After a hit through the dict the next calls with the same metadata take the launcher on its guard
+    (LauncherCache.last, fastpath.metadata_guard); a call that differs in a fact the key held, or with an
+    input requiring grad, still takes the key path and its checks (the same errors, nothing launched)."""
+    q, k, v, s = decode_inputs()
+    o = torch.empty_like(q)
+    for _ in range(2):
+        DE.decode_attn(q, k, v, cache_seqlens=s, out=o)
+    assert DE._launchers.last[2] is not None  # a guard that passed
+    with count_launches() as n:
+        for _ in range(3):
+            assert DE.decode_attn(q, k, v, cache_seqlens=s, out=o) is o
+    assert n["decode_attn"] == 3 and len(DE._launchers) == 1
+    rejected(lambda: DE.decode_attn(q, k, v, cache_seqlens=s, out=q.view(q.shape)), ValueError, "out overlaps q")
+    rejected(lambda: DE.decode_attn(q, k, v.half(), cache_seqlens=s, out=o), TypeError, "v_cache dtype")
+    rejected(lambda: DE.decode_attn(q, k, v, cache_seqlens=s.long(), out=o), TypeError, "cache_seqlens must be int32")
+    rejected(lambda: DE.decode_attn(q, k, v, cache_seqlens=s, out=o, num_splits=True), TypeError, "num_splits")
+    rejected(lambda: DE.decode_attn(q, k, v, cache_seqlens=s, out=o, causal=torch.tensor(True)), TypeError, "causal")
+    rejected(lambda: DE.decode_attn(q, k, v, cache_seqlens=s, out=o, softmax_scale=-1.0), ValueError, "softmax_scale")
+    rejected(lambda: DE.decode_attn(q, misaligned(tuple(k.shape)), v, cache_seqlens=s, out=o), ValueError, "16-byte")
+    rejected(lambda: DE.decode_attn(q, k.clone().requires_grad_(), v, cache_seqlens=s, out=o), ValueError,
+             "requires grad")
+    rejected(lambda: DE.decode_attn(q, k, v, cache_seqlens=s, out=o.float()), ValueError, "out must be")
+    fq, fk, fo = torch.randn(1, 16, 4, 64, dtype=BF), torch.randn(1, 24, 2, 64, dtype=BF), torch.empty(1, 16, 4, 64, dtype=BF)
+    for _ in range(2):
+        FW.flash_attn(fq, fk, fk, out=fo)
+    # k passed twice: its launcher has no guard (the check refuses a repeated tensor), for later calls too
+    assert FW._launchers.last[2] is None
+    fv = fk.clone()
+    FW.flash_attn(fq, fk, fv, out=fo)
+    assert FW._launchers.last[2] is None
+    FW._launchers.clear()
+    for _ in range(2):
+        FW.flash_attn(fq, fk, fv, out=fo)
+    assert FW._launchers.last[2] is not None
+    with count_launches() as n:
+        for _ in range(3):
+            assert FW.flash_attn(fq, fk, fv, out=fo) is fo
+    assert n["flash_attn"] == 3
+    rejected(lambda: FW.flash_attn(fq, fk, fv, out=fq.view(fq.shape)), ValueError, "out overlaps q")
+    rejected(lambda: FW.flash_attn(fq, fk, fv, out=fo, causal=1), TypeError, "causal")
+    rejected(lambda: FW.flash_attn(fq, fk, fv.half(), out=fo), TypeError, "v dtype")
+    rejected(lambda: FW.flash_attn(fq, fk, fv, out=fo, softmax_scale=0.0), ValueError, "softmax_scale")
+    # an input requiring grad takes the differentiable path (out= refused there), as without a guard
+    named_grad = fk.clone().requires_grad_()
+    with pytest.raises(ValueError):
+        FW.flash_attn(fq, named_grad, fv, out=fo)
+    with count_launches() as n:
+        FW.flash_attn(fq, fk, fv, out=fo, window_size=(4, 0))  # another window: another launcher
+    assert n["flash_attn"] == 1 and len(FW._launchers) == 2
 
 
 def test_flash_attn_hits_and_checks(stubbed):
