@@ -155,10 +155,10 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
     launch(q, k_cache, v_cache, out, lse, scale, cache_seqlens, block_table, workspace,
            *_variant_values(softcap, learnable_sink, cache_leftpad))
     if key is not None:
-        if len(key) == 14 and key[8] is None and key[10] is None:  # a plain key, no block table or workspace:
+        if len(key) == 14 and key[12] is None and key[13] is None:  # a plain key, no block table or workspace:
             # the fast path's guard for its tensors, and the rest of the key (LauncherCache)
             launch.guard = fastpath.metadata_guard(q, k_cache, v_cache, cache_seqlens)
-            launch.rest = (key[9], key[11], key[12], bool, key[13])
+            launch.rest = (key[0], key[1], key[2], bool, key[3])
         _launchers[key] = launch
 
 
@@ -279,11 +279,11 @@ def _key(q, k, v, s, bt, out, ws, num_splits, causal, variant=None) -> tuple:
     window_size, cache_leftpad)`` of a call with softcapping, a sink, a window or a left padding
     (:func:`.forward_host.variant_key` joins the key, and the window's sides as given -- a tuple of
     ints / None, else no key -- and the padding tensor's metadata, never its values)."""
-    key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(), s.dtype,
+    # (the parts calls of one model vary in first: a key unlike the last hit's differs early, LauncherCache)
+    key = (None if out is None else type(out), type(num_splits), num_splits, causal,
+           q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(), s.dtype,
            None if bt is None else (type(bt), bt.shape, bt.stride(), bt.dtype),
-           None if out is None else type(out),
-           None if ws is None else (type(ws), ws.shape, ws.stride()),
-           type(num_splits), num_splits, causal)
+           None if ws is None else (type(ws), ws.shape, ws.stride()))
     if variant is not None:
         softcap, sink, window, pad = variant
         if sink is not None and type(sink) not in _FAST_TYPES:
@@ -406,13 +406,12 @@ def decode_attn(
                           and window_size[0].__class__ is int and window_size[1].__class__ is int)))
         try:
             if plain:  # _key's tuple, written out (a call with ten arguments shows in decode's host time)
-                key = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), v_cache.stride(),
+                key = (None if out is None else type(out), type(num_splits), num_splits, causal,
+                       q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), v_cache.stride(),
                        cache_seqlens.dtype,
                        None if block_table is None else (type(block_table), block_table.shape, block_table.stride(),
                                                          block_table.dtype),
-                       None if out is None else type(out),
-                       None if workspace is None else (type(workspace), workspace.shape, workspace.stride()),
-                       type(num_splits), num_splits, causal)
+                       None if workspace is None else (type(workspace), workspace.shape, workspace.stride()))
             else:
                 key = _key(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, num_splits, causal,
                            (softcap, learnable_sink, window_size, cache_leftpad))
@@ -423,7 +422,9 @@ def decode_attn(
                 if guard is False:  # its guard fails a call its key takes (inference mode...): the key path
                     _launchers.last = (last_key, last_hit, None, None)
             else:
-                hit = _launchers.hit(key)
+                hit = _launchers.get(key)  # (LauncherCache.hit written out)
+                if hit is not None:
+                    _launchers.last = (key, hit, hit.guard, hit.rest)
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
     elif _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)

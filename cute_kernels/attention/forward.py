@@ -235,8 +235,8 @@ def _run(c: Call, q, k, v, out, lse, key=None) -> None:
         if len(key) == 12 and c.mode == DENSE and c.window == (-1, -1) and not sink and not c.softcap:
             # a plain dense key (forward_host.dense_key's) without a window: the fast path's guard for its
             # tensors, and the rest of the key (LauncherCache)
-            launch.guard = fastpath.metadata_guard(q, k, v) if key[7] is None else fastpath.metadata_guard(q, k, v, out)
-            launch.rest = (key[7] is None, key[8], key[9])
+            launch.guard = fastpath.metadata_guard(q, k, v) if key[2] is None else fastpath.metadata_guard(q, k, v, out)
+            launch.rest = (key[2] is None, key[3], key[4])
         _launchers[key] = launch
 
 
@@ -501,15 +501,16 @@ def flash_attn(
                     if max_seqlen_q is None and max_seqlen_k is None and type(causal) is bool:
                         # forward_host.dense_key's tuple, written out (the most frequent call); LauncherCache: the
                         # last hit's key compared, not hashed (forward_host.int_sides: why)
-                        key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
-                               None if out is None else (type(out), out.stride()), bool, causal, type(window_size),
-                               window_size)
-                        if key == last_key and (window_size is _NO_WINDOW or fh.int_sides(window_size)):
+                        key = (type(window_size), window_size, None if out is None else (type(out), out.stride()), bool,
+                               causal, q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride())
+                        if (window_size is _NO_WINDOW or fh.int_sides(window_size)) and key == last_key:
                             hit = last_hit
                             if guard is False:  # its guard fails a call its key takes (inference mode...)
                                 _launchers.last = (last_key, last_hit, None, None)
                         else:
-                            hit = _launchers.hit(key)
+                            hit = _launchers.get(key)  # (LauncherCache.hit written out)
+                            if hit is not None:
+                                _launchers.last = (key, hit, hit.guard, hit.rest)
                 except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
                     key = hit = None
             # run_hit's steps written out: the most frequent call, where a call and star-args show (the

@@ -78,8 +78,9 @@ def dense_key(q, k, v, out, causal, window_size) -> tuple:
     bool, raises TypeError."""
     if type(causal) is not bool:
         _no_key(causal)
-    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride(),
-            None if out is None else (type(out), out.stride()), type(causal), causal, type(window_size), window_size)
+    # (the parts calls of one model vary in first: a key unlike the last hit's differs early, LauncherCache)
+    return (type(window_size), window_size, None if out is None else (type(out), out.stride()), type(causal), causal,
+            q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride())
 
 
 def packed_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, causal, window_size) -> tuple:
@@ -264,6 +265,7 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
     else:
         raise ValueError(f"make_launcher: unknown mode {mode!r}")
     launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn  # (fn owns run's CUDA library)
+    launch.guard = launch.rest = None  # (LauncherCache: the op sets them for a plain call's)
     return launch
 
 
@@ -314,6 +316,7 @@ def variant_launcher(fn, q, lshape, dynamic: bool, mode: str, window, max_seqlen
         LAUNCHES["flash_attn"] += 1
         return out, lse
     launch.default_scale, launch.keep = 1.0 / math.sqrt(q.shape[-1]), fn
+    launch.guard = launch.rest = None
     return launch
 
 
@@ -411,6 +414,7 @@ def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, varia
             return out, lse
     launch.default_scale = D ** -0.5
     launch.keep = keep  # the compiled object owns fn's CUDA library
+    launch.guard = launch.rest = None  # (LauncherCache: decode_attn sets them for a plain call's)
     return launch
 
 
@@ -474,4 +478,5 @@ def _decode_variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant,
         return out, lse
     launch.default_scale = D ** -0.5
     launch.keep = keep
+    launch.guard = launch.rest = None
     return launch

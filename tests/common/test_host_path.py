@@ -274,7 +274,7 @@ def test_fast_paths_take_the_launcher_now_under_the_key(stubbed):
     def spy(*args):
         calls.append(args)
         return old(*args)
-    spy.default_scale, spy.keep = old.default_scale, old.keep
+    spy.default_scale, spy.keep, spy.guard, spy.rest = old.default_scale, old.keep, None, None
     DE._launchers[key] = spy
     with count_launches() as n:
         for _ in range(3):
