@@ -40,6 +40,10 @@
 #   bench-attention-backward-varlen  profiles/bench_attention.py --backward --varlen (issue 33: the packed backward
 #                 vs FA4's varlen backward on the --varlen bench's two packed cases, paired; gradients vs FA4's
 #                 and a float32 reference; ~3-5 min cold)          [BENCH_BWD_VARLEN_S, BENCH_BWD_VARLEN_ARGS]
+#   backward-d256  the backward GPU tests' D 256 cases (-k 256), then bench_attention.py --backward --only d256
+#                 (b4 h16 s4096 d256 vs cuDNN / FA2 SDPA / FA4 and its MMA bound; ~3 min cold)   [BWD_D256_S]
+#   host-tests    the host paths on the GPU: tests/attention/test_host_path_gpu.py and the decode tests
+#                 (the fast paths' keys, guards and launchers with real launches)                [HOST_TESTS_S]
 #   bench-quick   cute-kernels bench all --quick (gemm, attention, decode, model; ~1 min each)       [QUICK_S]
 #   bench-test    tests/tools/test_bench.py on the GPU (each kind's --quick run, the gemm one < 60 s; train's
 #                 --quick too, ~50 GB of device memory)                                           [BENCH_TEST_S]
@@ -87,6 +91,12 @@ for step in "$@"; do
     backward-tests) gpu_tests "${BWD_TESTS_S:-300}" backward-tests.log tests/attention/test_backward.py \
       tests/attention/test_backward_compile.py tests/attention/test_flash_autograd.py \
       tests/attention/test_backward_varlen.py ;;
+    backward-d256) gpu_tests "${BWD_D256_S:-200}" backward-d256.log tests/attention/test_backward.py \
+      tests/attention/test_flash_autograd.py tests/attention/test_backward_varlen.py -k 256
+      CK_COMMIT=$commit py 150 profiles/bench_attention.py --backward --only d256 --out-dir "$OUT" 2>&1 | quiet \
+        | tee "$OUT/bench-attention-backward-d256.log" ;;
+    host-tests) gpu_tests "${HOST_TESTS_S:-300}" host-tests.log tests/attention/test_host_path_gpu.py \
+      tests/attention/test_decode.py tests/attention/test_decode_args.py ;;
     variant-tests) gpu_tests "${VARIANT_TESTS_S:-240}" variant-tests.log tests/attention/test_variants.py \
       tests/attention/test_variants_compile.py ;;
     hf-tests) gpu_tests "${HF_TESTS_S:-200}" hf-tests.log tests/integrations ;;
