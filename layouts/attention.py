@@ -467,8 +467,8 @@ class BwdTile:
         return self.dq_rows_per_wg * self.dq_cols_per_wg * 4
 
     def smem_bytes(self) -> int:
-        """K, V, the Q / dO / LSE / Delta ring, a dS^T per stage, the warpgroups' fp32 dQ tiles, barriers
-        and alignment slack."""
+        """K, V, the Q / dO / LSE / Delta ring, the dS^T (and P^T) buffers (:attr:`ds_buffers`), the
+        warpgroups' fp32 dQ tiles, barriers and alignment slack."""
         return (2 * self.kv_tile_bytes + self.stages * self.stage_bytes + self.ds_buffers * self.ds_bytes
                 + self.consumer_warpgroups * self.dq_wg_bytes + 3 * FWD_SMEM_SLACK)
 
@@ -519,7 +519,7 @@ def make_bwd_smem_layout_v(t: BwdTile):
 
 
 def make_bwd_smem_layout_ds(t: BwdTile):
-    """(tile_n, tile_m, stages) dS^T, one per ring stage, query rows contiguous (the C layout of S^T,
+    """(tile_n, tile_m, ds_buffers) dS^T, one per ring stage, query rows contiguous (the C layout of S^T,
     written by stmatrix); the transposed view (tile_m, tile_n) is dQ = dS K's MN-major A operand (64
     rows per warpgroup).  One buffer per stage: a warpgroup writes stage s's while the other may still
     read the previous stage's (no barrier before the write).  ``kv_split_d``: buffer 0 dS^T, 1 P^T, both
