@@ -173,7 +173,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         @cute.struct
         class SharedStorage:
             kv_bar: cute.struct.MemRange[cutlass.Int64, 1]
-            q_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages * (1 + t.kv_split_d)]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
@@ -254,8 +254,15 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         if tidx == 0:
             kv_ring.init()
         consumer_warps = self.num_mma_threads // 32
-        pipe_q = ring.make_tma_pipeline(storage.q_bars.data_ptr(), self.stages, t.stage_bytes, consumer_warps,
-                                        cute.make_layout((1, 1, 1)), 1)
+        if const_expr(t.kv_split_d):  # Q + LSE and dO + Delta in rings of their own (handed back apart)
+            half = t.stage_bytes // 2
+            pipe_q = (ring.make_tma_pipeline(storage.q_bars.data_ptr(), self.stages, half, consumer_warps,
+                                             cute.make_layout((1, 1, 1)), 1),
+                      ring.make_tma_pipeline(storage.q_bars.data_ptr() + 2 * self.stages, self.stages, half,
+                                             consumer_warps, cute.make_layout((1, 1, 1)), 1))
+        else:
+            pipe_q = ring.make_tma_pipeline(storage.q_bars.data_ptr(), self.stages, t.stage_bytes, consumer_warps,
+                                            cute.make_layout((1, 1, 1)), 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -324,9 +331,16 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                                                cute.group_modes(gDelta, 0, 1))
             copies = ((tma_q, tQgQ, tQsQ), (tma_do, tOgO, tOsO), (tma_lse, tLgL, tLsL), (tma_delta, tDgD, tDsD))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            for i in cutlass.range(m_max - m_min, unroll=1):
-                state = tma.tma_produce_stage(pipe_q, state, copies,
-                                              self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k))
+            if const_expr(t.kv_split_d):  # dO + Delta first (the consumers start with dP^T), then Q + LSE
+                state_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for i in cutlass.range(m_max - m_min, unroll=1):
+                    m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
+                    state_do = tma.tma_produce_stage(pipe_q[1], state_do, (copies[1], copies[3]), m_block)
+                    state = tma.tma_produce_stage(pipe_q[0], state, (copies[0], copies[2]), m_block)
+            else:
+                for i in cutlass.range(m_max - m_min, unroll=1):
+                    state = tma.tma_produce_stage(pipe_q, state, copies,
+                                                  self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k))
 
     @cute.jit
     def consume(self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
@@ -378,6 +392,8 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         tScS_mn = fs.acc_mn_view(thr_sdp.partition_C(cS))
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if const_expr(self.cfg.tile.kv_split_d):  # (the Q + LSE ring's state, the dO + Delta ring's)
+            read = (read, pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages))
         if m_max > m_min:
             kv_ring.wait(0, 0)
         for i in cutlass.range(m_lo - m_min, unroll=1):

@@ -39,19 +39,32 @@ class BwdQueryStep:
                    seqlen_k, n_block, m_block, mma_tidx, wg, masked: cutlass.Constexpr[bool], window_left=None,
                    window_right=None, softcap_scale=None, smem_a=None):
         """Query tile ``m_block``; ``smem_a``: the (dS^T, P^T) A operands in shared memory when the head
-        dims are split, else None.  Returns the advanced ring state."""
+        dims are split, else None; then ``pipe_q`` / ``read`` are the (Q + LSE, dO + Delta) rings and
+        their states, handed back apart: dO after dV, Q once no wgmma reads the tile's buffers.  Returns
+        the advanced ring state(s)."""
         split_d = const_expr(self.cfg.tile.kv_split_d)
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
         acc_S = cute.make_rmem_tensor(acc_shape, Float32)
         acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
-        stage = read.index
-        pipe_q.consumer_wait(read)
-        warpgroup.fence()
-        wgmma.wgmma_tile(tiled_mma_sdp, acc_S, tSrK, tSrQ, None, stage, accumulate=False)
-        warpgroup.commit_group()
-        wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage, accumulate=False)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
+        if const_expr(split_d):  # dP^T first: its dO came a tile earlier than Q
+            stage, stage_do = read[0].index, read[1].index
+            pipe_q[1].consumer_wait(read[1])
+            warpgroup.fence()
+            wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage_do, accumulate=False)
+            warpgroup.commit_group()
+            pipe_q[0].consumer_wait(read[0])
+            wgmma.wgmma_tile(tiled_mma_sdp, acc_S, tSrK, tSrQ, None, stage, accumulate=False)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+        else:
+            stage = stage_do = read.index
+            pipe_q.consumer_wait(read)
+            warpgroup.fence()
+            wgmma.wgmma_tile(tiled_mma_sdp, acc_S, tSrK, tSrQ, None, stage, accumulate=False)
+            warpgroup.commit_group()
+            wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage, accumulate=False)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
 
         s_mn = fs.acc_mn_view(acc_S)
         if const_expr(self.cfg.softcap):  # t = tanh(s * softmax_scale / softcap), before the mask (as the forward)
@@ -79,7 +92,7 @@ class BwdQueryStep:
         dp_mn = fs.acc_mn_view(acc_dP)
         if const_expr(not self.cfg.mma_only):
             for c in cutlass.range_constexpr(cute.size(dp_mn, mode=[1])):
-                delta = sDelta[tScS_mn[0, c][1], stage]
+                delta = sDelta[tScS_mn[0, c][1], stage_do]
                 for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                     dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - delta)
         rdS = cute.make_rmem_tensor(acc_shape, self.dtype)
@@ -97,7 +110,7 @@ class BwdQueryStep:
         cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
         if const_expr(split_d):  # every warpgroup's P^T and dS^T are in: dV += P^T dO over all queries
             warpgroup.fence()
-            wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, smem_a[1], tVrdOt, None, stage, accumulate=True)
+            wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, smem_a[1], tVrdOt, None, stage_do, accumulate=True)
             warpgroup.commit_group()
 
         # dQ = dS K, then dK += dS^T Q while dQ goes to shared memory
@@ -112,6 +125,9 @@ class BwdQueryStep:
             wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
         warpgroup.commit_group()
         warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
+        if const_expr(split_d):  # dO (and Delta) read: the next tile's may come
+            pipe_q[1].consumer_release(read[1])
+            read[1].advance()
 
         # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
         cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
@@ -120,6 +136,10 @@ class BwdQueryStep:
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
 
         warpgroup.wait_group(0)
-        pipe_q.consumer_release(read)
-        read.advance()
+        if const_expr(split_d):
+            pipe_q[0].consumer_release(read[0])
+            read[0].advance()
+        else:
+            pipe_q.consumer_release(read)
+            read.advance()
         return read
