@@ -40,7 +40,7 @@ class BwdQueryStep:
                    window_right=None, softcap_scale=None, smem_a=None):
         """Query tile ``m_block``; ``smem_a``: the (dS^T, P^T) A operands in shared memory when the head
         dims are split, else None; then ``pipe_q`` / ``read`` are the (Q + LSE, dO + Delta) rings and
-        their states, handed back apart: dO after dV, Q once no wgmma reads the tile's buffers.  Returns
+        their states, handed back apart: dO after dV, Q after dK (dQ, the last wgmma, reads neither).  Returns
         the advanced ring state(s)."""
         split_d = const_expr(self.cfg.tile.kv_split_d)
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
@@ -98,8 +98,11 @@ class BwdQueryStep:
         rdS = cute.make_rmem_tensor(acc_shape, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
 
-        # dS^T -> this stage's buffer (the other warpgroup read the previous stage's, or, split, released
-        # the ring's one stage after its last read); keys split: dV += P^T dO meanwhile
+        # dS^T -> this stage's buffer (the other warpgroup read the previous stage's); keys split: dV += P^T dO
+        # meanwhile.  Split: the other warpgroup's previous dQ (which reads all of dS) may still run after
+        # it handed Q back, so both warpgroups first meet here
+        if const_expr(split_d):
+            cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
         wgmma.store_acc_to_smem(tiled_mma_sdp, rdS, sdS[None, None, stage], mma_tidx, self.dtype)
         if const_expr(not split_d):
             tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
@@ -108,26 +111,32 @@ class BwdQueryStep:
             warpgroup.commit_group()
         cute.arch.fence_proxy("async.shared", space="cta")  # visible to the wgmma (async proxy)
         cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
-        if const_expr(split_d):  # every warpgroup's P^T and dS^T are in: dV += P^T dO over all queries
+        if const_expr(split_d):  # every warpgroup's P^T and dS^T are in: dV += P^T dO, dK += dS^T Q over all queries
             warpgroup.fence()
             wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, smem_a[1], tVrdOt, None, stage_do, accumulate=True)
             warpgroup.commit_group()
+            wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, smem_a[0], tKrQt, None, stage, accumulate=True)
+            warpgroup.commit_group()
 
-        # dQ = dS K, then dK += dS^T Q while dQ goes to shared memory
+        # dQ = dS K (keys split: then dK += dS^T Q while dQ goes to shared memory)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.get_slice(mma_tidx).partition_shape_C(
             (self.tile_m, self.D)), Float32)
         wgmma.wgmma_tile(tiled_mma_dq, acc_dQ, tQrdS, tQrK, stage, None, accumulate=False)
         warpgroup.commit_group()
-        if const_expr(split_d):
-            wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, smem_a[0], tKrQt, None, stage, accumulate=True)
+        if const_expr(split_d):  # dO (and Delta), then Q (and LSE) handed back as their last readers finish:
+            # the next tile's Q load overlaps this dQ and the next dP^T
+            warpgroup.wait_group(2)
+            pipe_q[1].consumer_release(read[1])
+            read[1].advance()
+            warpgroup.wait_group(1)
+            pipe_q[0].consumer_release(read[0])
+            read[0].advance()
+            warpgroup.wait_group(0)
         else:
             tKrdS = cute.make_tensor(rdS.iterator, fs.acc_to_frg_a_layout(rdS.layout))
             wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
-        if const_expr(split_d):  # dO (and Delta) read: the next tile's may come
-            pipe_q[1].consumer_release(read[1])
-            read[1].advance()
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
 
         # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
         cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
@@ -135,11 +144,8 @@ class BwdQueryStep:
         cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
 
-        warpgroup.wait_group(0)
-        if const_expr(split_d):
-            pipe_q[0].consumer_release(read[0])
-            read[0].advance()
-        else:
+        if const_expr(not split_d):
+            warpgroup.wait_group(0)
             pipe_q.consumer_release(read)
             read.advance()
         return read
