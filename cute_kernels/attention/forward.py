@@ -475,17 +475,17 @@ def flash_attn(
     # a dense call without softcapping or sinks (max_seqlen: the key's test below)
     dense = (softcap.__class__ is float and not softcap and learnable_sink is None and block_table is None
              and seqused_k is None and cu_seqlens_q is None and cu_seqlens_k is None)
-    last_key, last_hit, guard, rest = _launchers.last
+    compiling = _is_compiling()  # first: a traced read of the last hit would make dynamo recompile as it changes
+    last_key, last_hit, guard, rest = fastpath.NO_LAST if compiling else _launchers.last
     if (guard is not None and dense and window_size is _NO_WINDOW and max_seqlen_q is None and max_seqlen_k is None
-            and (checked is None or checked is False) and rest == (out is None, type(causal), causal)
-            and not _is_compiling()):
+            and (checked is None or checked is False) and rest == (out is None, type(causal), causal)):
         if guard.check(q, k, v) if out is None else guard.check(q, k, v, out):
             # the last hit's metadata (LauncherCache): its guard checked q, k, v (and out), none requiring grad
             hit, grad, fast = last_hit, False, True
         else:
             guard = False  # (failed: the key path below)
     if hit is None and type(q) in _FAST and type(k) in _FAST and type(v) in _FAST \
-            and (checked is None or checked is False) and not _is_compiling():  # the fast path (forward_host), the grad check on the tensors' own attributes
+            and (checked is None or checked is False) and not compiling:  # the fast path (forward_host), the grad check on the tensors' own attributes
         grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
             learnable_sink is not None and getattr(learnable_sink, "requires_grad", False)))  # then: the differentiable op
         fast = not grad

@@ -504,6 +504,40 @@ def test_flash_attn_hits_and_checks(stubbed):
     assert Stub.made == made
 
 
+@pytest.mark.parametrize("op", ["flash", "decode"])
+def test_attention_traced_calls_never_read_the_last_hit(stubbed, op):
+    """As gemm's: a torch.compile'd caller of flash_attn / decode_attn holds no guard on the launcher
+    cache, so eager calls that arm, change or grow it between its calls recompile nothing."""
+    torch._dynamo.reset()
+    if op == "flash":
+        mk = lambda s: [torch.randn(1, s, 4, 64, dtype=BF) for _ in range(3)]  # noqa: E731
+        a, b = mk(128), mk(256)
+        call = lambda t: FW.flash_attn(*t)  # noqa: E731
+        cache = FW._launchers
+    else:
+        s = torch.full((1,), 64, dtype=torch.int32)
+        mk = lambda L: [torch.randn(1, 1, 8, 64, dtype=BF), torch.randn(1, L, 2, 64, dtype=BF),  # noqa: E731
+                        torch.randn(1, L, 2, 64, dtype=BF)]
+        a, b = mk(64), mk(128)
+        call = lambda t: DE.decode_attn(*t, cache_seqlens=s)  # noqa: E731
+        cache = DE._launchers
+    for _ in range(3):
+        call(a)
+    assert cache.last[2] is not None
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(t):
+        return call(t) * 2
+
+    f(a)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i in range(4):
+            for _ in range(3):
+                call(b if i % 2 else a)
+            assert f(a).shape == a[0].shape
+    torch._dynamo.reset()
+
+
 def test_flash_attn_packed_hits_and_checks(stubbed, monkeypatch):
     """Packed calls: a launcher per metadata (max_seqlen, window and causal included, never the
     cu_seqlens values); anything else that differs is checked in full; checked mode reads the
