@@ -418,13 +418,14 @@ def decode_attn(
             # LauncherCache: the last hit's key compared, not hashed (a bool causal: a tensor would compare
             # equal to its value where the dict, hashing it by identity, finds nothing)
             if causal.__class__ is bool and key == last_key:
-                hit = last_hit
-                if guard is False:  # its guard fails a call its key takes (inference mode...): the key path
-                    _launchers.last = (last_key, last_hit, None, None)
+                hit = last_hit  # a repeat arms the last hit; a guard failing its own key's call (inference
+                if guard is False or rest is None:  # mode...) disarms it for the run (LauncherCache)
+                    _launchers.last = (key, hit, None, False) if guard is False else (
+                        key, hit, hit.guard, hit.rest or False)
             else:
-                hit = _launchers.get(key)  # (LauncherCache.hit written out)
+                hit = _launchers.get(key)  # (LauncherCache.hit written out: remembered unarmed)
                 if hit is not None:
-                    _launchers.last = (key, hit, hit.guard, hit.rest)
+                    _launchers.last = (key, hit, None, None)
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
     elif _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)

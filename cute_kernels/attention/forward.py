@@ -49,7 +49,6 @@ from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _sc
 __all__ = ["flash_attn", "validate", "validate_varlen", "check_window", "check_cu_seqlens", "plan", "get_forward_kernel", "warmup_flash_attn", "precompile", "HEAD_DIMS"]
 
 
-
 # ------------------------------------------------------------------------------------------------
 # plan and compiled kernels
 # ------------------------------------------------------------------------------------------------
@@ -504,13 +503,14 @@ def flash_attn(
                         key = (type(window_size), window_size, None if out is None else (type(out), out.stride()), bool,
                                causal, q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride())
                         if (window_size is _NO_WINDOW or fh.int_sides(window_size)) and key == last_key:
-                            hit = last_hit
-                            if guard is False:  # its guard fails a call its key takes (inference mode...)
-                                _launchers.last = (last_key, last_hit, None, None)
+                            hit = last_hit  # a repeat arms the last hit; a guard failing its key's call disarms it
+                            if guard is False or rest is None:  # for the run (inference mode...): LauncherCache
+                                _launchers.last = (key, hit, None, False) if guard is False else (
+                                    key, hit, hit.guard, hit.rest or False)
                         else:
-                            hit = _launchers.get(key)  # (LauncherCache.hit written out)
+                            hit = _launchers.get(key)  # (LauncherCache.hit written out: remembered unarmed)
                             if hit is not None:
-                                _launchers.last = (key, hit, hit.guard, hit.rest)
+                                _launchers.last = (key, hit, None, None)
                 except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
                     key = hit = None
             # run_hit's steps written out: the most frequent call, where a call and star-args show (the

@@ -213,11 +213,17 @@ def make_launcher(fn, q, lshape, dynamic: bool, mode: str, window=(-1, -1), max_
             LAUNCHES["flash_attn"] += 1
             return out, lse
     elif mode == "dense":
+        qe, ke, ve = exts
+
         def launch(q, k, v, out, lse, scale):
             if out is None:
                 out = _empty(*qshape, dtype=dtype, device=dev)
-            else:
-                guard(out, q, k, v)
+            else:  # (the pointer test of the launcher above: windowed layers alternate with full ones)
+                o = out.data_ptr()
+                end = o + o_ext
+                if ((p := q.data_ptr()) < end and o < p + qe or (p := k.data_ptr()) < end and o < p + ke
+                        or (p := v.data_ptr()) < end and o < p + ve):
+                    guard(out, q, k, v)
             if lse.__class__ is bool:
                 lse = lse_for(lse)
             run(q, k, v, out, lse, tile_counter(dev, dynamic), scale * LOG2_E, wl, wr)

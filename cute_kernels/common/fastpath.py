@@ -103,18 +103,22 @@ class LauncherCache(dict):
     """A host fast path's launchers by call metadata (key -> launcher) that remembers its last hit:
     ``last`` is ``(key, launcher, guard, rest)``, so a call with the metadata of the call before it
     finds its launcher with one tuple comparison, without hashing the key (a dict lookup hashes it and
-    then compares it too: ~0.15 us on a decode key), or, where the launcher has a ``guard``
-    (:func:`metadata_guard` of the tensors its key describes), with that guard's check and ``rest``
-    (the key's other parts) compared, without reading the tensors' metadata in Python at all.  The
-    fast path writes the tests out::
+    then compares it too: ~0.15 us on a decode key), or, once armed, with its ``guard``
+    (:func:`metadata_guard` of the tensors its key describes) checked and ``rest`` (the key's other
+    parts) compared, without reading the tensors' metadata in Python at all.  The fast path writes the
+    tests out::
 
         key, launch, guard, rest = cache.last
         hit = launch if guard and rest == call_rest and guard.check(*tensors) else None
         hit = hit or (launch if key == call_key else cache.hit(call_key))
 
-    and, when a guard failed a call whose key is the last one (another dispatch state than the one it
-    was made in, say inference mode), stores ``last`` without it.  A key that alternates with another
-    pays the failed test and a dict lookup (~0.3 us more than the dict alone).
+    A dict hit is remembered unarmed (guard and rest None): calls alternating between keys (a model's
+    sliding-window and full layers, out= and allocating calls) never run a guard that fails.  A repeat
+    through the key (the launcher is the last hit's) arms it, ``(key, launcher, launcher.guard,
+    launcher.rest)``, or stores ``rest`` False where it has no guard, so the next calls of the run take
+    the guard; a guard that failed a call whose key is the last one (another dispatch state than the one
+    it was made in, say inference mode) is disarmed, ``(key, launcher, None, False)``, until another
+    launcher is hit (gemm arms its own way: :func:`..gemm.host._arm`).
 
     Every change to the dict forgets the last hit (a launcher replaced or removed under its key is never
     returned again)."""
@@ -126,11 +130,10 @@ class LauncherCache(dict):
         self.last = NO_LAST
 
     def hit(self, key):
-        """``get(key)``, remembered as the last hit when there is one, with the launcher's ``guard`` and
-        ``rest`` attributes (None without)."""
+        """``get(key)``, remembered as the last hit, unarmed, when there is one."""
         launch = self.get(key)
         if launch is not None:
-            self.last = (key, launch, getattr(launch, "guard", None), getattr(launch, "rest", None))
+            self.last = (key, launch, None, None)
         return launch
 
     def __setitem__(self, key, value):

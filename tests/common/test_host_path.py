@@ -379,9 +379,9 @@ def test_launcher_cache_forgets_its_last_hit_on_any_change():
 
 
 def test_launcher_cache_remembers_a_guard(stubbed):
-    """A hit remembers its launcher's guard (fastpath.metadata_guard) and rest; a guard that fails a call
-    whose key is the last one (here: inference mode, another dispatch state than the guard's) is dropped
-    from ``last``, so the calls after it take the key path alone."""
+    """A dict hit is remembered unarmed; a repeat arms its launcher's guard (fastpath.metadata_guard) and
+    rest; a guard that fails a call whose key is the last one (here: inference mode, another dispatch
+    state than the guard's) is disarmed in ``last``, so the calls after it take the key path alone."""
     q, k = torch.randn(2, 3), torch.randn(4)
 
     def launch():
@@ -389,18 +389,18 @@ def test_launcher_cache_remembers_a_guard(stubbed):
     launch.guard, launch.rest = fastpath.metadata_guard(q, k), ("rest",)
     assert launch.guard is not None and launch.guard.check(q, k) and not launch.guard.check(k, q)
     c = LauncherCache({(1,): launch})
-    assert c.hit((1,)) is launch and c.last == ((1,), launch, launch.guard, ("rest",))
+    assert c.hit((1,)) is launch and c.last == ((1,), launch, None, None)
     # no guard where it cannot stand for a key: a tensor requiring grad, one passed twice, not a tensor
     assert fastpath.metadata_guard(q.clone().requires_grad_()) is None
     assert fastpath.metadata_guard(k, k) is None and fastpath.metadata_guard(k, 1) is None
     dq, dk, dv, ds = decode_inputs()
-    for _ in range(2):
+    for i in range(3):  # a miss, a dict hit (unarmed), a repeat (armed)
         DE.decode_attn(dq, dk, dv, cache_seqlens=ds)
-    assert DE._launchers.last[2] is not None
+        assert (DE._launchers.last[2] is not None) == (i == 2)
     with torch.inference_mode(), count_launches() as n:
         for _ in range(3):
             DE.decode_attn(dq, dk, dv, cache_seqlens=ds)
-        assert DE._launchers.last[2] is None and n["decode_attn"] == 3 and len(DE._launchers) == 1
+        assert DE._launchers.last[2:] == (None, False) and n["decode_attn"] == 3 and len(DE._launchers) == 1
 
 
 def test_fast_paths_take_the_launcher_now_under_the_key(stubbed):
@@ -437,12 +437,12 @@ def test_fast_paths_take_the_launcher_now_under_the_key(stubbed):
 
 
 def test_guarded_last_hits_check_what_the_key_did(stubbed):
-    """After a hit through the dict the next calls with the same metadata take the launcher on its guard
+    """After a repeat through the key the next calls with the same metadata take the launcher on its guard
     (LauncherCache.last, fastpath.metadata_guard); a call that differs in a fact the key held, or with an
     input requiring grad, still takes the key path and its checks (the same errors, nothing launched)."""
     q, k, v, s = decode_inputs()
     o = torch.empty_like(q)
-    for _ in range(2):
+    for _ in range(3):  # a miss, a dict hit, a repeat that arms the guard
         DE.decode_attn(q, k, v, cache_seqlens=s, out=o)
     assert DE._launchers.last[2] is not None  # a guard that passed
     with count_launches() as n:
@@ -468,7 +468,7 @@ def test_guarded_last_hits_check_what_the_key_did(stubbed):
     FW.flash_attn(fq, fk, fv, out=fo)
     assert FW._launchers.last[2] is None
     FW._launchers.clear()
-    for _ in range(2):
+    for _ in range(3):
         FW.flash_attn(fq, fk, fv, out=fo)
     assert FW._launchers.last[2] is not None
     with count_launches() as n:
@@ -502,6 +502,67 @@ def test_flash_attn_hits_and_checks(stubbed):
     rejected(lambda: FW.flash_attn(q, k, k, softmax_scale="0.1"), TypeError, "softmax_scale")
     rejected(lambda: FW.flash_attn(q, k, k, out=torch.empty(1, 16, 4, 64, dtype=BF).half()), TypeError, "out dtype")
     assert Stub.made == made
+
+
+@pytest.mark.parametrize("op", ["flash", "decode"])
+def test_attention_guarded_last_hit_states(stubbed, monkeypatch, op):
+    """As gemm's: calls alternating between two keys (out= and allocating, a window and none) never arm,
+    so never run a guard that fails; a repeat arms (no dict lookup: the last key compared); a guard failing
+    its own key's call (inference mode) disarms it for that run, until another launcher is hit; a clear
+    forgets the last hit."""
+    L = _CountingCache()
+    if op == "flash":
+        monkeypatch.setattr(FW, "_launchers", L)
+        q, k, v = (torch.randn(1, 16, 4, 64, dtype=BF) for _ in range(3))
+        o = torch.empty_like(q)
+        calls = [lambda: FW.flash_attn(q, k, v, out=o), lambda: FW.flash_attn(q, k, v, out=o, window_size=(4, 0)),
+                 lambda: FW.flash_attn(q, k, v, out=o), lambda: FW.flash_attn(q, k, v)]
+        name = "flash_attn"
+    else:
+        monkeypatch.setattr(DE, "_launchers", L)
+        q, k, v, s = decode_inputs()
+        o = torch.empty_like(q)
+        calls = [lambda: DE.decode_attn(q, k, v, cache_seqlens=s, out=o), lambda: DE.decode_attn(q, k, v, cache_seqlens=s)]
+        calls *= 2
+        name = "decode_attn"
+    for pair in (calls[:2], calls[2:]):
+        with count_launches() as n:
+            for _ in range(4):
+                for call in pair:
+                    call()
+                    assert L.last[2] is None and L.last[3] is None
+        assert n[name] == 8
+    assert len(L) == 2 + (op == "flash")
+    call = calls[0]
+    gets = L.gets
+    for i in range(4):  # a dict hit (unarmed), a repeat (the last key compared: armed), two on the guard
+        call()
+        assert (L.last[2] is not None) == (i >= 1) and L.gets == gets + 1
+    checks = []
+
+    class Spy:  # the armed guard, counting its checks: the calls of the run take it
+        def check(self, *ts, g=L.last[2]):
+            checks.append(g.check(*ts))
+            return checks[-1]
+    L.last = L.last[:2] + (Spy(),) + L.last[3:]
+    call()
+    assert checks == [True] and L.last[2] is not None
+    with torch.inference_mode(), count_launches() as n:
+        for _ in range(3):
+            call()
+            assert L.last[2] is None and L.last[3] is False
+    assert n[name] == 3 and L.gets == gets + 1 and checks == [True, False]
+    call()  # out of inference mode: still disarmed until another launcher is hit
+    assert L.last[3] is False
+    calls[1]()
+    for i in range(3):
+        call()
+        assert (L.last[2] is not None) == (i >= 1)
+    L.clear()
+    assert L.last == fastpath.NO_LAST and not L
+    for i in range(4):
+        call()
+    assert len(L) == 1 and L.last[2] is not None
 
 
 @pytest.mark.parametrize("op", ["flash", "decode"])
