@@ -106,6 +106,12 @@ fallback runs: transformers compiles ``StaticCache`` decoding on CUDA by itself,
 ``generate(..., disable_compile=True)`` to keep decode on the kernels.  ``hf_stats`` counts the calls
 each way (eager calls; under torch.compile, the traced ones): ``flash_attn`` (dense or packed),
 ``decode_attn``, ``fallback``.
+
+Host cost of a decode step (eager): the layers of one step pass tensors of the same metadata and the
+same keywords, so a call with no mask whose key matches an earlier call that reached the kernels takes
+that call's decision without its checks (:mod:`.hf_step` lists the key and why it is complete: the
+same kernel with the same arguments, and every fallback, reason and error from the full checks as
+before), and the valid lengths (and a sliding layer's clamp of them) are computed once per step.
 """
 
 from __future__ import annotations
@@ -118,12 +124,14 @@ import warnings
 import torch
 import torch.nn as nn
 
-from ..common.fastpath import stream_query
+from ..attention import decode as _decode, forward as _forward  # (imported by .sdpa; kernels looked up per call)
+from . import hf_step as _step
 from .hf_masks import (  # noqa: F401  (mask_function, Unpad, unpad_metadata: this module's API)
-    _UNPAD_CACHE, Unpad, _fit_padding, _is_static_buffer, _padding_mask, _unpad_cached, mask_function,
-    unpad_metadata,
+    _UNPAD_CACHE, Unpad, _causal_band, _cu_seq_lens, _fit_padding, _packed_mask, _padding_dense, _padding_mask,
+    _unpad_cached, mask_function, unpad_metadata,
 )
 from .hf_linear import patch_linear, unpatch_linear  # noqa: F401  (this module's API)
+from .hf_step import _clamp_lengths, _need_lengths, _valid_lengths
 from .sdpa import route
 
 __all__ = ["register", "attention_forward", "mask_function", "fallback_path", "unpad_metadata", "Unpad",
@@ -150,11 +158,13 @@ R_SINKS = "the sinks are not one logit per query head"
 
 
 def reset_stats() -> None:
-    """Zero :data:`hf_stats` and forget which fallback reasons were warned about."""
+    """Zero :data:`hf_stats` and forget which fallback reasons were warned about (and the cached
+    unpadding and call-site decisions)."""
     for k in hf_stats:
         hf_stats[k] = 0
     _WARNED.clear()
     _UNPAD_CACHE.clear()
+    _step.clear()
 
 
 #: Keywords that do not change the attention output (``position_ids`` / ``cache_position`` are read
@@ -206,81 +216,6 @@ def _eager_needed(kwargs: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- fallbacks
-#: the last :func:`_valid_lengths` result: (its source tensor, the source's version, batch, dtype,
-#: device, the lengths); the layers of one step pass the same source, so each step computes it once
-_LENGTHS: list = [None]
-
-
-_stream_capturing = stream_query()[0]  # torch's C entry point: a tenth of torch.cuda's Python function
-
-
-def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64) -> torch.Tensor | None:
-    """(batch,) contiguous device tensor of ``dtype`` (read-only: it may be shared): keys valid per
-    sequence after this step (last position + 1), from ``cache_position`` (1-D) or ``position_ids``
-    ((1 or B, Sq)); None when neither is given.  One small kernel (add with a casting ``out=``), once
-    per step: the next layers of the step, given the same unchanged source tensor, get the same result
-    (not while a CUDA graph is captured or torch.compile traces: there every layer computes its own).
-    "Unchanged" is torch's version counter: a source object reused across steps must change through
-    torch ops (Transformers makes a new ``cache_position`` per step), not through ``.data`` or DLPack."""
-    cp = kwargs.get("cache_position")
-    src = cp if isinstance(cp, torch.Tensor) and cp.dim() == 1 and cp.numel() else None
-    if src is None:
-        src = kwargs.get("position_ids")
-        if not (isinstance(src, torch.Tensor) and src.dim() == 2 and src.shape[0] in (1, batch) and src.numel()):
-            return None
-    shared = not (torch.compiler.is_compiling() or (device.type == "cuda" and _stream_capturing()))
-    hit = _LENGTHS[0]
-    if (shared and hit is not None and hit[0] is src and hit[1] == src._version and hit[2] == batch
-            and hit[3] == dtype and hit[4] == device):
-        return hit[5]
-    last = src[-1:] if src is cp else src[:, -1]
-    if last.device != device:
-        last = last.to(device)
-    lens = torch.add(last.expand(batch), 1, out=torch.empty(batch, dtype=dtype, device=device))
-    if shared:  # (a captured or traced result must not outlive its graph)
-        _LENGTHS[0] = (src, src._version, batch, dtype, device, lens)
-    return lens
-
-
-def _need_lengths(key) -> None:
-    if _is_static_buffer(key):
-        raise ValueError("cute_kernels attention: the key tensor is a static cache buffer but the model passes "
-                         "neither cache_position nor position_ids to its attention function, so the valid length "
-                         "is unknown; use attn_implementation='sdpa' or a DynamicCache with this model")
-
-
-def _causal_band(kpos: torch.Tensor, last: torch.Tensor, window) -> torch.Tensor:
-    """Key positions ``kpos`` a query whose last visible key is ``last`` sees (broadcast): bottom-right
-    causal, and with HF's ``sliding_window`` W only the W keys ending at ``last``."""
-    band = kpos <= last
-    return band if window is None else band & (kpos > last - window)
-
-
-def _cu_seq_lens(kwargs) -> tuple:
-    """HF's packed-sequence boundaries ``(cu_seq_lens_q, cu_seq_lens_k)``, a side not given (absent or None)
-    being the other's."""
-    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    return (cu_k if cu_q is None else cu_q), (cu_q if cu_k is None else cu_k)
-
-
-def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device, window=None) -> torch.Tensor:
-    """(1, 1, q_len, kv_len) boolean mask of packed sequences: query i of sequence s sees the keys of
-    sequence s (bottom-right causal when ``causal``, and within ``window``); rows past the last
-    sequence see nothing."""
-    cu_q, cu_k = _cu_seq_lens(kwargs)
-    cu_q, cu_k = cu_q.to(device=device, dtype=torch.int64), cu_k.to(device=device, dtype=torch.int64)
-    qi, kj = torch.arange(q_len, device=device), torch.arange(kv_len, device=device)
-    sq = torch.bucketize(qi, cu_q[1:], right=True)  # the sequence of each row (n: past the last)
-    sk = torch.bucketize(kj, cu_k[1:], right=True)
-    n = cu_q.numel() - 1
-    sqc, skc = sq.clamp(max=max(n - 1, 0)), sk.clamp(max=max(n - 1, 0))
-    mask = (sq[:, None] == sk[None, :]) & (sq[:, None] < n)
-    if causal:  # key offset <= query offset + (len_k - len_q) of the sequence
-        shift = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
-        mask &= _causal_band((kj - cu_k[skc])[None, :], (qi - cu_q[sqc] + shift[sqc])[:, None], window)
-    return mask[None, None]
-
-
 def _causal_mask(kwargs, key, batch: int, q_len: int, kv_len: int, window=None) -> torch.Tensor:
     """(batch, 1, q_len, kv_len) boolean bottom-right causal mask over each sequence's valid keys
     (the last position + 1, at most ``kv_len``; else all ``kv_len``): query i of sequence b sees keys
@@ -293,18 +228,6 @@ def _causal_mask(kwargs, key, batch: int, q_len: int, kv_len: int, window=None) 
     kpos = torch.arange(kv_len, device=key.device)[None, None, None, :]
     last = lens[:, None, None, None] - q_len + torch.arange(q_len, device=key.device)[None, None, :, None]
     return _causal_band(kpos, last, window)
-
-
-def _padding_dense(mask: torch.Tensor, q_len: int, causal: bool, window) -> torch.Tensor:
-    """(B, 1, q_len, n) boolean: a (B, n) padding mask over the keys (queries its last q_len columns)
-    with bottom-right causality and the window: HF's mask of the same call."""
-    n = mask.shape[1]
-    dense = mask[:, None, None, :].expand(-1, 1, q_len, -1)
-    if causal:
-        kpos = torch.arange(n, device=mask.device)[None, :]
-        last = (n - q_len + torch.arange(q_len, device=mask.device))[:, None]
-        dense = dense & _causal_band(kpos, last, window)
-    return dense
 
 
 def _eager_function(module):
@@ -364,12 +287,21 @@ def _variant(kwargs, heads_q: int, device):
         return 0.0, None, R_SOFTCAP
     else:
         softcap = float(softcap)
-    sink = next((kwargs[n] for n in SINKS if kwargs.get(n) is not None), None)
-    if sink is not None:
-        if not isinstance(sink, torch.Tensor) or sink.dim() != 1 or sink.shape[0] != heads_q:
-            return softcap, None, R_SINKS
-        sink = sink.to(device=device, dtype=torch.float32)
-    return softcap, sink, None
+    sink, ok = _sink(kwargs, heads_q, device)
+    return (softcap, sink, None) if ok else (softcap, None, R_SINKS)
+
+
+def _sink(kwargs, heads_q: int, device):
+    """``(sink, ok)``: the first of ``s_aux`` / ``sinks`` that is not None, as a (Hq,) float32 tensor on
+    ``device`` (None without one); ``ok`` False when it is not one logit per query head."""
+    sink = kwargs.get("s_aux")
+    if sink is None:
+        sink = kwargs.get("sinks")
+    if sink is None:
+        return None, True
+    if not isinstance(sink, torch.Tensor) or sink.dim() != 1 or sink.shape[0] != heads_q:
+        return None, False
+    return sink.to(device=device, dtype=torch.float32), True
 
 
 def _deterministic(kwargs) -> bool:
@@ -392,9 +324,23 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     """The ``AttentionInterface`` entry (HF's signature): query (B, Hq, Sq, D), key/value
     (B, Hkv, Sk, D) (a ``StaticCache``'s buffer or the keys a ``DynamicCache`` layer returns), the
     mask from :func:`mask_function` (None, a 2-D padding mask or a dense one).  Returns
-    ``(attn_output (B, Sq, Hq, D), weights or None)``; routing in the module doc."""
+    ``(attn_output (B, Sq, Hq, D), weights or None)``; routing in the module doc.  A call with no mask
+    whose tensors' metadata and keywords match an earlier call that reached the kernels takes that
+    call's decision without repeating its checks (:mod:`.hf_step`: the same decision, fallbacks
+    included)."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal)
+    compiling = torch.compiler.is_compiling()
+    if attention_mask is None and not compiling:
+        hit = _step.lookup(query, key, value, dropout, scaling, causal, kwargs)
+        if hit is not None:
+            sink, ok = _sink(kwargs, hit.heads_q, hit.device) if hit.sinks else (None, True)
+            if ok:  # (else the full checks: the sinks' fallback)
+                softcap = kwargs.get("softcap")
+                return _on_kernels(hit.where, (module, query, key, value, None, dropout, scaling, causal, kwargs),
+                                   hit.batch, hit.q_len, hit.kv_len, hit.device, kwargs.get(WINDOW),
+                                   float(scaling) if scaling is not None else hit.scale,
+                                   0.0 if softcap is None else float(softcap), sink, False)
     args = (module, query, key, value, attention_mask, dropout, scaling, causal, kwargs)
     B, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
     window = kwargs.get(WINDOW)
@@ -424,26 +370,33 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         return _fallback(None, R_CAUSAL, *args)
     if padded:
         return _padded(args, softcap, sink, scale, where)
+    if not compiling:  # the next calls of this key skip the checks above
+        _step.remember(query, key, value, dropout, scaling, causal, kwargs, where,
+                       tuple(n for n in kwargs if n not in NO_EFFECT and n not in KERNEL_HONOURS))
+    return _on_kernels(where, args, B, q_len, kv_len, key.device, window, scale, softcap, sink, compiling)
+
+
+def _on_kernels(where, args, B, q_len, kv_len, device, window, scale, softcap, sink, compiling):
+    """A call without a mask that the checks sent to ``where``: ``decode_attn`` on the cache in place
+    (the valid lengths on the device) or ``flash_attn`` (keys sliced to the valid length read on the
+    host when the key tensor is longer than the query; the fallback where the positions do not fit)."""
+    module, query, key, value, attention_mask, dropout, scaling, causal, kwargs = args
     q = query.transpose(1, 2)
     if where == "decode_attn" and (window is None or kv_len <= window):  # the cache in place, lengths on the device
-        from ..attention.decode import decode_attn
-
-        lens = _valid_lengths(kwargs, B, kv_len, key.device, torch.int32) if causal else None
+        lens = _valid_lengths(kwargs, B, kv_len, device, torch.int32, compiling) if causal else None
         if lens is None:
             if causal:
                 _need_lengths(key)
-            lens = torch.full((B,), kv_len, dtype=torch.int32, device=key.device)
+            lens = torch.full((B,), kv_len, dtype=torch.int32, device=device)
         elif window is not None:  # a full sliding buffer holds the last kv_len positions
-            lens = lens.clamp(max=kv_len)
-        out = decode_attn(q, key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens, causal=causal,
-                          softmax_scale=scale, softcap=softcap, learnable_sink=sink)
+            lens = lens.clamp(max=kv_len) if compiling else _clamp_lengths(lens, kv_len)
+        out = _decode.decode_attn(q, key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens, causal=causal,
+                                  softmax_scale=scale, softcap=softcap, learnable_sink=sink)
         hf_stats["decode_attn"] += 1
         return out, None
-    from ..attention.forward import flash_attn
-
     valid = kv_len
     if causal and kv_len > q_len:  # a prefill into a longer cache: slice to the valid keys (host sync)
-        lens = _valid_lengths(kwargs, B, kv_len, key.device)
+        lens = _valid_lengths(kwargs, B, kv_len, device, compiling=compiling)
         if lens is None:
             _need_lengths(key)
         else:
@@ -453,10 +406,10 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
             if not q_len <= valid <= kv_len:
                 return _fallback(None, R_POSITIONS, *args)
         key, value = key.narrow(2, 0, valid), value.narrow(2, 0, valid)
-    out = flash_attn(q, key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scale,
-                     deterministic=_deterministic(kwargs),
-                     window_size=_window_size(window if causal else None, valid), softcap=softcap,
-                     learnable_sink=sink)
+    out = _forward.flash_attn(q, key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scale,
+                              deterministic=_deterministic(kwargs),
+                              window_size=_window_size(window if causal else None, valid), softcap=softcap,
+                              learnable_sink=sink)
     hf_stats["flash_attn"] += 1
     return out, None
 

@@ -1,7 +1,8 @@
 """The Transformers integration's masks (:mod:`cute_kernels.integrations.hf` describes the routing):
 the ``AttentionMaskInterface`` entry :func:`mask_function` (no mask, or the 2-D padding slice, for the
-causal patterns the kernels take) and the packed form of a padded batch (:func:`unpad_metadata`,
-reused per mask object across a forward pass's layers)."""
+causal patterns the kernels take), the packed form of a padded batch (:func:`unpad_metadata`,
+reused per mask object across a forward pass's layers) and the explicit masks a fallback gets where
+its own masking would differ from the kernels' (causal bands, packed sequences, padding)."""
 
 from __future__ import annotations
 
@@ -178,3 +179,48 @@ def _fit_padding(mask: torch.Tensor, key, value):
 def _is_static_buffer(t: torch.Tensor) -> bool:
     """HF's StaticCache marks its buffers with ``torch._dynamo.mark_static_address``."""
     return getattr(t, "_dynamo_static_input_type", None) is not None
+
+
+# ----------------------------------------------------------------------------------- fallback masks
+def _causal_band(kpos: torch.Tensor, last: torch.Tensor, window) -> torch.Tensor:
+    """Key positions ``kpos`` a query whose last visible key is ``last`` sees (broadcast): bottom-right
+    causal, and with HF's ``sliding_window`` W only the W keys ending at ``last``."""
+    band = kpos <= last
+    return band if window is None else band & (kpos > last - window)
+
+
+def _cu_seq_lens(kwargs) -> tuple:
+    """HF's packed-sequence boundaries ``(cu_seq_lens_q, cu_seq_lens_k)``, a side not given (absent or None)
+    being the other's."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    return (cu_k if cu_q is None else cu_q), (cu_q if cu_k is None else cu_k)
+
+
+def _packed_mask(kwargs, q_len: int, kv_len: int, causal: bool, device, window=None) -> torch.Tensor:
+    """(1, 1, q_len, kv_len) boolean mask of packed sequences: query i of sequence s sees the keys of
+    sequence s (bottom-right causal when ``causal``, and within ``window``); rows past the last
+    sequence see nothing."""
+    cu_q, cu_k = _cu_seq_lens(kwargs)
+    cu_q, cu_k = cu_q.to(device=device, dtype=torch.int64), cu_k.to(device=device, dtype=torch.int64)
+    qi, kj = torch.arange(q_len, device=device), torch.arange(kv_len, device=device)
+    sq = torch.bucketize(qi, cu_q[1:], right=True)  # the sequence of each row (n: past the last)
+    sk = torch.bucketize(kj, cu_k[1:], right=True)
+    n = cu_q.numel() - 1
+    sqc, skc = sq.clamp(max=max(n - 1, 0)), sk.clamp(max=max(n - 1, 0))
+    mask = (sq[:, None] == sk[None, :]) & (sq[:, None] < n)
+    if causal:  # key offset <= query offset + (len_k - len_q) of the sequence
+        shift = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
+        mask &= _causal_band((kj - cu_k[skc])[None, :], (qi - cu_q[sqc] + shift[sqc])[:, None], window)
+    return mask[None, None]
+
+
+def _padding_dense(mask: torch.Tensor, q_len: int, causal: bool, window) -> torch.Tensor:
+    """(B, 1, q_len, n) boolean: a (B, n) padding mask over the keys (queries its last q_len columns)
+    with bottom-right causality and the window: HF's mask of the same call."""
+    n = mask.shape[1]
+    dense = mask[:, None, None, :].expand(-1, 1, q_len, -1)
+    if causal:
+        kpos = torch.arange(n, device=mask.device)[None, :]
+        last = (n - q_len + torch.arange(q_len, device=mask.device))[:, None]
+        dense = dense & _causal_band(kpos, last, window)
+    return dense
