@@ -147,10 +147,11 @@ def _valid_lengths(kwargs, batch: int, kv_len: int, device, dtype=torch.int64, c
     if compiling is None:
         compiling = torch.compiler.is_compiling()
     shared = not (compiling or (device.type == "cuda" and _stream_capturing()))
-    hit = _LENGTHS[0]
-    if (shared and hit is not None and hit[0] is src and hit[1] == src._version and hit[2] == batch
-            and hit[3] == dtype and hit[4] == device):
-        return hit[5]
+    if shared:  # (read only then: a traced read of it would make compiled callers depend on eager calls)
+        hit = _LENGTHS[0]
+        if (hit is not None and hit[0] is src and hit[1] == src._version and hit[2] == batch and hit[3] == dtype
+                and hit[4] == device):
+            return hit[5]
     last = src[-1:] if src is cp else src[:, -1]
     if last.device != device:
         last = last.to(device)
