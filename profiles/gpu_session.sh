@@ -2,7 +2,7 @@
 # One device call: GPU tests, then benchmarks.  Logs and results land in $OUT (keep it to a few files).
 #   source .device/setup.sh && bash profiles/gpu_session.sh STEP...
 # Steps (each under its own `timeout`; seconds overridable where a variable is named):
-#   all-tests     every GPU test, 8 workers (pytest-xdist): ~205 s cold compile cache, ~80 s warm  [TESTS_S]
+#   all-tests     every GPU test, 8 workers (pytest-xdist): > 450 s cold compile cache (2026-12-04)  [TESTS_S]
 #   gemm-tests    tests/gemm, 8 workers                                                             [GEMM_TESTS_S]
 #   attn-tests    tests/attention, 8 workers                                                        [ATTN_TESTS_S]
 #   paged-tests   tests/attention/test_forward_paged.py, 8 workers                                   [PAGED_TESTS_S]
@@ -75,7 +75,10 @@ py() { timeout "$1" python3 "${@:2}"; }
 quiet() { grep -v "Warning:\|warnings.warn"; }
 gpu_tests() {  # gpu_tests SECONDS LOG PATH... [pytest args]: GPU tests on 8 workers, the tail into $OUT/LOG
   local s=$1 log=$2; shift 2
-  py "$s" -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:warnings --tb=short "$@" 2>&1 | grep -v "^DEBUG \|^INFO " | tail -n 200 | tee "$OUT/$log"
+  # -v, its PASSED / SKIPPED lines dropped: a FAILED line shows as it happens, so a run its timeout cuts
+  # still names its failures (the summary comes only at the end)
+  py "$s" -m pytest -v -m gpu -n 8 -p no:cacheprovider -p no:warnings --tb=short "$@" 2>&1 \
+    | grep -Ev "^DEBUG |^INFO | PASSED | SKIPPED |PytestBenchmarkWarning|warner\(|^tests/" | tail -n 200 | tee "$OUT/$log"
 }
 for step in "$@"; do
   echo "=== $step $(date -u +%T)" | tee -a "$OUT/session.log"
