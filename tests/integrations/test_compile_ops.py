@@ -13,6 +13,10 @@ from cute_kernels.integrations import sdpa as S
 
 BF16 = torch.bfloat16
 PUBLIC_OPS = {"gemm", "flash_attn", "flash_attn_", "decode_attn", "decode_attn_", "merge_states"}
+# The public functions load their modules (and register their ops) at first use (``import cute_kernels``
+# stays cheap): resolve them, so this file does not depend on another having done it first.
+for _name in ("gemm", "flash_attn", "decode_attn", "merge_states"):
+    getattr(cute_kernels, _name)
 
 
 def registered_ops() -> set:
