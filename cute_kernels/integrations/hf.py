@@ -103,9 +103,9 @@ attention interface) and the path that honours each:
 
 Under tracing a given 2-D ``attention_mask`` cannot be inspected, so the dense mask is built and the
 fallback runs: transformers compiles ``StaticCache`` decoding on CUDA by itself, so pass
-``generate(..., disable_compile=True)`` to keep decode on the kernels.  ``hf_stats`` counts the calls
-each way (eager calls; under torch.compile, the traced ones): ``flash_attn`` (dense or packed),
-``decode_attn``, ``fallback``.
+``generate(..., disable_compile=True)`` to keep decode on the kernels.  ``hf_stats`` counts the eager
+calls each way (calls under torch.compile are not counted: a traced count would make dynamo guard on
+it and recompile every call): ``flash_attn`` (dense or packed), ``decode_attn``, ``fallback``.
 
 Host cost of a decode step (eager): the layers of one step pass tensors of the same metadata and the
 same keywords, so a call with no mask whose key matches an earlier call that reached the kernels takes
@@ -243,6 +243,13 @@ def _eager_function(module):
     return fn
 
 
+def _count(path: str) -> None:
+    """One call more on ``path`` in :data:`hf_stats`, outside torch.compile only: a traced ``+= 1`` on the
+    module's dict makes dynamo guard on the count it read, so every call would recompile."""
+    if not torch.compiler.is_compiling():
+        hf_stats[path] += 1
+
+
 def _fallback(path, reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
     """Run ``path`` (HF's sdpa or the model's eager attention; None: eager where the layer passes
     softcapping or sinks, else sdpa) with every argument the layer passed.  With no mask: an explicit
@@ -253,7 +260,7 @@ def _fallback(path, reason, module, query, key, value, attention_mask, dropout, 
     if path is None:
         path = EAGER if _eager_needed(kwargs) else SDPA
     _warn_once(path, reason)
-    hf_stats["fallback"] += 1
+    _count("fallback")
     q_len, kv_len = query.shape[2], key.shape[2]
     window = kwargs.get(WINDOW)
     if attention_mask is None:
@@ -392,7 +399,8 @@ def _on_kernels(where, args, B, q_len, kv_len, device, window, scale, softcap, s
             lens = lens.clamp(max=kv_len) if compiling else _clamp_lengths(lens, kv_len)
         out = _decode.decode_attn(q, key.transpose(1, 2), value.transpose(1, 2), cache_seqlens=lens, causal=causal,
                                   softmax_scale=scale, softcap=softcap, learnable_sink=sink)
-        hf_stats["decode_attn"] += 1
+        if not compiling:  # (hf_stats' doc: a traced count would make dynamo guard on it)
+            hf_stats["decode_attn"] += 1
         return out, None
     valid = kv_len
     if causal and kv_len > q_len:  # a prefill into a longer cache: slice to the valid keys (host sync)
@@ -410,7 +418,8 @@ def _on_kernels(where, args, B, q_len, kv_len, device, window, scale, softcap, s
                               deterministic=_deterministic(kwargs),
                               window_size=_window_size(window if causal else None, valid), softcap=softcap,
                               learnable_sink=sink)
-    hf_stats["flash_attn"] += 1
+    if not compiling:
+        hf_stats["flash_attn"] += 1
     return out, None
 
 
@@ -434,7 +443,7 @@ def _padded(args, softcap, sink, scale, where):
     if where == "decode_attn" and causal and meta.one_run and meta.all_queries and not grad:
         return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
-    hf_stats["flash_attn"] += 1
+    _count("flash_attn")
     if meta.total_q == 0:
         return query.new_zeros(B, q_len, Hq, D), None
     from ..attention.forward import flash_attn
@@ -481,7 +490,7 @@ def _packed_keywords(query, key, value, kwargs, causal, softcap, sink, scale):
                    cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk, causal=causal, softmax_scale=scale,
                    window_size=_window_size(window if causal else None, mk), softcap=softcap, learnable_sink=sink,
                    deterministic=_deterministic(kwargs))
-    hf_stats["flash_attn"] += 1
+    _count("flash_attn")
     return o.unsqueeze(0), None
 
 
@@ -498,7 +507,7 @@ def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, sink, s
                       cache_leftpad=(n - keys).to(torch.int32), causal=True, softmax_scale=scale,
                       window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=softcap,
                       learnable_sink=sink)
-    hf_stats["decode_attn"] += 1
+    _count("decode_attn")
     return out, None
 
 

@@ -319,3 +319,24 @@ def test_generation_is_the_same_with_the_cache(family, cache, padded, spies, mon
     if not padded:
         assert cached_routes <= (all_routes * 3 // 4 if cache == "dynamic" else all_routes // 2), (
             cached_routes, all_routes)
+
+
+def test_counts_under_torch_compile_never_recompile(spies):
+    """hf_stats counts eager calls only: a count traced by dynamo would guard on the value it read, so a
+    compiled caller would recompile on every call (its own count changed it)."""
+    q, k, v = tensors()
+    P = positions(20)
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x):
+        hf._count("decode_attn")
+        return x * 2
+
+    before = dict(hf.hf_stats)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            f(q)
+            hf.attention_forward(layer("llama"), q, k, v, None, scaling=0.125, **P)  # an eager call counts
+    assert hf.hf_stats["decode_attn"] == before["decode_attn"] + 3
+    torch._dynamo.reset()
