@@ -419,9 +419,8 @@ def decode_attn(
             # equal to its value where the dict, hashing it by identity, finds nothing)
             if causal.__class__ is bool and key == last_key:
                 hit = last_hit  # a repeat arms the last hit; a guard failing its own key's call (inference
-                if guard is False or rest is None:  # mode...) disarms it for the run (LauncherCache)
-                    _launchers.last = (key, hit, None, False) if guard is False else (
-                        key, hit, hit.guard, hit.rest or False)
+                if guard is False or rest is None:  # mode...) disarms it for the run
+                    _launchers.repeat(key, hit, guard is False)
             else:
                 hit = _launchers.get(key)  # (LauncherCache.hit written out: remembered unarmed)
                 if hit is not None:

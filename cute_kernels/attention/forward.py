@@ -504,9 +504,8 @@ def flash_attn(
                                causal, q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), v.stride())
                         if (window_size is _NO_WINDOW or fh.int_sides(window_size)) and key == last_key:
                             hit = last_hit  # a repeat arms the last hit; a guard failing its key's call disarms it
-                            if guard is False or rest is None:  # for the run (inference mode...): LauncherCache
-                                _launchers.last = (key, hit, None, False) if guard is False else (
-                                    key, hit, hit.guard, hit.rest or False)
+                            if guard is False or rest is None:  # for the run (inference mode...)
+                                _launchers.repeat(key, hit, guard is False)
                         else:
                             hit = _launchers.get(key)  # (LauncherCache.hit written out: remembered unarmed)
                             if hit is not None:

@@ -118,7 +118,7 @@ class LauncherCache(dict):
     launcher.rest)``, or stores ``rest`` False where it has no guard, so the next calls of the run take
     the guard; a guard that failed a call whose key is the last one (another dispatch state than the one
     it was made in, say inference mode) is disarmed, ``(key, launcher, None, False)``, until another
-    launcher is hit (gemm arms its own way: :func:`..gemm.host._arm`).
+    launcher is hit (:meth:`repeat`).
 
     Every change to the dict forgets the last hit (a launcher replaced or removed under its key is never
     returned again)."""
@@ -128,6 +128,13 @@ class LauncherCache(dict):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.last = NO_LAST
+
+    def repeat(self, key, launch, guard_failed: bool) -> None:
+        """The last hit, ``launch`` under ``key``, taken again through its key: armed (its guard and rest,
+        or rest False where it has no guard), or disarmed for the run where its guard failed this call.
+        The fast paths call it on those transitions only, after testing ``guard is False or rest is None``
+        on ``last`` themselves (a steady run of repeats pays no call)."""
+        self.last = (key, launch, None, False) if guard_failed else (key, launch, launch.guard, launch.rest or False)
 
     def hit(self, key):
         """``get(key)``, remembered as the last hit, unarmed, when there is one."""
