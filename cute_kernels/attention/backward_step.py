@@ -25,8 +25,8 @@ from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL
 from .backward_mask import apply_mask_t, apply_window_mask_t
 
 #: the named barrier of the consumer warpgroups: every warpgroup wrote its part of this stage's dS^T
-#: (and P^T when the head dims are split; in the ``direct_kv`` epilogue, no wgmma reads K / V any more,
-#: then dK / dV are in them)
+#: (and P^T when the head dims are split, where they also meet on it before rewriting dS^T: no dQ still
+#: reads it; in the ``direct_kv`` epilogue, no wgmma reads K / V any more, then dK / dV are in them)
 BAR_DS_FULL = int(NamedBarrierId.FIRST_FREE)
 
 
