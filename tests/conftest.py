@@ -411,7 +411,7 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(GP, "check_operands", lambda a, b, out, c, od, allow_cpu=False: check(a, b, out, c, od, True))
     monkeypatch.setattr(GL, "compiled", lambda *key, **kw: Stub.fetch("gemm", *key, kw.get("swapped", False)))
     monkeypatch.setattr(GP, "_plans", {})
-    monkeypatch.setattr(GH, "_launchers", {})
+    monkeypatch.setattr(GH, "_launchers", LauncherCache())
     monkeypatch.setattr(DE, "_KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(DE, "get_decode_kernel", lambda cfg: Stub.fetch("decode", cfg))
     monkeypatch.setattr(DE, "_launchers", LauncherCache())

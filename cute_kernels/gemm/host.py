@@ -7,7 +7,9 @@ output allocation and the compiled TVM-FFI function, called with the torch tenso
 re-views torch's operand order itself; the transposed skinny plan's entry too).  A launcher is made
 only after a call with that metadata passed every check and was planned (:func:`.plan.plan`); a hit
 the compiled function refuses launches nothing and takes the checked path, which names the argument.
-Nothing is keyed on a tensor's identity.
+Nothing is keyed on a tensor's identity.  A run of calls with the same metadata takes the last hit
+(:class:`.fastpath.LauncherCache`) on one C++ check of its tensors (its guard, :func:`_arm`) and a few
+identity tests, without the key, the requires_grad reads or the dict.
 Launchers go with the plans they were made from (:func:`.plan.clear_plans`, which the tuner calls).
 Modules: :mod:`.validate`, :mod:`.heuristics`, :mod:`.plan`, :mod:`.launch`, :mod:`.tune`, and the
 kernels in :mod:`.kernel`, :mod:`.epilogue`, :mod:`.splitk_kernel` and :mod:`.cpasync_kernel`.
@@ -22,6 +24,7 @@ import torch
 
 from ..common import jit
 from ..common.arch import current_arch
+from ..common.fastpath import LauncherCache, metadata_guard
 from ..common.overlap import extent, out_guard, same_view
 from ..testing import LAUNCHES
 from . import launch
@@ -151,11 +154,28 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     """
     ta, tb = type(alpha), type(beta)
     plain = (ta is float or ta is int) and (tb is float or tb is int) and tune is False
-    if plain and type(a) in _FAST_TYPES and type(b) in _FAST_TYPES and not _is_compiling():
-        # the fast path (module doc): the key as :func:`_key` builds it, the data pointers read once for
-        # its alignment and the launcher's overlap guard; anything unusual goes to the checks
-        if not (_grad_enabled() and (a.requires_grad or b.requires_grad
-                                     or (c is not None and getattr(c, "requires_grad", False)))):
+    if plain and not _is_compiling():  # (first: a traced call never reads the last hit, so never guards on it)
+        _, last_hit, guard, rest = _launchers.last
+        if guard is not None and rest == (out is None, c is None, c is out, not beta, type(out_dtype), out_dtype):
+            # the last hit, armed (_arm): its guard checks what the key holds of a, b, out and c (and more:
+            # their types, sizes, devices, dispatch keys, none requiring grad, so grad mode need not be
+            # read), rest the key's other parts; the pointers' 16-byte alignment read here (the launcher's
+            # is 0)
+            if (guard.check(a, b) if out is None else guard.check(a, b, out)) if c is None else (
+                    guard.check(a, b, c) if out is None else guard.check(a, b, out) if c is out
+                    else guard.check(a, b, out, c)):
+                pa, pb = a.data_ptr(), b.data_ptr()
+                po = 0 if out is None else out.data_ptr()
+                if not (pa | pb | po) & 15:
+                    try:
+                        return last_hit(a, b, out, c, alpha, beta, pa, pb, po)
+                    except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
+                        return _checked_run(a, b, out, c, alpha, beta, out_dtype)
+            guard = False  # (failed: the key path below)
+        if type(a) in _FAST_TYPES and type(b) in _FAST_TYPES and not (_grad_enabled() and (
+                a.requires_grad or b.requires_grad or (c is not None and getattr(c, "requires_grad", False)))):
+            # the fast path (module doc): the key as :func:`_key` builds it, the data pointers read once
+            # for its alignment and the launcher's overlap guard; anything unusual goes to the checks
             try:
                 pa, pb = a.data_ptr(), b.data_ptr()
                 po = 0 if out is None else out.data_ptr()
@@ -167,10 +187,18 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
                 return _checked_run(a, b, out, c, alpha, beta, out_dtype)
             if hit is None:
                 return _miss(key, a, b, out, c, alpha, beta, out_dtype)
+            repeat = hit is last_hit  # (by identity: two keys never share a launcher)
+            if not repeat:  # another launcher than the last hit's: remembered, unarmed (_arm)
+                _launchers.last = (key, hit, None, None)
+            elif guard is False:  # its guard failed a call its own key takes (inference mode, ...): disarmed
+                _launchers.last = (key, hit, None, False)
             try:
-                return hit(a, b, out, c, alpha, beta, pa, pb, po)
+                res = hit(a, b, out, c, alpha, beta, pa, pb, po)
             except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
                 return _checked_run(a, b, out, c, alpha, beta, out_dtype)
+            if repeat and rest is None:  # the second call in a row with this metadata, launched: arm it
+                _arm(key, hit, a, b, out, c, out_dtype, beta)
+            return res
     grad = _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
                                 or (c is not None and getattr(c, "requires_grad", False)))
     if not grad and plain and not _is_compiling():
@@ -198,8 +226,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
 
 
 # ---------------------------------------------------------------------------- the fast path
-#: call metadata (:func:`_key`) -> launcher (:func:`_prepare`); emptied with the planner's plans
-_launchers: dict = {}
+#: call metadata (:func:`_key`) -> launcher (:func:`_prepare`), remembering the last hit (:func:`_arm`);
+#: emptied with the planner's plans
+_launchers = LauncherCache()
 
 
 def _key(a, b, out, c, beta, out_dtype) -> tuple:
@@ -226,6 +255,36 @@ class _PlanCache(dict):
     def clear(self):
         super().clear()
         _launchers.clear()
+
+
+def _arm(key, hit, a, b, out, c, out_dtype, beta) -> None:
+    """Arm the last hit: ``hit``, the launcher of metadata ``key``, has just launched a call (a, b, out,
+    c, out_dtype, beta) that had the metadata of the call before it.  ``_launchers.last`` then holds its
+    ``guard`` (:func:`.fastpath.metadata_guard` of a, b, out and c, made by the first call armed) and
+    ``rest`` (the facts of the call the key holds and the guard does not), which :func:`gemm` tests
+    first, before reading any metadata.  Armed by a repeat only, not by every dict hit: calls that
+    alternate between keys (a model's GEMMs) never pay a failing guard, calls that repeat pay the key
+    path once more.  Left disarmed for the rest of a run of such calls (``rest`` False) where it has no
+    guard: a misaligned pointer (every call of its key; the guard path takes aligned ones only), a
+    tensor passed twice (the check refuses that), one requiring grad (both tried again by a later run).
+
+    A guard holds what the key holds and more (out's and c's sizes and devices, b's dtype, dispatch
+    keys), as the call's state made it: a call it fails that has its key (inference mode, another
+    tensor type) takes the key path, which disarms it (:func:`gemm`)."""
+    g, rest = hit.guard, (out is None, c is None, c is out, not beta, type(out_dtype), out_dtype)
+    if g is None:
+        ts = (a, b) if out is None else (a, b, out)
+        if c is not None and c is not out:
+            ts += (c,)
+        if key[6]:  # (the key's alignment)
+            g = hit.guard = False
+        elif len({id(t) for t in ts}) == len(ts) and not any(t.requires_grad for t in ts):
+            g = hit.guard = metadata_guard(*ts) or False
+            hit.rest = rest
+    if g is None or g is False or rest != hit.rest:  # (rest: out=c exactly or not, both with this key)
+        _launchers.last = (key, hit, None, False)
+    else:
+        _launchers.last = (key, hit, g, rest)
 
 
 def _run(a, b, out, c, alpha, beta, out_dtype):
@@ -331,6 +390,7 @@ def _launcher(p, fn, ws, dev, operands):
             LAUNCHES["gemm"] += 1
             return out
     launch_.plan = p  # (its launcher holds the compiled object that owns fn's CUDA library)
+    launch_.guard = launch_.rest = None  # the metadata guard and rest of the last hit (_arm makes them)
     return launch_
 
 

@@ -123,6 +123,151 @@ def test_gemm_fake_tensors_after_a_real_call(stubbed):
     assert res.shape == (64, 48) and n.as_dict() == {"gemm:fake": 1}
 
 
+class _CountingCache(LauncherCache):
+    """GH._launchers counting its dict lookups: the key path's (a guarded last hit makes none)."""
+
+    __slots__ = ("gets",)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.gets = 0
+
+    def get(self, key, default=None):
+        self.gets += 1
+        return super().get(key, default)
+
+
+def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
+    """The third call in a row with the same metadata takes the last hit on its guard (gemm's first test:
+    no key, no dict lookup, no requires_grad read), in and out of grad mode; a call that differs in a
+    fact the key holds (strides, dtype, a pointer's 16-byte alignment, c's presence), in out's overlap,
+    or with an input requiring grad under grad mode, takes the key path and its checks."""
+    L = _CountingCache()
+    monkeypatch.setattr(GH, "_launchers", L)
+    a, b, out = torch.randn(64, 32, dtype=BF), torch.randn(32, 48, dtype=BF), torch.empty(64, 48, dtype=BF)
+    for i in range(3):  # a miss (the launcher made), a dict hit (remembered), a repeat (armed)
+        assert cute_kernels.gemm(a, b, out=out) is out
+        assert (L.last[2] is not None) == (i == 2) and L.gets == i + 1
+    with count_launches() as n:
+        for mode in (torch.enable_grad, torch.no_grad, torch.enable_grad):
+            with mode():
+                for _ in range(3):
+                    assert cute_kernels.gemm(a, b, out=out) is out
+                    res = cute_kernels.gemm(a, b, out=torch.empty(64, 48, dtype=BF))  # (another out, alike)
+    assert n["gemm"] == 18 and L.gets == 3 and len(L) == 1 and res.shape == (64, 48)
+
+    def key_path(call, made=0):
+        """``call()`` takes the key path (a dict lookup), launches once, and leaves the last hit armed
+        when a launcher was found (``made``: launchers added, 0 for a hit)."""
+        gets, size = L.gets, len(L)
+        with count_launches() as n:
+            res = call()
+        assert n["gemm"] == 1 and L.gets > gets and len(L) == size + made
+        return res
+
+    key_path(lambda: cute_kernels.gemm(a.mT.contiguous().mT, b, out=out), made=1)  # other strides
+    key_path(lambda: cute_kernels.gemm(a.half(), b.half(), out=out.half()), made=1)  # another dtype
+    for _ in range(2):  # re-armed on the first launcher
+        cute_kernels.gemm(a, b, out=out)
+    gets = L.gets
+    cute_kernels.gemm(a, b, out=out)
+    assert L.gets == gets and L.last[2] is not None
+    # a misaligned a (a sliced view of the same shape, strides and dtype: the guard passes, the pointer
+    # test not): planned afresh (a staged into an aligned copy, no launcher)
+    made = Stub.made
+    key_path(lambda: cute_kernels.gemm(misaligned((64, 32)), b, out=out))
+    assert Stub.made == made + 1
+    for _ in range(3):
+        cute_kernels.gemm(a, b, out=out)
+    assert L.last[2] is not None
+    # an out overlapping a, b alike: the launcher's overlap test refuses it, the checks name it
+    buf = torch.empty(64 * 48 + 64 * 32, dtype=BF)
+    rejected(lambda: cute_kernels.gemm(buf[:64 * 32].view(64, 32), b, out=buf[64 * 8:64 * 8 + 64 * 48].view(64, 48)),
+             ValueError, "out overlaps a")
+    rejected(lambda: cute_kernels.gemm(a, b.half(), out=out), TypeError, "same dtype")
+    rejected(lambda: cute_kernels.gemm(a, b, out=out, out_dtype=torch.float32), TypeError, "does not match out_dtype")
+    rejected(lambda: cute_kernels.gemm(a, b, out=out, beta=1.0), ValueError, "beta != 0 needs c")
+    # an input requiring grad under grad mode: the differentiable op (out= refused there; without out,
+    # a result with a grad_fn); under no_grad the launcher, as without a guard
+    a_grad = a.clone().requires_grad_()
+    with pytest.raises(ValueError, match="out="):
+        cute_kernels.gemm(a_grad, b, out=out)
+    for _ in range(3):
+        cute_kernels.gemm(a, b)
+    assert L.last[2] is not None
+    res = cute_kernels.gemm(a_grad, b)
+    assert res.requires_grad and res.grad_fn is not None
+    with torch.no_grad():
+        res = key_path(lambda: cute_kernels.gemm(a_grad, b))
+    assert not res.requires_grad
+
+
+def test_gemm_guarded_last_hit_states(stubbed, monkeypatch):
+    """Calls alternating between two keys never arm (no guard to fail); out=c exactly arms (its guard
+    over a, b, out); a guard failing its own key's call (inference mode) disarms it for that run of
+    calls; the planner's clear forgets the last hit."""
+    L = _CountingCache()
+    monkeypatch.setattr(GH, "_launchers", L)
+    ops = [(torch.randn(m, k, dtype=BF), torch.randn(k, n, dtype=BF), torch.empty(m, n, dtype=BF))
+           for m, n, k in ((64, 48, 32), (128, 256, 64))]
+    with count_launches() as n:
+        for _ in range(4):
+            for a, b, out in ops:
+                assert cute_kernels.gemm(a, b, out=out) is out
+                assert L.last[2] is None and L.last[3] is None
+    assert n["gemm"] == 8 and len(L) == 2 and L.gets == 8
+    a, b, d = ops[0]
+    for i in range(3):
+        assert cute_kernels.gemm(a, b, out=d, c=d, beta=1.0) is d
+    assert L.last[2] is not None and L.last[3][2] is True  # rest: c is out
+    gets = L.gets
+    with count_launches() as n:
+        assert cute_kernels.gemm(a, b, out=d, c=d, beta=0.5) is d
+        assert cute_kernels.gemm(a, b, out=d, c=d.clone(), beta=0.5) is d  # c alike but not out: the key path
+    assert n["gemm"] == 2 and L.gets == gets + 1
+    for _ in range(3):
+        cute_kernels.gemm(a, b)
+    assert L.last[2] is not None
+    with torch.inference_mode(), count_launches() as n:
+        for _ in range(3):
+            cute_kernels.gemm(a, b)
+        assert L.last[2] is None and L.last[3] is False
+    assert n["gemm"] == 3 and len(L) == 4
+    cute_kernels.gemm(a, b)  # out of inference mode: still disarmed until another launcher is hit
+    assert L.last[3] is False
+    made = Stub.made
+    GP.clear_plans()
+    assert L.last == fastpath.NO_LAST and not L
+    for _ in range(4):
+        cute_kernels.gemm(a, b)
+    assert Stub.made == made + 1 and L.last[2] is not None
+
+
+def test_gemm_traced_calls_never_read_the_last_hit(stubbed):
+    """A torch.compile'd function calling gemm (the custom op) tests ``is_compiling`` before the last hit,
+    so its graph holds no guard on the launcher cache: eager calls that arm, change or grow it between
+    calls of the compiled function recompile nothing."""
+    torch._dynamo.reset()
+    a, b = torch.randn(64, 32, dtype=BF), torch.randn(32, 48, dtype=BF)
+    a2, b2 = torch.randn(128, 64, dtype=BF), torch.randn(64, 256, dtype=BF)
+    for _ in range(3):
+        cute_kernels.gemm(a, b)
+    assert GH._launchers.last[2] is not None
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x, y):
+        return cute_kernels.gemm(x, y) * 2
+
+    f(a, b)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i in range(4):
+            for _ in range(3):
+                cute_kernels.gemm(*((a2, b2) if i % 2 else (a, b)))
+            cute_kernels.gemm(a2, b2.mT.contiguous().mT)  # (another key: the cache grows)
+            assert f(a, b).shape == (64, 48)
+    torch._dynamo.reset()
+
+
 def test_swapped_entry_arguments():
     """The swapped entry's fake arguments are the transposes of the kernel's, in the problem's order."""
     a, b = torch.empty(16, 4096, dtype=BF, device="meta"), torch.empty(4096, 4096, dtype=BF, device="meta")
@@ -418,20 +563,6 @@ def test_attention_guarded_last_hit_states(stubbed, monkeypatch, op):
     for i in range(4):
         call()
     assert len(L) == 1 and L.last[2] is not None
-
-
-class _CountingCache(LauncherCache):
-    """A launcher cache counting its dict lookups: the key path's (a guarded last hit makes none)."""
-
-    __slots__ = ("gets",)
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.gets = 0
-
-    def get(self, key, default=None):
-        self.gets += 1
-        return super().get(key, default)
 
 
 @pytest.mark.parametrize("op", ["flash", "decode"])
