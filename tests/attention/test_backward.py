@@ -399,6 +399,7 @@ def test_variants_with_flash_attn_forward(causal):
     (128, True, 1, 4097, 1000, 4, 2, None, False),  # rows without keys, query tiles no KV tile meets
     (128, False, 1, 2000, 500, 8, 8, None, False),  # dense, N <= M: rotated starts, turns in arrival order
     (64, False, 2, 1000, 1000, 8, 2, None, False),  # the same with GQA (128-row tiles: M = N = 8)
+    (256, True, 1, 1000, 1000, 4, 2, None, False),  # D 256's head-dim split tile, GQA 2
 ])
 def test_deterministic_is_bitwise_repeatable(D, causal, B, Sq, Sk, Hq, Hkv, window, sink):
     """``deterministic=True``: the gradients match the reference as in the default mode, and four more
