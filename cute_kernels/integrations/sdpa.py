@@ -31,7 +31,8 @@ bfloat16, key/value shapes that differ or do not match the query's batch and hea
 without ``enable_gqa`` (torch raises), Hq not a multiple of Hkv, empty inputs, a scale that is not a
 positive finite number, a head dim the chosen kernel lacks, strides the kernels cannot take (head dim
 not contiguous, other strides not multiples of 8 elements, broadcast (zero) strides, data pointers not
-16-byte aligned).  ``sdpa_stats`` counts the calls each way.
+16-byte aligned).  ``sdpa_stats`` counts the eager calls each way (calls under torch.compile are not
+counted: a traced count would make dynamo guard on it and recompile every call).
 
 Under ``torch.compile`` the routing runs at trace time on fake tensors (data pointers are not
 checked there; the custom ops check them when they run) and the kernels trace as their custom ops.
@@ -61,7 +62,8 @@ DECODE_HEAD_DIMS = (64, 128, 256)
 _HALF = (torch.float16, torch.bfloat16)
 _ALIGN_ELEMS = 8  # 16 bytes of a 16-bit element
 
-#: Calls per path since import (eager calls; under torch.compile, the traced ones).
+#: Eager calls per path since import (calls under torch.compile are not counted: a traced ``+= 1``
+#: would make dynamo guard on the count, so a compiled caller would recompile on every call).
 sdpa_stats = {"flash_attn": 0, "decode_attn": 0, "torch": 0}
 _WARNED: set = set()
 #: Device types the kernels take ("meta": planning and tests, as if on the GPU).
@@ -170,12 +172,19 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
     return "flash_attn", "causal, Sq == Sk" if is_causal else "prefill, not causal"
 
 
+def _count(path: str) -> None:
+    """One call more on ``path`` in :data:`sdpa_stats`, outside torch.compile only: a traced ``+= 1`` on the
+    module's dict makes dynamo guard on the count it read, so every call would recompile."""
+    if not torch.compiler.is_compiling():
+        sdpa_stats[path] += 1
+
+
 def _fallback(reason: str, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     if not torch.compiler.is_compiling() and reason not in _WARNED:  # eager calls warn
         _WARNED.add(reason)
         warnings.warn(f"cute_kernels.sdpa: running torch's scaled_dot_product_attention: {reason}",
                       stacklevel=3)
-    sdpa_stats["torch"] += 1
+    _count("torch")
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                           is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
@@ -213,11 +222,11 @@ def sdpa(
     if query.device.type == "meta":
         # meta tensors route as a GPU's (planning), but nothing runs on them: torch's function gives
         # its meta result (shape, dtype, autograd) as on any device, where the kernels' device checks raise
-        sdpa_stats["torch"] += 1
+        _count("torch")
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=is_causal,
                                               scale=scale, enable_gqa=enable_gqa)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    sdpa_stats[where] += 1
+    _count(where)
     if scale is None:  # torch's default 1 / sqrt(D), a Python float also when D is symbolic (torch.compile)
         scale = next(1.0 / math.sqrt(d) for d in set(FLASH_HEAD_DIMS + DECODE_HEAD_DIMS) if q.shape[-1] == d)
     if where == "decode_attn":

@@ -191,4 +191,4 @@ def test_sdpa_compiled_routes_to_the_kernel_ops():
     assert any("cute_kernels.flash_attn" in t for t in targets), targets
     assert any("cute_kernels.decode_attn" in t for t in targets), targets
     assert not any("scaled_dot_product_attention" in t for t in targets), targets
-    assert S.sdpa_stats["flash_attn"] > before["flash_attn"] and S.sdpa_stats["decode_attn"] > before["decode_attn"]
+    assert S.sdpa_stats == before, "traced calls are not counted (sdpa_stats counts eager calls only)"

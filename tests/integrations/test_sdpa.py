@@ -336,6 +336,38 @@ def test_decode_route_arguments(cpu_as_gpu, monkeypatch):
     assert o.shape == (3, 8, 2, 128)
 
 
+def test_compiled_caller_compiles_once(cpu_as_gpu, monkeypatch):
+    """sdpa_stats counts eager calls only: a count traced by dynamo would guard on the value it read, so
+    a compiled caller of sdpa would recompile on every call (its own count, and any eager call's, changed
+    it).  On CPU tensors: flash_attn's stand-in, decode_attn's CPU path and a fallback (attn_mask)."""
+    monkeypatch.setattr(S, "flash_attn", flash_standin)
+    q, k, kd = c(1, 4, 8, 64), c(1, 2, 8, 64), c(1, 2, 40, 64)
+    mask = torch.ones(8, 8, dtype=torch.bool)
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    def f(q, k, kd, mask):
+        return (cute_kernels.sdpa(q, k, k, is_causal=True, enable_gqa=True),
+                cute_kernels.sdpa(q.narrow(2, 0, 1), kd, kd, enable_gqa=True),
+                cute_kernels.sdpa(q, k, k, mask, enable_gqa=True))
+
+    torch._dynamo.reset()
+    try:
+        cf = torch.compile(f, backend=backend, fullgraph=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the eager fallback's warning
+            for _ in range(4):
+                got, want = cf(q, k, kd, mask), f(q, k, kd, mask)  # an eager call between compiled ones
+                assert all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        torch._dynamo.reset()
+    assert len(compiles) == 1, f"compiled {len(compiles)} times"
+    assert S.sdpa_stats == {"flash_attn": 4, "decode_attn": 4, "torch": 4}, "the eager calls, counted"
+
+
 # ---------------------------------------------------------- fake CUDA tensors (shapes, counters)
 def test_sdpa_on_fake_cuda_tensors(monkeypatch):
     monkeypatch.setattr(S, "sdpa_stats", {"flash_attn": 0, "decode_attn": 0, "torch": 0})
