@@ -64,7 +64,7 @@ def _sync() -> None:
     import torch
 
     if torch.cuda.is_available():
-        _sync()
+        torch.cuda.synchronize()
 
 
 def generate_s(model, ids, new: int) -> float:

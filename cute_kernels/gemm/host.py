@@ -33,7 +33,7 @@ from .plan import make_plan, run
 from .autograd import check_differentiable
 from .autograd import register as register_autograd
 from .tune import tune_gemm
-from .validate import check_operands, check_scalars
+from .validate import canonical_strides, check_operands, check_scalars
 
 _PLAIN_SCALARS = (float, int)  # alpha / beta types that need no check (one type() test each)
 _is_compiling = torch.compiler.is_compiling
@@ -322,22 +322,46 @@ def _checked_run(a, b, out, c, alpha, beta, out_dtype):
 
 def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
     """After a call with this metadata passed validation and ran: cache a launcher for it (plans
-    with nothing to launch or canonical-stride views to take keep the general path)."""
+    with nothing to launch or operands to copy into aligned buffers keep the general path)."""
     if type(_plan_mod._plans) is not _PlanCache:  # (first use, or plan.py rebound its cache)
         _launchers.clear()
         _plan_mod._plans = _PlanCache(_plan_mod._plans)
     p = _plan_mod._plans.get(_plan_mod._signature(a, b, out, c, beta, out_dtype))
-    if p is None or p.empty or p.a_fix or p.b_fix or p.d_fix or p.a_stage or p.b_stage:
+    if p is None or p.empty or p.a_stage or p.b_stage:
         return
     fn, ws = p.fn, None
     if isinstance(fn, launch.SwappedLauncher):
         if not fn.torch_order:  # the transposes are host views: the plan's own launcher makes them
-            _launchers[key] = _launcher(p, p.fn, None, a.device, (a, b, out, c))
+            _launchers[key] = _launcher(p, _fixed(p, p.fn, a, b, out), None, a.device, (a, b, out, c))
             return
         fn = fn.fn
     if isinstance(fn, launch.WorkspaceLauncher):
         fn, ws = fn.fn, fn
-    _launchers[key] = _launcher(p, jit.direct(fn), ws, a.device, (a, b, out, c))
+    _launchers[key] = _launcher(p, _fixed(p, jit.direct(fn), a, b, out), ws, a.device, (a, b, out, c))
+
+
+def _fixed(p, fn, a, b, out):
+    """``fn``, or where the plan takes canonical-stride views of size-1 dims (``p.a_fix`` / ``b_fix`` /
+    ``d_fix``: a decode step's M = 1 activations) ``fn`` behind those views.  The key holds the
+    operands' shapes and strides, so the views' strides are this call's (out allocated by the launcher
+    when None: contiguous)."""
+    if not (p.a_fix or p.b_fix or p.d_fix):
+        return fn
+    sa = canonical_strides(a, p.a_fix).stride() if p.a_fix else None
+    sb = canonical_strides(b, p.b_fix).stride() if p.b_fix else None
+    d = out if out is not None else torch.empty(p.shape, dtype=p.out_dtype, device="meta")
+    sd = canonical_strides(d, p.d_fix).stride() if p.d_fix else None
+
+    def fixed(a, b, d, c, *rest):
+        if sa is not None:
+            a = a.as_strided(a.shape, sa)
+        if sb is not None:
+            b = b.as_strided(b.shape, sb)
+        if sd is not None:
+            dd = d.as_strided(d.shape, sd)
+            d, c = dd, (dd if c is d else c)
+        fn(a, b, d, c, *rest)
+    return fixed
 
 
 def _launcher(p, fn, ws, dev, operands):

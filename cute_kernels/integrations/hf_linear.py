@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..gemm import gemm
+from . import sdpa as _sdpa
 from .sdpa import _is_hopper
 
 __all__ = ["patch_linear", "unpatch_linear"]
@@ -24,12 +25,12 @@ def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     16-bit CUDA inputs of the weight's dtype on Hopper, with grad too (gemm is differentiable: the
     backward's two GEMMs run on it); ``F.linear`` otherwise.  Every
     step of a decode loop runs this once per linear: the tests are the cheap ones (device indices,
-    not ``torch.device`` objects, but for the Hopper check, cached per index).  The transpose view is made on
+    not ``torch.device`` objects; the Hopper check's cache read by index first).  The transpose view is made on
     every call: a kept one could outlive ``weight.data = ...`` (same object, same memory, new shape)."""
     w = self.weight
     dev = x.get_device()  # -1: CPU, meta
     if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or x.dim() < 1 or x.shape[-1] != w.shape[1]
-            or x.numel() == 0 or not _is_hopper(x.device)):
+            or x.numel() == 0 or not (_sdpa._HOPPER.get(dev) or _is_hopper(x.device))):
         return F.linear(x, w, self.bias)
     out = gemm(x.reshape(-1, w.shape[1]), w.t())
     return out.view(*x.shape[:-1], w.shape[0])

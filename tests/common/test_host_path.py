@@ -78,6 +78,36 @@ def test_gemm_hits_reuse_the_plan(stubbed):
         assert d.data_ptr() == out.data_ptr() and d.stride() == (1, 48)
 
 
+@pytest.mark.parametrize("lead", [(1,), (1, 1)], ids=["2d", "batched-1"])
+def test_gemm_size_one_dims_take_the_launcher(stubbed, monkeypatch, lead):
+    """A decode step's M = 1 activation (its size-1 dim's stride is not the one the compiled layout
+    assumes: the plan takes a canonical-stride view) against a weight's transpose: the second call
+    hits the launcher (no planning), which passes the kernel the same views the planned call did."""
+    k, n = 64, 96
+    a, w = torch.randn(*lead, k, dtype=BF), torch.randn(n, k, dtype=BF)
+    if len(lead) == 2:
+        w = w.expand(1, n, k)
+    b = w.mT
+    first = cute_kernels.gemm(a, b)
+    out = torch.empty_like(first)
+    cute_kernels.gemm(a, b, out=out)
+    p = GP.plan(a, b)
+    assert p.a_fix and len(GH._launchers) == 2
+    planned = []
+    monkeypatch.setattr(GP, "plan", lambda *args, **kw: planned.append(1))
+    for _ in range(3):
+        assert cute_kernels.gemm(a, b).shape == first.shape
+        assert cute_kernels.gemm(a, b, out=out) is out
+    assert not planned and len(GH._launchers) == 2
+    fn = p.fn.fn if isinstance(p.fn, GL.SwappedLauncher) and p.fn.torch_order else p.fn
+    fn = fn.fn if isinstance(fn, GL.WorkspaceLauncher) else fn
+    calls = [c[:4] for c in fn.calls]
+    assert len(calls) == 8
+    for c in calls[1:]:  # every call's operands as the planned one's: same shapes and strides
+        assert [(t.shape, t.stride()) for t in c] == [(t.shape, t.stride()) for t in calls[0]]
+    assert calls[1][0].data_ptr() == a.data_ptr() and calls[1][0].stride() != a.stride()
+
+
 def test_gemm_cache_is_dropped_with_the_plans(stubbed):
     a, b = torch.randn(128, 64, dtype=BF), torch.randn(64, 256, dtype=BF)
     cute_kernels.gemm(a, b)
