@@ -221,14 +221,16 @@ def test_patched_linear_follows_its_weight():
 
     lin = nn.Linear(256, 384, bias=False).to(torch.bfloat16).cuda().requires_grad_(False)
     assert hf.patch_linear(lin) == 1
-    x = rand(3, 1, 256)
+    xs = rand(3, 1, 256), rand(1, 1, 256)  # (one token: M = 1, a canonical-stride view in gemm's launcher)
 
     def check(what):
-        with count_launches() as n:
-            y = lin(x)
-        assert n["gemm"] == 1, what
-        ref = F.linear(x.float(), lin.weight.float())
-        assert y.shape == (3, 1, lin.weight.shape[0]) and torch.allclose(y.float(), ref, atol=3e-2, rtol=2e-2), what
+        for x in xs:
+            with count_launches() as n:
+                y = lin(x)
+            assert n["gemm"] == 1, what
+            ref = F.linear(x.float(), lin.weight.float())
+            assert y.shape == (*x.shape[:2], lin.weight.shape[0]), what
+            assert torch.allclose(y.float(), ref, atol=3e-2, rtol=2e-2), what
 
     check("first call")
     check("second call")
