@@ -56,6 +56,8 @@
 #                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run; then the package's own
 #                 share by `python3 -X importtime` (cute_kernels minus the torch inside it), 3 runs
 #   bench-model   profiles/bench_model.py (end-to-end decode of a Llama-3-8B-shaped model)              [MODEL_S]
+#   bench-generate  profiles/bench_generate.py: eager generate() tokens/s, ours vs HF sdpa / sdpa_gqa, 9 rounds, b1 and
+#                 b8, pinned to core HOST_AB_CPU (default 3) as host-ab is (issue 34; ~2 min warm)  [GEN_S, GEN_ARGS]
 #   bench-model-mistral  profiles/bench_model.py --family mistral (issue 34: the same shapes with a 4096-key
 #                 sliding window; model-decode-mistral-DATE-COMMIT; ~4-8 min cold compile cache)  [MODEL_MISTRAL_S]
 #   bench-train   profiles/bench_train.py (issue 33: a training step of a Llama-3-8B-shaped model, ours with and without
@@ -152,6 +154,8 @@ for step in "$@"; do
         $3 ~ /^ *torch$/ {t=$2} $3 ~ /^ *cute_kernels$/ {c=$2}
         END {printf "importtime: cute_kernels %.3f s, torch within it %.3f s, own %.3f s\n", c/1e6, t/1e6, (c-t)/1e6}'
       done 2>&1 | tee -a "$OUT/import-time.log" ;;
+    bench-generate) CK_COMMIT=$commit timeout "${GEN_S:-300}" taskset -c "${HOST_AB_CPU:-3}" python3 profiles/bench_generate.py \
+      --rounds 9 --out "$OUT" ${GEN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-generate.log" ;;
     bench-model) CK_COMMIT=$commit py "${MODEL_S:-480}" profiles/bench_model.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model.log" ;;
     bench-model-mistral) CK_COMMIT=$commit py "${MODEL_MISTRAL_S:-540}" profiles/bench_model.py --family mistral --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-model-mistral.log" ;;
     bench-train) CK_COMMIT=$commit py "${TRAIN_S:-540}" profiles/bench_train.py --out-dir "$OUT" ${TRAIN_ARGS:-} 2>&1 | quiet | tee "$OUT/bench-train.log" ;;
