@@ -120,8 +120,6 @@ def run_generate(model, batch: int, prompt: int, new: int, rounds: int, sides) -
 
 def profile_steps(model, ctx: int, steps: int, sides, top: int = 22) -> dict:
     """cProfile of ``steps`` StaticCache decode steps (batch 1) per side: own time per step by function."""
-    import torch
-
     from cute_kernels.tools import bench_model as BM
 
     cache, lengths = BM.make_cache(model, 1, ctx)
