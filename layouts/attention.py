@@ -380,6 +380,10 @@ class BwdTile:
     stages: int = 2
     dq_split_m: bool = False
     kv_split_d: bool = False
+    #: dK += dS^T Q reads dS^T from the stage's shared-memory buffer (not registers) and runs on into the
+    #: next query tile, whose S^T wait then hands this tile's stage back (the tensor pipe does not drain
+    #: per tile); not with ``kv_split_d`` (its dK reads shared memory already, with one stage)
+    dk_carry: bool = False
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
@@ -400,6 +404,8 @@ class BwdTile:
             raise ValueError("BwdTile: a dQ split by columns needs tile_m = 64")
         if self.dq_cols_per_wg % 8:
             raise ValueError(f"BwdTile: {self.dq_cols_per_wg} dQ columns per warpgroup is not a wgmma N")
+        if self.dk_carry and self.kv_split_d:
+            raise ValueError("BwdTile: dk_carry is for tiles without kv_split_d")
         if self.stages < 2 and not self.kv_split_d:
             raise ValueError("BwdTile: at least 2 stages (a dS^T buffer per stage; the kernel writes one while "
                              "the other warpgroup may read the previous one)")
@@ -561,6 +567,17 @@ def make_bwd_tiled_mma_dkv(t: BwdTile):
     return sm90_helpers.make_trivial_tiled_mma(
         dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
         (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=warpgroup.OperandSource.RMEM,
+    )
+
+
+def make_bwd_tiled_mma_dk_ss(t: BwdTile):
+    """``BwdTile.dk_carry``'s dK += dS^T Q: A (dS^T) K-major from the stage's shared-memory buffer, B (Q)
+    MN-major, one 64 x head_dim wgmma per consumer warpgroup: no register operand has to stay intact
+    while it runs on into the next query tile."""
+    dt = _dtype(t.dtype)
+    return sm90_helpers.make_trivial_tiled_mma(
+        dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
+        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim),
     )
 
 

@@ -12,6 +12,8 @@ Variants (name -> the change to the planned configuration; a variant that does n
 is skipped there):
     tm128   128 query rows per step, dQ split by rows (``dq_split_m``): FlashAttention-3/4's D = 64 tile
     tm64    64 query rows per step, dQ split by columns (the tile before 2026-12-03 at D = 64)
+    carry   ``BwdTile.dk_carry``: dK += dS^T Q from shared memory, running on into the next query tile (its
+            stage handed back there), so the tensor pipe does not drain per tile (D <= 128)
 
 Whole-call variants (``flash_attn_backward`` with an argument, against the default call: pre-pass, main
 kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
@@ -43,7 +45,13 @@ def _tm64(cfg):
     return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, tile_m=64, dq_split_m=False))
 
 
-VARIANTS = {"tm128": _tm128, "tm64": _tm64}
+def _carry(cfg):
+    if cfg.tile.kv_split_d or cfg.tile.dk_carry:
+        return None
+    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
+
+
+VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry}
 CALL_VARIANTS = {"det": dict(deterministic=True)}
 
 

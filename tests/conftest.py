@@ -37,6 +37,7 @@ QUICK_COMPILES = {
     "test_backward_compile.py::test_window_backward_compiles_within_spill_budget": {"128"},
     "test_backward_compile.py::test_softcap_backward_compiles_without_spills": {"direct-64"},
     "test_backward_compile.py::test_deterministic_backward_compiles_like_the_default": {"gqa-True"},
+    "test_backward_compile.py::test_dk_carry_backward_compiles": {"direct-128-causal"},
     "test_backward_compile.py::test_prepost_compile": {"prepass-True-128", "convert-False-128"},
     "test_decode.py::test_compiles_for_sm90a": {"bfloat16-d128-r8-p0-causal-split", "float16-d64-r64-p0-causal-direct"},
     "test_decode.py::test_compiles_tma_path": {"bfloat16-d128-r8-p0-causal-split"},

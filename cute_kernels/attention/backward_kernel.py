@@ -62,7 +62,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from layouts import attention as LA
 
@@ -394,6 +394,15 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if const_expr(self.cfg.tile.kv_split_d):  # (the Q + LSE ring's state, the dO + Delta ring's)
             read = (read, pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages))
+        carry = None  # dk_carry: dK's shared-memory form (tiled MMA, dS^T and Q^T fragments); read, then
+        # the previous tile's state (its stage handed back in the next tile, once that tile's S^T wait
+        # has seen this tile's dK finish)
+        if const_expr(self.cfg.tile.dk_carry):
+            tiled_mma_dk = LA.make_bwd_tiled_mma_dk_ss(self.cfg.tile)
+            wg_dk = tiled_mma_dk.get_slice(wg_first)
+            carry = (tiled_mma_dk, tiled_mma_dk.make_fragment_A(wg_dk.partition_A(sdS)),
+                     tiled_mma_dk.make_fragment_B(wg_dk.partition_B(cute.composition(sQ, t_order))))
+            read = (read, pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages))
         if m_max > m_min:
             kv_ring.wait(0, 0)
         for i in cutlass.range(m_lo - m_min, unroll=1):
@@ -401,20 +410,24 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block,
                                    self.tile_at(m_min, i, m_lo - m_min, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
-                                   True, window_left, window_right, softcap_scale, smem_a)
+                                   True, window_left, window_right, softcap_scale, smem_a, carry)
         for i in cutlass.range(m_hi - m_lo, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block,
                                    self.tile_at(m_lo, i, m_hi - m_lo, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
-                                   False, softcap_scale=softcap_scale, smem_a=smem_a)
+                                   False, softcap_scale=softcap_scale, smem_a=smem_a, carry=carry)
         if const_expr(self.cfg.window):  # the window's far edge: masked again
             for i in cutlass.range(m_max - m_hi, unroll=1):
                 read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                        tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn,
                                        pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
-                                       True, window_left, window_right, softcap_scale, smem_a)
+                                       True, window_left, window_right, softcap_scale, smem_a, carry)
 
+        if const_expr(carry is not None):  # the last dK done, its stage handed back
+            warpgroup.wait_group(0)
+            if read[1].index != read[0].index or read[1].phase != read[0].phase:
+                pipe_q.consumer_release(read[1])
         # dense: the tile's coordinates read again (kept live across the loop they would spill at D = 64);
         # packed: ``packed`` (head, sequence, its first key), found by a search at the start, kept
         off_k = Int32(0)

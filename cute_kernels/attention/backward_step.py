@@ -37,7 +37,7 @@ class BwdQueryStep:
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
                    tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q, read, scale_log2, seqlen_q,
                    seqlen_k, n_block, m_block, mma_tidx, wg, masked: cutlass.Constexpr[bool], window_left=None,
-                   window_right=None, softcap_scale=None, smem_a=None):
+                   window_right=None, softcap_scale=None, smem_a=None, carry=None):
         """Query tile ``m_block``; ``smem_a``: the (dS^T, P^T) A operands in shared memory when the head
         dims are split, else None; then ``pipe_q`` / ``read`` are the (Q + LSE, dO + Delta) rings and
         their states, handed back apart: dO after dV, Q after dK (dQ, the last wgmma, reads neither).  Returns
@@ -57,6 +57,9 @@ class BwdQueryStep:
             warpgroup.commit_group()
             warpgroup.wait_group(0)
         else:
+            rel = None
+            if const_expr(carry is not None):  # (this tile's state, the previous tile's, handed back here)
+                read, rel = read
             stage = stage_do = read.index
             pipe_q.consumer_wait(read)
             warpgroup.fence()
@@ -65,6 +68,10 @@ class BwdQueryStep:
             wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage, accumulate=False)
             warpgroup.commit_group()
             warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
+            if const_expr(carry is not None):  # the previous tile's dK is done too: its stage goes back
+                if rel.index != read.index or rel.phase != read.phase:
+                    pipe_q.consumer_release(rel)
+                    rel.advance()
 
         s_mn = fs.acc_mn_view(acc_S)
         if const_expr(self.cfg.softcap):  # t = tanh(s * softmax_scale / softcap), before the mask (as the forward)
@@ -133,8 +140,11 @@ class BwdQueryStep:
             read[0].advance()
             warpgroup.wait_group(0)
         else:
-            tKrdS = cute.make_tensor(rdS.iterator, fs.acc_to_frg_a_layout(rdS.layout))
-            wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
+            if const_expr(carry is not None):  # dS^T from shared memory: dK runs on into the next tile
+                wgmma.wgmma_tile(carry[0], acc_dK, carry[1], carry[2], stage, stage, accumulate=True)
+            else:
+                tKrdS = cute.make_tensor(rdS.iterator, fs.acc_to_frg_a_layout(rdS.layout))
+                wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
             warpgroup.commit_group()
             warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
 
@@ -145,7 +155,11 @@ class BwdQueryStep:
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
 
         if const_expr(not split_d):
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(read)
-            read.advance()
+            if const_expr(carry is not None):
+                read.advance()
+                read = (read, rel)
+            else:
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(read)
+                read.advance()
         return read

@@ -530,6 +530,37 @@ def test_softcap_window_backward_compiles_without_spills():
     assert k.instructions["HGMMA"] == 3 * (2 * 64 // 16 + 2 * 64 // 16 + 128 // 16), rep.summary()
 
 
+@pytest.mark.parametrize("variant", ["direct-64", "direct-96", "direct-128-causal", "gqa-128", "window-128",
+                                     "softcap-64", "deterministic-128", "varlen-128-causal"])
+def test_dk_carry_backward_compiles(variant):
+    """``BwdTile.dk_carry`` (dK += dS^T Q from shared memory, running on into the next query tile): the
+    default's HGMMAs, no more wgmma waits or arrives than it (ptxas serializes every wgmma when it cannot
+    keep one in flight across the loop: 64 ARRIVE / DEPBAR then, as the register-operand form did), and
+    no more local-memory traffic (the register dS^T no longer lives past the dQ wgmma)."""
+    from cute_kernels.tools import inspect as ins
+
+    parts = variant.split("-")
+    D = int(parts[1])
+    cfg = bk.bwd_config("bfloat16", D, "causal" in parts, window=parts[0] == "window",
+                        direct_kv=parts[0] != "gqa", softcap=parts[0] == "softcap",
+                        deterministic=parts[0] == "deterministic", varlen=parts[0] == "varlen")
+    carried = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
+    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (carried, cfg))
+    print(f"{variant} dk_carry: {rep.summary()}\n  default: {rep0.summary()}")
+    k, k0 = rep.kernels[0], rep0.kernels[0]
+    count = lambda r, op: len(re.findall(rf"\b{re.escape(op)}\b", r.sass))  # noqa: E731
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"], (rep.summary(), rep0.summary())
+    for op in ("WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"):
+        assert count(rep, op) <= count(rep0, op), (op, count(rep, op), count(rep0, op))
+    assert k.spills <= k0.spills and k.stack_frame <= k0.stack_frame, (rep.summary(), rep0.summary())
+
+
+def test_dk_carry_tile_rules():
+    assert not LA.bwd_tile("bfloat16", 128).dk_carry  # not the default until a GPU run measures it
+    with pytest.raises(ValueError, match="dk_carry"):
+        dataclasses.replace(LA.bwd_tile("bfloat16", 256), dk_carry=True)
+
+
 @pytest.mark.parametrize("kv,window", [("gqa", True), ("direct", False)])
 def test_deterministic_backward_compiles_like_the_default(kv, window):
     """Deterministic mode (D 128): the default kernel's wgmma bodies and spill budget, two spin loops of
