@@ -30,6 +30,9 @@
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
 #   ab-backward-det  profiles/ab_backward.py --variants det: deterministic=True against the default backward
 #                 call on the backward bench's shapes (issue 33: within 15%), paired             [AB_BWD_S]
+#   ab-backward-carry  profiles/ab_backward.py --variants carry: BwdTile.dk_carry (dK running on into the next query
+#                 tile) against the planned tile on the backward bench's D <= 128 shapes, paired, gradients
+#                 compared (issue 33); GPU-test it first: backward-tests runs test_dk_carry_matches_reference  [AB_BWD_S]
 #   bench-variants  profiles/bench_variants.py (issue 34: softcap / sink / window vs the plain calls, paired) [VARIANTS_S]
 #   bench-gaps    profiles/bench_gaps.py (issue 36's nine rows vs their targets, paired timer; ~2 min warm) [GAPS_S]
 #   bench-attention  profiles/bench_attention.py (the forward vs cuDNN / FA2 SDPA / FA4, + its MMA bound) [BENCH_S]
@@ -126,6 +129,7 @@ for step in "$@"; do
     ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
+    ab-backward-carry) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
     bench-variants) CK_COMMIT=$commit py "${VARIANTS_S:-300}" profiles/bench_variants.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-variants.log" ;;
     bench-gaps) CK_COMMIT=$commit py "${GAPS_S:-400}" profiles/bench_gaps.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-gaps.log" ;;
     bench-quick) CK_COMMIT=$commit py "${QUICK_S:-420}" -m cute_kernels bench all --quick --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-quick.log" ;;

@@ -17,6 +17,7 @@ per head).  CPU tests (tile walk, emulation, compiles) are in ``test_backward_co
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -197,6 +198,32 @@ def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window
         for name, a, b in zip(("dq", "dk", "dv", "dsink"), again, res):
             assert torch.equal(a, b), f"{key}: {name} of call {r + 2} differs from the first's bits"
     return res
+
+
+@gpu
+@pytest.mark.parametrize("dtype,D,causal,B,Sq,Sk,Hq,Hkv,kw", [
+    (torch.bfloat16, 128, True, 2, 1000, 1000, 8, 2, {}),  # GQA (fp32 dK / dV adds), ragged tiles
+    (torch.float16, 64, False, 1, 4097, 1000, 8, 8, {}),  # dK / dV stored, Sq > Sk
+    (torch.bfloat16, 96, True, 1, 17, 1000, 4, 4, {}),  # a single query tile: the carried stage at the end
+    (torch.bfloat16, 128, False, 1, 1000, 1000, 4, 4, dict(window=(100, 50))),  # the window's three loops
+    (torch.bfloat16, 64, True, 1, 777, 777, 4, 2, dict(softcap=30.0, sink=True)),
+    (torch.bfloat16, 128, False, 1, 1000, 1000, 8, 2, dict(deterministic=True, repeats=2)),
+], ids=["gqa-d128-causal", "d64-sq-gt-sk", "d96-one-tile", "window-d128", "softcap-sink-d64", "deterministic-d128"])
+def test_dk_carry_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq, Hkv, kw):
+    """``BwdTile.dk_carry`` (dK from shared memory, running on into the next query tile; not the default
+    yet): the planner patched to choose it, the same checks as the default tile's."""
+    from cute_kernels.attention import backward_kernel as bk
+
+    config = bk.bwd_config
+
+    def carried(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
+
+    monkeypatch.setattr(bk, "bwd_config", carried)
+    monkeypatch.setattr(BW, "_PLANS", {})
+    assert BW.bwd_plan(dtype, D, causal)[0].tile.dk_carry
+    run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
 
 
 CASES = [(dt, D, c, i) for dt in DTYPES for D in LA.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
