@@ -5,9 +5,12 @@ into its own compiled kernel; every variant of a shape and the peers (cuDNN SDPA
 are timed by the same ``triton.testing.do_bench`` (cold L2, median), in interleaved rounds with the
 order rotated per round.  Each variant's output is compared with cuDNN's (max |diff|) before timing.
 
-    python3 profiles/ab_attention.py [--rounds 3] [--only d128] [--out results.json]
+    python3 profiles/ab_attention.py [--rounds 3] [--only d128] [--out results.json] [--softcap 30]
 
-Variants per head dim are in :data:`VARIANTS`; ``default`` is what ``flash_attn`` runs.
+Variants per head dim are in :data:`VARIANTS`; ``default`` is what ``flash_attn`` runs.  ``--softcap S``
+(issue 34: softcapping costs the forward 11-39%, MUFU-bound): the softcap configuration (``default``)
+and :data:`SOFTCAP_VARIANTS` (a share of its exp2s by polynomial on the FMA pipes), each output compared
+with ``default``'s, beside the plain kernel (``plain``) and the peers without softcapping.
 """
 
 from __future__ import annotations
@@ -40,7 +43,21 @@ VARIANTS = {
 }
 
 
-def variant_configs(D, causal):
+#: ``--softcap``: name -> FwdTile overrides on the softcap configuration
+SOFTCAP_VARIANTS = {"default": {}, "poly1": dict(exp2_poly_share=1), "poly2": dict(exp2_poly_share=2),
+                    "poly4": dict(exp2_poly_share=4)}
+
+
+def variant_configs(D, causal, softcap=False):
+    if softcap:
+        base = FW.plan(DTYPE, D, causal, softcap=True)
+        out = {"plain": FW.plan(DTYPE, D, causal)}
+        for name, kw in SOFTCAP_VARIANTS.items():
+            try:
+                out[name] = dataclasses.replace(base, tile=dataclasses.replace(base.tile, **kw))
+            except ValueError as e:
+                print(f"  skip {name} (D={D}): {e}")
+        return out
     base = FW.plan(DTYPE, D, causal)
     out = {}
     for name, kw in VARIANTS[D].items():
@@ -59,11 +76,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="", help="substring of the shape names to run")
     ap.add_argument("--out", default="", help="write the results as JSON here")
+    ap.add_argument("--softcap", type=float, default=0.0, help="> 0: the softcap configuration's variants")
     args = ap.parse_args(argv)
     from triton.testing import do_bench
 
     shapes = [s for s in SHAPES if args.only in s[0]]
-    cfgs = {(D, c): variant_configs(D, c) for _, _, _, _, _, D, c in shapes}
+    cfgs = {(D, c): variant_configs(D, c, args.softcap > 0) for _, _, _, _, _, D, c in shapes}
     errors = FW.precompile([cfg for vs in cfgs.values() for cfg in vs.values()], processes=8)
     for e in errors:
         print("precompile:", e)
@@ -88,7 +106,12 @@ def main(argv=None) -> int:
             fn = FW.get_forward_kernel(cfg)
             o, lse = torch.empty_like(q), torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
             ctr = FW.tile_counter(q.device, cfg.tile.dynamic)
-            impls[vname] = lambda fn=fn, o=o, lse=lse, ctr=ctr, q=q, k=k, v=v: fn(q, k, v, o, lse, ctr, scale_log2)
+            if cfg.softcap:  # the launcher's convention: softmax scale softcap * log2(e), scores scaled by scale / softcap
+                sc = args.softcap
+                impls[vname] = (lambda fn=fn, o=o, lse=lse, ctr=ctr, q=q, k=k, v=v, sc=sc:
+                                fn(q, k, v, o, lse, ctr, sc * math.log2(math.e), D ** -0.5 / sc))
+            else:
+                impls[vname] = lambda fn=fn, o=o, lse=lse, ctr=ctr, q=q, k=k, v=v: fn(q, k, v, o, lse, ctr, scale_log2)
             outs[vname] = o
 
         def cudnn(qt=qt, kt=kt, vt=vt):
@@ -105,8 +128,11 @@ def main(argv=None) -> int:
             outs[vname].fill_(float("nan"))
             impls[vname]()
             torch.cuda.synchronize()
-            if not cfgs[(D, causal)][vname].mma_only:  # the bound's output is not attention
-                diffs[vname] = (outs[vname].float() - ref).abs().max().item()
+        for vname in outs:  # softcap variants against the softcap default (cuDNN has no softcapping)
+            cfg = cfgs[(D, causal)][vname]
+            if not cfg.mma_only:  # the bound's output is not attention
+                base = outs["default"].float() if cfg.softcap and vname != "default" else ref
+                diffs[vname] = (outs[vname].float() - base).abs().max().item()
         times = {n: [] for n in impls}
         names = list(impls)
         for r in range(args.rounds):

@@ -33,6 +33,9 @@
 #   ab-backward-carry  profiles/ab_backward.py --variants carry: BwdTile.dk_carry (dK running on into the next query
 #                 tile) against the planned tile on the backward bench's D <= 128 shapes, paired, gradients
 #                 compared (issue 33); GPU-test it first: backward-tests runs test_dk_carry_matches_reference  [AB_BWD_S]
+#   ab-attention-softcap  profiles/ab_attention.py --softcap 30: the softcap forward against a share of its exp2s by
+#                 polynomial on the FMA pipes (poly1 / 2 / 4) and the plain kernel, peers beside (issue 34's
+#                 softcap-within-5% row; ~3-4 min cold)                                          [AB_ATTN_S]
 #   bench-variants  profiles/bench_variants.py (issue 34: softcap / sink / window vs the plain calls, paired) [VARIANTS_S]
 #   bench-gaps    profiles/bench_gaps.py (issue 36's nine rows vs their targets, paired timer; ~2 min warm) [GAPS_S]
 #   bench-attention  profiles/bench_attention.py (the forward vs cuDNN / FA2 SDPA / FA4, + its MMA bound) [BENCH_S]
@@ -130,6 +133,7 @@ for step in "$@"; do
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
     ab-backward-carry) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
+    ab-attention-softcap) py "${AB_ATTN_S:-400}" profiles/ab_attention.py --softcap 30 --rounds 5 --out "$OUT/ab-attention-softcap.json" 2>&1 | quiet | tee "$OUT/ab-attention-softcap.log" ;;
     bench-variants) CK_COMMIT=$commit py "${VARIANTS_S:-300}" profiles/bench_variants.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-variants.log" ;;
     bench-gaps) CK_COMMIT=$commit py "${GAPS_S:-400}" profiles/bench_gaps.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-gaps.log" ;;
     bench-quick) CK_COMMIT=$commit py "${QUICK_S:-420}" -m cute_kernels bench all --quick --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-quick.log" ;;
