@@ -554,30 +554,22 @@ def make_bwd_tiled_mma_sdp(t: BwdTile):
     )
 
 
-def make_bwd_tiled_mma_dkv(t: BwdTile):
+def make_bwd_tiled_mma_dkv(t: BwdTile, a_smem: bool = False):
     """dV += P^T dO and dK += dS^T Q: one 64 x head_dim wgmma per consumer warpgroup, A (P^T / dS^T in
     16 bits) from registers, B (dO / Q) MN-major from shared memory; ``kv_split_d``: 64 x head_dim / 2
-    per warpgroup (its columns), A K-major from shared memory."""
+    per warpgroup (its columns), A K-major from shared memory.  ``a_smem``: A K-major from shared memory
+    at the full tile too (``BwdTile.dk_carry``'s dK from the stage's dS^T buffer: no register operand has
+    to stay intact while it runs on into the next query tile)."""
     dt = _dtype(t.dtype)
     if t.kv_split_d:
         return sm90_helpers.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32, (1, 2, 1),
             tiler_mn=(FWD_WGMMA_M, t.head_dim // 2),
         )
+    a_source = warpgroup.OperandSource.SMEM if a_smem else warpgroup.OperandSource.RMEM
     return sm90_helpers.make_trivial_tiled_mma(
         dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
-        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=warpgroup.OperandSource.RMEM,
-    )
-
-
-def make_bwd_tiled_mma_dk_ss(t: BwdTile):
-    """``BwdTile.dk_carry``'s dK += dS^T Q: A (dS^T) K-major from the stage's shared-memory buffer, B (Q)
-    MN-major, one 64 x head_dim wgmma per consumer warpgroup: no register operand has to stay intact
-    while it runs on into the next query tile."""
-    dt = _dtype(t.dtype)
-    return sm90_helpers.make_trivial_tiled_mma(
-        dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
-        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim),
+        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=a_source,
     )
 
 

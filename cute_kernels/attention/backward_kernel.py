@@ -398,7 +398,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         # the previous tile's state (its stage handed back in the next tile, once that tile's S^T wait
         # has seen this tile's dK finish)
         if const_expr(self.cfg.tile.dk_carry):
-            tiled_mma_dk = LA.make_bwd_tiled_mma_dk_ss(self.cfg.tile)
+            tiled_mma_dk = LA.make_bwd_tiled_mma_dkv(self.cfg.tile, a_smem=True)
             wg_dk = tiled_mma_dk.get_slice(wg_first)
             carry = (tiled_mma_dk, tiled_mma_dk.make_fragment_A(wg_dk.partition_A(sdS)),
                      tiled_mma_dk.make_fragment_B(wg_dk.partition_B(cute.composition(sQ, t_order))))
