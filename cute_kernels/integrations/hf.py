@@ -132,7 +132,7 @@ from .hf_masks import (  # noqa: F401  (mask_function, Unpad, unpad_metadata: th
 )
 from .hf_linear import patch_linear, unpatch_linear  # noqa: F401  (this module's API)
 from .hf_step import _clamp_lengths, _need_lengths, _valid_lengths
-from .sdpa import route
+from .sdpa import count_eager, route
 
 __all__ = ["register", "attention_forward", "mask_function", "fallback_path", "unpad_metadata", "Unpad",
            "patch_linear", "unpatch_linear", "hf_stats", "reset_stats", "NAME", "DECODE_MAX_Q"]
@@ -243,13 +243,6 @@ def _eager_function(module):
     return fn
 
 
-def _count(path: str) -> None:
-    """One call more on ``path`` in :data:`hf_stats`, outside torch.compile only: a traced ``+= 1`` on the
-    module's dict makes dynamo guard on the count it read, so every call would recompile."""
-    if not torch.compiler.is_compiling():
-        hf_stats[path] += 1
-
-
 def _fallback(path, reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
     """Run ``path`` (HF's sdpa or the model's eager attention; None: eager where the layer passes
     softcapping or sinks, else sdpa) with every argument the layer passed.  With no mask: an explicit
@@ -260,7 +253,7 @@ def _fallback(path, reason, module, query, key, value, attention_mask, dropout, 
     if path is None:
         path = EAGER if _eager_needed(kwargs) else SDPA
     _warn_once(path, reason)
-    _count("fallback")
+    count_eager(hf_stats, "fallback")
     q_len, kv_len = query.shape[2], key.shape[2]
     window = kwargs.get(WINDOW)
     if attention_mask is None:
@@ -443,7 +436,7 @@ def _padded(args, softcap, sink, scale, where):
     if where == "decode_attn" and causal and meta.one_run and meta.all_queries and not grad:
         return _left_padded_decode(query, key, value, meta, window, softcap, sink, scale)
     win = _window_size(window if causal else None, meta.max_seqlen_k)
-    _count("flash_attn")
+    count_eager(hf_stats, "flash_attn")
     if meta.total_q == 0:
         return query.new_zeros(B, q_len, Hq, D), None
     from ..attention.forward import flash_attn
@@ -490,7 +483,7 @@ def _packed_keywords(query, key, value, kwargs, causal, softcap, sink, scale):
                    cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk, causal=causal, softmax_scale=scale,
                    window_size=_window_size(window if causal else None, mk), softcap=softcap, learnable_sink=sink,
                    deterministic=_deterministic(kwargs))
-    _count("flash_attn")
+    count_eager(hf_stats, "flash_attn")
     return o.unsqueeze(0), None
 
 
@@ -507,7 +500,7 @@ def _left_padded_decode(query, key, value, meta: Unpad, window, softcap, sink, s
                       cache_leftpad=(n - keys).to(torch.int32), causal=True, softmax_scale=scale,
                       window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=softcap,
                       learnable_sink=sink)
-    _count("decode_attn")
+    count_eager(hf_stats, "decode_attn")
     return out, None
 
 

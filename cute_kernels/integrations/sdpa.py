@@ -172,11 +172,12 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
     return "flash_attn", "causal, Sq == Sk" if is_causal else "prefill, not causal"
 
 
-def _count(path: str) -> None:
-    """One call more on ``path`` in :data:`sdpa_stats`, outside torch.compile only: a traced ``+= 1`` on the
-    module's dict makes dynamo guard on the count it read, so every call would recompile."""
+def count_eager(stats: dict, path: str) -> None:
+    """One call more on ``path`` in ``stats`` (:data:`sdpa_stats`, ``hf.hf_stats``), outside torch.compile
+    only: a traced ``+= 1`` on a module's dict makes dynamo guard on the count it read, so every call
+    would recompile."""
     if not torch.compiler.is_compiling():
-        sdpa_stats[path] += 1
+        stats[path] += 1
 
 
 def _fallback(reason: str, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -184,7 +185,7 @@ def _fallback(reason: str, query, key, value, attn_mask, dropout_p, is_causal, s
         _WARNED.add(reason)
         warnings.warn(f"cute_kernels.sdpa: running torch's scaled_dot_product_attention: {reason}",
                       stacklevel=3)
-    _count("torch")
+    count_eager(sdpa_stats, "torch")
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                           is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
@@ -222,11 +223,11 @@ def sdpa(
     if query.device.type == "meta":
         # meta tensors route as a GPU's (planning), but nothing runs on them: torch's function gives
         # its meta result (shape, dtype, autograd) as on any device, where the kernels' device checks raise
-        _count("torch")
+        count_eager(sdpa_stats, "torch")
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=is_causal,
                                               scale=scale, enable_gqa=enable_gqa)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    _count(where)
+    count_eager(sdpa_stats, where)
     if scale is None:  # torch's default 1 / sqrt(D), a Python float also when D is symbolic (torch.compile)
         scale = next(1.0 / math.sqrt(d) for d in set(FLASH_HEAD_DIMS + DECODE_HEAD_DIMS) if q.shape[-1] == d)
     if where == "decode_attn":

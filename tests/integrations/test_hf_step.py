@@ -330,7 +330,7 @@ def test_counts_under_torch_compile_never_recompile(spies):
 
     @torch.compile(backend="eager", fullgraph=True)
     def f(x):
-        hf._count("decode_attn")
+        hf.count_eager(hf.hf_stats, "decode_attn")
         return x * 2
 
     before = dict(hf.hf_stats)
