@@ -9,8 +9,10 @@ and timed by CUDA events, so neighbouring calls see the same clock and L2 state.
 variant's median microseconds, and the median over iterations of the paired ratio to the first
 variant in ``--variants``, with its interquartile range.
 
-    python3 profiles/ab_gemm.py --shapes 4096x4096x4096,... --variants cuBLAS,default,default:nodefer \
-        [--iters 200] [--out DIR]
+    python3 profiles/ab_gemm.py --shapes 4096x4096x4096,3x1000x1000x1000,... \
+        --variants cuBLAS,default,default:nodefer [--iters 200] [--out DIR]
+
+A shape ``LxMxNxK`` is L batched products (3-D operands).
 
 ``--burst N``: each timed sample is N back-to-back calls of the variant after one flush (us per call
 reported), as layers follow each other in a model; the launch gap between kernels is then part of the
@@ -93,16 +95,19 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="", help="file-name tag, so several calls in one run keep their files")
     args = ap.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    # MxNxK, or LxMxNxK: L batched products (3-D operands)
+    shapes = [(None, *d) if len(d) == 3 else d for d in
+              (tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))]
     names = args.variants.split(",")
     fns = {k: make_fn(k) for k in names}
     commit = os.environ.get("CK_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
         cwd=os.path.dirname(__file__)).stdout.strip()
     rows = []
-    for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    for l, m, n, k in shapes:
+        batch = () if l is None else (l,)
+        a = torch.randn(*batch, m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(*batch, k, n, device="cuda", dtype=torch.bfloat16)
         ref = a.float() @ b.float()
         ok = {}
         for name in names:  # every variant must be right before it is timed
@@ -115,16 +120,16 @@ def main():
         live = {k_: fns[k_] for k_ in names if ok[k_] is True}
         times = paired_times(live, a, b, args.iters, args.burst)
         base = names[0]
-        row = {"shape": [m, n, k], "errors": {k_: v for k_, v in ok.items() if v is not True}, "variants": {}}
+        row = {"shape": [m, n, k] if l is None else [l, m, n, k], "errors": {k_: v for k_, v in ok.items() if v is not True}, "variants": {}}
         for name, ts in times.items():
             lo, med, hi = quartiles(ts)
-            entry = {"us_median": med, "us_q1": lo, "us_q3": hi, "tflops": 2 * m * n * k / med / 1e6}
+            entry = {"us_median": med, "us_q1": lo, "us_q3": hi, "tflops": 2 * (l or 1) * m * n * k / med / 1e6}
             if base in times and name != base:
                 rs = [tb / t for tb, t in zip(times[base], ts)]  # > 1: faster than the base
                 entry["speedup_vs_base"] = quartiles(rs)
             row["variants"][name] = entry
         rows.append(row)
-        print(f"{m}x{n}x{k}: " + "  ".join(
+        print("x".join(map(str, row["shape"])) + ": " + "  ".join(
             f"{k_} {v['us_median']:.1f}us" + (" x{:.3f} [{:.3f},{:.3f}]".format(v['speedup_vs_base'][1],
                                                                                 v['speedup_vs_base'][0],
                                                                                 v['speedup_vs_base'][2])

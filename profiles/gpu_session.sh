@@ -26,6 +26,9 @@
 #   gemm-stage-cand  bench_gemm.py --configs default:stage: misaligned operands copied into aligned buffers + the TMA
 #                 plan, beside the default cp.async mainloop and cuBLAS (issue 36's 4097x127x1000 and two others)
 #   ab-gemm / ab-gemm2  profiles/ab_gemm.py, paired call-by-call A/B of GEMM variants               [AB_ARGS / AB2_ARGS]
+#   ab-gemm-224   the 128 x 224 tile (test_gemm_tile_224 first, then ab_gemm.py) against the default and cuBLAS on
+#                 issue 36's 3 x 1000^3 and on shapes whose N quantizes better in 224 (3584, 1792, 5000,
+#                 7168): whether default_tiles should take it (not a candidate before this is measured)   [AB224_S]
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
 #   ab-backward-det  profiles/ab_backward.py --variants det: deterministic=True against the default backward
@@ -129,6 +132,10 @@ for step in "$@"; do
     gemm-raster-cand) py 300 profiles/bench_gemm.py --out "$OUT" --repeats 5 --shapes 4096x4096x4096,4096x14336x4096 --configs 128x256:2x1:8m,128x256:2x1:8n 2>&1 | quiet | tee "$OUT/gemm-raster-cand.log" ;;
     ab-gemm) py "${AB_S:-300}" profiles/ab_gemm.py --out "$OUT" ${AB_ARGS:-} 2>&1 | quiet | tee "$OUT/ab-gemm.log" ;;
     ab-gemm2) py "${AB2_S:-200}" profiles/ab_gemm.py --out "$OUT" --tag ab2 ${AB2_ARGS:-} 2>&1 | quiet | tee "$OUT/ab-gemm2.log" ;;
+    ab-gemm-224) py 150 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/gemm/test_gemm.py -k tile_224 2>&1 | tail -n 15 | tee "$OUT/ab-gemm-224.log"
+      py "${AB224_S:-360}" profiles/ab_gemm.py --out "$OUT" --tag t224 --iters 150 \
+        --shapes 3x1000x1000x1000,1000x3584x1024,2048x1792x1024,2048x5000x1024,3000x7168x1024,4096x3584x4096 \
+        --variants default,cuBLAS,128x224:2x1,128x224:1x1,128x256:2x1 2>&1 | quiet | tee -a "$OUT/ab-gemm-224.log" ;;
     ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;

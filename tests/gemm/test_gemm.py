@@ -1,6 +1,7 @@
 """GEMM tests.  CPU: validation errors and sm_90a compiles with resource checks.  GPU: numerics."""
 
 import itertools
+import math
 import re
 
 import pytest
@@ -864,6 +865,42 @@ def test_gemm_band_raster(variant):
         _check_poisoned_gemm(a, b, c_fp32=True)
     else:
         _check_poisoned_gemm(a[0], b[0])
+
+
+TILE224_CASES = {  # variant: (batch, m, n, k), A / B / out majors, C: alpha 0.5, beta -1.5, fp32 out
+    "batched": ((3, 1000, 1000, 1000), "row", "row", "row", False),
+    "kmajor_b": ((None, 1000, 997, 520), "row", "col", "row", False),
+    "col_out": ((None, 517, 1000, 264), "row", "row", "col", False),
+    "col_a_c_fp32": ((2, 300, 450, 136), "col", "row", "row", True),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(TILE224_CASES))
+def test_gemm_tile_224(variant):
+    """128 x 224 tiles forced through ``PlanChoice`` (issue 36's candidate for 3 x 1000^3: 120 tiles in
+    one wave of 132 SMs, where 128 x 256 leaves 36 idle): an N-major B in 64-byte swizzle atoms, seven
+    32-column epilogue sub-tiles.  Ragged shapes, every major, batched, alpha/beta/C into fp32;
+    NaN-poisoned outputs against the float64 reference, tails elementwise."""
+    (l, m, n, k), am, bm, om, with_c = TILE224_CASES[variant]
+    batch = () if l is None else (l,)
+    a = _operand((m, k), am, torch.bfloat16, batch=l)
+    b = _operand((k, n), bm, torch.bfloat16, batch=l)
+    od = torch.float32 if with_c else torch.bfloat16
+    out = torch.full((*batch, m, n), float("nan"), device="cuda", dtype=od)
+    if om == "col":
+        out = torch.full((*batch, n, m), float("nan"), device="cuda", dtype=od).mT
+    c = torch.randn(out.shape, device="cuda", dtype=torch.float32) if with_c else None
+    cluster = (2, 1) if math.ceil(m / 128) % 2 == 0 else (1, 1)
+    tiles = H.make_gemm_tiles(224, cluster, "bfloat16", {"row": "k", "col": "mn"}[am], {"row": "mn", "col": "k"}[bm],
+                              "float32" if with_c else "bfloat16", {"row": "n", "col": "m"}[om])
+    choice = P.PlanChoice(tiles=tiles, splits=1)
+    alpha, beta = (0.5, -1.5) if with_c else (1.0, 0.0)
+    (_, ran), = P.plan(a, b, out, c, beta, None, choice).kernels
+    assert ran.tiles.tile_mnk[:2] == (128, 224) and ran.tiles.cluster_mn == cluster
+    P.run(a, b, out, c, alpha, beta, choice=choice)
+    torch.cuda.synchronize()
+    check_gemm(out, a, b, alpha, beta, c)
 
 
 @pytest.mark.gpu

@@ -78,7 +78,7 @@ def rel_error(out, ref) -> float:
 
 
 def explicit_config(spec: str):
-    """``fn(a, b)`` running our GEMM at an explicit config: ``TMxTN:CMxCN[:SW(m|n)][:swap]`` (tile,
+    """``fn(a, b)`` running our GEMM (2-D or batched 3-D operands) at an explicit config: ``TMxTN:CMxCN[:SW(m|n)][:swap]`` (tile,
     cluster, raster swizzle and direction, and ``swap``: out^T = b^T a^T on those tiles), or
     ``default:defer`` / ``default:nodefer`` (the planner's choice with the deferred epilogue forced), or
     ``default:stage`` (operands TMA cannot describe copied into aligned buffers, then the TMA plan)."""
@@ -103,9 +103,10 @@ def explicit_config(spec: str):
         am = "k" if a.stride(-1) == 1 else "mn"
         bm = "mn" if b.stride(-1) == 1 else "k"
         tiles = make_gemm_tiles(tn, (cm, cn), "bfloat16", am, bm, "bfloat16", tile_m=tm)
-        out = torch.empty(a.shape[-2], b.shape[-1], device=a.device, dtype=a.dtype)
+        batch = a.shape[:-2]  # (L,) for a batched (3-D) pair
+        out = torch.empty(*batch, a.shape[-2], b.shape[-1], device=a.device, dtype=a.dtype)
         if swap:  # the output transposed back as a view: D is written M-major
-            out = torch.empty(b.shape[-1], a.shape[-2], device=a.device, dtype=a.dtype).mT
+            out = torch.empty(*batch, b.shape[-1], a.shape[-2], device=a.device, dtype=a.dtype).mT
         gemm_plan.run(a, b, out, choice=gemm_plan.PlanChoice(tiles=tiles, raster=raster, splits=1))
         return out.mT if swap else out
 
