@@ -196,6 +196,9 @@ class FwdTile:
     * ``exp2_poly_share``: of every 8 scores of an unmasked tile, this many are exponentiated by a
       cubic on the FMA pipes instead of the MUFU unit (small head dims are bound by MUFU.EX2: a
       128 x 128 tile at D = 64 needs as many MUFU cycles as tensor-core cycles).
+
+    ``p_smem``: P goes through a shared-memory buffer (stmatrix; the PV wgmma's A operand) instead of
+    registers, so a thread holds only S and O: three warpgroups (192 rows, 160 registers) fit D = 96.
     """
 
     dtype: str  # "float16" | "bfloat16"
@@ -208,6 +211,7 @@ class FwdTile:
     exp2_poly_share: int = 0
     persistent: bool = False
     dynamic: bool = False
+    p_smem: bool = False
 
     def __post_init__(self):
         if self.head_dim not in FWD_HEAD_DIMS:
@@ -264,14 +268,18 @@ class FwdTile:
 
     @property
     def tile_regs_per_thread(self) -> int:
-        """Registers a consumer thread holds for S (fp32), P (16-bit pairs) and O (fp32)."""
+        """Registers a consumer thread holds for S (fp32), P (16-bit pairs, unless ``p_smem``) and O (fp32)."""
         s = FWD_WGMMA_M * self.tile_n // 128  # a warpgroup's 64 x tile_n scores over its 128 threads
-        return s + s // 2 + FWD_WGMMA_M * self.head_dim // 128
+        return s + (0 if self.p_smem else s // 2) + FWD_WGMMA_M * self.head_dim // 128
+
+    @property
+    def p_bytes(self) -> int:  # the P buffer (p_smem)
+        return self.tile_m * self.tile_n * self.elem_bytes if self.p_smem else 0
 
     def smem_bytes(self) -> int:
-        """Q (= O unless persistent), the K and V rings, barriers and alignment slack."""
+        """Q (= O unless persistent), the K and V rings, P (``p_smem``), barriers and alignment slack."""
         o = self.q_bytes if self.persistent else 0
-        return self.q_bytes + o + 2 * self.stages * self.kv_tile_bytes + FWD_SMEM_SLACK
+        return self.q_bytes + o + 2 * self.stages * self.kv_tile_bytes + self.p_bytes + FWD_SMEM_SLACK
 
 
 def fwd_tile(dtype: str, head_dim: int, causal: bool) -> FwdTile:
@@ -317,6 +325,13 @@ def make_fwd_smem_layout_kv(t: FwdTile):
     return cute.tile_to_shape(_fwd_atom(t), (t.tile_n, t.head_dim, t.stages), (0, 1, 2))
 
 
+def make_fwd_smem_layout_p(t: FwdTile):
+    """(tile_m, tile_n) P tile (``FwdTile.p_smem``), keys contiguous: the C layout of S that stmatrix
+    writes and the K-major A operand of O += P V (warpgroup w reads its rows 64 w ..)."""
+    kind = sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, _dtype(t.dtype), t.tile_n)
+    return cute.tile_to_shape(warpgroup.make_smem_layout_atom(kind, _dtype(t.dtype)), (t.tile_m, t.tile_n), (0, 1))
+
+
 def make_fwd_tiled_mma_qk(t: FwdTile):
     """S = Q K^T: one 64 x tile_n wgmma per consumer warpgroup, A (Q) and B (K) from shared memory."""
     dt = _dtype(t.dtype)
@@ -327,12 +342,13 @@ def make_fwd_tiled_mma_qk(t: FwdTile):
 
 
 def make_fwd_tiled_mma_pv(t: FwdTile):
-    """O += P V: one 64 x head_dim wgmma per consumer warpgroup, A (P, 16-bit) from registers, B (V)
-    from shared memory, MN-major."""
+    """O += P V: one 64 x head_dim wgmma per consumer warpgroup, A (P, 16-bit) from registers (from
+    shared memory, K-major, with ``p_smem``), B (V) from shared memory, MN-major."""
     dt = _dtype(t.dtype)
+    a_source = warpgroup.OperandSource.SMEM if t.p_smem else warpgroup.OperandSource.RMEM
     return sm90_helpers.make_trivial_tiled_mma(
         dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
-        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=warpgroup.OperandSource.RMEM,
+        (t.consumer_warpgroups, 1, 1), tiler_mn=(FWD_WGMMA_M, t.head_dim), a_source=a_source,
     )
 
 

@@ -5,7 +5,9 @@ into its own compiled kernel; every variant of a shape and the peers (cuDNN SDPA
 are timed by the same ``triton.testing.do_bench`` (cold L2, median), in interleaved rounds with the
 order rotated per round.  Each variant's output is compared with cuDNN's (max |diff|) before timing.
 
-    python3 profiles/ab_attention.py [--rounds 3] [--only d128] [--out results.json] [--softcap 30]
+    python3 profiles/ab_attention.py [--rounds 3] [--only d128] [--shapes NAME,...] [--out results.json] [--softcap 30]
+
+``--shapes``: shape names instead of the bench's set (``b3_hq24_hkv8_s5000_d96_full``: issue 36's D 96 row).
 
 Variants per head dim are in :data:`VARIANTS`; ``default`` is what ``flash_attn`` runs.  ``--softcap S``
 (issue 34: softcapping costs the forward 11-39%, MUFU-bound): the softcap configuration (``default``)
@@ -28,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cute_kernels.attention import forward as FW  # noqa: E402
-from cute_kernels.tools.bench.attention import SHAPES, flops_bytes  # noqa: E402
+from cute_kernels.tools.bench.attention import flops_bytes, select  # noqa: E402
 
 DTYPE = torch.bfloat16
 
@@ -36,7 +38,11 @@ DTYPE = torch.bfloat16
 VARIANTS = {
     64: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True),
          "mma_only": "mma_only"},
-    96: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True)},
+    # P through shared memory (p_smem): three 64-row warpgroups at D = 96 (FlashAttention-3 / -4's 192 x
+    # 128 / 144 tiles there), and what the shared-memory P alone costs on the 128-row tile
+    96: {"default": {}, "m192_psmem": dict(tile_m=192, p_smem=True),
+         "m192_n144_psmem": dict(tile_m=192, tile_n=144, p_smem=True, persistent=False, dynamic=False),
+         "psmem": dict(p_smem=True)},
     128: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True),
           "mma_only": "mma_only"},
     256: {"default": {}, "mma_only": "mma_only"},
@@ -75,12 +81,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="", help="substring of the shape names to run")
+    ap.add_argument("--shapes", default="", help="comma-separated shape names (default: the bench's set)")
     ap.add_argument("--out", default="", help="write the results as JSON here")
     ap.add_argument("--softcap", type=float, default=0.0, help="> 0: the softcap configuration's variants")
     args = ap.parse_args(argv)
     from triton.testing import do_bench
 
-    shapes = [s for s in SHAPES if args.only in s[0]]
+    shapes = select(args.shapes, args.only)
     cfgs = {(D, c): variant_configs(D, c, args.softcap > 0) for _, _, _, _, _, D, c in shapes}
     errors = FW.precompile([cfg for vs in cfgs.values() for cfg in vs.values()], processes=8)
     for e in errors:

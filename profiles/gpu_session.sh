@@ -39,6 +39,9 @@
 #   ab-attention-softcap  profiles/ab_attention.py --softcap 30: the softcap forward against a share of its exp2s by
 #                 polynomial on the FMA pipes (poly1 / 2 / 4) and the plain kernel, peers beside (issue 34's
 #                 softcap-within-5% row; ~3-4 min cold)                                          [AB_ATTN_S]
+#   ab-attention-psmem  the P-through-shared-memory forward (FwdTile.p_smem: test_gpu_p_smem_matches_reference first),
+#                 then ab_attention.py on the D 96 shapes (issue 36's b3 hq24 hkv8 s5000 and the bench's causal
+#                 one): 192 x 128 / 192 x 144 tiles with P in shared memory against the default and FA4   [AB_PSMEM_S]
 #   bench-variants  profiles/bench_variants.py (issue 34: softcap / sink / window vs the plain calls, paired) [VARIANTS_S]
 #   bench-gaps    profiles/bench_gaps.py (issue 36's nine rows vs their targets, paired timer; ~2 min warm) [GAPS_S]
 #   bench-attention  profiles/bench_attention.py (the forward vs cuDNN / FA2 SDPA / FA4, + its MMA bound) [BENCH_S]
@@ -141,6 +144,9 @@ for step in "$@"; do
     ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
     ab-backward-carry) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
     ab-attention-softcap) py "${AB_ATTN_S:-400}" profiles/ab_attention.py --softcap 30 --rounds 5 --out "$OUT/ab-attention-softcap.json" 2>&1 | quiet | tee "$OUT/ab-attention-softcap.log" ;;
+    ab-attention-psmem) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k p_smem 2>&1 | tail -n 15 | tee "$OUT/ab-attention-psmem.log"
+      py "${AB_PSMEM_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b3_hq24_hkv8_s5000_d96_full,b4_h32_s4096_d96_causal \
+        --out "$OUT/ab-attention-psmem.json" 2>&1 | quiet | tee -a "$OUT/ab-attention-psmem.log" ;;
     bench-variants) CK_COMMIT=$commit py "${VARIANTS_S:-300}" profiles/bench_variants.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-variants.log" ;;
     bench-gaps) CK_COMMIT=$commit py "${GAPS_S:-400}" profiles/bench_gaps.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-gaps.log" ;;
     bench-quick) CK_COMMIT=$commit py "${QUICK_S:-420}" -m cute_kernels bench all --quick --out "$OUT" 2>&1 | quiet | tee "$OUT/bench-quick.log" ;;

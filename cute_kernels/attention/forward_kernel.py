@@ -149,6 +149,26 @@ def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varl
                           softcap=bool(softcap), sink=bool(sink))
 
 
+def _shared_storage(dtype, stages: int, q_elems: int, kv_elems: int, o_elems: int, p_elems: int):
+    """The forward's shared-memory struct: barriers, Q, the K / V rings, O (1 element unless the tile is
+    persistent) and P (``p_smem`` only: no field otherwise, so the other configurations' layout stays
+    as it was)."""
+    def buf(n):
+        return cute.struct.Align[cute.struct.MemRange[dtype, n], 1024]
+
+    fields = {
+        "q_bar": cute.struct.MemRange[cutlass.Int64, 1],
+        "q_empty_bar": cute.struct.MemRange[cutlass.Int64, 1],
+        "tile_slot": cute.struct.MemRange[cutlass.Int32, 2],  # dynamic schedule: the producer's next tile
+        "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+        "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+        "sQ": buf(q_elems), "sK": buf(kv_elems), "sV": buf(kv_elems), "sO": buf(o_elems),
+    }
+    if p_elems:
+        fields["sP"] = buf(p_elems)
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+
 class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
     """The kernel for one :class:`FlashFwdConfig`; ``__call__`` is the ``@cute.jit`` host entry."""
 
@@ -260,20 +280,9 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
         stages = self.stages
 
         o_elems = cute.cosize(sQ_layout) if const_expr(t.persistent) else 1  # persistent: O has its own buffer
-
-        @cute.struct
-        class SharedStorage:
-            q_bar: cute.struct.MemRange[cutlass.Int64, 1]
-            q_empty_bar: cute.struct.MemRange[cutlass.Int64, 1]
-            tile_slot: cute.struct.MemRange[cutlass.Int32, 2]  # dynamic schedule: the producer's next tile
-            k_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
-            v_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
-
-        self.shared_storage = SharedStorage
+        p_elems = cute.cosize(LA.make_fwd_smem_layout_p(t)) if const_expr(t.p_smem) else 0
+        self.shared_storage = _shared_storage(self.dtype, stages, cute.cosize(sQ_layout), cute.cosize(sKV_layout),
+                                              o_elems, p_elems)
         rows_q = max_seqlen_q if const_expr(self.varlen) else seqlen_q
         num_m_blocks = (rows_q + self.tile_m - 1) // self.tile_m
         num_tiles = num_m_blocks * num_heads * batch
@@ -335,6 +344,10 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
         sO = sQ  # one tile per CTA: O is staged in the Q buffer, which no one reads any more
         if const_expr(t.persistent):
             sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sP = None
+        if const_expr(t.p_smem):
+            sP_layout = LA.make_fwd_smem_layout_p(t)
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
 
         # The CTA's tiles: bid, bid + grid, ... of the tile order (one per CTA unless persistent), or,
         # with the dynamic schedule, bid and then whatever the global counter hands the producer, which
@@ -399,7 +412,7 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
                     self.tile_work(tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
                                    mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right,
                                    scan_b0, scan_base, mSeqUsedK))
-                read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, q_ring, q_empty, pipe_k,
+                read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, sP, q_ring, q_empty, pipe_k,
                                               pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, len_q, len_k,
                                               m_block, head, batch, n_max, n_mask, j, tidx - 128, warp_idx,
                                               off_q, n_min, n_lo, window_left, window_right, mO_rows,
@@ -465,12 +478,13 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
 
     @cute.jit
     def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor,
-                sV: cute.Tensor, sO: cute.Tensor, q_ring: ring.TxRing, q_empty, pipe_k, pipe_v, read_k, read_v,
+                sV: cute.Tensor, sO: cute.Tensor, sP, q_ring: ring.TxRing, q_empty, pipe_k, pipe_v, read_k, read_v,
                 tma_o: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor, scale_log2: Float32, seqlen_q: Int32,
                 seqlen_k: Int32, m_block, head, batch, n_max, n_mask, j, mma_tidx, warp_idx, off_q, n_min, n_lo,
                 window_left, window_right, mO_rows, softcap_scale, mSink):
         """Consumer warpgroups, the CTA's ``j``-th tile: the KV loop (masked tiles first, then
-        unmasked, then a window's left-edge tiles), then the epilogue.  ``seqlen_q`` / ``seqlen_k``: the
+        unmasked, then a window's left-edge tiles), then the epilogue.  ``sP``: the P buffer (``p_smem``;
+        else None).  ``seqlen_q`` / ``seqlen_k``: the
         sequence's lengths; ``softcap_scale`` / ``mSink``: the variants' values (None: off).  Returns the
         advanced ring states."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
@@ -507,7 +521,7 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
 
         read_k, read_v = self.overlapped_kv_loop(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_mn,
                                                  softmax, pipe_k, pipe_v, read_k, read_v, mask, n_max, n_mask, wg,
-                                                 n_min, n_lo)
+                                                 n_min, n_lo, sP, mma_tidx)
 
         cute.arch.mbarrier_arrive(q_empty)  # every QK wgmma of this tile has retired: Q may be replaced
         self.epilogue(tiled_mma_pv, thr_pv, acc_O, acc_O_mn, softmax, sO, tma_o, mO, mLSE, tScS_mn, scale_log2,

@@ -19,6 +19,10 @@ barrier is matched by a wait when the CTA exits, for any tile count including 0.
 
 With ``rescale_before_pv`` (large head dims) the correction of tile n+1 is applied to O just before
 O += P(n+1) V(n+1) is issued, under the QK wgmma, instead of after the PV wgmma of tile n+1 retires.
+
+With ``p_smem`` P(n) is converted and written to the warpgroup's rows of the P buffer (stmatrix) once
+the PV wgmma that read P(n+1) there has retired, then fenced for the async proxy and synchronized
+across the warpgroup (its own named barrier), so the next PV wgmma reads it from shared memory.
 """
 
 from __future__ import annotations
@@ -29,26 +33,31 @@ from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from ..common import wgmma
-from ..common.barriers import pass_turn, wait_turn
+from ..common.barriers import THREADS_PER_WARPGROUP, NamedBarrierId, pass_turn, wait_turn
 from ..common.softmax import OnlineSoftmax
 from . import forward_softmax as fs
 
 
 class OverlappedKVLoop:
-    """Mixin: needs ``self.cfg`` (``mma_only``), ``dtype``, ``tile_m``, ``tile_n``, ``num_wg``,
-    ``pingpong``, ``rescale_before_pv``, ``window``."""
+    """Mixin: needs ``self.cfg`` (``mma_only``, ``tile.p_smem``), ``dtype``, ``tile_m``, ``tile_n``,
+    ``num_wg``, ``pingpong``, ``rescale_before_pv``, ``window``."""
 
     @cute.jit
     def overlapped_kv_loop(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
                            tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
                            softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask: fs.TileMask,
-                           n_max, n_mask, wg, n_min, n_lo):
+                           n_max, n_mask, wg, n_min, n_lo, sP=None, mma_tidx=None):
         """Every KV tile of this query tile into ``acc_O`` / ``softmax`` (see the module docstring):
         ``n_min .. n_max - 1``, tiles ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0``
-        unless ``self.window``).  Returns the advanced ring states."""
+        unless ``self.window``); ``sP``: the P buffer (``p_smem``), ``mma_tidx`` the thread among the
+        consumers.  Returns the advanced ring states."""
         acc_shape = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
-        rP = cute.make_rmem_tensor(acc_shape, self.dtype)  # P of the previous tile
-        tOrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+        rP = cute.make_rmem_tensor(acc_shape, self.dtype)  # P of the previous tile (p_smem: of this one)
+        if const_expr(self.cfg.tile.p_smem):
+            tOrP = tiled_mma_pv.make_fragment_A(tiled_mma_pv.get_slice(wg * THREADS_PER_WARPGROUP).partition_A(sP))
+            rP = (rP, sP, mma_tidx, wg)  # what keep_p needs
+        else:
+            tOrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
         corr = cute.make_rmem_tensor((cute.size(acc_O_mn, mode=[0]),), Float32)
         if const_expr(self.pingpong):
             if wg == 0:
@@ -87,7 +96,7 @@ class OverlappedKVLoop:
 
     @cute.jit
     def first_tile(self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, softmax: OnlineSoftmax,
-                   pipe_k, read_k, mask: fs.TileMask, rP: cute.Tensor, corr: cute.Tensor, n_block):
+                   pipe_k, read_k, mask: fs.TileMask, rP, corr: cute.Tensor, n_block):
         """The first (always masked: key-length tail or causal diagonal) tile: S = Q K^T, wait, softmax,
         P into ``rP`` -- nothing to overlap with yet.  Returns the advanced K ring state."""
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
@@ -99,7 +108,7 @@ class OverlappedKVLoop:
         pipe_k.consumer_release(read_k)
         read_k.advance()
         self.softmax_tile(acc_S, softmax, corr, mask, n_block, True)
-        rP.store(acc_S.load().to(self.dtype))
+        self.keep_p(tiled_mma_qk, acc_S, rP)
         return read_k
 
     @cute.jit
@@ -121,7 +130,7 @@ class OverlappedKVLoop:
     def overlapped_tile(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tSrQ: cute.Tensor,
                         tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, acc_O_mn: cute.Tensor,
                         softmax: OnlineSoftmax, pipe_k, pipe_v, read_k, read_v, mask: fs.TileMask,
-                        rP: cute.Tensor, tOrP: cute.Tensor, corr: cute.Tensor, n_block, wg,
+                        rP, tOrP: cute.Tensor, corr: cute.Tensor, n_block, wg,
                         masked: cutlass.Constexpr[bool]):
         """KV tile ``n_block``: S(n) = Q K(n)^T and O += P(n+1) V(n+1) issued together, the softmax of
         S(n) under the PV wgmma.  Returns the advanced ring states."""
@@ -151,8 +160,23 @@ class OverlappedKVLoop:
         read_v.advance()
         if const_expr(not self.rescale_before_pv and not self.cfg.mma_only):
             fs.rescale_rows(acc_O_mn, corr)
-        rP.store(acc_S.load().to(self.dtype))
+        self.keep_p(tiled_mma_qk, acc_S, rP)
         return read_k, read_v
+
+    @cute.jit
+    def keep_p(self, tiled_mma_qk: cute.TiledMma, acc_S: cute.Tensor, rP):
+        """P (``acc_S`` after the softmax) in 16 bits for the next PV wgmma: into the register tile
+        ``rP``; with ``p_smem`` (``rP`` = (register tile, P buffer, consumer thread, warpgroup)) on into
+        the warpgroup's rows of the P buffer, fenced for the wgmma and synchronized across the
+        warpgroup.  The caller has waited for the PV wgmma that read the previous P."""
+        if const_expr(self.cfg.tile.p_smem):
+            r, sP, mma_tidx, wg = rP
+            r.store(acc_S.load().to(self.dtype))
+            wgmma.store_acc_to_smem(tiled_mma_qk, r, sP, mma_tidx, self.dtype)
+            cute.arch.fence_proxy("async.shared", space="cta")  # visible to the wgmma (async proxy)
+            cute.arch.barrier(barrier_id=int(NamedBarrierId.FIRST_FREE) + wg, number_of_threads=THREADS_PER_WARPGROUP)
+        else:
+            rP.store(acc_S.load().to(self.dtype))
 
     @cute.jit
     def softmax_tile(self, acc_S: cute.Tensor, softmax: OnlineSoftmax, corr: cute.Tensor, mask: fs.TileMask,

@@ -14,6 +14,7 @@ NaN-filled buffers; ``out=``; the split-at-Sk/2 merge; CUDA-graph capture; torch
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -767,3 +768,39 @@ def test_gpu_torch_compile(backend):
     g(q, k, v, out)
     assert torch.equal(out, eo)
     torch._dynamo.reset()
+
+
+P_SMEM_CASES = [  # (D, causal, B, Sq, Sk, Hq, Hkv, dtype, FwdTile overrides besides p_smem)
+    (96, False, 2, 1000, 4097, 8, 2, torch.bfloat16, dict(tile_m=192)),  # issue 36's D 96 candidate
+    (96, True, 1, 4097, 4097, 8, 1, torch.float16, dict(tile_m=192)),  # the dynamic schedule, causal
+    (96, True, 2, 17, 1000, 4, 4, torch.bfloat16, dict(tile_m=192)),  # one query tile, many masked keys
+    (96, False, 1, 333, 5, 8, 8, torch.bfloat16, dict(tile_m=192, tile_n=144, persistent=False, dynamic=False)),
+    (64, True, 2, 1000, 777, 8, 1, torch.bfloat16, {}),  # D 64's 192 x 128 tile with P in shared memory
+    (128, False, 2, 4097, 300, 4, 2, torch.float16, {}),  # two warpgroups
+]
+
+
+@gpu
+@pytest.mark.parametrize("case", P_SMEM_CASES,
+                         ids=lambda c: f"d{c[0]}-{'causal' if c[1] else 'full'}-{c[3]}x{c[4]}-m{c[8].get('tile_m', 'def')}"
+                                       f"-n{c[8].get('tile_n', 'def')}")
+def test_gpu_p_smem_matches_reference(monkeypatch, case):
+    """``FwdTile.p_smem`` (P through shared memory; not a default yet): the planner patched to choose it
+    (with the case's tile), NaN-poisoned outputs against the float64 reference, every row."""
+    from cute_kernels.attention import forward_kernel
+    from cute_kernels.common.fastpath import LauncherCache
+
+    D, causal, B, Sq, Sk, Hq, Hkv, dtype, kw = case
+    config = forward_kernel.fwd_config
+
+    def with_p_smem(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, p_smem=True, **kw))
+
+    monkeypatch.setattr(forward_kernel, "fwd_config", with_p_smem)
+    monkeypatch.setattr(FW, "_PLANS", {})
+    monkeypatch.setattr(FW, "_launchers", LauncherCache())
+    assert FW.plan(dtype, D, causal).tile.p_smem
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device="cuda", seed=D + Sq + Sk + causal)
+    o, lse = run_poisoned(q, k, v, causal)
+    check_against_reference(o, lse, q, k, v, causal, what=f"p_smem {case}")

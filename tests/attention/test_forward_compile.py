@@ -343,3 +343,26 @@ def test_paged_compile_without_spills(page_size, varlen, window, causal, head_di
           f"{rep.summary()}")
     assert k.instructions["LDG"] > 0, rep.summary()  # block table, seqused_k
     assert rows % 16 == 0 and page_size % rows == 0 and cfg.tile.tile_n % rows == 0
+
+
+@pytest.mark.parametrize("head_dim,causal,window,kw", [
+    (96, False, False, dict(tile_m=192)), (96, True, False, dict(tile_m=192)),
+    (128, False, True, {}),
+], ids=["d96-m192", "d96-m192-causal", "d128-window"])
+def test_p_smem_compiles_without_spills(head_dim, causal, window, kw):
+    """``FwdTile.p_smem``: P through shared memory (stmatrix) as the PV wgmma's A operand, so three
+    192-row warpgroups fit D = 96 at 160 registers; no local memory, every PV wgmma reads A by
+    descriptor, and the P buffer counts in the tile's shared memory."""
+    import dataclasses
+
+    from cute_kernels.attention.forward_kernel import fwd_config
+
+    cfg = fwd_config("bfloat16", head_dim, causal, window=window)
+    tile = dataclasses.replace(cfg.tile, p_smem=True, **kw)
+    assert tile.p_bytes == tile.tile_m * tile.tile_n * 2 and tile.smem_bytes() <= LA.FWD_SMEM_CAPACITY
+    rep, k = compile_clean(dataclasses.replace(cfg, tile=tile), window)
+    assert k.instructions["STSM"] > 0, rep.summary()
+    pv = [ln for ln in rep.sass.splitlines() if f"HGMMA.64x{head_dim}x16" in ln]
+    assert pv and all("gdesc" in ln.split(",")[1] for ln in pv), pv[:2]  # A from shared memory
+    with pytest.raises(ValueError, match="registers"):  # P in registers does not fit three warpgroups at D 96
+        dataclasses.replace(fwd_config("bfloat16", 96, False).tile, tile_m=192)
