@@ -64,6 +64,8 @@
 #   host-ab       profiles/bench_host.py --no-first-call on the BEFORE tree (default .ab_before: a `git archive`
 #                 of cute_kernels layouts profiles) and on this one, alternated, HOST_AB_RUNS rounds (default 2), both
 #                 pinned to core HOST_AB_CPU (default 3)
+#   host-ab2      profiles/host_ab.py: the same rows on the BEFORE tree and this one, workers pinned to core HOST_AB_CPU,
+#                 HOST_AB2_ROUNDS (default 60) short interleaved rounds, paired per round (issue 31's bar)   [HOST_AB2_S]
 #   import-time   whole-process `import torch` / `import cute_kernels` (this tree, then BEFORE if present),
 #                 alternated, IMPORT_RUNS times each (default 5); wall seconds per run; then the package's own
 #                 share by `python3 -X importtime` (cute_kernels minus the torch inside it), 3 runs
@@ -159,6 +161,8 @@ for step in "$@"; do
           timeout 200 $pin python3 profiles/bench_host.py --no-first-call --out /tmp/host-ab-before)
         echo "--- round $r: after ($commit)"; CK_COMMIT=$commit timeout 200 $pin python3 profiles/bench_host.py --no-first-call --out /tmp/host-ab-after
       done 2>&1 | quiet | tee "$OUT/host-ab.log" ;;
+    host-ab2) CK_COMMIT=$commit py "${HOST_AB2_S:-300}" profiles/host_ab.py --before "${BEFORE:-.ab_before}" --after . \
+      --rounds "${HOST_AB2_ROUNDS:-60}" --calls 200 --cpu "${HOST_AB_CPU:-3}" --out "$OUT" 2>&1 | quiet | tee "$OUT/host-ab2.log" ;;
     import-time) before=$(cd "${BEFORE:-.ab_before}" 2>/dev/null && pwd)
       for r in $(seq "${IMPORT_RUNS:-5}"); do
         for what in torch cute_kernels; do

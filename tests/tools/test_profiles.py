@@ -343,3 +343,18 @@ def test_gpu_session_header_lists_every_step():
     assert {"stress", "sweep", "bench-model"} <= set(steps)
     missing = [s for s in steps if not re.search(rf"#\s+(\S+ / )?{re.escape(s)}\b", header)]
     assert not missing, f"gpu_session.sh steps missing from its header: {missing}"
+
+
+def test_host_ab_stubbed_runs_both_trees(tmp_path):
+    """profiles/host_ab.py --stub (no GPU): two workers (here both this tree), every row timed each
+    round, paired differences and the bar in the table, the JSON written."""
+    r = _run(str(PROFILES / "host_ab.py"), "--before", str(ROOT), "--after", str(ROOT), "--stub", "--rounds", "2",
+             "--calls", "3", "--out", str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for row in ("gemm 64 out=", "decode 4 alloc", "flash out=", "decode out= / alloc alternating (2 calls)"):
+        assert f"| {row} |" in r.stdout, r.stdout
+    (path,) = tmp_path.glob("host-ab-*.json")
+    import json
+
+    doc = json.loads(path.read_text())
+    assert doc["stub"] and len(doc["rows"]) == 12 and all(len(x["diff_us"]) == 3 for x in doc["rows"])
