@@ -37,7 +37,8 @@
 #                 tile) against the planned tile on the backward bench's D <= 128 shapes, paired, gradients
 #                 compared (issue 33); GPU-test it first: backward-tests runs test_dk_carry_matches_reference  [AB_BWD_S]
 #   ab-attention-softcap  profiles/ab_attention.py --softcap 30: the softcap forward against a share of its exp2s by
-#                 polynomial on the FMA pipes (poly1 / 2 / 4) and the plain kernel, peers beside (issue 34's
+#                 polynomial on the FMA pipes (poly1 / 2 / 4) and the plain kernel, peers beside, and the bounds
+#                 (mma_only, softmax_only: plain / max of them = the most overlap allows; issue 34's
 #                 softcap-within-5% row; ~3-4 min cold)                                          [AB_ATTN_S]
 #   ab-attention-psmem  the P-through-shared-memory forward (FwdTile.p_smem: test_gpu_p_smem_matches_reference first),
 #                 then ab_attention.py on the D 96 shapes (issue 36's b3 hq24 hkv8 s5000 and the bench's causal

@@ -87,6 +87,9 @@ class FlashFwdConfig:
     #: the MMA bound of the benchmark (profiles/bench_attention.py): P = S in 16 bits, no mask and no
     #: softmax, so only the two GEMMs and the data movement remain; its output is not attention
     mma_only: bool = False
+    #: the softmax bound (issue 34's softcap row): no wgmma; distinct run-time scores stand in for S, the
+    #: mask, softcapping and softmax run as usual, so the MUFU / FMA work and the loads remain
+    softmax_only: bool = False
     #: packed (total, H, D) sequences with cu_seqlens (:mod:`.forward_seqlen`)
     varlen: bool = False
     #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
@@ -111,6 +114,8 @@ class FlashFwdConfig:
             raise ValueError(f"FlashFwdConfig: page_size {self.page_size} must be a multiple of 16 in 16..256")
         if self.mma_only and (self.softcap or self.sink):
             raise ValueError("FlashFwdConfig: the MMA bound (mma_only) has no softmax to softcap or sink")
+        if self.mma_only and self.softmax_only:
+            raise ValueError("FlashFwdConfig: mma_only and softmax_only are two different bounds")
 
     @property
     def variant_args(self) -> tuple[str, ...]:

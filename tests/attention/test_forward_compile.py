@@ -366,3 +366,24 @@ def test_p_smem_compiles_without_spills(head_dim, causal, window, kw):
     assert pv and all("gdesc" in ln.split(",")[1] for ln in pv), pv[:2]  # A from shared memory
     with pytest.raises(ValueError, match="registers"):  # P in registers does not fit three warpgroups at D 96
         dataclasses.replace(fwd_config("bfloat16", 96, False).tile, tile_m=192)
+
+
+@pytest.mark.parametrize("softcap", [False, True], ids=["plain", "softcap"])
+def test_softmax_only_bound_keeps_the_softmax(softcap):
+    """``FlashFwdConfig.softmax_only`` (the softmax bound beside ``mma_only``): no wgmma at all, and every
+    MUFU instruction of the full kernel still there (the scores it makes up do not fold away)."""
+    import dataclasses
+
+    from cute_kernels.attention.forward_kernel import forward_builder, fwd_config
+    from cute_kernels.tools import inspect as ins
+
+    full = fwd_config("bfloat16", 128, False, softcap=softcap)
+    reps = [ins.inspect_builder(forward_builder(c)) for c in (full, dataclasses.replace(full, softmax_only=True))]
+    (kf,), (kb,) = (r.kernels for r in reps)
+    assert kf.instructions["HGMMA"] > 0 and kb.instructions.get("HGMMA", 0) == 0, reps[1].summary()
+    assert kb.spills == 0 and kb.stack_frame == 0, reps[1].summary()
+    for op in ("MUFU.EX2", "MUFU.TANH"):
+        assert reps[1].sass.count(op) == reps[0].sass.count(op), op
+    assert reps[0].sass.count("MUFU.EX2") > 0 and (reps[0].sass.count("MUFU.TANH") > 0) == softcap
+    with pytest.raises(ValueError, match="two different bounds"):
+        dataclasses.replace(fwd_config("bfloat16", 128, False), mma_only=True, softmax_only=True)
