@@ -402,7 +402,8 @@ def stubbed(monkeypatch):
     from cute_kernels.attention import forward as FW
     from cute_kernels.attention import forward_validate as FV
     from cute_kernels.attention import merge as ME
-    from cute_kernels.common.fastpath import LauncherCache
+    from cute_kernels.attention import decode_plan as DP
+    from cute_kernels.common.fastpath import BoundedCache, LauncherCache
     from cute_kernels.gemm import host as GH
     from cute_kernels.gemm import launch as GL
     from cute_kernels.gemm import plan as GP
@@ -411,7 +412,8 @@ def stubbed(monkeypatch):
     check = GP.check_operands
     monkeypatch.setattr(GP, "check_operands", lambda a, b, out, c, od, allow_cpu=False: check(a, b, out, c, od, True))
     monkeypatch.setattr(GL, "compiled", lambda *key, **kw: Stub.fetch("gemm", *key, kw.get("swapped", False)))
-    monkeypatch.setattr(GP, "_plans", {})
+    monkeypatch.setattr(GP, "_plans", BoundedCache())
+    monkeypatch.setattr(DP, "_PLANS", BoundedCache())
     monkeypatch.setattr(GH, "_launchers", LauncherCache())
     monkeypatch.setattr(DE, "_KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(DE, "get_decode_kernel", lambda cfg: Stub.fetch("decode", cfg))
@@ -421,6 +423,6 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(FW, "_launchers", LauncherCache())
     monkeypatch.setattr(ME, "_KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(ME, "get_merge_kernel", lambda cfg: Stub.fetch("merge", cfg))
-    monkeypatch.setattr(ME, "_launchers", {})
+    monkeypatch.setattr(ME, "_launchers", BoundedCache())
     monkeypatch.delenv("CUTE_KERNELS_CHECKED", raising=False)
     yield

@@ -15,6 +15,7 @@ from layouts.attention import DecodeTile, decode_tile
 
 from ..common.arch import current_arch
 from ..common.dtypes import HALF_TORCH, name_of
+from ..common.fastpath import BoundedCache
 from ..common.overlap import check_written
 from .forward_validate import INT32_LIMIT, check_scale, check_sink, shown
 from .forward_validate import check_window as _fa_check_window
@@ -369,7 +370,7 @@ def check_device_values(k_cache, cache_seqlens, block_table, cache_leftpad=None,
                 )
 
 
-_PLANS: dict = {}
+_PLANS = BoundedCache()  # (a growing cache's every length is a key)
 
 
 def plan(q, k_cache, block_table, num_splits, causal, softcap=False, sink=False, window=None, leftpad=False):

@@ -327,6 +327,17 @@ def variant_launcher(fn, q, lshape, dynamic: bool, mode: str, window, max_seqlen
 
 
 # ------------------------------------------------------------------------------- decode_attn's launchers
+#: (P, B, Sq, Hq, D), device -> the split decode's partial states per (device, stream) (:func:`decode_parts`)
+_DECODE_PARTS: dict = {}
+
+
+def decode_parts(pshape, dev) -> dict:
+    """The per-stream partial outputs / LSEs (``jit.stream_buffers``) of split decode launches of
+    ``pshape``: one set for every launcher of that shape, not one each (a growing cache's decode steps
+    make a launcher per length; launches on one stream are ordered, so sharing is as safe as reuse)."""
+    return _DECODE_PARTS.setdefault((pshape, dev), {})
+
+
 def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(), sink=None, leftpad=None, window=None):
     """``launch(q, k, v, out, lse, scale, seqlens, block_table, workspace) -> (out, lse)`` (the
     forward's launcher convention, :func:`run_hit`): allocates out (unless given) and the
@@ -385,7 +396,7 @@ def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, varia
         pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
         lse_off = P * B * Sq * Hq * D  # the partial LSEs follow the partial outputs in a workspace
 
-        parts: dict = {}  # (device, stream) -> (o_part, lse_part), as the GEMM's split-K workspaces
+        parts = decode_parts(pshape, dev)  # (device, stream) -> (o_part, lse_part), shared by shape
 
         def new_parts():
             return _empty(*pshape, dtype=torch.float32, device=dev), _empty(*plshape, dtype=torch.float32, device=dev)
@@ -447,7 +458,7 @@ def _decode_variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant,
     pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
     pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
     lse_off = P * B * Sq * Hq * D
-    parts: dict = {}
+    parts = decode_parts(pshape, dev)
 
     def new_parts():
         return _empty(*pshape, dtype=torch.float32, device=dev), _empty(*plshape, dtype=torch.float32, device=dev)

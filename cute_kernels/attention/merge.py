@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..common import jit  # sets CUTE_DSL_ARCH before cutlass is imported
 from ..common import softmax as sm
 from ..common.dtypes import TORCH_TO_NAME, name_of, to_cutlass
+from ..common.fastpath import BoundedCache
 from ..testing import LAUNCHES
 
 import cutlass  # noqa: E402
@@ -421,7 +422,7 @@ _empty = torch.empty
 _FAST_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 #: devices the kernel runs on (other tensors: torch ops; tests add "cpu" with a stub kernel)
 _KERNEL_DEVICES = ("cuda",)
-_launchers: dict = {}
+_launchers = BoundedCache()  # (a key per shape)
 
 
 def _key(o_parts, lse_parts) -> tuple:

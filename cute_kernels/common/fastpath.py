@@ -77,19 +77,38 @@ def size_args(shape) -> tuple:
     return tuple(int(n) for n in shape) or ((),)
 
 
+#: (device, dtype) -> the write-only scratch pool's buffers, newest last (:func:`fresh_or_scratch`)
+_SCRATCH: dict = {}
+
+
+def _scratch_view(shape, dtype, device):
+    """A view of ``shape`` at the start of the newest scratch buffer of (device, dtype), which grows
+    (doubling) when too small.  Superseded buffers are kept: a CUDA graph captured with a view of one
+    writes into it on every replay, so it must never be freed and reused."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    pool = _SCRATCH.setdefault((device, dtype), [])
+    if not pool or pool[-1].numel() < numel:
+        pool.append(torch.empty(max(numel, 2 * pool[-1].numel() if pool else 0, 1024), dtype=dtype, device=device))
+    return pool[-1][:numel].view(shape)
+
+
 def fresh_or_scratch(empty: Callable, shape, dtype, device) -> Callable[[bool], Any]:
-    """``get(fresh)``: ``empty(shape, dtype=dtype, device=device)`` when ``fresh``, else one scratch
-    tensor made by the first such call and returned to every later one -- for an output a kernel must
-    write but no caller reads (a launcher's LSE when the call did not ask for it): calls on any stream,
-    and CUDA graphs, may share it.  ``get.scratch``: the list that holds it once made (empty before),
-    for a launcher that takes it without a call."""
+    """``get(fresh)``: ``empty(shape, dtype=dtype, device=device)`` when ``fresh``, else a scratch tensor
+    made by the first such call and returned to every later one -- for an output a kernel must write
+    but no caller reads (a launcher's LSE when the call did not ask for it): calls on any stream, and
+    CUDA graphs, may share it, and so may every launcher: it is a view of one pool per device and dtype
+    (:func:`_scratch_view`), so launchers made per shape (a growing cache's decode steps, prompts of
+    every length) do not each hold their own.  ``get.scratch``: the list that holds it once made (empty
+    before), for a launcher that takes it without a call."""
     scratch, size = [], size_args(shape)
 
     def get(fresh: bool):
         if fresh:
             return empty(*size, dtype=dtype, device=device)
         if not scratch:
-            scratch.append(empty(*size, dtype=dtype, device=device))
+            scratch.append(_scratch_view(tuple(int(n) for n in shape), dtype, device))
         return scratch[0]
     get.scratch = scratch
     return get
@@ -98,8 +117,30 @@ def fresh_or_scratch(empty: Callable, shape, dtype, device) -> Callable[[bool], 
 #: :attr:`LauncherCache.last` with no hit to remember (no key equals None)
 NO_LAST = (None, None, None, None)
 
+#: entries a cache keyed by call metadata keeps (launchers, plans): a decode step over a growing cache
+#: (Transformers' DynamicCache) or a prompt of a new length adds one, so an unbounded cache would grow
+#: for as long as a model generates
+MAX_ENTRIES = 512
 
-class LauncherCache(dict):
+
+class BoundedCache(dict):
+    """A dict that keeps at most ``limit`` entries: inserting a new key into a full one first drops the
+    oldest insertion (a key in steady use is made again after ``limit`` newer ones: a miss, never a
+    wrong hit).  Reads are plain dict reads."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self, *args, limit: int = MAX_ENTRIES, **kw):
+        super().__init__(*args, **kw)
+        self.limit = limit
+
+    def __setitem__(self, key, value):
+        if len(self) >= self.limit and key not in self:
+            super().__delitem__(next(iter(self)))
+        super().__setitem__(key, value)
+
+
+class LauncherCache(BoundedCache):
     """A host fast path's launchers by call metadata (key -> launcher) that remembers its last hit:
     ``last`` is ``(key, launcher, guard, rest)``, so a call with the metadata of the call before it
     finds its launcher with one tuple comparison, without hashing the key (a dict lookup hashes it and
@@ -121,12 +162,12 @@ class LauncherCache(dict):
     launcher is hit (:meth:`repeat`).
 
     Every change to the dict forgets the last hit (a launcher replaced or removed under its key is never
-    returned again)."""
+    returned again).  At most ``limit`` launchers (:class:`BoundedCache`)."""
 
     __slots__ = ("last",)
 
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
+    def __init__(self, *args, limit: int = MAX_ENTRIES, **kw):
+        super().__init__(*args, limit=limit, **kw)
         self.last = NO_LAST
 
     def repeat(self, key, launch, guard_failed: bool) -> None:

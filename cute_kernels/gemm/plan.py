@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from layouts import tiles as T
 
 from ..common.arch import current_arch
+from ..common.fastpath import BoundedCache
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
 from ..testing import LAUNCHES
 from . import heuristics as H
@@ -293,7 +294,7 @@ def _plan_persistent(p: Plan, pr: _Problem, choice: PlanChoice, tiles: T.GemmTil
 
 
 # ---------------------------------------------------------------------------- the plan cache
-_plans: dict[tuple, Plan] = {}
+_plans: dict[tuple, Plan] = BoundedCache()  # (prompts of every length: a key each)
 
 
 def _signature(a, b, out, c, beta, out_dtype):

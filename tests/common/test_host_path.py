@@ -353,6 +353,45 @@ def test_decode_hits(stubbed, num_splits):
         assert o_part.shape == (3, 2, 1, 8, 64) and lse_part.shape == (3, 2, 1, 8)
 
 
+def test_bounded_cache_drops_the_oldest_insertion():
+    c = fastpath.BoundedCache(limit=3)
+    for i in range(5):
+        c[i] = i
+    c[4] = "again"  # (an existing key: nothing dropped)
+    assert list(c.items()) == [(2, 2), (3, 3), (4, "again")]
+    lc = LauncherCache(limit=2)
+    lc["a"], lc["b"] = 1, 2
+    lc.hit("b")
+    lc["c"] = 3  # drops "a" and forgets the last hit, as every change does
+    assert list(lc) == ["b", "c"] and lc.last == fastpath.NO_LAST and lc.limit == 2
+    assert isinstance(GP._plans, fastpath.BoundedCache) and isinstance(ME._launchers, fastpath.BoundedCache)
+
+
+@pytest.mark.parametrize("num_splits", [None, 4])
+def test_decode_over_a_growing_cache_keeps_bounded_caches(stubbed, monkeypatch, num_splits):
+    """Transformers' DynamicCache: every decode step a longer cache, so new metadata, a new plan and a
+    new launcher.  The launchers and plans stay within their bound (the oldest dropped, remade when
+    asked again), and every launcher of a split shape shares one set of partial states and the scratch
+    LSE (not a set each: the device memory a long generation would pile up)."""
+    from cute_kernels.attention import decode_plan as DP
+
+    monkeypatch.setattr(DE._launchers, "limit", 8)
+    monkeypatch.setattr(DP._PLANS, "limit", 8)
+    q = torch.randn(1, 1, 8, 64, dtype=BF)
+    caches = [(torch.randn(1, L, 2, 64, dtype=BF), torch.randn(1, L, 2, 64, dtype=BF),
+               torch.full((1,), L, dtype=torch.int32)) for L in range(100, 140)]
+    calls, call = [], Stub.__call__
+    monkeypatch.setattr(Stub, "__call__", lambda self, *a: (calls.append(a), call(self, *a))[1])
+    for k, v, s in caches + caches[:2]:  # (the first two again, after they were dropped)
+        for _ in range(3):  # a step's layers: the first takes the checked path, the others the launcher
+            DE.decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits)
+    assert len(DE._launchers) == 8 and len(DP._PLANS) == 8 and len(calls) == 3 * 42
+    lse = {c[6].data_ptr() for i, c in enumerate(calls) if i % 3}
+    assert len(lse) == 1, "the unread LSE: one scratch for every launcher"
+    if num_splits:
+        assert len({c[7].data_ptr() for c in calls}) == 1, "one set of partial states for every launcher"
+
+
 def test_decode_hit_with_other_metadata_is_checked(stubbed, monkeypatch):
     q, k, v, s = decode_inputs()
     DE.decode_attn(q, k, v, cache_seqlens=s)
