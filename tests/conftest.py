@@ -418,6 +418,7 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(DE, "_KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(DE, "get_decode_kernel", lambda cfg: Stub.fetch("decode", cfg))
     monkeypatch.setattr(DE, "_launchers", LauncherCache())
+    monkeypatch.setattr(DE, "_GROWN", BoundedCache(limit=64))
     monkeypatch.setattr(FV, "_check_devices", lambda named: None)
     monkeypatch.setattr(FW, "get_forward_kernel", lambda cfg: Stub.fetch("flash", cfg))
     monkeypatch.setattr(FW, "_launchers", LauncherCache())

@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..common import jit
 from ..common.dtypes import to_cutlass
 from ..common import fastpath
-from ..common.fastpath import LauncherCache
+from ..common.fastpath import BoundedCache, LauncherCache
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
 from . import forward_host as fh
@@ -159,6 +159,11 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
             # the fast path's guard for its tensors, and the rest of the key (LauncherCache)
             launch.guard = fastpath.metadata_guard(q, k_cache, v_cache, cache_seqlens)
             launch.rest = (key[0], key[1], key[2], bool, key[3])
+            if key[0] is None and window is None:  # without out: later lengths of a growing cache (_grown)
+                grown = _GROWN.get(_grow_key(key))
+                if grown is None:
+                    grown = _GROWN[_grow_key(key)] = (cfg.n_tile, BoundedCache(limit=64))
+                grown[1][-(-k_cache.shape[1] // cfg.n_tile)] = launch
         _launchers[key] = launch
 
 
@@ -259,6 +264,39 @@ _KERNEL_DEVICES = ("cuda",)
 #: decode_attn's default window_size (no window)
 _NO_WINDOW = (-1, -1)
 _ENV, _ENV_CHECKED = _plan_mod.ENV, _plan_mod.ENV_CHECKED
+#: a growing cache's launchers (:func:`_grown`): the metadata of a checked plain call without ``out``
+#: except the cache length and the K / V strides -> (the KV tile, {KV tiles of the length: launcher})
+_GROWN = BoundedCache(limit=64)
+
+
+def _grow_key(key) -> tuple:
+    """A plain key (:func:`_key`, no block table or workspace) less the cache length and the K / V
+    strides, which grow with it (a DynamicCache's keys are a new, longer tensor every step)."""
+    return key[:8], key[8][0], key[8][2], key[8][3], key[11]
+
+
+def _grown(key, q, k_cache, v_cache, cache_seqlens, num_splits, causal):
+    """The launcher for a plain call without ``out`` whose metadata differs from an earlier checked
+    call's (:data:`_GROWN`) only in the cache length and the K / V strides: made once per number of KV
+    tiles of the length (what the split count depends on) and shared by every length with that count,
+    instead of validating, planning and making a launcher for every new length (~0.2 ms of host time
+    per generated token).  The strides that changed are checked here as ``validate`` checks them; what
+    the key leaves to the compiled function (dtypes, devices, v's shape, alignment) it checks on every
+    call, as for any launcher.  None: no such earlier call, a stride the kernel does not take, or an
+    empty cache (the checked path says what)."""
+    grown = _GROWN.get(_grow_key(key))
+    ks, vs, L = key[9], key[10], key[8][1]
+    if grown is None or L < 1 or ks[3] != 1 or vs[3] != 1 or (ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) & 7:
+        return None
+    n_tile, by_tiles = grown
+    tiles = -(-L // n_tile)
+    launch = by_tiles.get(tiles)
+    if launch is None:  # (its extents are of this call's tensors; the path takes no out to test them against)
+        cfg, P = _plan_mod.plan_uncached(q, k_cache, None, num_splits, causal)
+        fn = get_decode_kernel(cfg)
+        launch = by_tiles[tiles] = fh.decode_launcher(jit.direct(fn), fn, P, q.shape, q.dtype, q.device,
+                                                      (q, k_cache, v_cache, cache_seqlens, None, None))
+    return launch
 
 
 def _no_backward():
@@ -425,6 +463,10 @@ def decode_attn(
                 hit = _launchers.get(key)  # (LauncherCache.hit written out: remembered unarmed)
                 if hit is not None:
                     _launchers.last = (key, hit, None, None)
+                elif plain and out is None and block_table is None and workspace is None:
+                    hit = _grown(key, q, k_cache, v_cache, cache_seqlens, num_splits, causal)
+                    if hit is not None:  # (the step's next layers: the last hit, compared, not hashed)
+                        _launchers.last = (key, hit, None, None)
         except (AttributeError, TypeError):  # a non-tensor, an unhashable argument: the checks say what
             key = hit = None
     elif _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)

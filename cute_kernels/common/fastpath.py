@@ -225,18 +225,25 @@ except ImportError:  # pragma: no cover  (another torch)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def metadata_guard(*tensors):
+def metadata_guard(*tensors, free=()):
     """A check, ``guard.check(*like) -> bool``, that ``like`` are tensors of ``tensors``' exact types,
     dtypes, device indices, dispatch keys (device type, inference mode), sizes and strides, none
     requiring grad, and no two the same object: torch.compile's ``TensorGuards``, a C++ loop (~0.6 us
-    for four tensors where reading their metadata in Python takes ~1.2).  None where it cannot stand
-    for a launcher's key: another torch without it, a tensor that is not a plain one or requires grad,
-    two of them the same object (its check refuses that), any failure building it."""
+    for four tensors where reading their metadata in Python takes ~1.2).  ``free``: ``(tensor index,
+    size dims, stride dims)`` entries whose values it leaves open (a growing cache's length and the
+    strides that follow from it).  None where it cannot stand for a launcher's key: another torch
+    without it, a tensor that is not a plain one or requires grad, two of them the same object (its
+    check refuses that), any failure building it."""
     if _TensorGuards is None or any(type(t) not in _PLAIN or t.requires_grad for t in tensors):
         return None
+    sizes, strides = [list(t.shape) for t in tensors], [list(t.stride()) for t in tensors]
+    for i, size_dims, stride_dims in free:
+        for d in size_dims:
+            sizes[i][d] = None
+        for d in stride_dims:
+            strides[i][d] = None
     try:
-        guard = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                              dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        guard = _TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
         return guard if guard.check(*tensors) is True else None
     except Exception:  # noqa: BLE001  (a guard is an optimization: without one, the key path)
         return None

@@ -338,7 +338,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
             if ok:  # (else the full checks: the sinks' fallback)
                 softcap = kwargs.get("softcap")
                 return _on_kernels(hit.where, (module, query, key, value, None, dropout, scaling, causal, kwargs),
-                                   hit.batch, hit.q_len, hit.kv_len, hit.device, kwargs.get(WINDOW),
+                                   hit.batch, hit.q_len, key.shape[2], hit.device, kwargs.get(WINDOW),
                                    float(scaling) if scaling is not None else hit.scale,
                                    0.0 if softcap is None else float(softcap), sink, False)
     args = (module, query, key, value, attention_mask, dropout, scaling, causal, kwargs)

@@ -31,6 +31,12 @@ inputs that require grad never use the cache):
 Only decisions that reach the kernels are stored, so every fallback, its reason and its warning, and
 every error, come from the full checks as before.  At most :data:`KEEP` keys are kept (the oldest
 dropped first): one per kind of layer and step shape in practice.
+
+A growing cache (a DynamicCache: each step's keys a new tensor one position longer) changes the key and
+value lengths and the strides that follow from them every step.  A causal decision for ``decode_attn``
+also keeps a guard that leaves those open (:attr:`Decision.grow`); a call it passes is re-checked for
+what the route reads of them (strides in 16-byte units, more keys than queries) and takes the decision,
+with its own length, instead of running the full checks once per step.
 """
 
 from __future__ import annotations
@@ -54,11 +60,11 @@ class Decision:
     kernel, the keywords that must stay None / False, whether data pointers are checked, and the
     shapes and device its tensors had (the guard holds them equal)."""
 
-    __slots__ = ("guard", "devices", "hopper", "hoppers", "where", "others", "sinks", "pointer", "batch", "heads_q", "q_len",
-                 "kv_len", "device", "scale")
+    __slots__ = ("guard", "grow", "devices", "hopper", "hoppers", "where", "others", "sinks", "pointer", "batch", "heads_q",
+                 "q_len", "kv_len", "device", "scale")
 
-    def __init__(self, guard, where, others, names, query, key):
-        self.guard, self.where, self.others = guard, where, others
+    def __init__(self, guard, where, others, names, query, key, grow=None):
+        self.guard, self.where, self.others, self.grow = guard, where, others, grow
         self.sinks = "s_aux" in names or "sinks" in names  # (else no call of the key passes sinks)
         self.devices, self.hopper, self.hoppers = _sdpa._KERNEL_DEVICES, _sdpa._is_hopper, _sdpa._HOPPER
         self.device = query.device
@@ -87,7 +93,11 @@ def lookup(query, key, value, dropout, scaling, causal: bool, kwargs) -> Decisio
     except Exception:  # noqa: BLE001  (an unhashable value: never stored)
         return None
     if (hit is None or hit.devices is not _sdpa._KERNEL_DEVICES or hit.hopper is not _sdpa._is_hopper
-            or hit.hoppers is not _sdpa._HOPPER or not hit.guard.check(query, key, value)):
+            or hit.hoppers is not _sdpa._HOPPER):
+        return None
+    if not hit.guard.check(query, key, value) and not (  # (a growing cache's next step: the module doc)
+            hit.grow is not None and hit.grow.check(query, key, value) and key.shape[2] > hit.q_len
+            and _sdpa._strides_ok(key, False) and _sdpa._strides_ok(value, False)):
         return None
     for name in hit.others:
         val = kwargs[name]
@@ -108,10 +118,13 @@ def remember(query, key, value, dropout, scaling, causal: bool, kwargs, where: s
     guard = metadata_guard(query, key, value)
     if guard is None:
         return
+    grow = None
+    if where == "decode_attn" and causal:  # the keys' length and the strides above it left open
+        grow = metadata_guard(query, key, value, free=((1, (2,), (0, 1)), (2, (2,), (0, 1))))
     _DECISIONS.pop(ck, None)  # (re-inserted last: the oldest key goes first)
     while len(_DECISIONS) >= KEEP:
         del _DECISIONS[next(iter(_DECISIONS))]
-    _DECISIONS[ck] = Decision(guard, where, others, ck[0], query, key)
+    _DECISIONS[ck] = Decision(guard, where, others, ck[0], query, key, grow)
 
 
 def clear() -> None:

@@ -854,3 +854,26 @@ def test_public_surface_and_warmup():
     with jit.dry_run() as dry:
         assert cute_kernels.warmup([("decode_attn", cfg), ("merge_states", merge)]) == 2
     assert dry.seen == [("decode_attn", cfg), ("merge_states", merge)]
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_gpu_growing_cache_takes_grown_launchers(layout):
+    """A DynamicCache's decode steps: a new, longer K / V tensor every step (Transformers holds them
+    (B, H, L, D): ``bhsd``), no out=.  After the first step the calls take the launchers made once per
+    number of KV tiles (``decode._GROWN``: no check, plan or launcher per length); every step against
+    the float32 reference, across tile and split-count changes, each step's two layers alike."""
+    B, Hq, Hkv, D = 2, 8, 2, 128
+    g = torch.Generator().manual_seed(11)
+    made = len(DA._launchers)
+    for L in [1, 2, 63, 64, 65, 200, 511, 513, 1500, 1501, 4099]:
+        q = torch.randn(B, 1, Hq, D, generator=g).to(torch.bfloat16).cuda()
+        if layout == "bshd":
+            k, v = (torch.randn(B, L, Hkv, D, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        else:
+            k, v = (torch.randn(B, Hkv, L, D, generator=g).to(torch.bfloat16).cuda().transpose(1, 2) for _ in range(2))
+        s = torch.tensor([L, max(1, L // 3)], dtype=torch.int32, device="cuda")
+        for layer in range(2):
+            out, lse, ro, rl = run_and_ref(q, k, v, s)
+            check_close(out, lse, ro, rl, q.dtype, f"{layout} L={L} layer {layer}")
+    assert len(DA._launchers) <= made + 2  # the first length's launchers (return_lse) only, not one per length

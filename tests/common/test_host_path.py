@@ -382,14 +382,57 @@ def test_decode_over_a_growing_cache_keeps_bounded_caches(stubbed, monkeypatch, 
                torch.full((1,), L, dtype=torch.int32)) for L in range(100, 140)]
     calls, call = [], Stub.__call__
     monkeypatch.setattr(Stub, "__call__", lambda self, *a: (calls.append(a), call(self, *a))[1])
+    out = torch.empty_like(q)  # (with out=: a launcher per length; without, _grown's: the next test)
     for k, v, s in caches + caches[:2]:  # (the first two again, after they were dropped)
         for _ in range(3):  # a step's layers: the first takes the checked path, the others the launcher
-            DE.decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits)
+            DE.decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits, out=out)
     assert len(DE._launchers) == 8 and len(DP._PLANS) == 8 and len(calls) == 3 * 42
     lse = {c[6].data_ptr() for i, c in enumerate(calls) if i % 3}
     assert len(lse) == 1, "the unread LSE: one scratch for every launcher"
     if num_splits:
         assert len({c[7].data_ptr() for c in calls}) == 1, "one set of partial states for every launcher"
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_decode_over_a_growing_cache_takes_grown_launchers(stubbed, monkeypatch, layout):
+    """Without out=, a longer cache of otherwise the same metadata (a DynamicCache's next step, also as
+    Transformers holds it: (B, H, L, D) transposed) takes a launcher made once per number of KV tiles
+    (DE._GROWN): no checked path, no plan or launcher per length.  Each call still gets its own
+    tensors and its tile count's split; a stride the kernel does not take, or an empty cache, goes to
+    the checks, which name it."""
+    monkeypatch.setattr(DE, "_GROWN", fastpath.BoundedCache(limit=64))
+    q = torch.randn(2, 1, 8, 64, dtype=BF)
+
+    def cache(L):
+        if layout == "bshd":
+            return torch.randn(2, L, 2, 64, dtype=BF), torch.randn(2, L, 2, 64, dtype=BF)
+        return (torch.randn(2, 2, L, 64, dtype=BF).transpose(1, 2), torch.randn(2, 2, L, 64, dtype=BF).transpose(1, 2))
+
+    calls, call = [], Stub.__call__
+    monkeypatch.setattr(Stub, "__call__", lambda self, *a: (calls.append(a), call(self, *a))[1])
+    lengths = list(range(60, 400, 7))
+    with count_launches() as n:
+        for L in lengths:
+            k, v = cache(L)
+            s = torch.full((2,), L, dtype=torch.int32)
+            for _ in range(2):
+                DE.decode_attn(q, k, v, cache_seqlens=s)
+            assert calls[-1][1] is k and calls[-1][2] is v and calls[-1][3] is s
+    assert n["decode_attn"] == 2 * len(lengths) and len(DE._launchers) == 1  # (only the first length's)
+    (n_tile, by_tiles), = DE._GROWN.values()
+    assert sorted(by_tiles) == sorted({-(-L // n_tile) for L in lengths})
+    from cute_kernels.attention import decode_plan as DP
+    for L, (i, c) in zip(lengths, list(enumerate(calls))[::2]):  # each call's split: its own length's
+        P = DP.plan_uncached(q, torch.empty(2, L, 2, 64, dtype=BF), None, None, True)[1]
+        assert (c[7] is None) == (P == 1) and (P == 1 or c[7].shape[0] == P)
+    # what the grown launchers do not take goes to the checks
+    k, v = cache(500)
+    bad = torch.empty(2, 500, 2, 68, dtype=BF)[..., :64]  # rows 136 B apart: not 16-byte multiples
+    rejected(lambda: DE.decode_attn(q, bad, v, cache_seqlens=torch.full((2,), 5, dtype=torch.int32)), ValueError,
+             "16-byte aligned")
+    made = len(DE._launchers)
+    DE.decode_attn(q, k[:, :0], v[:, :0], cache_seqlens=torch.zeros(2, dtype=torch.int32))  # an empty cache:
+    assert len(DE._launchers) == made + 1  # checked, and a launcher of its own
 
 
 def test_decode_hit_with_other_metadata_is_checked(stubbed, monkeypatch):

@@ -149,7 +149,7 @@ def _variants():
     add("no positions")(lambda q, k, v, mp: call("llama", q, k, v))
     add("positions None", hit="hit")(lambda q, k, v, mp: call("llama", q, k, v, cache_position=None,
                                                              position_ids=None))
-    add("other strides")(lambda q, k, v, mp: call(
+    add("other strides", hit="hit")(lambda q, k, v, mp: call(  # (the length's strides: Decision.grow)
         "llama", q, *(torch.cat([t, t[:, :, :8]], 2)[:, :, :24] for t in (k, v)), **P))
     add("head dim strided")(lambda q, k, v, mp: call(
         "llama", q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v, **P))
@@ -218,6 +218,20 @@ def _variants():
     add("the route's Hopper cache replaced")(lambda q, k, v, mp: call(
         "llama", q, k, v, ctx=lambda: _patched(mp, S, "_HOPPER", {}), **P))
     add("value is key")(lambda q, k, v, mp: call("llama", q, k, k, **P))
+    # a growing cache (DynamicCache): the next step's keys a new, longer tensor (Decision.grow)
+    add("longer keys", hit="hit")(lambda q, k, v, mp: call("llama", *tensors(kv_len=31, seed=4), **positions(30)))
+    add("shorter keys", hit="hit")(lambda q, k, v, mp: call("llama", *tensors(kv_len=9, seed=4), **positions(8)))
+    add("keys as many as queries")(lambda q, k, v, mp: call("llama", *tensors(kv_len=1, seed=4), **positions(0)))
+    add("longer keys, a view of a longer buffer", hit="hit")(lambda q, k, v, mp: call(
+        "llama", q, *(torch.cat([t, t, t], 2)[:, :, :40] for t in (k, v)), **positions(39)))
+    add("longer keys, rows not in 16-byte units")(lambda q, k, v, mp: call(
+        "llama", q, *(torch.randn(2 * 2 * (30 * 64 + 4)).to(t.dtype).as_strided(
+            (2, 2, 30, 64), (2 * (30 * 64 + 4), 30 * 64 + 4, 64, 1)) for t in (k, v)), **positions(29)))
+    add("longer keys, head dim strided")(lambda q, k, v, mp: call(
+        "llama", q, *(t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in tensors(kv_len=31)[1:]),
+        **positions(30)))
+    add("longer keys of a sliding layer", hit="hit", family="mistral", base_kw=dict(P, sliding_window=W))(
+        lambda q, k, v, mp: call("mistral", *tensors(kv_len=31, seed=4), **dict(positions(30), sliding_window=W)))
     add("more queries than keys")(lambda q, k, v, mp: call("llama", *tensors(q_len=4, kv_len=2), **P))
     add("prefill")(lambda q, k, v, mp: call("llama", *tensors(q_len=20), **P))
     add("prefill past the positions")(lambda q, k, v, mp: call("llama", *tensors(q_len=20), **positions(5)))
