@@ -279,8 +279,8 @@ def _grown(key, q, k_cache, v_cache, cache_seqlens, num_splits, causal):
     """The launcher for a plain call without ``out`` whose metadata differs from an earlier checked
     call's (:data:`_GROWN`) only in the cache length and the K / V strides: made once per number of KV
     tiles of the length (what the split count depends on) and shared by every length with that count,
-    instead of validating, planning and making a launcher for every new length (~0.2 ms of host time
-    per generated token).  The strides that changed are checked here as ``validate`` checks them; what
+    instead of validating, planning and making a launcher for every new length (a DynamicCache's every
+    step).  The strides that changed are checked here as ``validate`` checks them; what
     the key leaves to the compiled function (dtypes, devices, v's shape, alignment) it checks on every
     call, as for any launcher.  None: no such earlier call, a stride the kernel does not take, or an
     empty cache (the checked path says what)."""
