@@ -284,8 +284,11 @@ def _grown(key, q, k_cache, v_cache, cache_seqlens, num_splits, causal):
     the key leaves to the compiled function (dtypes, devices, v's shape, alignment) it checks on every
     call, as for any launcher.  None: no such earlier call, a stride the kernel does not take, or an
     empty cache (the checked path says what)."""
+    ks, vs = key[9], key[10]
+    if len(key[8]) != 4 or len(ks) != 4 or len(vs) != 4:  # (another rank: the checks name it)
+        return None
     grown = _GROWN.get(_grow_key(key))
-    ks, vs, L = key[9], key[10], key[8][1]
+    L = key[8][1]
     if grown is None or L < 1 or ks[3] != 1 or vs[3] != 1 or (ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) & 7:
         return None
     n_tile, by_tiles = grown

@@ -430,6 +430,9 @@ def test_decode_over_a_growing_cache_takes_grown_launchers(stubbed, monkeypatch,
     bad = torch.empty(2, 500, 2, 68, dtype=BF)[..., :64]  # rows 136 B apart: not 16-byte multiples
     rejected(lambda: DE.decode_attn(q, bad, v, cache_seqlens=torch.full((2,), 5, dtype=torch.int32)), ValueError,
              "16-byte aligned")
+    s5 = torch.full((2,), 5, dtype=torch.int32)
+    for k3 in (k[0], k[..., 0]):  # another rank (its key's shape is shorter: found by test_properties)
+        rejected(lambda k3=k3: DE.decode_attn(q, k3, v, cache_seqlens=s5), ValueError, "k_cache must be 4-d")
     made = len(DE._launchers)
     DE.decode_attn(q, k[:, :0], v[:, :0], cache_seqlens=torch.zeros(2, dtype=torch.int32))  # an empty cache:
     assert len(DE._launchers) == made + 1  # checked, and a launcher of its own
