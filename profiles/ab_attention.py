@@ -38,8 +38,7 @@ DTYPE = torch.bfloat16
 
 #: name -> FwdTile field overrides on top of the default tile of the head dim
 VARIANTS = {
-    64: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True),
-         "mma_only": "mma_only"},
+    64: {"default": {}, "psmem": dict(p_smem=True), "mma_only": "mma_only"},
     # P through shared memory (p_smem): three 64-row warpgroups at D = 96 (FlashAttention-3 / -4's 192 x
     # 128 / 144 tiles there), and what the shared-memory P alone costs on the 128-row tile
     96: {"default": {}, "m192_psmem": dict(tile_m=192, p_smem=True),
@@ -53,7 +52,9 @@ VARIANTS = {
 
 #: ``--softcap``: name -> FwdTile overrides on the softcap configuration
 SOFTCAP_VARIANTS = {"default": {}, "poly1": dict(exp2_poly_share=1), "poly2": dict(exp2_poly_share=2),
-                    "poly4": dict(exp2_poly_share=4)}
+                    "poly4": dict(exp2_poly_share=4),
+                    # P in shared memory frees the registers that cut D 64's softcap tile to 112 keys
+                    "psmem": dict(p_smem=True), "psmem_n128": dict(p_smem=True, tile_n=128)}
 
 
 def variant_configs(D, causal, softcap=False):
