@@ -367,6 +367,26 @@ def test_bounded_cache_drops_the_oldest_insertion():
     assert isinstance(GP._plans, fastpath.BoundedCache) and isinstance(ME._launchers, fastpath.BoundedCache)
 
 
+def test_scratch_pool_is_shared_grows_and_keeps_old_buffers(monkeypatch):
+    """fresh_or_scratch's scratch: a view of one pool per (device, dtype) shared by every launcher; a
+    larger request makes a new, larger buffer (doubling) and the old one stays referenced (a captured
+    graph may still write into it); fresh requests never come from the pool."""
+    monkeypatch.setattr(fastpath, "_SCRATCH", {})
+    dev = torch.device("cpu")
+    a = fastpath.fresh_or_scratch(torch.empty, (2, 3, 5), torch.float32, dev)
+    b = fastpath.fresh_or_scratch(torch.empty, (4, 7), torch.float32, dev)
+    sa, sb = a(False), b(False)
+    assert sa.shape == (2, 3, 5) and sb.shape == (4, 7) and sa.is_contiguous() and sb.is_contiguous()
+    assert sa.data_ptr() == sb.data_ptr() and a(False) is sa and a.scratch == [sa]
+    assert a(True).data_ptr() != sa.data_ptr()
+    big = fastpath.fresh_or_scratch(torch.empty, (3000,), torch.float32, dev)(False)
+    pool = fastpath._SCRATCH[(dev, torch.float32)]
+    assert len(pool) == 2 and pool[-1].numel() == 3000 and big.data_ptr() == pool[-1].data_ptr()
+    assert pool[0].data_ptr() == sa.data_ptr()  # (kept: still a's scratch)
+    bigger = fastpath.fresh_or_scratch(torch.empty, (3001,), torch.float32, dev)(False)
+    assert len(pool) == 3 and pool[-1].numel() == 6000 and bigger.numel() == 3001
+
+
 @pytest.mark.parametrize("num_splits", [None, 4])
 def test_decode_over_a_growing_cache_keeps_bounded_caches(stubbed, monkeypatch, num_splits):
     """Transformers' DynamicCache: every decode step a longer cache, so new metadata, a new plan and a
