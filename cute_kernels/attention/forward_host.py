@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..common import jit
+from ..common.fastpath import BoundedCache
 from ..common.overlap import extent, out_guard
 from ..common.scheduler import tile_counter
 from ..common.softmax import LOG2_E
@@ -327,8 +328,9 @@ def variant_launcher(fn, q, lshape, dynamic: bool, mode: str, window, max_seqlen
 
 
 # ------------------------------------------------------------------------------- decode_attn's launchers
-#: (P, B, Sq, Hq, D), device -> the split decode's partial states per (device, stream) (:func:`decode_parts`)
-_DECODE_PARTS: dict = {}
+#: (P, B, Sq, Hq, D), device -> the split decode's partial states per (device, stream) (:func:`decode_parts`);
+#: a dropped entry lives on in the launchers that hold it (bounded too)
+_DECODE_PARTS = BoundedCache(limit=64)
 
 
 def decode_parts(pshape, dev) -> dict:
