@@ -67,17 +67,19 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def generate_s(model, ids, new: int) -> float:
-    """Wall seconds of one greedy ``generate`` of exactly ``new`` tokens, synchronized."""
+def generate_s(model, ids, new: int) -> tuple[float, float]:
+    """(wall seconds, this thread's CPU seconds) of one greedy ``generate`` of exactly ``new`` tokens,
+    synchronized.  The CPU time is the host's work (plus any spinning in the final synchronize), which
+    an eager batch-1 decode is bound by."""
     import torch
 
     _sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                          do_sample=False, pad_token_id=0, disable_compile=True)
     _sync()
     assert out.shape[1] == ids.shape[1] + new, out.shape
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def run_generate(model, batch: int, prompt: int, new: int, rounds: int, sides) -> dict:
@@ -99,17 +101,23 @@ def run_generate(model, batch: int, prompt: int, new: int, rounds: int, sides) -
             if stats["fallback"]:
                 notes.append(f"cute_kernels fell back: {stats}")
     t = {(s, n): [] for s in sides for n in (1, new)}
+    cpu = {key: [] for key in t}
     keys = list(t)
     for r in range(rounds):
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
             activate(model, key[0])
-            t[key].append(generate_s(model, ids, key[1]))
+            wall, c = generate_s(model, ids, key[1])
+            t[key].append(wall)
+            cpu[key].append(c)
     res = {"batch": batch, "prompt": prompt, "new": new, "rounds": rounds, "notes": notes, "sides": {}}
     for s in sides:
         full, first = statistics.median(t[(s, new)]), statistics.median(t[(s, 1)])
         dec = [batch * (new - 1) / (a - b) for a, b in zip(t[(s, new)], t[(s, 1)])]
         res["sides"][s] = {"generate_s": full, "first_token_s": first, "tokens_per_s": batch * new / full,
                            "decode_tokens_per_s": statistics.median(dec),
+                           # host CPU time per decode step (all batch rows): the (new) run's less the 1-token run's
+                           "host_us_per_step": statistics.median(
+                               (a - b) / (new - 1) * 1e6 for a, b in zip(cpu[(s, new)], cpu[(s, 1)])),
                            "scatter": (max(t[(s, new)]) - min(t[(s, new)])) / full,
                            "rounds_s": t[(s, new)], "first_rounds_s": t[(s, 1)],
                            "same_tokens_as_sdpa": bool(torch.equal(toks[s], toks["sdpa"])) if "sdpa" in toks else None,
@@ -200,6 +208,7 @@ def main(argv=None) -> int:
                       f"(decode {v['decode_tokens_per_s']:8.1f}, x{v['tokens_per_s'] / base['tokens_per_s']:.3f} "
                       f"of sdpa, decode x{v['decode_tokens_per_s'] / base['decode_tokens_per_s']:.3f}) scatter "
                       f"{100 * v['scatter']:.1f}% first {1e3 * v['first_token_s']:.1f} ms "
+                      f"host {v['host_us_per_step']:.0f} us/step "
                       f"same tokens {v['same_tokens_as_sdpa']} ({v['tokens_agree_frac_vs_sdpa']:.3f})", flush=True)
             for n in r["notes"]:
                 print("  note:", n)
