@@ -10,7 +10,8 @@ after - before, with its interquartile range; the issue's bar is +0.3 us.
 
 Rows call only the public API both trees share (``gemm``, ``decode_attn``, ``flash_attn``) on tiny
 problems (the GPU work a few microseconds), outputs allocated or given (``out=``), and two rows that
-alternate two calls (a model's GEMMs, decode with and without ``out=``).  The device is synchronized
+alternate two calls (a model's GEMMs, decode with and without ``out=``), and a decode over a cache one key
+longer every call (a DynamicCache's steps: metadata never seen before).  The device is synchronized
 after each row's calls, outside the timed span.  ``--stub``: no GPU; the kernels are replaced by a
 no-op and the tensors live on the CPU (the host path's Python alone, as on a machine without a GPU).
 
@@ -79,6 +80,16 @@ def worker_rows(torch, cute_kernels, device: str) -> dict:
     rows["gemm 64 / 256 alternating (2 calls)"] = lambda: (gemm(a1, b1, out=d1), gemm(a2, b2, out=d2))
     rows["decode out= / alloc alternating (2 calls)"] = lambda: (decode_attn(q, k, v, cache_seqlens=lens, out=o),
                                                                decode_attn(q, k, v, cache_seqlens=lens))
+    # a DynamicCache's steps: every call one key longer (a view of a larger (B, H, L, D) buffer, transposed as
+    # Transformers' layers pass it), never a length seen before: each call meets new metadata
+    grow_cap = 1 << 15
+    kb, vb = (torch.randn(B, Hkv, grow_cap, D, dtype=bf, device=device) for _ in range(2))
+    grow = [L]
+
+    def growing():
+        n = grow[0] = grow[0] + 1 if grow[0] + 1 < grow_cap else L  # (wraps after 32k calls)
+        decode_attn(q, kb[:, :, :n].transpose(1, 2), vb[:, :, :n].transpose(1, 2), cache_seqlens=lens)
+    rows["decode growing cache (one key longer each call)"] = growing
     return rows
 
 

@@ -357,4 +357,4 @@ def test_host_ab_stubbed_runs_both_trees(tmp_path):
     import json
 
     doc = json.loads(path.read_text())
-    assert doc["stub"] and len(doc["rows"]) == 12 and all(len(x["diff_us"]) == 3 for x in doc["rows"])
+    assert doc["stub"] and len(doc["rows"]) == 13 and all(len(x["diff_us"]) == 3 for x in doc["rows"])
