@@ -413,8 +413,8 @@ def test_decode_over_a_growing_cache_keeps_bounded_caches(stubbed, monkeypatch, 
         assert len({c[7].data_ptr() for c in calls}) == 1, "one set of partial states for every launcher"
 
 
-@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-def test_decode_over_a_growing_cache_takes_grown_launchers(stubbed, monkeypatch, layout):
+@pytest.mark.parametrize("layout,num_splits", [("bshd", None), ("bhsd", None), ("bhsd", 3)])
+def test_decode_over_a_growing_cache_takes_grown_launchers(stubbed, monkeypatch, layout, num_splits):
     """Without out=, a longer cache of otherwise the same metadata (a DynamicCache's next step, also as
     Transformers holds it: (B, H, L, D) transposed) takes a launcher made once per number of KV tiles
     (DE._GROWN): no checked path, no plan or launcher per length.  Each call still gets its own
@@ -436,14 +436,14 @@ def test_decode_over_a_growing_cache_takes_grown_launchers(stubbed, monkeypatch,
             k, v = cache(L)
             s = torch.full((2,), L, dtype=torch.int32)
             for _ in range(2):
-                DE.decode_attn(q, k, v, cache_seqlens=s)
+                DE.decode_attn(q, k, v, cache_seqlens=s, num_splits=num_splits)
             assert calls[-1][1] is k and calls[-1][2] is v and calls[-1][3] is s
     assert n["decode_attn"] == 2 * len(lengths) and len(DE._launchers) == 1  # (only the first length's)
     (n_tile, by_tiles), = DE._GROWN.values()
     assert sorted(by_tiles) == sorted({-(-L // n_tile) for L in lengths})
     from cute_kernels.attention import decode_plan as DP
     for L, (i, c) in zip(lengths, list(enumerate(calls))[::2]):  # each call's split: its own length's
-        P = DP.plan_uncached(q, torch.empty(2, L, 2, 64, dtype=BF), None, None, True)[1]
+        P = DP.plan_uncached(q, torch.empty(2, L, 2, 64, dtype=BF), None, num_splits, True)[1]
         assert (c[7] is None) == (P == 1) and (P == 1 or c[7].shape[0] == P)
     # what the grown launchers do not take goes to the checks
     k, v = cache(500)
