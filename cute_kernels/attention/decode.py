@@ -160,9 +160,8 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, workspace, n
             launch.guard = fastpath.metadata_guard(q, k_cache, v_cache, cache_seqlens)
             launch.rest = (key[0], key[1], key[2], bool, key[3])
             if key[0] is None and window is None:  # without out: later lengths of a growing cache (_grown)
-                grown = _GROWN.get(_grow_key(key))
-                if grown is None:
-                    grown = _GROWN[_grow_key(key)] = (cfg.n_tile, BoundedCache(limit=64))
+                gk = _grow_key(key)
+                grown = _GROWN.get(gk) or _GROWN.setdefault(gk, (cfg.n_tile, BoundedCache(limit=64)))
                 grown[1][-(-k_cache.shape[1] // cfg.n_tile)] = launch
         _launchers[key] = launch
 

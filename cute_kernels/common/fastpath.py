@@ -4,6 +4,7 @@ allocation sizes in ``torch.empty``'s fastest form.  Pure torch: no DSL import."
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -85,9 +86,7 @@ def _scratch_view(shape, dtype, device):
     """A view of ``shape`` at the start of the newest scratch buffer of (device, dtype), which grows
     (doubling) when too small.  Superseded buffers are kept: a CUDA graph captured with a view of one
     writes into it on every replay, so it must never be freed and reused."""
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = math.prod(shape)
     pool = _SCRATCH.setdefault((device, dtype), [])
     if not pool or pool[-1].numel() < numel:
         pool.append(torch.empty(max(numel, 2 * pool[-1].numel() if pool else 0, 1024), dtype=dtype, device=device))
@@ -138,6 +137,16 @@ class BoundedCache(dict):
         if len(self) >= self.limit and key not in self:
             super().__delitem__(next(iter(self)))
         super().__setitem__(key, value)
+
+    # (dict's own setdefault and update would insert past the bound)
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args, **kw):
+        for key, value in dict(*args, **kw).items():
+            self[key] = value
 
 
 class LauncherCache(BoundedCache):

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.fastpath import metadata_guard, stream_query
+from ..common.fastpath import BoundedCache, metadata_guard, stream_query
 from . import sdpa as _sdpa
 from .hf_masks import _is_static_buffer
 
@@ -52,25 +52,24 @@ __all__ = ["Decision", "lookup", "remember", "clear", "KEEP"]
 #: keys kept (a model has a few kinds of layers; a new step shape replaces its kind's entry)
 KEEP = 64
 _SCALARS = frozenset({type(None), bool, int, float})
-_DECISIONS: dict = {}
+_DECISIONS = BoundedCache(limit=KEEP)
 
 
 class Decision:
     """What a call that reached the kernels decided, for the calls of the same key: the route's
     kernel, the keywords that must stay None / False, whether data pointers are checked, and the
-    shapes and device its tensors had (the guard holds them equal)."""
+    query's shape and device (the guard holds them equal; the keys' length is each call's own)."""
 
     __slots__ = ("guard", "grow", "devices", "hopper", "hoppers", "where", "others", "sinks", "pointer", "batch", "heads_q",
-                 "q_len", "kv_len", "device", "scale")
+                 "q_len", "device", "scale")
 
-    def __init__(self, guard, where, others, names, query, key, grow=None):
+    def __init__(self, guard, where, others, names, query, grow=None):
         self.guard, self.where, self.others, self.grow = guard, where, others, grow
         self.sinks = "s_aux" in names or "sinks" in names  # (else no call of the key passes sinks)
         self.devices, self.hopper, self.hoppers = _sdpa._KERNEL_DEVICES, _sdpa._is_hopper, _sdpa._HOPPER
         self.device = query.device
         self.pointer = self.device.type != "meta"  # (the route checks no pointer of a meta tensor)
         self.batch, self.heads_q, self.q_len, head_dim = query.shape
-        self.kv_len = key.shape[2]
         self.scale = head_dim ** -0.5
 
 
@@ -122,9 +121,7 @@ def remember(query, key, value, dropout, scaling, causal: bool, kwargs, where: s
     if where == "decode_attn" and causal:  # the keys' length and the strides above it left open
         grow = metadata_guard(query, key, value, free=((1, (2,), (0, 1)), (2, (2,), (0, 1))))
     _DECISIONS.pop(ck, None)  # (re-inserted last: the oldest key goes first)
-    while len(_DECISIONS) >= KEEP:
-        del _DECISIONS[next(iter(_DECISIONS))]
-    _DECISIONS[ck] = Decision(guard, where, others, ck[0], query, key, grow)
+    _DECISIONS[ck] = Decision(guard, where, others, ck[0], query, grow)
 
 
 def clear() -> None:

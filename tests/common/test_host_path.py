@@ -364,6 +364,9 @@ def test_bounded_cache_drops_the_oldest_insertion():
     lc.hit("b")
     lc["c"] = 3  # drops "a" and forgets the last hit, as every change does
     assert list(lc) == ["b", "c"] and lc.last == fastpath.NO_LAST and lc.limit == 2
+    c.setdefault(5, 5)  # (setdefault and update insert through the bound too)
+    c.update({6: 6, 7: 7})
+    assert list(c) == [5, 6, 7] and c.setdefault(7, "not used") == 7
     assert isinstance(GP._plans, fastpath.BoundedCache) and isinstance(ME._launchers, fastpath.BoundedCache)
 
 
