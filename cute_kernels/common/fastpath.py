@@ -170,14 +170,26 @@ class LauncherCache(BoundedCache):
     it was made in, say inference mode) is disarmed, ``(key, launcher, None, False)``, until another
     launcher is hit (:meth:`repeat`).
 
-    Every change to the dict forgets the last hit (a launcher replaced or removed under its key is never
-    returned again).  At most ``limit`` launchers (:class:`BoundedCache`)."""
+    ``armed``: the same ``(key, launcher, guard, rest)`` entries by a hint the fast path reads cheaply
+    (gemm: b's data pointer, one per weight of a model), for calls that alternate between launchers
+    (a model's linears): each finds its own entry, armed by its own repeat.  A hint only says which
+    entry to try: the guard and ``rest`` decide, so a stale hint (a pointer reused by another tensor)
+    at worst fails its guard.  At most ``limit`` entries.
 
-    __slots__ = ("last",)
+    Every change to the dict forgets the last hit and the armed entries (a launcher replaced or removed
+    under its key is never returned again).  At most ``limit`` launchers (:class:`BoundedCache`)."""
+
+    __slots__ = ("last", "armed")
 
     def __init__(self, *args, limit: int = MAX_ENTRIES, **kw):
         super().__init__(*args, limit=limit, **kw)
         self.last = NO_LAST
+        self.armed = BoundedCache(limit=limit)
+
+    def _forget(self) -> None:
+        self.last = NO_LAST
+        if self.armed:
+            self.armed.clear()
 
     def repeat(self, key, launch, guard_failed: bool) -> None:
         """The last hit, ``launch`` under ``key``, taken again through its key: armed (its guard and rest,
@@ -194,31 +206,31 @@ class LauncherCache(BoundedCache):
         return launch
 
     def __setitem__(self, key, value):
-        self.last = NO_LAST
+        self._forget()
         super().__setitem__(key, value)
 
     def __delitem__(self, key):
-        self.last = NO_LAST
+        self._forget()
         super().__delitem__(key)
 
     def clear(self):
-        self.last = NO_LAST
+        self._forget()
         super().clear()
 
     def pop(self, *args):
-        self.last = NO_LAST
+        self._forget()
         return super().pop(*args)
 
     def popitem(self):
-        self.last = NO_LAST
+        self._forget()
         return super().popitem()
 
     def setdefault(self, key, default=None):
-        self.last = NO_LAST
+        self._forget()
         return super().setdefault(key, default)
 
     def update(self, *args, **kw):
-        self.last = NO_LAST
+        self._forget()
         super().update(*args, **kw)
 
     def __ior__(self, other):

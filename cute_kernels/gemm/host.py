@@ -7,9 +7,10 @@ output allocation and the compiled TVM-FFI function, called with the torch tenso
 re-views torch's operand order itself; the transposed skinny plan's entry too).  A launcher is made
 only after a call with that metadata passed every check and was planned (:func:`.plan.plan`); a hit
 the compiled function refuses launches nothing and takes the checked path, which names the argument.
-Nothing is keyed on a tensor's identity.  A run of calls with the same metadata takes the last hit
-(:class:`.fastpath.LauncherCache`) on one C++ check of its tensors (its guard, :func:`_arm`) and a few
-identity tests, without the key, the requires_grad reads or the dict.
+Nothing is keyed on a tensor's identity.  Calls with b's metadata of b's call before (a model's
+linears, each with its own weight, alternating) take b's entry (:attr:`.fastpath.LauncherCache.armed`,
+found by b's data pointer) on one C++ check of their tensors (its guard, :func:`_arm`) and a few
+identity tests, without the key or the requires_grad reads.
 Launchers go with the plans they were made from (:func:`.plan.clear_plans`, which the tuner calls).
 Modules: :mod:`.validate`, :mod:`.heuristics`, :mod:`.plan`, :mod:`.launch`, :mod:`.tune`, and the
 kernels in :mod:`.kernel`, :mod:`.epilogue`, :mod:`.splitk_kernel` and :mod:`.cpasync_kernel`.
@@ -154,30 +155,36 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     """
     ta, tb = type(alpha), type(beta)
     plain = (ta is float or ta is int) and (tb is float or tb is int) and tune is False
-    if plain and not _is_compiling():  # (first: a traced call never reads the last hit, so never guards on it)
-        _, last_hit, guard, rest = _launchers.last
-        if guard is not None and rest == (out is None, c is None, c is out, not beta, type(out_dtype), out_dtype):
-            # the last hit, armed (_arm): its guard checks what the key holds of a, b, out and c (and more:
-            # their types, sizes, devices, dispatch keys, none requiring grad, so grad mode need not be
-            # read), rest the key's other parts; the pointers' 16-byte alignment read here (the launcher's
-            # is 0)
-            if (guard.check(a, b) if out is None else guard.check(a, b, out)) if c is None else (
-                    guard.check(a, b, c) if out is None else guard.check(a, b, out) if c is out
-                    else guard.check(a, b, out, c)):
-                pa, pb = a.data_ptr(), b.data_ptr()
-                po = 0 if out is None else out.data_ptr()
-                if not (pa | pb | po) & 15:
-                    try:
-                        return last_hit(a, b, out, c, alpha, beta, pa, pb, po)
-                    except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
-                        return _checked_run(a, b, out, c, alpha, beta, out_dtype)
-            guard = False  # (failed: the key path below)
-        if type(a) in _FAST_TYPES and type(b) in _FAST_TYPES and not (_grad_enabled() and (
-                a.requires_grad or b.requires_grad or (c is not None and getattr(c, "requires_grad", False)))):
+    if plain and not _is_compiling() and type(a) in _FAST_TYPES and type(b) in _FAST_TYPES:
+        # (is_compiling first: a traced call never reads the armed entries, so never guards on them)
+        pb = b.data_ptr()
+        entry = _launchers.armed.get(pb)  # b's launcher entry (_arm): one per weight of a model
+        if entry is not None:
+            key, hit, guard, rest = entry
+            if guard is not None and rest == (out is None, c is None, c is out, not beta, type(out_dtype), out_dtype):
+                # armed: its guard checks what the key holds of a, b, out and c (and more: their types,
+                # sizes, devices, dispatch keys, none requiring grad, so grad mode need not be read),
+                # rest the key's other parts; the pointers' 16-byte alignment read here
+                if (guard.check(a, b) if out is None else guard.check(a, b, out)) if c is None else (
+                        guard.check(a, b, c) if out is None else guard.check(a, b, out) if c is out
+                        else guard.check(a, b, out, c)):
+                    pa = a.data_ptr()
+                    po = 0 if out is None else out.data_ptr()
+                    if not (pa | pb | po) & 15:
+                        try:
+                            return hit(a, b, out, c, alpha, beta, pa, pb, po)
+                        except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
+                            return _checked_run(a, b, out, c, alpha, beta, out_dtype)
+                guard = False  # (failed: the key path below)
+        else:
+            hit = guard = None
+        if not (_grad_enabled() and (a.requires_grad or b.requires_grad
+                                     or (c is not None and getattr(c, "requires_grad", False)))):
             # the fast path (module doc): the key as :func:`_key` builds it, the data pointers read once
             # for its alignment and the launcher's overlap guard; anything unusual goes to the checks
+            last_hit = hit
             try:
-                pa, pb = a.data_ptr(), b.data_ptr()
+                pa = a.data_ptr()
                 po = 0 if out is None else out.data_ptr()
                 key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), (pa | pb | po) & 15,
                        out_dtype, beta != 0.0, None if out is None else (type(out), out.stride(), out.dtype),
@@ -187,17 +194,17 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
                 return _checked_run(a, b, out, c, alpha, beta, out_dtype)
             if hit is None:
                 return _miss(key, a, b, out, c, alpha, beta, out_dtype)
-            repeat = hit is last_hit  # (by identity: two keys never share a launcher)
-            if not repeat:  # another launcher than the last hit's: remembered, unarmed (_arm)
-                _launchers.last = (key, hit, None, None)
+            repeat = hit is last_hit  # b's entry holds this launcher (by identity: keys never share one)
+            if not repeat:  # remembered for b, unarmed (_arm)
+                _launchers.armed[pb] = (key, hit, None, None)
             elif guard is False:  # its guard failed a call its own key takes (inference mode, ...): disarmed
-                _launchers.last = (key, hit, None, False)
+                _launchers.armed[pb] = (key, hit, None, False)
             try:
                 res = hit(a, b, out, c, alpha, beta, pa, pb, po)
             except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
                 return _checked_run(a, b, out, c, alpha, beta, out_dtype)
-            if repeat and rest is None:  # the second call in a row with this metadata, launched: arm it
-                _arm(key, hit, a, b, out, c, out_dtype, beta)
+            if repeat and rest is None:  # the second call in a row of b with this metadata, launched: arm it
+                _arm(key, hit, a, b, out, c, out_dtype, beta, pb)
             return res
     grad = _grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
                                 or (c is not None and getattr(c, "requires_grad", False)))
@@ -226,8 +233,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
 
 
 # ---------------------------------------------------------------------------- the fast path
-#: call metadata (:func:`_key`) -> launcher (:func:`_prepare`), remembering the last hit (:func:`_arm`);
-#: emptied with the planner's plans
+#: call metadata (:func:`_key`) -> launcher (:func:`_prepare`), with an entry per b's data pointer
+#: (:func:`_arm`); emptied with the planner's plans
 _launchers = LauncherCache()
 
 
@@ -257,16 +264,17 @@ class _PlanCache(dict):
         _launchers.clear()
 
 
-def _arm(key, hit, a, b, out, c, out_dtype, beta) -> None:
-    """Arm the last hit: ``hit``, the launcher of metadata ``key``, has just launched a call (a, b, out,
-    c, out_dtype, beta) that had the metadata of the call before it.  ``_launchers.last`` then holds its
-    ``guard`` (:func:`.fastpath.metadata_guard` of a, b, out and c, made by the first call armed) and
-    ``rest`` (the facts of the call the key holds and the guard does not), which :func:`gemm` tests
-    first, before reading any metadata.  Armed by a repeat only, not by every dict hit: calls that
-    alternate between keys (a model's GEMMs) never pay a failing guard, calls that repeat pay the key
-    path once more.  Left disarmed for the rest of a run of such calls (``rest`` False) where it has no
-    guard: a misaligned pointer (every call of its key; the guard path takes aligned ones only), a
-    tensor passed twice (the check refuses that), one requiring grad (both tried again by a later run).
+def _arm(key, hit, a, b, out, c, out_dtype, beta, pb) -> None:
+    """Arm b's entry: ``hit``, the launcher of metadata ``key``, has just launched a call (a, b, out, c,
+    out_dtype, beta) that had the metadata of b's call before it (``pb``: b's data pointer, the entry's
+    hint in ``_launchers.armed``).  The entry then holds its ``guard`` (:func:`.fastpath.metadata_guard`
+    of a, b, out and c, made by the first call armed) and ``rest`` (the facts of the call the key holds
+    and the guard does not), which :func:`gemm` tests first, before reading any other metadata.  Armed
+    by a repeat only, not by every dict hit: a weight used with two shapes in turn (prefill and decode)
+    never pays a failing guard, a model's linears, each with its own weight, arm on their second call.
+    Left disarmed for the rest of a run of such calls (``rest`` False) where it has no guard: a
+    misaligned pointer (every call of its key; the guard path takes aligned ones only), a tensor passed
+    twice (the check refuses that), one requiring grad (both tried again by a later run).
 
     A guard holds what the key holds and more (out's and c's sizes and devices, b's dtype, dispatch
     keys), as the call's state made it: a call it fails that has its key (inference mode, another
@@ -282,9 +290,9 @@ def _arm(key, hit, a, b, out, c, out_dtype, beta) -> None:
             g = hit.guard = metadata_guard(*ts) or False
             hit.rest = rest
     if g is None or g is False or rest != hit.rest:  # (rest: out=c exactly or not, both with this key)
-        _launchers.last = (key, hit, None, False)
+        _launchers.armed[pb] = (key, hit, None, False)
     else:
-        _launchers.last = (key, hit, g, rest)
+        _launchers.armed[pb] = (key, hit, g, rest)
 
 
 def _run(a, b, out, c, alpha, beta, out_dtype):

@@ -167,6 +167,11 @@ class _CountingCache(LauncherCache):
         return super().get(key, default)
 
 
+def entry(L, b):
+    """gemm's launcher entry for b (``(key, launcher, guard, rest)``; armed when guard is not None)."""
+    return L.armed.get(b.data_ptr(), fastpath.NO_LAST)
+
+
 def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
     """The third call in a row with the same metadata takes the last hit on its guard (gemm's first test:
     no key, no dict lookup, no requires_grad read), in and out of grad mode; a call that differs in a
@@ -177,7 +182,7 @@ def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
     a, b, out = torch.randn(64, 32, dtype=BF), torch.randn(32, 48, dtype=BF), torch.empty(64, 48, dtype=BF)
     for i in range(3):  # a miss (the launcher made), a dict hit (remembered), a repeat (armed)
         assert cute_kernels.gemm(a, b, out=out) is out
-        assert (L.last[2] is not None) == (i == 2) and L.gets == i + 1
+        assert (entry(L, b)[2] is not None) == (i == 2) and L.gets == i + 1
     with count_launches() as n:
         for mode in (torch.enable_grad, torch.no_grad, torch.enable_grad):
             with mode():
@@ -201,7 +206,7 @@ def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
         cute_kernels.gemm(a, b, out=out)
     gets = L.gets
     cute_kernels.gemm(a, b, out=out)
-    assert L.gets == gets and L.last[2] is not None
+    assert L.gets == gets and entry(L, b)[2] is not None
     # a misaligned a (a sliced view of the same shape, strides and dtype: the guard passes, the pointer
     # test not): planned afresh (a staged into an aligned copy, no launcher)
     made = Stub.made
@@ -209,7 +214,7 @@ def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
     assert Stub.made == made + 1
     for _ in range(3):
         cute_kernels.gemm(a, b, out=out)
-    assert L.last[2] is not None
+    assert entry(L, b)[2] is not None
     # an out overlapping a, b alike: the launcher's overlap test refuses it, the checks name it
     buf = torch.empty(64 * 48 + 64 * 32, dtype=BF)
     rejected(lambda: cute_kernels.gemm(buf[:64 * 32].view(64, 32), b, out=buf[64 * 8:64 * 8 + 64 * 48].view(64, 48)),
@@ -224,7 +229,7 @@ def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
         cute_kernels.gemm(a_grad, b, out=out)
     for _ in range(3):
         cute_kernels.gemm(a, b)
-    assert L.last[2] is not None
+    assert entry(L, b)[2] is not None
     res = cute_kernels.gemm(a_grad, b)
     assert res.requires_grad and res.grad_fn is not None
     with torch.no_grad():
@@ -233,23 +238,32 @@ def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
 
 
 def test_gemm_guarded_last_hit_states(stubbed, monkeypatch):
-    """Calls alternating between two keys never arm (no guard to fail); out=c exactly arms (its guard
-    over a, b, out); a guard failing its own key's call (inference mode) disarms it for that run of
-    calls; the planner's clear forgets the last hit."""
+    """Calls alternating between two weights (a model's linears) each arm b's own entry on their second
+    call and then take its guard; one weight alternating between two shapes of a (prefill and decode)
+    never arms (no guard to fail); out=c exactly arms (its guard over a, b, out); a guard failing its own
+    key's call (inference mode) disarms it for that run of calls; the planner's clear forgets them all."""
     L = _CountingCache()
     monkeypatch.setattr(GH, "_launchers", L)
     ops = [(torch.randn(m, k, dtype=BF), torch.randn(k, n, dtype=BF), torch.empty(m, n, dtype=BF))
            for m, n, k in ((64, 48, 32), (128, 256, 64))]
     with count_launches() as n:
-        for _ in range(4):
+        for i in range(4):
             for a, b, out in ops:
                 assert cute_kernels.gemm(a, b, out=out) is out
-                assert L.last[2] is None and L.last[3] is None
-    assert n["gemm"] == 8 and len(L) == 2 and L.gets == 8
+                assert (entry(L, b)[2] is not None) == (i >= 2)  # (a miss, a dict hit, the repeat that arms)
+    assert n["gemm"] == 8 and len(L) == 2 and L.gets == 6  # (the fourth round: guards only)
+    a, b, _ = ops[0]
+    a2 = torch.randn(96, 32, dtype=BF)  # the same weight with another M: the key path, unarmed
+    with count_launches() as n:
+        for _ in range(3):
+            for x in (a, a2):
+                cute_kernels.gemm(x, b)
+                assert entry(L, b)[2] is None and entry(L, b)[3] is None
+    assert n["gemm"] == 6 and len(L) == 4
     a, b, d = ops[0]
     for i in range(3):
         assert cute_kernels.gemm(a, b, out=d, c=d, beta=1.0) is d
-    assert L.last[2] is not None and L.last[3][2] is True  # rest: c is out
+    assert entry(L, b)[2] is not None and entry(L, b)[3][2] is True  # rest: c is out
     gets = L.gets
     with count_launches() as n:
         assert cute_kernels.gemm(a, b, out=d, c=d, beta=0.5) is d
@@ -257,20 +271,29 @@ def test_gemm_guarded_last_hit_states(stubbed, monkeypatch):
     assert n["gemm"] == 2 and L.gets == gets + 1
     for _ in range(3):
         cute_kernels.gemm(a, b)
-    assert L.last[2] is not None
+    assert entry(L, b)[2] is not None
     with torch.inference_mode(), count_launches() as n:
         for _ in range(3):
             cute_kernels.gemm(a, b)
-        assert L.last[2] is None and L.last[3] is False
-    assert n["gemm"] == 3 and len(L) == 4
+        assert entry(L, b)[2] is None and entry(L, b)[3] is False
+    assert n["gemm"] == 3 and len(L) == 5
     cute_kernels.gemm(a, b)  # out of inference mode: still disarmed until another launcher is hit
-    assert L.last[3] is False
+    assert entry(L, b)[3] is False
     made = Stub.made
     GP.clear_plans()
-    assert L.last == fastpath.NO_LAST and not L
+    assert entry(L, b) == fastpath.NO_LAST and not L and not L.armed
     for _ in range(4):
         cute_kernels.gemm(a, b)
-    assert Stub.made == made + 1 and L.last[2] is not None
+    assert Stub.made == made + 1 and entry(L, b)[2] is not None
+    # a stale hint: another tensor at b's address (b's memory viewed with another shape) fails the entry's
+    # guard and takes the key path: its own launcher, a result of its own shape, correct on a real device
+    bv, a16 = b.view(16, 96), torch.randn(64, 16, dtype=BF)
+    gets = L.gets
+    with count_launches() as n:
+        for i in range(4):
+            assert cute_kernels.gemm(a16, bv).shape == (64, 96)
+            assert i == 0 or entry(L, bv)[1].plan.shape == (64, 96)  # (a miss first: made, no entry)
+    assert n["gemm"] == 4 and L.gets == gets + 3 and entry(L, bv)[2] is not None
 
 
 def test_gemm_traced_calls_never_read_the_last_hit(stubbed):
@@ -282,7 +305,7 @@ def test_gemm_traced_calls_never_read_the_last_hit(stubbed):
     a2, b2 = torch.randn(128, 64, dtype=BF), torch.randn(64, 256, dtype=BF)
     for _ in range(3):
         cute_kernels.gemm(a, b)
-    assert GH._launchers.last[2] is not None
+    assert entry(GH._launchers, b)[2] is not None
 
     @torch.compile(backend="eager", fullgraph=True)
     def f(x, y):
