@@ -21,7 +21,7 @@ import math
 import torch
 
 from ..common import jit
-from ..common.fastpath import BoundedCache
+from ..common.fastpath import BoundedCache, pooled_views
 from ..common.overlap import extent, out_guard
 from ..common.scheduler import tile_counter
 from ..common.softmax import LOG2_E
@@ -334,9 +334,11 @@ _DECODE_PARTS = BoundedCache(limit=64)
 
 
 def decode_parts(pshape, dev) -> dict:
-    """The per-stream partial outputs / LSEs (``jit.stream_buffers``) of split decode launches of
-    ``pshape``: one set for every launcher of that shape, not one each (a growing cache's decode steps
-    make a launcher per length; launches on one stream are ordered, so sharing is as safe as reuse)."""
+    """The per-stream views of the split decode's partial outputs / LSEs for launches of ``pshape``
+    (:func:`.fastpath.pooled_views`' cache): every launcher of that shape shares them, and every shape
+    carves them from one pool buffer per stream (a growing cache's decode steps make a launcher per
+    length; a continuously batched server a shape per batch size; launches on one stream are ordered,
+    so sharing is as safe as reuse)."""
     return _DECODE_PARTS.setdefault((pshape, dev), {})
 
 
@@ -345,11 +347,11 @@ def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, varia
     forward's launcher convention, :func:`run_hit`): allocates out (unless given) and the
     LSE (``lse`` a tensor, or a bool: a fresh one, or False a scratch one), then launches and counts
     (a call the compiled function refuses raises uncounted).  Every launch goes through one.  With
-    P > 1 the partial outputs and LSEs are views of the given workspace, else the launcher's own per stream (calls on one stream are ordered, so each reuses
-    them: two allocations fewer per call) or, while a CUDA graph is being captured, fresh ones that
-    the graph keeps.  Without ``want_lse`` the kernel writes the LSE
-    into a scratch buffer of the launcher's: nothing ever reads it, so calls (on any stream, in CUDA
-    graphs too) may share it.
+    P > 1 the partial outputs and LSEs are views of the given workspace, else views of the stream's
+    pool (:func:`decode_parts`; calls on one stream are ordered, so each reuses them: two allocations
+    fewer per call) or, while a CUDA graph is being captured, fresh ones that the graph keeps.
+    Without ``want_lse`` the kernel writes the LSE into a scratch buffer (:func:`.fastpath.fresh_or_scratch`):
+    nothing ever reads it, so calls (on any stream, in CUDA graphs too) may share it.
 
     A given out (or, split, workspace) must not overlap an input or each other (issue 35): validation
     refused that for the call the launcher was made from, and each later call with the same metadata
@@ -398,10 +400,8 @@ def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, varia
         pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
         lse_off = P * B * Sq * Hq * D  # the partial LSEs follow the partial outputs in a workspace
 
-        parts = decode_parts(pshape, dev)  # (device, stream) -> (o_part, lse_part), shared by shape
-
-        def new_parts():
-            return _empty(*pshape, dtype=torch.float32, device=dev), _empty(*plshape, dtype=torch.float32, device=dev)
+        parts = decode_parts(pshape, dev)  # (device, stream) -> (o_part, lse_part), of the stream's pool
+        part_shapes = (pshape, plshape)
 
         out_g = out_guard("decode_attn", "out", o_ext, names + ("workspace",), (qe, ke, ve, se, bte, wse))
         ws_g = out_guard("decode_attn", "workspace", wse, names, (qe, ke, ve, se, bte))
@@ -424,7 +424,7 @@ def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, varia
             elif lse is True:
                 lse = lse_for(True)
             if ws is None:
-                o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
+                o_part, lse_part = pooled_views(parts, dev, part_shapes)
             else:
                 off = ws.storage_offset()
                 o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)
@@ -460,10 +460,7 @@ def _decode_variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant,
     pshape, plshape = (P, B, Sq, Hq, D), (P, B, Sq, Hq)
     pstride, plstride = (B * Sq * Hq * D, Sq * Hq * D, Hq * D, D, 1), (B * Sq * Hq, Sq * Hq, Hq, 1)
     lse_off = P * B * Sq * Hq * D
-    parts = decode_parts(pshape, dev)
-
-    def new_parts():
-        return _empty(*pshape, dtype=torch.float32, device=dev), _empty(*plshape, dtype=torch.float32, device=dev)
+    parts, part_shapes = decode_parts(pshape, dev), (pshape, plshape)
 
     def launch(q, k, v, out, lse, scale, s, bt, ws, *vals):
         if softcap_on and not scale / vals[0] <= FLOAT32_MAX:  # a hit's new scale: the checks name it
@@ -484,7 +481,7 @@ def _decode_variant_launcher(fn, keep, P, qshape, dtype, dev, operands, variant,
         if P == 1:
             o_part = lse_part = None
         elif ws is None:
-            o_part, lse_part = jit.stream_buffers(parts, dev, new_parts)
+            o_part, lse_part = pooled_views(parts, dev, part_shapes)
         else:
             off = ws.storage_offset()
             o_part, lse_part = ws.as_strided(pshape, pstride, off), ws.as_strided(plshape, plstride, off + lse_off)

@@ -520,6 +520,27 @@ def test_gpu_split_partials_reused_per_stream():
 
 
 @gpu
+def test_gpu_split_partials_pooled_across_batch_sizes():
+    """A continuously batched server's steps: split decode calls whose batch size changes call by call
+    share one pool of partial states per stream (fastpath.pooled_views), growing past the first size;
+    every call, back to back without a sync, equals its lone result (bitwise) and the reference."""
+    sizes = (3, 1, 5, 2, 8, 1, 3, 8)
+    ins = [make_inputs(b, 1, 32, 8, 128, [(1500 + 997 * (i * 7 + j)) % 6000 + 1 for j in range(b)], Lmax=6000,
+                       device="cuda", seed=70 + i) for i, b in enumerate(sizes)]
+    lone = []
+    for q, k, v, s in ins:
+        lone.append(decode_attn(q, k, v, cache_seqlens=s, num_splits=5, return_lse=True))
+        torch.cuda.synchronize()
+    for _ in range(2):
+        outs = [decode_attn(q, k, v, cache_seqlens=s, num_splits=5, return_lse=True) for q, k, v, s in ins]
+        torch.cuda.synchronize()
+        for i, ((q, k, v, s), got) in enumerate(zip(ins, outs)):
+            assert torch.equal(got[0], lone[i][0]) and torch.equal(got[1], lone[i][1]), f"call {i}"
+            ro, rl = decode_attn_reference(q, k, v, s)
+            check_close(got[0], got[1], ro, rl, q.dtype, f"batch {sizes[i]}")
+
+
+@gpu
 def test_gpu_poisoned_buffers():
     """out and workspace full of NaN: every element is rewritten."""
     q, k, v, s = make_inputs(3, 4, 16, 2, 128, [4000, 0, 2], device="cuda", seed=5)

@@ -17,8 +17,10 @@ tests/attention/test_host_path_gpu.py):
 
 from __future__ import annotations
 
+import gc
 import math
 import time
+import weakref
 
 import pytest
 import torch
@@ -437,6 +439,41 @@ def test_decode_over_a_growing_cache_keeps_bounded_caches(stubbed, monkeypatch, 
     assert len(lse) == 1, "the unread LSE: one scratch for every launcher"
     if num_splits:
         assert len({c[7].data_ptr() for c in calls}) == 1, "one set of partial states for every launcher"
+
+
+def test_split_partials_of_every_shape_share_one_pool(stubbed, monkeypatch):
+    """A continuously batched server: split decode calls whose batch size changes call by call take their
+    partial states from one pool buffer per stream (the largest launch's size), not a set per shape; a
+    larger shape grows the pool and the smaller shapes move to the new buffer at their next call."""
+    monkeypatch.setattr(fastpath, "_POOLS", {})
+    monkeypatch.setattr(fastpath, "_POOL_GRAIN", 256)  # (a buffer just the size asked, rounded up)
+    calls, call = [], Stub.__call__
+    monkeypatch.setattr(Stub, "__call__", lambda self, *a: (calls.append(a), call(self, *a))[1])
+    k, v = (torch.randn(8, 300, 2, 64, dtype=BF) for _ in range(2))
+
+    def step(b):
+        """One split decode call of batch b: the data pointer of the storage its partial states are in."""
+        q = torch.randn(b, 1, 8, 64, dtype=BF)
+        DE.decode_attn(q, k[:b], v[:b], cache_seqlens=torch.full((b,), 300, dtype=torch.int32), num_splits=4)
+        o_part, lse_part = calls[-1][7], calls[-1][8]
+        assert o_part.shape == (4, b, 1, 8, 64) and lse_part.shape == (4, b, 1, 8)
+        assert lse_part.data_ptr() == o_part.data_ptr() + o_part.numel() * 4  # (consecutive views)
+        return o_part.untyped_storage().data_ptr()
+
+    first = {step(b) for b in (3, 1, 2, 3, 1, 2)}
+    (pool,) = fastpath._POOLS.values()
+    assert len(first) == 1 and pool.numel() == 4 * 3 * 8 * 65 // 256 * 256 + 256  # (batch 3's, rounded up)
+    old = weakref.ref(pool)
+    del pool
+    grown = {step(8)}
+    assert grown != first and {step(b) for b in (1, 2, 3, 8)} == grown, "every shape moves to the grown buffer"
+    (pool,) = fastpath._POOLS.values()
+    assert pool.numel() == 4 * 8 * 8 * 65  # (a multiple of 256 already)
+    calls.clear()
+    for stub in Stub.cache.values():  # (the stubs record their calls' arguments)
+        stub.calls.clear()
+    gc.collect()
+    assert old() is None, "the outgrown buffer is freed once no shape's views hold it"
 
 
 @pytest.mark.parametrize("layout,num_splits", [("bshd", None), ("bhsd", None), ("bhsd", 3)])
