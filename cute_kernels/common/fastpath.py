@@ -74,6 +74,7 @@ def stream_buffers(cache: dict, device, make: Callable[[], Any]):
 #: (device, stream) -> the newest pool buffer of :func:`pooled_views`
 _POOLS: dict = {}
 _POOL_GRAIN = 1 << 16  # pool buffers grow in whole multiples of this many elements
+_pool_generation = 0  # counts pool buffers made: views carved before the last one may be of an old buffer
 
 
 def pooled_views(cache: dict, device, shapes: tuple, dtype=torch.float32) -> tuple:
@@ -82,30 +83,33 @@ def pooled_views(cache: dict, device, shapes: tuple, dtype=torch.float32) -> tup
     (the split decode's partial states), so launches of every shape on one stream, ordered, take turns
     in the same memory and a server whose batch changes every step holds one buffer the size of its
     largest launch, not one per shape.  ``cache`` (the caller's, per shape) keeps the carved views per
-    (device, stream): a call is two dict reads and an identity test while the pool has not grown.
-    A pool that must grow is replaced by a larger buffer; the old one lives on only while views of it
-    are cached (each shape re-carves at its next call).  While a CUDA graph is being captured: fresh
-    tensors every call, which the graph keeps (graphs replayed side by side share none).  A non-CUDA
-    device (the CPU tests' stub kernels) has no streams: one pool per device."""
+    (device, stream) with the pool generation they were carved in: a call is one dict read and an int
+    comparison while no pool has grown since.  A pool that must grow is replaced by a larger buffer;
+    the old one lives on only while views of it are cached (each shape re-carves at its next call).
+    While a CUDA graph is being captured: fresh tensors every call, which the graph keeps (graphs
+    replayed side by side share none).  A non-CUDA device (the CPU tests' stub kernels) has no
+    streams: one pool per device."""
+    global _pool_generation
     if device.type != "cuda":
         key = (device, None)
     elif _capturing():
         return tuple(torch.empty(s, dtype=dtype, device=device) for s in shapes)
     else:
         key = (device, _current_stream(device.index))
-    buf = _POOLS.get(key)
     got = cache.get(key)
-    if got is not None and got[0] is buf:
+    if got is not None and got[0] == _pool_generation:
         return got[1]
     sizes = [math.prod(s) for s in shapes]
     need = sum(sizes)
+    buf = _POOLS.get(key)
     if buf is None or buf.numel() < need or buf.dtype != dtype:
         buf = _POOLS[key] = torch.empty(-(-need // _POOL_GRAIN) * _POOL_GRAIN, dtype=dtype, device=device)
+        _pool_generation += 1
     views, off = [], 0
     for s, n in zip(shapes, sizes):
         views.append(buf[off:off + n].view(s))
         off += n
-    cache[key] = (buf, tuple(views))
+    cache[key] = (_pool_generation, tuple(views))
     return cache[key][1]
 
 

@@ -34,7 +34,7 @@ from .plan import make_plan, run
 from .autograd import check_differentiable
 from .autograd import register as register_autograd
 from .tune import tune_gemm
-from .validate import canonical_strides, check_operands, check_scalars
+from .validate import canonical_strides, check_operands, check_scalars, fits_layout
 
 _PLAIN_SCALARS = (float, int)  # alpha / beta types that need no check (one type() test each)
 _is_compiling = torch.compiler.is_compiling
@@ -198,7 +198,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
             if not repeat:  # remembered for b, unarmed (_arm)
                 _launchers.armed[pb] = (key, hit, None, None)
             elif guard is False:  # its guard failed a call its own key takes (inference mode, ...): disarmed
-                _launchers.armed[pb] = (key, hit, None, False)
+                _launchers.armed[pb] = (key, hit, None, _REARM_AFTER)
+            elif rest.__class__ is int:  # disarmed: one repeat fewer before arming is tried again
+                _launchers.armed[pb] = (key, hit, None, rest - 1 or None)
             try:
                 res = hit(a, b, out, c, alpha, beta, pa, pb, po)
             except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
@@ -237,6 +239,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
 #: (:func:`_arm`); emptied with the planner's plans
 _launchers = LauncherCache()
 
+#: repeats a disarmed entry takes the key path before arming is tried again: a guard that failed a call
+#: of its own key (inference mode, a tensor requiring grad) may pass again later, and a weight used with
+#: one shape would otherwise never leave that state; a failing guard then costs one check in this many
+_REARM_AFTER = 16
+
 
 def _key(a, b, out, c, beta, out_dtype) -> tuple:
     """What validation and the plan read from a call (of tensors ``a`` and ``b``) that the compiled
@@ -272,9 +279,9 @@ def _arm(key, hit, a, b, out, c, out_dtype, beta, pb) -> None:
     and the guard does not), which :func:`gemm` tests first, before reading any other metadata.  Armed
     by a repeat only, not by every dict hit: a weight used with two shapes in turn (prefill and decode)
     never pays a failing guard, a model's linears, each with its own weight, arm on their second call.
-    Left disarmed for the rest of a run of such calls (``rest`` False) where it has no guard: a
-    misaligned pointer (every call of its key; the guard path takes aligned ones only), a tensor passed
-    twice (the check refuses that), one requiring grad (both tried again by a later run).
+    Left disarmed (``rest`` an int: the repeats before arming is tried again, :data:`_REARM_AFTER`)
+    where it has no guard: a misaligned pointer (every call of its key; the guard path takes aligned
+    ones only), a tensor passed twice (the check refuses that), one requiring grad.
 
     A guard holds what the key holds and more (out's and c's sizes and devices, b's dtype, dispatch
     keys), as the call's state made it: a call it fails that has its key (inference mode, another
@@ -290,7 +297,7 @@ def _arm(key, hit, a, b, out, c, out_dtype, beta, pb) -> None:
             g = hit.guard = metadata_guard(*ts) or False
             hit.rest = rest
     if g is None or g is False or rest != hit.rest:  # (rest: out=c exactly or not, both with this key)
-        _launchers.armed[pb] = (key, hit, None, False)
+        _launchers.armed[pb] = (key, hit, None, _REARM_AFTER)
     else:
         _launchers.armed[pb] = (key, hit, g, rest)
 
@@ -350,15 +357,17 @@ def _prepare(key, a, b, out, c, beta, out_dtype) -> None:
 
 def _fixed(p, fn, a, b, out):
     """``fn``, or where the plan takes canonical-stride views of size-1 dims (``p.a_fix`` / ``b_fix`` /
-    ``d_fix``: a decode step's M = 1 activations) ``fn`` behind those views.  The key holds the
-    operands' shapes and strides, so the views' strides are this call's (out allocated by the launcher
-    when None: contiguous)."""
-    if not (p.a_fix or p.b_fix or p.d_fix):
-        return fn
-    sa = canonical_strides(a, p.a_fix).stride() if p.a_fix else None
-    sb = canonical_strides(b, p.b_fix).stride() if p.b_fix else None
+    ``d_fix``: a decode step's M = 1 activations) ``fn`` behind those views -- of the operands whose
+    size-1 strides the compiled layout does not take as they are (:func:`.validate.fits_layout`: a
+    contiguous (1, K) activation or (1, N) output needs none).  The key holds the operands' shapes and
+    strides, so the views' strides are this call's (out allocated by the launcher when None:
+    contiguous)."""
     d = out if out is not None else torch.empty(p.shape, dtype=p.out_dtype, device="meta")
-    sd = canonical_strides(d, p.d_fix).stride() if p.d_fix else None
+    sa = canonical_strides(a, p.a_fix).stride() if p.a_fix and not fits_layout(a, p.a_fix) else None
+    sb = canonical_strides(b, p.b_fix).stride() if p.b_fix and not fits_layout(b, p.b_fix) else None
+    sd = canonical_strides(d, p.d_fix).stride() if p.d_fix and not fits_layout(d, p.d_fix) else None
+    if sa is None and sb is None and sd is None:
+        return fn
 
     def fixed(a, b, d, c, *rest):
         if sa is not None:

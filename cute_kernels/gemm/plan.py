@@ -26,7 +26,7 @@ from . import launch, tuned
 from .cpasync_kernel import choose_vec_bytes, cpasync_tiles
 from .kernel import GemmConfig, epi_defer_ok
 from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
-from .validate import canonical_strides, check_operands, check_types, major_of, tma_ok
+from .validate import canonical_strides, check_operands, check_types, fits_layout, major_of, tma_ok
 from .validate import ptr_bits as _ptr_bits
 
 #: split-K modes a :class:`PlanChoice` may force: the two split-K kernels, "none" (the unsplit
@@ -339,13 +339,13 @@ def run(a, b, out=None, c=None, alpha: float = 1.0, beta: float = 0.0, out_dtype
         return out
     if p.a_stage:
         a = staged(a, p.a_stage)
-    elif p.a_fix:
+    elif p.a_fix and not fits_layout(a, p.a_fix):  # (size-1 strides the kernel takes as they are: no view)
         a = canonical_strides(a, p.a_fix)
     if p.b_stage:
         b = staged(b, p.b_stage)
-    elif p.b_fix:
+    elif p.b_fix and not fits_layout(b, p.b_fix):
         b = canonical_strides(b, p.b_fix)
-    d = canonical_strides(out, p.d_fix) if p.d_fix else out
+    d = canonical_strides(out, p.d_fix) if p.d_fix and not fits_layout(out, p.d_fix) else out
     LAUNCHES["gemm"] += 1
     p.fn(a, b, d, c if p.has_c else d, float(alpha), float(beta))
     return out

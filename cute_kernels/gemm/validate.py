@@ -62,6 +62,17 @@ def canonical_strides(t: torch.Tensor, major: str) -> torch.Tensor:
     return t.as_strided(t.shape, want) if changed else t
 
 
+def fits_layout(t: torch.Tensor, major: str) -> bool:
+    """Whether ``t``'s size-1 dims already have strides the compiled layout accepts (the unit dim 1, the
+    others multiples of 16 bytes, which every kernel's stride divisibility divides): then the kernel
+    may take ``t`` as it is instead of :func:`canonical_strides`' view -- a size-1 dim's stride never
+    moves an address (its only index is 0), and a TMA descriptor takes any 16-byte multiple."""
+    unit = t.dim() - 1 if major == "row" else t.dim() - 2
+    size = t.element_size()
+    return all(n != 1 or (s == 1 if i == unit else s * size % 16 == 0)
+               for i, (n, s) in enumerate(zip(t.shape, t.stride())))
+
+
 def check_types(a, b, out=None, c=None) -> None:
     """TypeError naming the first of a, b (and out, c when given) that is not a tensor."""
     for name, t in (("a", a), ("b", b), ("out", out), ("c", c)):

@@ -18,22 +18,45 @@ __all__ = ["patch_linear", "unpatch_linear"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _ORIG = "_cute_kernels_orig_forward"
+_WT = "_cute_kernels_weight_t"  # (weight, data pointer, shape, strides, its detached transpose): _weight_t
 
 
 def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` on ``cute_kernels.gemm`` (the weight read as a column-major B, no copy) for
     16-bit CUDA inputs of the weight's dtype on Hopper, with grad too (gemm is differentiable: the
-    backward's two GEMMs run on it); ``F.linear`` otherwise.  Every
-    step of a decode loop runs this once per linear: the tests are the cheap ones (device indices,
-    not ``torch.device`` objects; the Hopper check's cache read by index first).  The transpose view is made on
-    every call: a kept one could outlive ``weight.data = ...`` (same object, same memory, new shape)."""
-    w = self.weight
+    backward's two GEMMs run on it); ``F.linear`` otherwise.  Every step of a decode loop runs this
+    once per linear: the tests are the cheap ones (device indices, not ``torch.device`` objects; the
+    Hopper check's cache read by index first; the weight from the parameter dict, not the module's
+    ``__getattr__``), a 2-D input and its result are taken as they are, and B is the cached
+    transpose of :func:`_weight_t`."""
+    w = self._parameters["weight"]
     dev = x.get_device()  # -1: CPU, meta
-    if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or x.dim() < 1 or x.shape[-1] != w.shape[1]
-            or x.numel() == 0 or not (_sdpa._HOPPER.get(dev) or _is_hopper(x.device))):
+    xs, ws = x.shape, w.shape
+    if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or not xs or xs[-1] != ws[1] or 0 in xs
+            or not (_sdpa._HOPPER.get(dev) or _is_hopper(x.device))):
         return F.linear(x, w, self.bias)
-    out = gemm(x.reshape(-1, w.shape[1]), w.t())
-    return out.view(*x.shape[:-1], w.shape[0])
+    wt = _weight_t(self, w, ws)
+    if len(xs) == 2:
+        return gemm(x, wt)
+    out = gemm(x.reshape(-1, ws[1]), wt)
+    return out.view(xs[0], xs[1], ws[0]) if len(xs) == 3 else out.view(*xs[:-1], ws[0])
+
+
+def _weight_t(self: nn.Linear, w: torch.Tensor, ws: torch.Size) -> torch.Tensor:
+    """``w.T``, the weight as gemm's column-major B: a fresh view where autograd must see it (grad
+    mode and a weight requiring grad), else a detached view kept on the module and made again
+    whenever the weight is another object or has another data pointer, shape or strides (a new
+    ``Parameter``, ``weight.data = ...``, ``resize_``: the kept view holds the old storage, so a new
+    one never shares its pointer).  Kept, the same tensor object every call, not requiring grad, so
+    gemm's per-weight entry arms its guard (a fresh ``w.t()`` of a weight requiring grad requires
+    grad itself, no_grad or not, and keeps gemm on its key path)."""
+    if w.requires_grad and torch.is_grad_enabled():
+        return w.t()
+    kept = self.__dict__.get(_WT)
+    ptr, stride = w.data_ptr(), w.stride()
+    if kept is None or kept[0] is not w or kept[1] != ptr or kept[2] != ws or kept[3] != stride:
+        kept = self.__dict__[_WT] = (w, ptr, ws, stride, w.detach().t())
+    return kept[4]
 
 
 def _check_model(who: str, model) -> None:
@@ -72,6 +95,7 @@ def unpatch_linear(model: nn.Module) -> int:
         if not hasattr(mod, _ORIG):
             continue
         orig = mod.__dict__.pop(_ORIG)
+        mod.__dict__.pop(_WT, None)
         if orig is None:
             del mod.forward
         else:

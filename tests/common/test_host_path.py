@@ -80,13 +80,16 @@ def test_gemm_hits_reuse_the_plan(stubbed):
         assert d.data_ptr() == out.data_ptr() and d.stride() == (1, 48)
 
 
+@pytest.mark.parametrize("odd", [False, True], ids=["contiguous", "odd-row-stride"])
 @pytest.mark.parametrize("lead", [(1,), (1, 1)], ids=["2d", "batched-1"])
-def test_gemm_size_one_dims_take_the_launcher(stubbed, monkeypatch, lead):
-    """A decode step's M = 1 activation (its size-1 dim's stride is not the one the compiled layout
-    assumes: the plan takes a canonical-stride view) against a weight's transpose: the second call
-    hits the launcher (no planning), which passes the kernel the same views the planned call did."""
+def test_gemm_size_one_dims_take_the_launcher(stubbed, monkeypatch, lead, odd):
+    """A decode step's M = 1 activation against a weight's transpose (the plan notes a canonical-stride
+    view for its size-1 dims): the second call hits the launcher (no planning), which passes the kernel
+    the same operands the planned call did -- the activation as it is when its size-1 strides fit the
+    compiled layout (a contiguous one: 16-byte multiples), else the canonical view (``odd``: a row
+    stride of 65 elements, 130 bytes)."""
     k, n = 64, 96
-    a, w = torch.randn(*lead, k, dtype=BF), torch.randn(n, k, dtype=BF)
+    a, w = torch.randn(*lead, k + odd, dtype=BF)[..., :k], torch.randn(n, k, dtype=BF)
     if len(lead) == 2:
         w = w.expand(1, n, k)
     b = w.mT
@@ -107,7 +110,7 @@ def test_gemm_size_one_dims_take_the_launcher(stubbed, monkeypatch, lead):
     assert len(calls) == 8
     for c in calls[1:]:  # every call's operands as the planned one's: same shapes and strides
         assert [(t.shape, t.stride()) for t in c] == [(t.shape, t.stride()) for t in calls[0]]
-    assert calls[1][0].data_ptr() == a.data_ptr() and calls[1][0].stride() != a.stride()
+    assert calls[1][0].data_ptr() == a.data_ptr() and (calls[1][0].stride() != a.stride()) == odd
 
 
 def test_gemm_cache_is_dropped_with_the_plans(stubbed):
@@ -243,7 +246,8 @@ def test_gemm_guarded_last_hit_states(stubbed, monkeypatch):
     """Calls alternating between two weights (a model's linears) each arm b's own entry on their second
     call and then take its guard; one weight alternating between two shapes of a (prefill and decode)
     never arms (no guard to fail); out=c exactly arms (its guard over a, b, out); a guard failing its own
-    key's call (inference mode) disarms it for that run of calls; the planner's clear forgets them all."""
+    key's call (inference mode) disarms it for _REARM_AFTER repeats, then arming is tried again; the
+    planner's clear forgets them all."""
     L = _CountingCache()
     monkeypatch.setattr(GH, "_launchers", L)
     ops = [(torch.randn(m, k, dtype=BF), torch.randn(k, n, dtype=BF), torch.empty(m, n, dtype=BF))
@@ -277,10 +281,13 @@ def test_gemm_guarded_last_hit_states(stubbed, monkeypatch):
     with torch.inference_mode(), count_launches() as n:
         for _ in range(3):
             cute_kernels.gemm(a, b)
-        assert entry(L, b)[2] is None and entry(L, b)[3] is False
+        assert entry(L, b)[2] is None and entry(L, b)[3] == GH._REARM_AFTER - 2  # (disarmed, counting down)
     assert n["gemm"] == 3 and len(L) == 5
-    cute_kernels.gemm(a, b)  # out of inference mode: still disarmed until another launcher is hit
-    assert entry(L, b)[3] is False
+    for _ in range(GH._REARM_AFTER - 2):  # out of inference mode: the key path until arming is tried again
+        assert entry(L, b)[2] is None
+        cute_kernels.gemm(a, b)
+    cute_kernels.gemm(a, b)  # (the repeat that arms: a weight used with one shape is not left disarmed)
+    assert entry(L, b)[2] is not None
     made = Stub.made
     GP.clear_plans()
     assert entry(L, b) == fastpath.NO_LAST and not L and not L.armed

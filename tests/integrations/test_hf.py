@@ -191,6 +191,43 @@ def test_patch_linear_counts_and_unpatches():
     assert "forward" not in model.lm_head.__dict__ and hf.unpatch_linear(model) == 0
 
 
+def test_patched_linear_keeps_a_detached_transpose_of_its_weight():
+    """The patched forward's B (``hf_linear._weight_t``): under no_grad, one detached transpose per
+    weight, the same object every call (so gemm's per-weight entry can arm its guard: a fresh ``w.t()``
+    of a weight requiring grad requires grad itself, no_grad or not), made again for a new Parameter,
+    ``weight.data = ...`` (new memory, or the same memory with fewer rows), and in place ``resize_``; a
+    fresh view autograd sees under grad mode; dropped by unpatch_linear."""
+    from cute_kernels.integrations import hf_linear as HL
+
+    lin = nn.Linear(64, 96, bias=False).to(torch.bfloat16)
+    assert hf.patch_linear(lin, require_cuda=False) == 1
+
+    def bt():
+        return HL._weight_t(lin, lin.weight, lin.weight.shape)
+
+    assert lin.weight.t().requires_grad  # (why it is kept: a view of a leaf requiring grad, under no_grad too)
+    with torch.no_grad():
+        kept = bt()
+        assert kept is bt() and not kept.requires_grad and kept.shape == (64, 96) and kept.stride() == (1, 64)
+        assert kept.data_ptr() == lin.weight.data_ptr()
+    with torch.enable_grad():
+        fresh = bt()
+        assert fresh is not kept and fresh.requires_grad and fresh.grad_fn is not None
+    with torch.no_grad():
+        assert bt() is kept
+        changes = (lambda: setattr(lin, "weight", nn.Parameter(torch.randn(96, 64, dtype=torch.bfloat16))),
+                   lambda: setattr(lin.weight, "data", torch.randn(96, 64, dtype=torch.bfloat16)),
+                   lambda: setattr(lin.weight, "data", lin.weight.data[:80]),
+                   lambda: lin.weight.requires_grad_(False).resize_(48, 64))  # (same memory and object)
+        for change in changes:
+            before = bt()
+            change()
+            now = bt()
+            assert now is not before and now.shape == lin.weight.shape[::-1], change
+            assert now.data_ptr() == lin.weight.data_ptr() and now is bt()
+    assert hf.unpatch_linear(lin) == 1 and HL._WT not in lin.__dict__
+
+
 def test_import_cute_kernels_does_not_import_transformers():
     import subprocess
     import sys
@@ -244,6 +281,31 @@ def test_patched_linear_follows_its_weight():
     lin.weight.data = lin.weight.data[:320]  # the same memory, fewer rows
     check("the same memory, fewer rows")
     assert hf.unpatch_linear(lin) == 1
+
+
+@gpu
+def test_patched_linear_weight_requiring_grad_takes_the_guard():
+    """A model's weights require grad (Transformers' default) and decode runs under no_grad: the patched
+    forward passes gemm the weight's kept detached transpose, so each weight's entry arms and its calls
+    take the guard path (against F.linear in float32 on every call, alternating weights, M = 1 and 3)."""
+    from cute_kernels.gemm import host as GH
+
+    g = torch.Generator().manual_seed(8)
+    lins = [nn.Linear(256, n, bias=False).to(torch.bfloat16).cuda() for n in (384, 128, 384)]
+    assert all(lin.weight.requires_grad for lin in lins) and sum(hf.patch_linear(lin) for lin in lins) == 3
+    xs = [torch.randn(m, 1, 256, generator=g).to(torch.bfloat16).cuda() for m in (1, 3)]
+    with torch.no_grad():
+        for x in xs:
+            for step in range(4):
+                for lin in lins:
+                    y = lin(x)
+                    ref = F.linear(x.float(), lin.weight.float())
+                    assert y.shape == ref.shape and torch.allclose(y.float(), ref, atol=3e-2, rtol=2e-2)
+            for lin in lins:  # (armed by now: the guard of a, the kept b and no out)
+                entry = GH._launchers.armed.get(lin.weight.data_ptr())
+                assert entry is not None and entry[2] is not None
+    for lin in lins:
+        hf.unpatch_linear(lin)
 
 
 @gpu
