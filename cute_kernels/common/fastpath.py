@@ -288,16 +288,17 @@ except ImportError:  # pragma: no cover  (another torch)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def metadata_guard(*tensors, free=()):
+def metadata_guard(*tensors, free=(), allow_grad: bool = False):
     """A check, ``guard.check(*like) -> bool``, that ``like`` are tensors of ``tensors``' exact types,
     dtypes, device indices, dispatch keys (device type, inference mode), sizes and strides, none
     requiring grad, and no two the same object: torch.compile's ``TensorGuards``, a C++ loop (~0.6 us
     for four tensors where reading their metadata in Python takes ~1.2).  ``free``: ``(tensor index,
     size dims, stride dims)`` entries whose values it leaves open (a growing cache's length and the
-    strides that follow from it).  None where it cannot stand for a launcher's key: another torch
-    without it, a tensor that is not a plain one or requires grad, two of them the same object (its
-    check refuses that), any failure building it."""
-    if _TensorGuards is None or any(type(t) not in _PLAIN or t.requires_grad for t in tensors):
+    strides that follow from it).  ``allow_grad``: tensors may require grad, the check then asks the
+    same of ``like`` (the caller tests grad mode itself).  None where it cannot stand for a launcher's
+    key: another torch without it, a tensor that is not a plain one or requires grad (unless allowed),
+    two of them the same object (its check refuses that), any failure building it."""
+    if _TensorGuards is None or any(type(t) not in _PLAIN or (t.requires_grad and not allow_grad) for t in tensors):
         return None
     sizes, strides = [list(t.shape) for t in tensors], [list(t.stride()) for t in tensors]
     for i, size_dims, stride_dims in free:

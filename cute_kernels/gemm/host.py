@@ -160,11 +160,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
         pb = b.data_ptr()
         entry = _launchers.armed.get(pb)  # b's launcher entry (_arm): one per weight of a model
         if entry is not None:
-            key, hit, guard, rest = entry
-            if guard is not None and rest == (out is None, c is None, c is out, not beta, type(out_dtype), out_dtype):
+            key, hit, guard, rest, grad_off = entry
+            if guard is not None and rest == (out is None, c is None, c is out, not beta, type(out_dtype), out_dtype) \
+                    and (grad_off is False or not _grad_enabled()):
                 # armed: its guard checks what the key holds of a, b, out and c (and more: their types,
-                # sizes, devices, dispatch keys, none requiring grad, so grad mode need not be read),
-                # rest the key's other parts; the pointers' 16-byte alignment read here
+                # sizes, devices, dispatch keys, and requires_grad as when armed: none, so grad mode need
+                # not be read, or some under grad mode off, ``grad_off``, which is read then), rest the
+                # key's other parts; the pointers' 16-byte alignment read here
                 if (guard.check(a, b) if out is None else guard.check(a, b, out)) if c is None else (
                         guard.check(a, b, c) if out is None else guard.check(a, b, out) if c is out
                         else guard.check(a, b, out, c)):
@@ -196,11 +198,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
                 return _miss(key, a, b, out, c, alpha, beta, out_dtype)
             repeat = hit is last_hit  # b's entry holds this launcher (by identity: keys never share one)
             if not repeat:  # remembered for b, unarmed (_arm)
-                _launchers.armed[pb] = (key, hit, None, None)
+                _launchers.armed[pb] = (key, hit, None, None, False)
             elif guard is False:  # its guard failed a call its own key takes (inference mode, ...): disarmed
-                _launchers.armed[pb] = (key, hit, None, _REARM_AFTER)
+                _launchers.armed[pb] = (key, hit, None, _REARM_AFTER, False)
             elif rest.__class__ is int:  # disarmed: one repeat fewer before arming is tried again
-                _launchers.armed[pb] = (key, hit, None, rest - 1 or None)
+                _launchers.armed[pb] = (key, hit, None, rest - 1 or None, False)
             try:
                 res = hit(a, b, out, c, alpha, beta, pa, pb, po)
             except Exception:  # the compiled function refused an argument (nothing ran): the checks name it
@@ -281,25 +283,30 @@ def _arm(key, hit, a, b, out, c, out_dtype, beta, pb) -> None:
     never pays a failing guard, a model's linears, each with its own weight, arm on their second call.
     Left disarmed (``rest`` an int: the repeats before arming is tried again, :data:`_REARM_AFTER`)
     where it has no guard: a misaligned pointer (every call of its key; the guard path takes aligned
-    ones only), a tensor passed twice (the check refuses that), one requiring grad.
+    ones only), a tensor passed twice (the check refuses that).  Tensors requiring grad (a weight's
+    ``w.t()`` under ``no_grad``: a view of a leaf that requires grad requires grad too) get a guard of
+    their own that records it, and the entry's ``grad_off`` makes the guard path read grad mode: with
+    grad on, such a call takes the differentiable op, as through the key path.
 
     A guard holds what the key holds and more (out's and c's sizes and devices, b's dtype, dispatch
     keys), as the call's state made it: a call it fails that has its key (inference mode, another
     tensor type) takes the key path, which disarms it (:func:`gemm`)."""
     g, rest = hit.guard, (out is None, c is None, c is out, not beta, type(out_dtype), out_dtype)
-    if g is None:
-        ts = (a, b) if out is None else (a, b, out)
-        if c is not None and c is not out:
-            ts += (c,)
-        if key[6]:  # (the key's alignment)
-            g = hit.guard = False
-        elif len({id(t) for t in ts}) == len(ts) and not any(t.requires_grad for t in ts):
+    ts = (a, b) if out is None else (a, b, out)
+    if c is not None and c is not out:
+        ts += (c,)
+    grad_off = any(t.requires_grad for t in ts)  # (the key path ran: so grad mode is off)
+    if key[6] or len({id(t) for t in ts}) != len(ts):  # (the key's alignment; a tensor passed twice)
+        g = False
+    elif grad_off:  # a guard of its own, requires_grad recorded, tested under grad mode off only
+        g = metadata_guard(*ts, allow_grad=True) or False
+    else:  # the launcher's guard, made once, for calls of the rest it was made with
+        if g is None:
             g = hit.guard = metadata_guard(*ts) or False
             hit.rest = rest
-    if g is None or g is False or rest != hit.rest:  # (rest: out=c exactly or not, both with this key)
-        _launchers.armed[pb] = (key, hit, None, _REARM_AFTER)
-    else:
-        _launchers.armed[pb] = (key, hit, g, rest)
+        if rest != hit.rest:  # (rest: out=c exactly or not, both with this key)
+            g = False
+    _launchers.armed[pb] = (key, hit, None, _REARM_AFTER, False) if g is False else (key, hit, g, rest, grad_off)
 
 
 def _run(a, b, out, c, alpha, beta, out_dtype):

@@ -242,6 +242,38 @@ def test_gemm_repeats_take_the_guarded_last_hit(stubbed, monkeypatch):
     assert not res.requires_grad
 
 
+def test_gemm_weight_requiring_grad_under_no_grad_takes_its_guard(stubbed, monkeypatch):
+    """``gemm(x, w.t())`` under no_grad with a weight requiring grad (a model's Parameter: its transpose
+    view requires grad too, no_grad or not) arms a guard that records requires_grad, tested with grad
+    mode off only: the fourth call takes it (no dict lookup); the same call under grad mode is the
+    differentiable op (its result has a grad_fn) and leaves the entry armed for the next no_grad calls."""
+    L = _CountingCache()
+    monkeypatch.setattr(GH, "_launchers", L)
+    w = torch.nn.Parameter(torch.randn(48, 32, dtype=BF))
+    x = torch.randn(64, 32, dtype=BF)
+    with torch.no_grad():
+        assert w.t().requires_grad
+        for i in range(3):
+            res = cute_kernels.gemm(x, w.t())
+            assert not res.requires_grad and res.shape == (64, 48)
+        assert L.gets == 3 and entry(L, w)[2] is not None and entry(L, w)[4] is True
+        with count_launches() as n:
+            for _ in range(3):
+                cute_kernels.gemm(x, w.t())
+        assert n["gemm"] == 3 and L.gets == 3  # (the guard path)
+    res = cute_kernels.gemm(x, w.t())  # grad mode: through the differentiable op (its _run: one lookup)
+    assert res.requires_grad and res.grad_fn is not None and L.gets == 4
+    with torch.no_grad(), count_launches() as n:
+        cute_kernels.gemm(x, w.t())
+        assert n["gemm"] == 1 and L.gets == 4 and entry(L, w)[2] is not None
+    with torch.no_grad():  # the weight's detached transpose instead: its guard fails (requires_grad), the
+        wd = w.detach().t()  # entry is disarmed for _REARM_AFTER repeats, then armed with the launcher's own
+        for i in range(GH._REARM_AFTER + 2):  # (the failing call, the countdown, the arming repeat)
+            assert entry(L, w)[2] is None or i == 0
+            cute_kernels.gemm(x, wd)
+        assert entry(L, w)[2] is not None and entry(L, w)[4] is False
+
+
 def test_gemm_guarded_last_hit_states(stubbed, monkeypatch):
     """Calls alternating between two weights (a model's linears) each arm b's own entry on their second
     call and then take its guard; one weight alternating between two shapes of a (prefill and decode)
