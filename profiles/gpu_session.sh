@@ -29,6 +29,10 @@
 #   ab-gemm-224   the 128 x 224 tile (test_gemm_tile_224 first, then ab_gemm.py) against the default and cuBLAS on
 #                 issue 36's 3 x 1000^3 and on shapes whose N quantizes better in 224 (3584, 1792, 5000,
 #                 7168): whether default_tiles should take it (not a candidate before this is measured)   [AB224_S]
+#   ab-gemm-parts  split-K's shared finish (GemmConfig.fixup_parts: every contributor stores a part of its tile)
+#                 -- test_splitk_fixup_numerics[parts] first (a hang shows as this step's timeout), then
+#                 ab_gemm.py default vs default:parts vs cuBLAS on the persistent split-K shapes (issue 36's
+#                 1024x1024x32768; 512x512x65536 and the others at 0.83-0.96x)   [ABPARTS_S]
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
 #   ab-backward-det  profiles/ab_backward.py --variants det: deterministic=True against the default backward
@@ -142,6 +146,10 @@ for step in "$@"; do
       py "${AB224_S:-360}" profiles/ab_gemm.py --out "$OUT" --tag t224 --iters 150 \
         --shapes 3x1000x1000x1000,1000x3584x1024,2048x1792x1024,2048x5000x1024,3000x7168x1024,4096x3584x4096 \
         --variants default,cuBLAS,128x224:2x1,128x224:1x1,128x256:2x1 2>&1 | quiet | tee -a "$OUT/ab-gemm-224.log" ;;
+    ab-gemm-parts) py 240 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/gemm/test_gemm.py -k "fixup_numerics and parts" 2>&1 | tail -n 15 | tee "$OUT/ab-gemm-parts.log"
+      py "${ABPARTS_S:-300}" profiles/ab_gemm.py --out "$OUT" --tag parts --iters 150 \
+        --shapes 1024x1024x32768,512x512x65536,768x1024x16384,512x1536x12288,256x512x32768 \
+        --variants default,default:parts,cuBLAS 2>&1 | quiet | tee -a "$OUT/ab-gemm-parts.log" ;;
     ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;

@@ -13,6 +13,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 
 from layouts import tiles as T
 
+from ..common import fixup
+
 
 @cute.jit
 def add_beta_c(v, beta, c_elem):
@@ -150,19 +152,26 @@ class GemmEpilogue:
     @cute.jit
     def epilogue(self, acc: cute.Tensor, tile_mnl, thr_mma_c, gD: cute.Tensor, gC: cute.Tensor, cD: cute.Tensor,
                  sD: cute.Tensor, epi, epi_barrier, tiles_done, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, mD: cute.Tensor,
-                 alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx):
+                 alpha: cutlass.Float32, beta: cutlass.Float32, warp_idx, parts=None):
         """One tile's epilogue by the threads that hold its accumulators: alpha/beta in registers, then
         sub-tile by sub-tile registers -> smem buffer -> TMA store (:meth:`store_subtile`); or predicated
         direct stores when D's strides are not TMA-compatible.  ``tiles_done`` counts this storer's
-        earlier tiles (it only has to grow by one per tile)."""
+        earlier tiles (it only has to grow by one per tile).  ``parts`` (split-K's shared finish, TMA
+        store only): a bit mask of the parts of the tile to store (``fixup.part_of`` each sub-tile)."""
         cfg = self.cfg
         m_t, n_t, _ = self.tile_mnk
         self.scale_acc(acc, tile_mnl, thr_mma_c, gC, cD, mD, alpha, beta)
         if cutlass.const_expr(cfg.tma_store):
             tRS_rD_out = epi.tRS_rD_out
             for e in cutlass.range_constexpr(self.n_epi):
-                self.convert_subtile(epi, e, tRS_rD_out)
-                self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, tma_d, mD_tma, warp_idx)
+                if cutlass.const_expr(parts is None):
+                    self.convert_subtile(epi, e, tRS_rD_out)
+                    self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, tma_d, mD_tma,
+                                       warp_idx)
+                elif (parts >> fixup.part_of(e, self.n_epi, self.splits)) & 1 != 0:
+                    self.convert_subtile(epi, e, tRS_rD_out)
+                    self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, tma_d, mD_tma,
+                                       warp_idx)
         else:
             tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
             tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])

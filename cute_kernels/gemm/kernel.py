@@ -70,6 +70,9 @@ class GemmConfig:
     lean_tile: bool = True
     # Deferred epilogue (see the module doc; conditions in epi_defer_ok)
     epi_defer: bool = False
+    # Split-K: every contributor of a tile sums and stores a part of it (common.fixup's shared finish)
+    # instead of the last one the whole tile; conditions in fixup_parts_ok
+    fixup_parts: bool = False
 
 
 #: accumulators per consumer thread up to which the deferred epilogue's converted copy of a tile
@@ -82,6 +85,18 @@ def epi_defer_ok(cfg: GemmConfig) -> bool:
     t = cfg.tiles
     return (cfg.mainloop == "tma" and cfg.splits == 1 and not cfg.has_c and cfg.tma_store
             and cfg.lean_tile and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
+
+
+def fixup_parts_ok(cfg: GemmConfig) -> bool:
+    """Pure Python: whether ``cfg`` can take the shared finish (``GemmConfig.fixup_parts``): split-K
+    (2 to fixup.MAX_PARTS slices), the TMA-stored epilogue (a part is a run of its sub-tiles), and
+    sub-tiles of whole 16-byte workspace chunks per thread."""
+    t = cfg.tiles
+    n_epi = (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])
+    threads = 128 * t.mma.num_warpgroups
+    per_sub = t.epi_tile_mn[0] * t.epi_tile_mn[1] // threads
+    return (1 < cfg.splits <= fixup.MAX_PARTS and cfg.tma_store and cfg.mainloop == "tma"
+            and per_sub % fixup.PARTIAL_VEC == 0 and per_sub * n_epi == t.acc_regs_per_thread)
 
 
 class CooperativeSetup(NamedTuple):
@@ -129,6 +144,9 @@ class GemmSm90(GemmEpilogue):
         self.n_epi = (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])  # sub-tiles per tile
         if self.splits > 1 and cfg.mainloop != "tma":
             raise ValueError("GemmConfig.splits > 1: TMA mainloop only")
+        if cfg.fixup_parts and not fixup_parts_ok(cfg):
+            raise ValueError("GemmConfig.fixup_parts: split-K (2-16 slices), TMA mainloop and TMA-stored D, and "
+                             "sub-tiles of whole 16-byte chunks per thread only")
         if cfg.epi_defer and not epi_defer_ok(cfg):
             raise ValueError("GemmConfig.epi_defer: TMA mainloop, unsplit, no C, TMA-stored 16-bit D, "
                              f"lean_tile and at most {EPI_DEFER_MAX_ACC} accumulators per thread only")
@@ -310,11 +328,17 @@ class GemmSm90(GemmEpilogue):
             read, release = wgmma.wgmma_mainloop(tiled_mma, acc, tCrA, tCrB, ab_pipe, read, release, k_count,
                                                   zero_init=self.mma_zero_init)
             last = True  # split-K: only the unit that counts last runs the tile's epilogue
-            if cutlass.const_expr(self.splits > 1):
+            parts = None  # (the shared finish: the parts of the tile this unit stores)
+            if cutlass.const_expr(cfg.fixup_parts):
+                parts = self.claim_parts(epi.tRS_acc, ws, tile, l_idx, mD, mCnt, sFlag, mma_tidx)
+                last = parts != 0
+            elif cutlass.const_expr(self.splits > 1):
                 last = self.reduce_partials(acc, ws, tile, l_idx, mD, mCnt, sFlag, mma_tidx)
             if last:
                 self.epilogue(acc, (tile[0], tile[1], l_idx), thr_mma_c, gD, gC, cD, sD, epi, epi_barrier,
-                              sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta, warp_idx)
+                              sched.num_tiles_executed, tma_d, mD_tma, mD, alpha, beta, warp_idx, parts)
+                if cutlass.const_expr(cfg.fixup_parts):
+                    fixup.finish_parts(mCnt, self.split_tile_id(tile, l_idx, mD), parts, mma_tidx, self.splits)
             sched.advance_to_next_work()
             work = sched.get_current_work()
         if cutlass.const_expr(self.use_pdl):
@@ -405,15 +429,36 @@ class GemmSm90SplitK(GemmSm90):
         self.launch(a, b, d, c, ws, cnt, alpha, beta, stream)
 
     @cute.jit
+    def split_tile_id(self, tile, l_idx, mD: cute.Tensor):
+        """The output tile's index among all tiles (its counter; its slots are ``tile_id * S + s``)."""
+        m_t, n_t, _ = self.tile_mnk
+        m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
+        n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
+        return (l_idx * n_tiles + tile[1]) * m_tiles + tile[0]
+
+    @cute.jit
     def reduce_partials(self, acc: cute.Tensor, ws: cute.Tensor, tile, l_idx, mD: cute.Tensor, mCnt: cute.Tensor,
                         sFlag: cute.Tensor, mma_tidx):
         """Publish and count this unit's partial (slot tile_id * S + s); whether it counted last, when
         ``acc`` holds the sum of the S partials (:func:`fixup.publish_and_sum`)."""
-        m_t, n_t, _ = self.tile_mnk
         S = self.splits
-        m_tiles = (cute.size(mD, mode=[0]) + m_t - 1) // m_t
-        n_tiles = (cute.size(mD, mode=[1]) + n_t - 1) // n_t
-        tile_id = (l_idx * n_tiles + tile[1]) * m_tiles + tile[0]
+        tile_id = self.split_tile_id(tile, l_idx, mD)
         slot0 = tile_id * S
         return fixup.publish_and_sum(acc, ws, mma_tidx, slot0 + tile[2] - l_idx * S, slot0, S, mCnt, tile_id, sFlag,
                                      NamedBarrierId.EPILOGUE, self.num_mma_threads)
+
+    @cute.jit
+    def claim_parts(self, acc_sub: cute.Tensor, ws: cute.Tensor, tile, l_idx, mD: cute.Tensor, mCnt: cute.Tensor,
+                    sFlag: cute.Tensor, mma_tidx):
+        """The shared finish (``GemmConfig.fixup_parts``): publish this unit's partial in sub-tile order
+        (``acc_sub``, the epilogue's view of the accumulators), claim parts (its own, slice s; the last
+        unit every unclaimed one) and sum them (:func:`fixup.publish_and_claim`, :func:`fixup.sum_parts`).
+        Returns the claimed parts' mask (0: none, no epilogue)."""
+        S = self.splits
+        tile_id = self.split_tile_id(tile, l_idx, mD)
+        slot0 = tile_id * S
+        s = tile[2] - l_idx * S
+        mask = fixup.publish_and_claim(acc_sub, ws, mma_tidx, slot0 + s, s, mCnt, tile_id, sFlag,
+                                       NamedBarrierId.EPILOGUE, self.num_mma_threads, S)
+        fixup.sum_parts(acc_sub, ws, mma_tidx, slot0, mask, self.n_epi, S)
+        return mask

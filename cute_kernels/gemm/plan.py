@@ -24,7 +24,7 @@ from ..testing import LAUNCHES
 from . import heuristics as H
 from . import launch, tuned
 from .cpasync_kernel import choose_vec_bytes, cpasync_tiles
-from .kernel import GemmConfig, epi_defer_ok
+from .kernel import GemmConfig, epi_defer_ok, fixup_parts_ok
 from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
 from .validate import canonical_strides, check_operands, check_types, fits_layout, major_of, tma_ok
 from .validate import ptr_bits as _ptr_bits
@@ -50,6 +50,9 @@ class PlanChoice:
     #: an operand TMA cannot describe (a stride or pointer off 16 bytes) copied per call into an aligned
     #: buffer (:func:`staged`), then the TMA kernels; None / False: the cp.async mainloop reads it in place
     stage: bool | None = None
+    #: split-K in the persistent schedule: every contributor sums and stores a part of its tile
+    #: (``GemmConfig.fixup_parts``) instead of the last one the whole tile; None: off
+    fixup_parts: bool | None = None
 
     def __post_init__(self):
         if self.splitk_mode is not None and self.splitk_mode not in SPLITK_MODES:
@@ -237,6 +240,8 @@ def _plan_splitk_persistent(p: Plan, pr: _Problem, splits: int, choice: PlanChoi
                      tma_store=tma_ok(pr.probe, "row", store=True),
                      max_active_clusters=choice.max_active_clusters or current_arch().sm_count // cl[0],
                      splits=splits)
+    if choice.fixup_parts and fixup_parts_ok(dataclasses.replace(cfg, fixup_parts=True)):
+        cfg = dataclasses.replace(cfg, fixup_parts=True)
     fn = p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
     p.kind, p.fn = "splitk-persistent", launch.WorkspaceLauncher(fn, n_tiles * splits * 128 * tn, n_tiles)
     return p

@@ -595,6 +595,44 @@ def test_splitk_persistent_compiles(tn, s, has_c, cl):
         assert rep.ptx.count("fence.acq_rel.gpu") >= 2 and "atom.global.acq_rel.add" in rep.ptx
 
 
+@pytest.mark.parametrize("tn,s,has_c,cl", [(256, 4, False, (2, 1)), (256, 3, True, (2, 1)), (128, 8, False, (1, 1))],
+                         ids=str)
+def test_splitk_persistent_parts_compiles(tn, s, has_c, cl):
+    """The shared finish (GemmConfig.fixup_parts): sm_90a build without local memory, the claim protocol
+    (acq_rel add, or, compare-and-swap, the reset exchange), 16-byte partial stores / loads; refused
+    where it cannot run (no split, D not TMA-stored, more than fixup.MAX_PARTS slices)."""
+    from cute_kernels.gemm.kernel import fixup_parts_ok
+    from cute_kernels.tools import inspect as ins
+
+    cfg = GemmConfig(tiles=H.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", "bfloat16"), has_c=has_c, splits=s,
+                     max_active_clusters=132 // cl[0], fixup_parts=True)
+    rep = ins.inspect_builder(lambda: launch.fake_args(cfg, "bfloat16", "bfloat16", "bfloat16"))
+    (k,) = rep.kernels
+    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
+    for op in ("ATOMG.E.ADD", "ATOMG.E.OR", "ATOMG.E.CAS", "ATOMG.E.EXCH", "STG.E.128", "LDG.E.128", "UTMASTG"):
+        assert op in rep.sass, op
+    import dataclasses
+
+    for bad in (dict(splits=1), dict(tma_store=False), dict(splits=17)):
+        assert not fixup_parts_ok(dataclasses.replace(cfg, **bad)), bad
+        with pytest.raises(ValueError, match="fixup_parts"):
+            from cute_kernels.gemm.kernel import GemmSm90
+
+            GemmSm90(dataclasses.replace(cfg, **bad))
+
+
+def test_splitk_persistent_plan_parts():
+    """PlanChoice(fixup_parts=True) gives the persistent split-K plan the shared finish; the default
+    plan keeps the last-CTA fixup."""
+    a = torch.empty(1024, 32768, dtype=torch.bfloat16)
+    b = torch.empty(32768, 1024, dtype=torch.bfloat16)
+    with jit.dry_run():
+        for choice, want in ((P.PlanChoice(splitk_mode="persistent"), False),
+                             (P.PlanChoice(splitk_mode="persistent", fixup_parts=True), True)):
+            (_, cfg), = P.make_plan(a, b, choice=choice, allow_cpu=True).kernels
+            assert cfg.splits == 4 and cfg.fixup_parts is want
+
+
 def test_splitk_persistent_plan():
     """The persistent split-K plan: 1024x1024x32768 -> 128x256 tiles, 2x1 clusters, S=4 (128 units),
     a workspace of 32 tiles x 4 partials and 32 counters."""
@@ -623,10 +661,10 @@ def _fixup_fn(tn, s, has_c=False, c_dtype="bfloat16", d_dtype="bfloat16", kind="
     from cute_kernels.gemm.kernel import GemmConfig
     from cute_kernels.gemm.splitk_kernel import SplitKFixupConfig
 
-    if kind == "persistent":
+    if kind in ("persistent", "parts"):  # parts: the shared finish (GemmConfig.fixup_parts)
         cl = (2, 1) if -(-m // 128) % 2 == 0 else (1, 1)
         cfg = GemmConfig(tiles=H.make_gemm_tiles(tn, cl, "bfloat16", "k", "mn", d_dtype), has_c=has_c,
-                         max_active_clusters=132 // cl[0], splits=s)
+                         max_active_clusters=132 // cl[0], splits=s, fixup_parts=kind == "parts")
         return launch.compiled(cfg, "bfloat16", d_dtype, c_dtype if has_c else d_dtype)
     cfg = SplitKFixupConfig(tiles=H.splitk_tiles(tn, "bfloat16", "k", "mn", d_dtype, mc), splits=s, has_c=has_c,
                             b_evict_first=mc > 1)
@@ -688,7 +726,7 @@ def test_splitk_fixup_a_multicast_numerics(variant, mnk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["fixup", "persistent"])
+@pytest.mark.parametrize("kind", ["fixup", "persistent", "parts"])
 @pytest.mark.parametrize("variant", FIXUP_GPU_VARIANTS, ids=lambda v: f"tn{v[0]}-s{v[1]}")
 @pytest.mark.parametrize("mnk", [(1, 256, 4096), (7, 1000, 520), (127, 4096, 4168), (1000, 3000, 520),
                                  (131, 264, 6008), (257, 136, 64), (1024, 1024, 8192)],
@@ -696,8 +734,10 @@ def test_splitk_fixup_a_multicast_numerics(variant, mnk):
 def test_splitk_fixup_numerics(variant, mnk, kind):
     """Ragged M (1, 7, 127, 1000), N and K tails, more slices than k-tiles (K=64, 520): float64
     reference, every element written (NaN-poisoned out), bitwise identical over 10 repeats (whoever
-    is last), the counters back at 0 after every call (the workspace is reused as is).  Both the
-    fixup kernel and split-K in the persistent kernel's schedule (several waves at 1024^2 x S=8)."""
+    is last), the counters back at 0 after every call (the workspace is reused as is).  The fixup
+    kernel, split-K in the persistent kernel's schedule (several waves at 1024^2 x S=8), and the
+    latter with the shared finish (``parts``: every contributor stores a part; with several waves its
+    polls run out and the last unit stores the rest)."""
     tn, s = variant
     m, n, k = mnk
     fn = _fixup_fn(tn, s, kind=kind, m=m)

@@ -80,8 +80,9 @@ def rel_error(out, ref) -> float:
 def explicit_config(spec: str):
     """``fn(a, b)`` running our GEMM (2-D or batched 3-D operands) at an explicit config: ``TMxTN:CMxCN[:SW(m|n)][:swap]`` (tile,
     cluster, raster swizzle and direction, and ``swap``: out^T = b^T a^T on those tiles), or
-    ``default:defer`` / ``default:nodefer`` (the planner's choice with the deferred epilogue forced), or
-    ``default:stage`` (operands TMA cannot describe copied into aligned buffers, then the TMA plan)."""
+    ``default:defer`` / ``default:nodefer`` (the planner's choice with the deferred epilogue forced),
+    ``default:stage`` (operands TMA cannot describe copied into aligned buffers, then the TMA plan), or
+    ``default:parts`` (split-K's shared finish, ``PlanChoice.fixup_parts``, where the plan splits K)."""
     import torch
 
     from ...gemm import plan as gemm_plan
@@ -90,6 +91,7 @@ def explicit_config(spec: str):
     parts = spec.split(":")
     if parts[0] == "default":
         choice = (gemm_plan.PlanChoice(stage=True) if parts[1] == "stage" else
+                  gemm_plan.PlanChoice(fixup_parts=True) if parts[1] == "parts" else
                   gemm_plan.PlanChoice(epi_defer={"defer": True, "nodefer": False}[parts[1]]))
         return lambda a, b: gemm_plan.run(a, b, choice=choice)
     tm, tn = map(int, parts[0].split("x"))
