@@ -240,7 +240,10 @@ def _plan_splitk_persistent(p: Plan, pr: _Problem, splits: int, choice: PlanChoi
                      tma_store=tma_ok(pr.probe, "row", store=True),
                      max_active_clusters=choice.max_active_clusters or current_arch().sm_count // cl[0],
                      splits=splits)
-    if choice.fixup_parts and fixup_parts_ok(dataclasses.replace(cfg, fixup_parts=True)):
+    # the shared finish where every unit has a CTA of its own (one wave: a contributor's polls find the
+    # others running, not queued behind it; they are bounded either way)
+    if (choice.fixup_parts and n_tiles * splits <= cfg.max_active_clusters * cl[0]
+            and fixup_parts_ok(dataclasses.replace(cfg, fixup_parts=True))):
         cfg = dataclasses.replace(cfg, fixup_parts=True)
     fn = p.compile(cfg, pr.ab, pr.d_name, pr.c_name)
     p.kind, p.fn = "splitk-persistent", launch.WorkspaceLauncher(fn, n_tiles * splits * 128 * tn, n_tiles)
