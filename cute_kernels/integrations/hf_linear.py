@@ -18,7 +18,7 @@ __all__ = ["patch_linear", "unpatch_linear"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _ORIG = "_cute_kernels_orig_forward"
-_WT = "_cute_kernels_weight_t"  # (weight, data pointer, shape, strides, its detached transpose): _weight_t
+_WT = "_cute_kernels_weight_t"  # (weight, data pointer, shape, strides, dtype, its detached transpose): _weight_t
 
 
 def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -31,32 +31,33 @@ def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     transpose of :func:`_weight_t`."""
     w = self._parameters["weight"]
     dev = x.get_device()  # -1: CPU, meta
-    xs, ws = x.shape, w.shape
-    if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or not xs or xs[-1] != ws[1] or 0 in xs
+    xs, ws, wd = x.shape, w.shape, w.dtype
+    if (dev < 0 or dev != w.get_device() or x.dtype != wd or not xs or xs[-1] != ws[1] or 0 in xs
             or not (_sdpa._HOPPER.get(dev) or _is_hopper(x.device))):
         return F.linear(x, w, self.bias)
-    wt = _weight_t(self, w, ws)
+    wt = _weight_t(self, w, ws, wd)
     if len(xs) == 2:
         return gemm(x, wt)
     out = gemm(x.reshape(-1, ws[1]), wt)
     return out.view(xs[0], xs[1], ws[0]) if len(xs) == 3 else out.view(*xs[:-1], ws[0])
 
 
-def _weight_t(self: nn.Linear, w: torch.Tensor, ws: torch.Size) -> torch.Tensor:
+def _weight_t(self: nn.Linear, w: torch.Tensor, ws: torch.Size, wd: torch.dtype) -> torch.Tensor:
     """``w.T``, the weight as gemm's column-major B: a fresh view where autograd must see it (grad
     mode and a weight requiring grad), else a detached view kept on the module and made again
-    whenever the weight is another object or has another data pointer, shape or strides (a new
-    ``Parameter``, ``weight.data = ...``, ``resize_``: the kept view holds the old storage, so a new
-    one never shares its pointer).  Kept, the same tensor object every call, not requiring grad, so
-    gemm's per-weight entry arms its guard (a fresh ``w.t()`` of a weight requiring grad requires
-    grad itself, no_grad or not, and keeps gemm on its key path)."""
+    whenever the weight is another object or has another data pointer, shape, strides or dtype (a new
+    ``Parameter``, ``weight.data = ...``, ``resize_``, ``weight.data = weight.data.view(dtype)``: the
+    kept view holds the old storage, so new memory never shares its pointer).  Kept, the same tensor
+    object every call, not requiring grad, so gemm's per-weight entry arms its guard without reading
+    grad mode (a fresh ``w.t()`` of a weight requiring grad requires grad itself, no_grad or not)."""
     if w.requires_grad and torch.is_grad_enabled():
         return w.t()
     kept = self.__dict__.get(_WT)
     ptr, stride = w.data_ptr(), w.stride()
-    if kept is None or kept[0] is not w or kept[1] != ptr or kept[2] != ws or kept[3] != stride:
-        kept = self.__dict__[_WT] = (w, ptr, ws, stride, w.detach().t())
-    return kept[4]
+    if (kept is None or kept[0] is not w or kept[1] != ptr or kept[2] != ws or kept[3] != stride
+            or kept[4] is not wd):
+        kept = self.__dict__[_WT] = (w, ptr, ws, stride, wd, w.detach().t())
+    return kept[5]
 
 
 def _check_model(who: str, model) -> None:

@@ -203,7 +203,7 @@ def test_patched_linear_keeps_a_detached_transpose_of_its_weight():
     assert hf.patch_linear(lin, require_cuda=False) == 1
 
     def bt():
-        return HL._weight_t(lin, lin.weight, lin.weight.shape)
+        return HL._weight_t(lin, lin.weight, lin.weight.shape, lin.weight.dtype)
 
     assert lin.weight.t().requires_grad  # (why it is kept: a view of a leaf requiring grad, under no_grad too)
     with torch.no_grad():
@@ -218,12 +218,13 @@ def test_patched_linear_keeps_a_detached_transpose_of_its_weight():
         changes = (lambda: setattr(lin, "weight", nn.Parameter(torch.randn(96, 64, dtype=torch.bfloat16))),
                    lambda: setattr(lin.weight, "data", torch.randn(96, 64, dtype=torch.bfloat16)),
                    lambda: setattr(lin.weight, "data", lin.weight.data[:80]),
+                   lambda: setattr(lin.weight, "data", lin.weight.data.view(torch.float16)),  # (same memory)
                    lambda: lin.weight.requires_grad_(False).resize_(48, 64))  # (same memory and object)
         for change in changes:
             before = bt()
             change()
             now = bt()
-            assert now is not before and now.shape == lin.weight.shape[::-1], change
+            assert now is not before and now.shape == lin.weight.shape[::-1] and now.dtype == lin.weight.dtype, change
             assert now.data_ptr() == lin.weight.data_ptr() and now is bt()
     assert hf.unpatch_linear(lin) == 1 and HL._WT not in lin.__dict__
 
