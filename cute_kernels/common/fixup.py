@@ -25,14 +25,10 @@ def partial_workspace(mWs: cute.Tensor, nthr: int, acc_size: int, tile_elems: in
 
 
 @cute.jit
-def publish_partial(acc: cute.Tensor, ws: cute.Tensor, thr, slot, mCnt: cute.Tensor, tile_id, sFlag: cute.Tensor,
-                    barrier_id: int, nthr: int, splits: int):
-    """Store this thread's fragment of a partial tile into ``ws`` slot ``slot``, then count it on the
-    tile's int32 counter ``mCnt[tile_id]``; returns True in every thread of the CTA that counted last.
-
-    Memory order: partial stores -> fence.acq_rel.gpu (every thread) -> barrier of the ``nthr`` threads
-    -> one thread's atom.add.acq_rel.gpu -> its result through ``sFlag`` and a second barrier; the last
-    CTA fences again before reading the other partials and resets the counter for the next launch."""
+def store_partial(acc: cute.Tensor, ws: cute.Tensor, thr, slot, barrier_id: int, nthr: int):
+    """This thread's fragment of a partial tile into ``ws`` slot ``slot`` (16-byte stores), then a
+    gpu-scope fence in every thread and a barrier of the ``nthr`` threads: the partial is complete and
+    visible before any of them counts it."""
     V = PARTIAL_VEC
     for j in cutlass.range_constexpr(cute.size(acc) // V):
         part = cute.make_rmem_tensor((V,), cutlass.Float32)
@@ -41,6 +37,18 @@ def publish_partial(acc: cute.Tensor, ws: cute.Tensor, thr, slot, mCnt: cute.Ten
         cute.autovec_copy(part, ws[(None, thr, j, slot)])
     cute.arch.fence_acq_rel_gpu()
     pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=nthr).arrive_and_wait()
+
+
+@cute.jit
+def publish_partial(acc: cute.Tensor, ws: cute.Tensor, thr, slot, mCnt: cute.Tensor, tile_id, sFlag: cute.Tensor,
+                    barrier_id: int, nthr: int, splits: int):
+    """Store this thread's fragment of a partial tile into ``ws`` slot ``slot``, then count it on the
+    tile's int32 counter ``mCnt[tile_id]``; returns True in every thread of the CTA that counted last.
+
+    Memory order: partial stores -> fence.acq_rel.gpu (every thread) -> barrier of the ``nthr`` threads
+    -> one thread's atom.add.acq_rel.gpu -> its result through ``sFlag`` and a second barrier; the last
+    CTA fences again before reading the other partials and resets the counter for the next launch."""
+    store_partial(acc, ws, thr, slot, barrier_id, nthr)
     if thr == 0:
         old = cute.arch.atomic_add(mCnt.iterator + tile_id, cutlass.Int32(1), sem="acq_rel", scope="gpu")
         sFlag[0] = old
@@ -126,14 +134,7 @@ def publish_and_claim(acc: cute.Tensor, ws: cute.Tensor, thr, own_slot, part, mC
     Memory order: partial stores -> fence.acq_rel.gpu -> barrier -> one thread's atom.add.acq_rel.gpu ->
     (polls by ld.acquire.gpu, claims by atom.cas.acq_rel.gpu) -> the mask through ``sFlag[1]`` and a
     barrier -> a fence in every thread of a CTA with parts, before it reads the other partials."""
-    V = PARTIAL_VEC
-    for j in cutlass.range_constexpr(cute.size(acc) // V):
-        chunk = cute.make_rmem_tensor((V,), cutlass.Float32)
-        for e in cutlass.range_constexpr(V):
-            chunk[e] = acc[j * V + e]
-        cute.autovec_copy(chunk, ws[(None, thr, j, own_slot)])
-    cute.arch.fence_acq_rel_gpu()
-    pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=nthr).arrive_and_wait()
+    store_partial(acc, ws, thr, own_slot, barrier_id, nthr)
     if thr == 0:
         word = mCnt.iterator + tile_id
         full = (1 << splits) - 1
