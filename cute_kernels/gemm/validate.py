@@ -64,13 +64,17 @@ def canonical_strides(t: torch.Tensor, major: str) -> torch.Tensor:
 
 def fits_layout(t: torch.Tensor, major: str) -> bool:
     """Whether ``t``'s size-1 dims already have strides the compiled layout accepts (the unit dim 1, the
-    others multiples of 16 bytes, which every kernel's stride divisibility divides): then the kernel
-    may take ``t`` as it is instead of :func:`canonical_strides`' view -- a size-1 dim's stride never
-    moves an address (its only index is 0), and a TMA descriptor takes any 16-byte multiple."""
+    others multiples of 16 bytes, which every kernel's stride divisibility divides, below 2^40 bytes):
+    then the kernel may take ``t`` as it is instead of :func:`canonical_strides`' view -- a size-1
+    dim's stride never moves an address (its only index is 0), and a TMA descriptor takes any such
+    stride."""
     unit = t.dim() - 1 if major == "row" else t.dim() - 2
     size = t.element_size()
-    return all(n != 1 or (s == 1 if i == unit else s * size % 16 == 0)
+    return all(n != 1 or (s == 1 if i == unit else s * size % 16 == 0 and s * size < _TMA_MAX_STRIDE)
                for i, (n, s) in enumerate(zip(t.shape, t.stride())))
+
+
+_TMA_MAX_STRIDE = 1 << 40  # bytes: a TMA descriptor's strides stay below this
 
 
 def check_types(a, b, out=None, c=None) -> None:

@@ -132,3 +132,22 @@ def test_fake_impl_raises_on_k_mismatch():
     # meta tensors take the same fake implementation
     with pytest.raises(ValueError, match=r"K=16.*K=32"):
         torch.ops.cute_kernels.gemm(_t(8, 16, device="meta"), _t(32, 8, device="meta"), None, 1.0, 0.0, None)
+
+
+def test_fits_layout_size_one_strides():
+    """fits_layout: a size-1 dim's stride passes as it is when the compiled layout takes it (the unit dim
+    1; another a multiple of 16 bytes below 2^40, 0 included), else the plan's canonical view is taken."""
+    from cute_kernels.gemm.validate import canonical_strides, fits_layout
+
+    bf = torch.bfloat16
+    a = torch.randn(1, 64, dtype=bf)  # a decode step's activation: row stride 64 (128 bytes)
+    assert fits_layout(a, "row") and canonical_strides(a, "row") is not a  # (the view it saves)
+    assert fits_layout(a.as_strided((1, 64), (0, 1)), "row")
+    assert not fits_layout(torch.randn(2, 65, dtype=bf)[:1, :64], "row")  # 130 bytes
+    assert not fits_layout(a.as_strided((1, 64), (1 << 40, 1)), "row")  # past a TMA stride
+    col = torch.randn(64, 1, dtype=bf)  # (K, 1) column-major B: its size-1 dim is N, stride 64
+    assert fits_layout(col.as_strided((64, 1), (1, 64)), "col") and not fits_layout(col.as_strided((64, 1), (1, 3)), "col")
+    big = torch.randn(8, 8, dtype=bf)  # K = 1: the unit dim itself has size 1, stride 1 needed
+    assert fits_layout(big[:, :1], "row") and not fits_layout(big[:, ::2][:, :1], "row")  # (strides (8, 1) / (8, 2))
+    batched = torch.randn(1, 4, 64, dtype=bf)
+    assert fits_layout(batched, "row") and fits_layout(batched.expand(1, 4, 64), "row")
