@@ -39,6 +39,7 @@ import torch
 
 from layouts import attention as LA
 
+from ..common.args import tensor_fault
 from ..common import jit
 from ..common.dtypes import name_of
 from ..common.softmax import LOG2_E
@@ -59,8 +60,8 @@ _ALIGN = 8  # elements of a 16-bit type in 16 bytes: TMA boxes and vector access
 def _check_like(name: str, t, shape: tuple, dtype, device) -> None:
     """A gradient-side tensor: a tensor of ``shape`` and ``dtype`` on ``device``, contiguous in the head
     dim, 16-byte-aligned strides and data pointer."""
-    if not isinstance(t, torch.Tensor):
-        _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if fault := tensor_fault(t):
+        _err(TypeError, f"{name} {fault}")
     if tuple(t.shape) != tuple(shape):
         _err(ValueError, f"{name} shape {tuple(t.shape)} must be {tuple(shape)}")
     if t.dtype != dtype:
@@ -77,8 +78,8 @@ def _check_like(name: str, t, shape: tuple, dtype, device) -> None:
 
 def _check_rows(name: str, t, shape: tuple, device) -> None:
     """An fp32 (B, Hq, Sq) (packed: (Hq, total_q)) row tensor (lse, dlse), any strides."""
-    if not isinstance(t, torch.Tensor):
-        _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if fault := tensor_fault(t):
+        _err(TypeError, f"{name} {fault}")
     if tuple(t.shape) != tuple(shape):
         what = "(batch, heads_q, seqlen_q)" if len(shape) == 3 else "(heads_q, total_q)"
         _err(ValueError, f"{name} shape {tuple(t.shape)} must be {what} = {tuple(shape)} "

@@ -13,6 +13,7 @@ import torch
 
 from layouts.attention import DecodeTile, decode_tile
 
+from ..common.args import tensor_fault
 from ..common.arch import current_arch
 from ..common.dtypes import HALF_TORCH, name_of
 from ..common.fastpath import BoundedCache
@@ -210,8 +211,8 @@ def validate(q, k_cache, v_cache, cache_seqlens, block_table, out, workspace, ch
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
              ("block_table", block_table), ("out", out), ("workspace", workspace), ("cache_leftpad", cache_leftpad)]
     for name, t in named:
-        if not isinstance(t, torch.Tensor) and (t is not None or name in ("q", "k_cache", "v_cache", "cache_seqlens")):
-            err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if (t is not None or name in ("q", "k_cache", "v_cache", "cache_seqlens")) and (fault := tensor_fault(t)):
+            err(TypeError, f"{name} {fault}")
     named = [(n, t) for n, t in named if t is not None]
     # ranks
     if q.dim() != 4:

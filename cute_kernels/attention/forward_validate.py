@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from ..common.args import tensor_fault
 from ..common.dtypes import HALF_TORCH
 from ..common.overlap import check_written
 
@@ -100,8 +101,8 @@ def validate(q, k, v, out=None, softmax_scale=None, check_ptrs: bool = True, sof
     :func:`check_softcap` / :func:`check_sink`, their device with the others' (last)."""
     named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
     for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if fault := tensor_fault(t):
+            _err(TypeError, f"{name} {fault}")
     for name, t in named:
         if t.dim() != 4:
             what = "(batch, seqlen_q, heads_q, head_dim)" if name in ("q", "out") else "(batch, seqlen_k, heads_kv, head_dim)"
@@ -173,8 +174,8 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
     cus = [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)]
     for name, t in named + cus:
-        if not isinstance(t, torch.Tensor):
-            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if fault := tensor_fault(t):
+            _err(TypeError, f"{name} {fault}")
     for name, t in named:
         if t.dim() != 3:
             what = "(total_q, heads_q, head_dim)" if name in ("q", "out") else "(total_k, heads_kv, head_dim)"
@@ -369,8 +370,8 @@ def validate_paged(q, k, v, block_table, seqused_k, cu_seqlens_q, max_seqlen_q, 
     named = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
     ints = [("block_table", block_table), ("seqused_k", seqused_k)] + ([("cu_seqlens_q", cu_seqlens_q)] if varlen else [])
     for name, t in named + ints:
-        if not isinstance(t, torch.Tensor):
-            _err(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if fault := tensor_fault(t):
+            _err(TypeError, f"{name} {fault}")
     qdims = 3 if varlen else 4
     for name, t in named:
         want = qdims if name in ("q", "out") else 4

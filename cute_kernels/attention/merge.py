@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..common.args import tensor_fault
 from ..common import jit  # sets CUTE_DSL_ARCH before cutlass is imported
 from ..common import softmax as sm
 from ..common.dtypes import TORCH_TO_NAME, name_of, to_cutlass
@@ -327,8 +328,8 @@ def merge_states_torch(o_parts: torch.Tensor, lse_parts: torch.Tensor):
 def _check_states(o_parts: torch.Tensor, lse_parts: torch.Tensor):
     """Types, shapes, dtypes, then devices (last); every message starts with the argument."""
     for name, t in (("o_parts", o_parts), ("lse_parts", lse_parts)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"merge_states: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if fault := tensor_fault(t):
+            raise TypeError(f"merge_states: {name} {fault}")
     if o_parts.dim() < 2:
         raise ValueError(f"merge_states: o_parts must be (P, ..., D), got shape {tuple(o_parts.shape)}")
     if tuple(lse_parts.shape) != tuple(o_parts.shape[:-1]):
@@ -358,8 +359,8 @@ def _check_pair(o_a, lse_a, o_b, lse_b) -> None:
     """merge_state's own checks, so each message names merge_state's arguments."""
     named = (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b))
     for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"merge_state: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if fault := tensor_fault(t):
+            raise TypeError(f"merge_state: {name} {fault}")
     if o_a.dim() < 1:
         raise ValueError(f"merge_state: o_a must be (..., D), got shape {tuple(o_a.shape)}")
     if o_b.shape != o_a.shape:

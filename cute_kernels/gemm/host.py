@@ -157,7 +157,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
     plain = (ta is float or ta is int) and (tb is float or tb is int) and tune is False
     if plain and not _is_compiling() and type(a) in _FAST_TYPES and type(b) in _FAST_TYPES:
         # (is_compiling first: a traced call never reads the armed entries, so never guards on them)
-        pb = b.data_ptr()
+        try:
+            pb = b.data_ptr()
+        except RuntimeError:  # no storage (a sparse b): the checks say what
+            return _checked_run(a, b, out, c, alpha, beta, out_dtype)
         entry = _launchers.armed.get(pb)  # b's launcher entry (_arm): one per weight of a model
         if entry is not None:
             key, hit, guard, rest, grad_off = entry
@@ -192,8 +195,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, o
                        out_dtype, beta != 0.0, None if out is None else (type(out), out.stride(), out.dtype),
                        None if c is None else (type(c), c.stride(), c.dtype))
                 hit = _launchers.get(key)
-            except (AttributeError, TypeError):  # not tensors, an unhashable out_dtype: the checks say what
-                return _checked_run(a, b, out, c, alpha, beta, out_dtype)
+            except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable out_dtype, no
+                return _checked_run(a, b, out, c, alpha, beta, out_dtype)  # storage: the checks say what
             if hit is None:
                 return _miss(key, a, b, out, c, alpha, beta, out_dtype)
             repeat = hit is last_hit  # b's entry holds this launcher (by identity: keys never share one)
@@ -317,7 +320,7 @@ def _run(a, b, out, c, alpha, beta, out_dtype):
             raise TypeError
         key = _key(a, b, out, c, beta, out_dtype)
         hit = _launchers.get(key)
-    except (AttributeError, TypeError):  # the checks' own message (an unhashable out_dtype included)
+    except (AttributeError, TypeError, RuntimeError):  # the checks' own message (an unhashable out_dtype, no storage)
         return _checked_run(a, b, out, c, alpha, beta, out_dtype)
     if hit is not None:
         try:

@@ -7,6 +7,7 @@ import numbers
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..common.args import tensor_fault
 from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
 from ..common.overlap import check_written
 
@@ -80,8 +81,8 @@ _TMA_MAX_STRIDE = 1 << 40  # bytes: a TMA descriptor's strides stay below this
 def check_types(a, b, out=None, c=None) -> None:
     """TypeError naming the first of a, b (and out, c when given) that is not a tensor."""
     for name, t in (("a", a), ("b", b), ("out", out), ("c", c)):
-        if not isinstance(t, torch.Tensor) and (t is not None or name in "ab"):
-            raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if (t is not None or name in "ab") and (fault := tensor_fault(t)):
+            raise TypeError(f"gemm: {name} {fault}")
 
 
 def check_scalars(alpha, beta) -> None:

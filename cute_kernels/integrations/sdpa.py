@@ -75,6 +75,7 @@ R_MASK = "attn_mask is given (its values are never inspected)"
 R_DROPOUT = "dropout_p != 0"
 R_GRAD_HEAD_DIM = "an input requires grad and the head dim has no backward (64/96/128/256)"
 R_RANK = "inputs are not 4-d (batch, heads, seq, head_dim) tensors"
+R_NESTED = "an input is a nested tensor"
 R_DEVICE = "inputs are not all on one CUDA device"
 R_ARCH = "the GPU is not Hopper (sm_90)"
 R_DTYPE = "inputs are not all float16 or all bfloat16"
@@ -131,6 +132,8 @@ def route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, ena
     if not (isinstance(query, T) and isinstance(key, T) and isinstance(value, T)) or not (
             query.dim() == key.dim() == value.dim() == 4):
         return "torch", R_RANK
+    if query.is_nested or key.is_nested or value.is_nested:  # (their sizes are not ints; sparse ones fail the strides)
+        return "torch", R_NESTED
     # flash_attn has the backward
     grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     dev = query.device

@@ -207,6 +207,9 @@ def cpu_fallback_cases():
     yield S.R_HEAD_DIM, (c(1, 2, 8, 80),) * 3, {}
     yield S.R_STRIDES, (misaligned(1, 2, 8, 64), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}
     yield S.R_STRIDES, (c(1, 2, 64, 8).transpose(-1, -2), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}  # head dim strided
+    yield S.R_STRIDES, (c(1, 2, 8, 64).to_sparse(), c(1, 2, 8, 64), c(1, 2, 8, 64)), {}  # (a sparse one: strides 0)
+    nested = torch.nested.nested_tensor([torch.randn(n, 2, 64) for n in (5, 8)], layout=torch.jagged).to(BF16)
+    yield S.R_NESTED, (nested.transpose(1, 2),) * 3, {}  # (B, H, j, D): torch's own nested SDPA decides
 
 
 def _run_both(args, kw):
@@ -235,6 +238,8 @@ def test_every_fallback_is_torch_with_one_warning_per_reason(cpu_as_gpu):
                 ours, theirs = _run_both(args, kw)
                 if isinstance(theirs, Exception):
                     assert type(ours) is type(theirs) and str(ours) == str(theirs), (reason, ours, theirs)
+                elif ours.is_nested:  # (torch.equal takes no nested tensors: per sequence)
+                    assert all(torch.equal(x, y) for x, y in zip(ours.unbind(), theirs.unbind(), strict=True)), reason
                 else:
                     assert torch.equal(ours, theirs), reason
     msgs = [str(w.message) for w in rec if str(w.message).startswith("cute_kernels.sdpa:")]
