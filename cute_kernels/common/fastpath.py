@@ -163,6 +163,11 @@ NO_LAST = (None, None, None, None)
 #: for as long as a model generates
 MAX_ENTRIES = 512
 
+#: armed entries a :class:`LauncherCache` keeps (one per weight of a model): more than any model's linears
+#: (Llama-3-70B has 560), since a cache smaller than a step's weights would drop each entry before its
+#: next use and never arm one; an entry is a small tuple
+MAX_ARMED = 1 << 14
+
 
 class BoundedCache(dict):
     """A dict that keeps at most ``limit`` entries: inserting a new key into a full one first drops the
@@ -216,7 +221,7 @@ class LauncherCache(BoundedCache):
     (gemm: b's data pointer, one per weight of a model), for calls that alternate between launchers
     (a model's linears): each finds its own entry, armed by its own repeat.  A hint only says which
     entry to try: the guard and ``rest`` decide, so a stale hint (a pointer reused by another tensor)
-    at worst fails its guard.  At most ``limit`` entries.
+    at worst fails its guard.  At most :data:`MAX_ARMED` entries.
 
     Every change to the dict forgets the last hit and the armed entries (a launcher replaced or removed
     under its key is never returned again).  At most ``limit`` launchers (:class:`BoundedCache`)."""
@@ -226,7 +231,7 @@ class LauncherCache(BoundedCache):
     def __init__(self, *args, limit: int = MAX_ENTRIES, **kw):
         super().__init__(*args, limit=limit, **kw)
         self.last = NO_LAST
-        self.armed = BoundedCache(limit=limit)
+        self.armed = BoundedCache(limit=MAX_ARMED)
 
     def _forget(self) -> None:
         self.last = NO_LAST

@@ -274,6 +274,24 @@ def test_gemm_weight_requiring_grad_under_no_grad_takes_its_guard(stubbed, monke
         assert entry(L, w)[2] is not None and entry(L, w)[4] is False
 
 
+def test_gemm_arms_more_weights_than_the_launcher_bound(stubbed, monkeypatch):
+    """A model with more linears than launchers are kept (Llama-3-70B: 560 > 512): every weight's entry
+    arms and stays (fastpath.MAX_ARMED), so the fourth round of calls makes no dict lookup."""
+    L = _CountingCache()
+    monkeypatch.setattr(GH, "_launchers", L)
+    x = torch.randn(16, 32, dtype=BF)
+    ws = [torch.randn(32, 48, dtype=BF) for _ in range(fastpath.MAX_ENTRIES + 88)]
+    for _ in range(3):  # a miss (the one launcher), dict hits, repeats that arm
+        for w in ws:
+            cute_kernels.gemm(x, w)
+    gets = L.gets
+    with count_launches() as n:
+        for w in ws:
+            cute_kernels.gemm(x, w)
+    assert n["gemm"] == len(ws) and L.gets == gets and len(L) == 1
+    assert all(entry(L, w)[2] is not None for w in ws)
+
+
 def test_gemm_guarded_last_hit_states(stubbed, monkeypatch):
     """Calls alternating between two weights (a model's linears) each arm b's own entry on their second
     call and then take its guard; one weight alternating between two shapes of a (prefill and decode)
