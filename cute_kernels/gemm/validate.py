@@ -114,7 +114,7 @@ def check_operands(a, b, out, c, out_dtype, allow_cpu=False) -> tuple[int, ...]:
     if a.dim() == 3 and a.shape[0] != b.shape[0]:
         raise ValueError(f"gemm: batch sizes differ: a {a.shape[0]}, b {b.shape[0]}")
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"gemm: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+        raise TypeError(f"gemm: out_dtype must be float16, bfloat16 or float32 (a torch.dtype), got {out_dtype!r}")
     shape = (*a.shape[:-1], b.shape[-1])
     if out is not None:
         if tuple(out.shape) != shape:

@@ -151,3 +151,11 @@ def test_fits_layout_size_one_strides():
     assert fits_layout(big[:, :1], "row") and not fits_layout(big[:, ::2][:, :1], "row")  # (strides (8, 1) / (8, 2))
     batched = torch.randn(1, 4, 64, dtype=bf)
     assert fits_layout(batched, "row") and fits_layout(batched.expand(1, 4, 64), "row")
+
+
+def test_out_dtype_as_a_string_is_named_as_one():
+    """``out_dtype="float32"`` (a string, as some frameworks spell dtypes) is refused with its repr, so the
+    message does not read as if torch.float32 were refused."""
+    a = torch.randn(16, 64, dtype=BF)
+    with pytest.raises(TypeError, match=r"out_dtype must be float16, bfloat16 or float32 \(a torch.dtype\), got 'float32'"):
+        gemm(a, a.t(), out_dtype="float32")
