@@ -10,8 +10,9 @@ after - before, with its interquartile range; the issue's bar is +0.3 us.
 
 Rows call only the public API both trees share (``gemm``, ``decode_attn``, ``flash_attn``) on tiny
 problems (the GPU work a few microseconds), outputs allocated or given (``out=``), and two rows that
-alternate two calls (a model's GEMMs, decode with and without ``out=``), and a decode over a cache one key
-longer every call (a DynamicCache's steps: metadata never seen before).  The device is synchronized
+alternate two calls (a model's GEMMs, decode with and without ``out=``), a decode over a cache one key
+longer every call (a DynamicCache's steps: metadata never seen before), and (GPU only) a Llama layer's
+seven ``patch_linear``ed linears at one token under no_grad.  The device is synchronized
 after each row's calls, outside the timed span.  ``--stub``: no GPU; the kernels are replaced by a
 no-op and the tensors live on the CPU (the host path's Python alone, as on a machine without a GPU).
 
@@ -90,6 +91,20 @@ def worker_rows(torch, cute_kernels, device: str) -> dict:
         n = grow[0] = grow[0] + 1 if grow[0] + 1 < grow_cap else L  # (wraps after 32k calls)
         decode_attn(q, kb[:, :, :n].transpose(1, 2), vb[:, :, :n].transpose(1, 2), cache_seqlens=lens)
     rows["decode growing cache (one key longer each call)"] = growing
+    if device == "cuda":  # (stubbed, a CPU linear is F.linear's real matmul: not a host-path row)
+        from cute_kernels.integrations import hf
+
+        # a Llama layer's seven linears, patched, weights requiring grad (Transformers' default), one
+        # decode token under no_grad: the eager step's per-linear host cost (kernels of a few us)
+        lins = [torch.nn.Linear(256, n, bias=False).to(device=device, dtype=bf) for n in (256, 64, 64, 256, 512, 512, 256)]
+        assert sum(hf.patch_linear(lin) for lin in lins) == len(lins)
+        xl = torch.randn(1, 1, 256, dtype=bf, device=device)
+
+        def linears():
+            with torch.no_grad():
+                for lin in lins:
+                    lin(xl)
+        rows["7 patched linears, M 1, no_grad (7 calls)"] = linears
     return rows
 
 
