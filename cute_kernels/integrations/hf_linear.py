@@ -18,7 +18,6 @@ __all__ = ["patch_linear", "unpatch_linear"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _ORIG = "_cute_kernels_orig_forward"
-_WT = "_cute_kernels_weight_t"  # (weight, data pointer, shape, strides, dtype, its detached transpose): _weight_t
 
 
 def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -27,37 +26,21 @@ def _gemm_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     backward's two GEMMs run on it); ``F.linear`` otherwise.  Every step of a decode loop runs this
     once per linear: the tests are the cheap ones (device indices, not ``torch.device`` objects; the
     Hopper check's cache read by index first; the weight from the parameter dict, not the module's
-    ``__getattr__``), a 2-D input and its result are taken as they are, and B is the cached
-    transpose of :func:`_weight_t`."""
+    ``__getattr__``), and a 2-D input and its result are taken as they are.  B is a fresh ``w.t()``
+    every call: a transpose kept on the module would keep the weight's memory alive after the weight
+    is replaced or moved (``weight.data = ...``, Accelerate's offloading), and gemm's guard takes the
+    fresh view as it took the last one (under no_grad too, where a view of a weight requiring grad
+    requires grad itself)."""
     w = self._parameters["weight"]
     dev = x.get_device()  # -1: CPU, meta
-    xs, ws, wd = x.shape, w.shape, w.dtype
-    if (dev < 0 or dev != w.get_device() or x.dtype != wd or not xs or xs[-1] != ws[1] or 0 in xs
+    xs, ws = x.shape, w.shape
+    if (dev < 0 or dev != w.get_device() or x.dtype != w.dtype or not xs or xs[-1] != ws[1] or 0 in xs
             or not (_sdpa._HOPPER.get(dev) or _is_hopper(x.device))):
         return F.linear(x, w, self.bias)
-    wt = _weight_t(self, w, ws, wd)
     if len(xs) == 2:
-        return gemm(x, wt)
-    out = gemm(x.reshape(-1, ws[1]), wt)
+        return gemm(x, w.t())
+    out = gemm(x.reshape(-1, ws[1]), w.t())
     return out.view(xs[0], xs[1], ws[0]) if len(xs) == 3 else out.view(*xs[:-1], ws[0])
-
-
-def _weight_t(self: nn.Linear, w: torch.Tensor, ws: torch.Size, wd: torch.dtype) -> torch.Tensor:
-    """``w.T``, the weight as gemm's column-major B: a fresh view where autograd must see it (grad
-    mode and a weight requiring grad), else a detached view kept on the module and made again
-    whenever the weight is another object or has another data pointer, shape, strides or dtype (a new
-    ``Parameter``, ``weight.data = ...``, ``resize_``, ``weight.data = weight.data.view(dtype)``: the
-    kept view holds the old storage, so new memory never shares its pointer).  Kept, the same tensor
-    object every call, not requiring grad, so gemm's per-weight entry arms its guard without reading
-    grad mode (a fresh ``w.t()`` of a weight requiring grad requires grad itself, no_grad or not)."""
-    if w.requires_grad and torch.is_grad_enabled():
-        return w.t()
-    kept = self.__dict__.get(_WT)
-    ptr, stride = w.data_ptr(), w.stride()
-    if (kept is None or kept[0] is not w or kept[1] != ptr or kept[2] != ws or kept[3] != stride
-            or kept[4] is not wd):
-        kept = self.__dict__[_WT] = (w, ptr, ws, stride, wd, w.detach().t())
-    return kept[5]
 
 
 def _check_model(who: str, model) -> None:
@@ -96,7 +79,6 @@ def unpatch_linear(model: nn.Module) -> int:
         if not hasattr(mod, _ORIG):
             continue
         orig = mod.__dict__.pop(_ORIG)
-        mod.__dict__.pop(_WT, None)
         if orig is None:
             del mod.forward
         else:
