@@ -339,7 +339,7 @@ def decode_parts(pshape, dev) -> dict:
     carves them from one pool buffer per stream (a growing cache's decode steps make a launcher per
     length; a continuously batched server a shape per batch size; launches on one stream are ordered,
     so sharing is as safe as reuse)."""
-    return _DECODE_PARTS.setdefault((pshape, dev), {})
+    return _DECODE_PARTS.setdefault((pshape, dev), BoundedCache(limit=16))  # (streams)
 
 
 def decode_launcher(fn, keep, P, qshape, dtype, dev, operands=(None,) * 6, variant=(), sink=None, leftpad=None, window=None):

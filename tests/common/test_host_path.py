@@ -533,6 +533,19 @@ def test_split_partials_of_every_shape_share_one_pool(stubbed, monkeypatch):
     assert old() is None, "the outgrown buffer is freed once no shape's views hold it"
 
 
+def test_pools_are_bounded(monkeypatch):
+    """At most _MAX_POOLS pool buffers are kept (one per (device, stream): a server making a stream per
+    request would otherwise keep one per stream); a dropped pool's views are carved again on demand."""
+    monkeypatch.setattr(fastpath, "_POOLS", {})
+    monkeypatch.setattr(fastpath, "_MAX_POOLS", 1)
+    cpu, meta = {}, {}
+    (a,) = fastpath.pooled_views(cpu, torch.device("cpu"), ((4, 8),))
+    (b,) = fastpath.pooled_views(meta, torch.device("meta"), ((4, 8),))  # (another key: cpu's pool dropped)
+    assert len(fastpath._POOLS) == 1 and b.device.type == "meta"
+    (a2,) = fastpath.pooled_views(cpu, torch.device("cpu"), ((4, 8),))  # carved again from a new pool
+    assert a2.shape == (4, 8) and a2.device.type == "cpu" and len(fastpath._POOLS) == 1
+
+
 @pytest.mark.parametrize("layout,num_splits", [("bshd", None), ("bhsd", None), ("bhsd", 3)])
 def test_decode_over_a_growing_cache_takes_grown_launchers(stubbed, monkeypatch, layout, num_splits):
     """Without out=, a longer cache of otherwise the same metadata (a DynamicCache's next step, also as
