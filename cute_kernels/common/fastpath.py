@@ -221,11 +221,11 @@ class LauncherCache(BoundedCache):
     it was made in, say inference mode) is disarmed, ``(key, launcher, None, False)``, until another
     launcher is hit (:meth:`repeat`).
 
-    ``armed``: the same ``(key, launcher, guard, rest)`` entries by a hint the fast path reads cheaply
-    (gemm: b's data pointer, one per weight of a model), for calls that alternate between launchers
-    (a model's linears): each finds its own entry, armed by its own repeat.  A hint only says which
-    entry to try: the guard and ``rest`` decide, so a stale hint (a pointer reused by another tensor)
-    at worst fails its guard.  At most :data:`MAX_ARMED` entries.
+    ``armed``: entries of the same kind by a hint the fast path reads cheaply (gemm: b's data pointer,
+    one per weight of a model; its entries carry a fifth field, see :func:`~cute_kernels.gemm.host._arm`),
+    for calls that alternate between launchers (a model's linears): each finds its own entry, armed by
+    its own repeat.  A hint only says which entry to try: the guard and ``rest`` decide, so a stale hint
+    (a pointer reused by another tensor) at worst fails its guard.  At most :data:`MAX_ARMED` entries.
 
     Every change to the dict forgets the last hit and the armed entries (a launcher replaced or removed
     under its key is never returned again).  At most ``limit`` launchers (:class:`BoundedCache`)."""

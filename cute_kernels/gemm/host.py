@@ -441,7 +441,7 @@ def _launcher(p, fn, ws, dev, operands):
             LAUNCHES["gemm"] += 1
             return out
     launch_.plan = p  # (its launcher holds the compiled object that owns fn's CUDA library)
-    launch_.guard = launch_.rest = None  # the metadata guard and rest of the last hit (_arm makes them)
+    launch_.guard = launch_.rest = None  # the metadata guard and rest its entries arm with (_arm makes them)
     return launch_
 
 
