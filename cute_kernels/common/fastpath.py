@@ -71,10 +71,6 @@ def stream_buffers(cache: dict, device, make: Callable[[], Any]):
     return buf
 
 
-#: (device, stream) -> the newest pool buffer of :func:`pooled_views` (a server that makes a stream per
-#: request would otherwise keep one per stream it ever used; a dropped one is made again if needed)
-_POOLS: dict = {}
-_MAX_POOLS = 64
 _POOL_GRAIN = 1 << 16  # pool buffers grow in whole multiples of this many elements
 _pool_generation = 0  # counts pool buffers made: views carved before the last one may be of an old buffer
 
@@ -105,8 +101,6 @@ def pooled_views(cache: dict, device, shapes: tuple, dtype=torch.float32) -> tup
     need = sum(sizes)
     buf = _POOLS.get(key)
     if buf is None or buf.numel() < need or buf.dtype != dtype:
-        if buf is None and len(_POOLS) >= _MAX_POOLS:
-            del _POOLS[next(iter(_POOLS))]
         buf = _POOLS[key] = torch.empty(-(-need // _POOL_GRAIN) * _POOL_GRAIN, dtype=dtype, device=device)
         _pool_generation += 1
     views, off = [], 0
@@ -198,6 +192,11 @@ class BoundedCache(dict):
     def update(self, *args, **kw):
         for key, value in dict(*args, **kw).items():
             self[key] = value
+
+
+#: (device, stream) -> the newest pool buffer of :func:`pooled_views`: at most 64 (a server that makes a
+#: stream per request would otherwise keep one per stream it ever used; a dropped one is made again)
+_POOLS = BoundedCache(limit=64)
 
 
 class LauncherCache(BoundedCache):

@@ -87,16 +87,19 @@ def epi_defer_ok(cfg: GemmConfig) -> bool:
             and cfg.lean_tile and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
 
 
+def epi_sub_tiles(t: T.GemmTiles) -> int:
+    """Epilogue sub-tiles per CTA tile."""
+    return (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])
+
+
 def fixup_parts_ok(cfg: GemmConfig) -> bool:
     """Pure Python: whether ``cfg`` can take the shared finish (``GemmConfig.fixup_parts``): split-K
     (2 to fixup.MAX_PARTS slices), the TMA-stored epilogue (a part is a run of its sub-tiles), and
     sub-tiles of whole 16-byte workspace chunks per thread."""
     t = cfg.tiles
-    n_epi = (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])
-    threads = 128 * t.mma.num_warpgroups
-    per_sub = t.epi_tile_mn[0] * t.epi_tile_mn[1] // threads
+    per_sub = t.epi_tile_mn[0] * t.epi_tile_mn[1] // (128 * t.mma.num_warpgroups)
     return (1 < cfg.splits <= fixup.MAX_PARTS and cfg.tma_store and cfg.mainloop == "tma"
-            and per_sub % fixup.PARTIAL_VEC == 0 and per_sub * n_epi == t.acc_regs_per_thread)
+            and per_sub % fixup.PARTIAL_VEC == 0 and per_sub * epi_sub_tiles(t) == t.acc_regs_per_thread)
 
 
 class CooperativeSetup(NamedTuple):
@@ -141,7 +144,7 @@ class GemmSm90(GemmEpilogue):
         # zero-init through the MMA needs >= 1 k-tile per work unit (a split-K slice can be empty); the
         # heavy tiles keep the fill: ptxas peels the first k-tile, and 256 x 208 with C then spills 8 B
         self.mma_zero_init = cfg.lean_tile and cfg.splits == 1 and not heavy
-        self.n_epi = (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])  # sub-tiles per tile
+        self.n_epi = epi_sub_tiles(t)
         if self.splits > 1 and cfg.mainloop != "tma":
             raise ValueError("GemmConfig.splits > 1: TMA mainloop only")
         if cfg.fixup_parts and not fixup_parts_ok(cfg):

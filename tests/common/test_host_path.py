@@ -502,7 +502,7 @@ def test_split_partials_of_every_shape_share_one_pool(stubbed, monkeypatch):
     """A continuously batched server: split decode calls whose batch size changes call by call take their
     partial states from one pool buffer per stream (the largest launch's size), not a set per shape; a
     larger shape grows the pool and the smaller shapes move to the new buffer at their next call."""
-    monkeypatch.setattr(fastpath, "_POOLS", {})
+    monkeypatch.setattr(fastpath, "_POOLS", fastpath.BoundedCache(limit=64))
     monkeypatch.setattr(fastpath, "_POOL_GRAIN", 256)  # (a buffer just the size asked, rounded up)
     calls, call = [], Stub.__call__
     monkeypatch.setattr(Stub, "__call__", lambda self, *a: (calls.append(a), call(self, *a))[1])
@@ -534,10 +534,9 @@ def test_split_partials_of_every_shape_share_one_pool(stubbed, monkeypatch):
 
 
 def test_pools_are_bounded(monkeypatch):
-    """At most _MAX_POOLS pool buffers are kept (one per (device, stream): a server making a stream per
+    """At most _POOLS.limit pool buffers are kept (one per (device, stream): a server making a stream per
     request would otherwise keep one per stream); a dropped pool's views are carved again on demand."""
-    monkeypatch.setattr(fastpath, "_POOLS", {})
-    monkeypatch.setattr(fastpath, "_MAX_POOLS", 1)
+    monkeypatch.setattr(fastpath, "_POOLS", fastpath.BoundedCache(limit=1))
     cpu, meta = {}, {}
     (a,) = fastpath.pooled_views(cpu, torch.device("cpu"), ((4, 8),))
     (b,) = fastpath.pooled_views(meta, torch.device("meta"), ((4, 8),))  # (another key: cpu's pool dropped)
