@@ -1,4 +1,5 @@
-"""Tile descriptions of the kernels (:mod:`layouts.tiles`, :mod:`layouts.attention`) and a CPU explorer
+"""Tile descriptions of the kernels (:mod:`layouts.tiles`, :mod:`layouts.attention`,
+:mod:`layouts.attention_backward`) and a CPU explorer
 for them: :mod:`layouts.explore` (fragments, shared memory, banks) and :mod:`layouts.raster` (the
 scheduler's tile order), drawn by :mod:`layouts.render`, reachable as ``cute-kernels layouts``.
 ``layouts`` never imports ``cute_kernels``; :mod:`layouts.target` sets the compile target.  The names

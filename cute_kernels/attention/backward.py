@@ -28,7 +28,7 @@ The row buffers hold each sequence's rows from ``off_p = (first row + b * pad)``
 predicated stores).
 
 Buffers per call (fp32): LSE_log2 and Delta (B, Hq, Sq_pad), the dQ accumulator (B, Hq, Sq_pad, D)
-(``Sq_pad``: Sq rounded up to :data:`layouts.attention.BWD_ROW_PAD`), and with GQA the dK and dV
+(``Sq_pad``: Sq rounded up to :data:`layouts.attention_backward.BWD_ROW_PAD`), and with GQA the dK and dV
 accumulators (B, Sk, Hkv, D) (zeroed here; the query heads of a KV head add into them).  Without GQA
 the main kernel stores dk and dv itself.
 """
@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from layouts import attention as LA
+from layouts import attention_backward as LB
 
 from ..common.args import tensor_fault
 from ..common import jit
@@ -107,8 +108,8 @@ def validate_backward(dout, q, k, v, out, lse, causal, softmax_scale, dq, dk, dv
                                         learnable_sink=learnable_sink)
     softcap = check_softcap(softcap, scale)
     causal, window = check_window(window_size, causal)
-    if q.shape[-1] not in LA.BWD_HEAD_DIMS:
-        _err(ValueError, f"q head_dim {q.shape[-1]}: the backward supports head dims {LA.BWD_HEAD_DIMS}")
+    if q.shape[-1] not in LB.BWD_HEAD_DIMS:
+        _err(ValueError, f"q head_dim {q.shape[-1]}: the backward supports head dims {LB.BWD_HEAD_DIMS}")
     _check_like("dout", dout, q.shape, q.dtype, q.device)
     rows = (q.shape[0], q.shape[2], q.shape[1]) if packed is None else (q.shape[1], q.shape[0])
     _check_rows("lse", lse, rows, q.device)
@@ -159,7 +160,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     window_size=window_size, softcap=softcap, learnable_sink=learnable_sink)`` for the output gradient
     ``dout`` (and the LSE gradient ``dlse``, if any); ``(dq, dk, dv, dsink)`` when ``learnable_sink`` is
     given, ``dsink`` the sink's gradient ((Hq,) fp32).  q, out, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv,
-    D) in float16 / bfloat16, D in :data:`layouts.attention.BWD_HEAD_DIMS`, any 16-byte-aligned
+    D) in float16 / bfloat16, D in :data:`layouts.attention_backward.BWD_HEAD_DIMS`, any 16-byte-aligned
     strides; lse (B, Hq, Sq) fp32 from the forward (with a sink: the forward's, which holds it).  ``dq``
     / ``dk`` / ``dv``: written in place if given (any 16-byte strides), else allocated.  GQA / MQA: dk,
     dv sum their query heads.  ``window_size=(left, right)`` as ``flash_attn``'s (-1: unbounded; causal
@@ -219,7 +220,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     main, pre, post, *post_kv = _compiled(plan)
     if main is None:  # jit.dry_run
         return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)
-    pad = LA.BWD_ROW_PAD
+    pad = LB.BWD_ROW_PAD
     # the row buffers: dense (B, Hq, Sq rounded up to pad); packed one batch, each sequence's rows from
     # backward_mask.padded_first_row on, so total_q + B * pad rows hold every sequence's padded tiles
     Bb, Sp = (B, -(-Sq // pad) * pad) if packed is None else (1, -(-(Sq + B * pad) // pad) * pad)
@@ -346,8 +347,8 @@ def warmup_flash_attn_backward(spec) -> None:
         if dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"warmup flash_attn_backward: dtype must be float16 or bfloat16, got {dtype}")
         head_dim = spec.get("head_dim", 128)
-        if head_dim not in LA.BWD_HEAD_DIMS:
-            raise ValueError(f"warmup flash_attn_backward: head_dim must be one of {LA.BWD_HEAD_DIMS}, got {head_dim}")
+        if head_dim not in LB.BWD_HEAD_DIMS:
+            raise ValueError(f"warmup flash_attn_backward: head_dim must be one of {LB.BWD_HEAD_DIMS}, got {head_dim}")
         softcap, det, varlen = spec.get("softcap", False), spec.get("deterministic", False), spec.get("varlen", False)
         for name, flag in (("softcap", softcap), ("deterministic", det), ("varlen", varlen)):
             if type(flag) is not bool:  # (common.jit's spec kinds check the older keys)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-from layouts import attention as LA
+from layouts import attention_backward as LB
 
 from ..common.dtypes import HALF_NAMES
 
@@ -17,9 +17,9 @@ class FlashBwdConfig:
     and the strides of q, k, v, dout are run-time values."""
 
     dtype: str  # "bfloat16" | "float16"
-    head_dim: int  # one of layouts.attention.BWD_HEAD_DIMS
+    head_dim: int  # one of layouts.attention_backward.BWD_HEAD_DIMS
     causal: bool
-    tile: LA.BwdTile
+    tile: LB.BwdTile
     #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
     window: bool = False
     #: the MMA bound of the benchmark (``cute-kernels bench attention --backward``): the mask, the
@@ -65,8 +65,8 @@ class FlashBwdConfig:
 
 def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False, direct_kv: bool = False,
                softcap: bool = False, deterministic: bool = False, varlen: bool = False) -> FlashBwdConfig:
-    """The configuration the backward compiles for these facts (tile from :func:`layouts.attention.bwd_tile`)."""
+    """The configuration the backward compiles for these facts (tile from :func:`layouts.attention_backward.bwd_tile`)."""
     return FlashBwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal),
-                          tile=LA.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap)), window=bool(window),
+                          tile=LB.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap)), window=bool(window),
                           direct_kv=bool(direct_kv), softcap=bool(softcap), deterministic=bool(deterministic),
                           varlen=bool(varlen))

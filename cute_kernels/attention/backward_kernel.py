@@ -3,7 +3,7 @@ dV and the fp32 dQ accumulation of ``O = softmax(Q K^T * scale) V``, from the fo
 LSE and the pre-pass's ``Delta = rowsum(dO * O)`` (:mod:`.backward_prepost`).
 
 One CTA per (KV tile of ``tile_n`` = 128 keys, query head, batch); 3 warpgroups
-(:class:`layouts.attention.BwdTile`):
+(:class:`layouts.attention_backward.BwdTile`):
 
 * warpgroup 0, the producer (24 registers): warp 0 (``LOAD_WARP``) loads the K and V tiles of the
   query head's KV head once (one mbarrier, :class:`~cute_kernels.common.ring.TxRing`), then, for every
@@ -64,7 +64,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from layouts import attention as LA
+from layouts import attention_backward as LB
 
 from ..common import ring, tma
 from ..common.dtypes import to_cutlass
@@ -139,15 +139,15 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         # (B, Hq, Sq_pad, D) -> (Sq_pad, D, Hq, B): rows first, as the TMA reduce takes it
         mdQacc = cute.make_tensor(mdQacc.iterator, cute.select(mdQacc.layout, mode=[2, 3, 1, 0]))
 
-        sQ_layout = LA.make_bwd_smem_layout_q(t)
-        sK_layout = LA.make_bwd_smem_layout_k(t)
-        sV_layout = LA.make_bwd_smem_layout_v(t)
-        sdS_layout = LA.make_bwd_smem_layout_ds(t)
-        sdQ_layout = LA.make_bwd_smem_layout_dq(t)
+        sQ_layout = LB.make_bwd_smem_layout_q(t)
+        sK_layout = LB.make_bwd_smem_layout_k(t)
+        sV_layout = LB.make_bwd_smem_layout_v(t)
+        sdS_layout = LB.make_bwd_smem_layout_ds(t)
+        sdQ_layout = LB.make_bwd_smem_layout_dq(t)
         sRow_layout = cute.make_layout((self.tile_m, self.stages))
-        tiled_mma_sdp = LA.make_bwd_tiled_mma_sdp(t)
-        tiled_mma_dkv = LA.make_bwd_tiled_mma_dkv(t)
-        tiled_mma_dq = LA.make_bwd_tiled_mma_dq(t)
+        tiled_mma_sdp = LB.make_bwd_tiled_mma_sdp(t)
+        tiled_mma_dkv = LB.make_bwd_tiled_mma_dkv(t)
+        tiled_mma_dq = LB.make_bwd_tiled_mma_dq(t)
 
         tma_q, tma_mQ = tma.make_tma_load(mQ, sQ_layout, (self.tile_m, self.D))
         tma_do, tma_mdO = tma.make_tma_load(mdO, sQ_layout, (self.tile_m, self.D))
@@ -402,7 +402,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         # the previous tile's state (its stage handed back in the next tile, once that tile's S^T wait
         # has seen this tile's dK finish)
         if const_expr(self.cfg.tile.dk_carry):
-            tiled_mma_dk = LA.make_bwd_tiled_mma_dkv(self.cfg.tile, a_smem=True)
+            tiled_mma_dk = LB.make_bwd_tiled_mma_dkv(self.cfg.tile, a_smem=True)
             wg_dk = tiled_mma_dk.get_slice(wg_first)
             carry = (tiled_mma_dk, tiled_mma_dk.make_fragment_A(wg_dk.partition_A(sdS)),
                      tiled_mma_dk.make_fragment_B(wg_dk.partition_B(cute.composition(sQ, t_order))))
@@ -460,7 +460,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
 
 def backward_builder(cfg: FlashBwdConfig):
     """``() -> (kernel, fake_args)`` for :func:`cute_kernels.common.jit.get_compiled`: symbolic B, Sq,
-    Sk, Hq, Hkv, Sq_pad (a multiple of :data:`layouts.attention.BWD_ROW_PAD`) and a fresh symbolic
+    Sk, Hq, Hkv, Sq_pad (a multiple of :data:`layouts.attention_backward.BWD_ROW_PAD`) and a fresh symbolic
     stride for every stride of q, k, v, dout (stride(-1) = 1); the fp32 buffers compact.  Arguments:
     ``(q, k, v, dout, lse_log2, delta, dq_accum, dk_accum, dv_accum, scale_log2)`` (``direct_kv``: dk, dv
     in the input dtype, any 16-byte strides, in place of the two accumulators), and a window
@@ -476,7 +476,7 @@ def backward_builder(cfg: FlashBwdConfig):
         D = cfg.head_dim
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
-        Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
+        Sp = cute.sym_int(divisibility=LB.BWD_ROW_PAD)
         mQ, mK, mV, mdO = (fsl.fake_rows(dt, s) for s in ((B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D),
                                                            (B, Sq, Hq, D)))
         f32 = cutlass.Float32

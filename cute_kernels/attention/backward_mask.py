@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from layouts import attention as LA
+from layouts import attention_backward as LB
 
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
@@ -213,10 +213,10 @@ def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_bloc
 def padded_first_row(first_row, batch):
     """Packed sequence ``batch``'s first row in the backward's padded row buffers (LSE_log2, Delta, the dQ
     accumulator), given its first packed row: ``first_row + batch * pad`` rounded down to ``pad`` =
-    :data:`layouts.attention.BWD_ROW_PAD`, so each sequence's padded tiles there are its own and
+    :data:`layouts.attention_backward.BWD_ROW_PAD`, so each sequence's padded tiles there are its own and
     ``total_q + B * pad`` rows hold them all.  The one definition of that layout, for the kernels' Int32
     values and the host's tensors alike."""
-    pad = LA.BWD_ROW_PAD
+    pad = LB.BWD_ROW_PAD
     return (first_row + batch * pad) // pad * pad
 
 

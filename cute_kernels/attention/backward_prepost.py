@@ -11,7 +11,7 @@ Pre-pass (:class:`BwdPrepass`), per query row ``q`` of every head:
 * the row of the fp32 dQ accumulator zeroed.
 
 Both row buffers are (B, Hq, Sq_pad) and the accumulator (B, Hq, Sq_pad, D), ``Sq_pad`` = Sq rounded
-up to :data:`layouts.attention.BWD_ROW_PAD`: the main kernel loads whole query tiles of them by TMA
+up to :data:`layouts.attention_backward.BWD_ROW_PAD`: the main kernel loads whole query tiles of them by TMA
 (16-byte-aligned rows) and adds whole dQ tiles, padding rows included.
 
 Post-pass (:class:`BwdConvert`): ``dst = src * scale`` in the input dtype for (B, S, H, D) views of
@@ -27,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from layouts import attention as LA
+from layouts import attention_backward as LB
 
 from ..common.dtypes import HALF_NAMES, to_cutlass
 from ..common.softmax import LOG2_E
@@ -57,8 +57,8 @@ class BwdPrepostConfig:
             raise ValueError(f"BwdPrepostConfig: kind {self.kind!r} must be 'prepass' or 'convert'")
         if self.dtype not in HALF_NAMES:
             raise ValueError(f"BwdPrepostConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
-        if self.head_dim not in LA.BWD_HEAD_DIMS:
-            raise ValueError(f"BwdPrepostConfig: head_dim {self.head_dim} must be one of {LA.BWD_HEAD_DIMS}")
+        if self.head_dim not in LB.BWD_HEAD_DIMS:
+            raise ValueError(f"BwdPrepostConfig: head_dim {self.head_dim} must be one of {LB.BWD_HEAD_DIMS}")
 
 
 @cute.jit
@@ -97,7 +97,7 @@ class BwdPrepass:
         blocks = (mLSE2.shape[2] + ROWS - 1) // ROWS
         if const_expr(self.cfg.varlen):
             batch = mCuSeqlens.shape[0] - 1
-            blocks = (max_seqlen + LA.BWD_ROW_PAD - 1) // LA.BWD_ROW_PAD * (LA.BWD_ROW_PAD // ROWS)
+            blocks = (max_seqlen + LB.BWD_ROW_PAD - 1) // LB.BWD_ROW_PAD * (LB.BWD_ROW_PAD // ROWS)
         self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQacc, Int32(seqlen_q), mCuSeqlens, max_seqlen).launch(
             grid=[blocks, num_heads, batch], block=[THREADS, 1, 1], stream=stream)
 
@@ -155,9 +155,9 @@ class BwdPrepass:
 def _packed_rows(mCuSeqlens: cute.Tensor, batch, total, max_seqlen):
     """``(off, length, off_p, written)`` of packed sequence ``batch``: its first row and length (clamped as
     the main kernel clamps them), its first row in the padded buffers (the main kernel's ``off_p``) and
-    its padded length there (a multiple of :data:`layouts.attention.BWD_ROW_PAD`)."""
+    its padded length there (a multiple of :data:`layouts.attention_backward.BWD_ROW_PAD`)."""
     off, length, _, _ = fsl.sequence_bounds(batch, total, total, mCuSeqlens, mCuSeqlens, max_seqlen, max_seqlen, True)
-    pad = LA.BWD_ROW_PAD
+    pad = LB.BWD_ROW_PAD
     return off, length, padded_first_row(off, batch), (length + pad - 1) // pad * pad
 
 
@@ -213,7 +213,7 @@ def prepost_builder(cfg: BwdPrepostConfig):
 
     * prepass: ``(out, dout, lse, dlse, lse_log2, delta, dq_accum)`` -- out / dout (B, Sq, Hq, D) of
       any 16-byte strides, lse / dlse (B, Hq, Sq) fp32 of any strides (without ``has_dlse`` pass lse
-      again), the outputs compact with Sq_pad a multiple of :data:`layouts.attention.BWD_ROW_PAD`;
+      again), the outputs compact with Sq_pad a multiple of :data:`layouts.attention_backward.BWD_ROW_PAD`;
     * convert: ``(src, dst, scale)`` -- (B, S, H, D) fp32 with 16-byte strides and the input dtype."""
 
     def build():
@@ -238,7 +238,7 @@ def prepost_builder(cfg: BwdPrepostConfig):
             mDst = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
             return (k.call_varlen if cfg.varlen else k), (mSrc, mDst, Float32(1.0), stream, *packed)
         k = BwdPrepass(cfg)
-        Sp = cute.sym_int(divisibility=LA.BWD_ROW_PAD)
+        Sp = cute.sym_int(divisibility=LB.BWD_ROW_PAD)
         mO = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
         mdO = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
         mLSE = make_fake_tensor(f32, (B, H, S), tuple(cute.sym_int64() for _ in range(3)), assumed_align=4)

@@ -1,7 +1,7 @@
 """One query tile of the attention backward's consumer warpgroups (a mixin of
 :class:`~.backward_kernel.FlashAttnBwdSm90`; the steps are in :mod:`.backward_kernel`'s docstring).
 
-Two data flows, by :attr:`layouts.attention.BwdTile.kv_split_d`:
+Two data flows, by :attr:`layouts.attention_backward.BwdTile.kv_split_d`:
 
 * keys split (D <= 128): each warpgroup owns 64 keys; its P^T and dS^T stay in registers as the A
   operands of dV += P^T dO and dK += dS^T Q; only dS^T goes to shared memory (for dQ = dS K);

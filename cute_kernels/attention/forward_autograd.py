@@ -21,7 +21,7 @@ from ..testing import LAUNCHES
 
 __all__ = ["check_differentiable", "register", "BWD_HEAD_DIMS"]
 
-#: Head dims the backward kernels run (``layouts.attention.BWD_HEAD_DIMS``, read without the DSL).
+#: Head dims the backward kernels run (``layouts.attention_backward.BWD_HEAD_DIMS``, read without the DSL).
 BWD_HEAD_DIMS = (64, 96, 128, 256)
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from cute_kernels.attention import backward as BW
-from layouts import attention as LA
+from layouts import attention_backward as LB
 
 gpu = pytest.mark.gpu
 DTYPES = (torch.bfloat16, torch.float16)
@@ -43,10 +43,10 @@ def _precompile():
     if not torch.cuda.is_available():
         yield
         return
-    plans = [BW.bwd_plan(dt, d, c, dl) for dt in DTYPES for d in LA.BWD_HEAD_DIMS for c in (False, True)
+    plans = [BW.bwd_plan(dt, d, c, dl) for dt in DTYPES for d in LB.BWD_HEAD_DIMS for c in (False, True)
              for dl in (False, True)]
-    plans += [BW.bwd_plan(torch.bfloat16, d, False, False, True) for d in LA.BWD_HEAD_DIMS]
-    plans += [BW.bwd_plan(dt, d, c, dl, False, g, True) for dt in DTYPES for d in LA.BWD_HEAD_DIMS
+    plans += [BW.bwd_plan(torch.bfloat16, d, False, False, True) for d in LB.BWD_HEAD_DIMS]
+    plans += [BW.bwd_plan(dt, d, c, dl, False, g, True) for dt in DTYPES for d in LB.BWD_HEAD_DIMS
               for c in (False, True) for dl in (False, True) for g in (False, True)
               if dt == torch.bfloat16 or not dl]  # softcapping (fp16: no LSE-gradient case)
     errors = BW.precompile(plans)
@@ -252,7 +252,7 @@ def test_dq_stages_2_matches_reference(monkeypatch, D, causal, B, Sq, Sk, Hq, Hk
     run_case(torch.bfloat16, D, causal, B, Sq, Sk, Hq, Hkv, seed=D + Sq, **kw)
 
 
-CASES = [(dt, D, c, i) for dt in DTYPES for D in LA.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
+CASES = [(dt, D, c, i) for dt in DTYPES for D in LB.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
 
 
 @gpu
@@ -262,7 +262,7 @@ CASES = [(dt, D, c, i) for dt in DTYPES for D in LA.BWD_HEAD_DIMS for c in (Fals
 def test_backward_matches_reference(dtype, D, causal, i):
     """Each length pair with a GQA group size (1/4/8 in turn), B = 2 for the short ones."""
     Sq, Sk = LENGTHS[i]
-    G = GROUPS[(i + LA.BWD_HEAD_DIMS.index(D)) % len(GROUPS)]
+    G = GROUPS[(i + LB.BWD_HEAD_DIMS.index(D)) % len(GROUPS)]
     B = 1 if max(Sq, Sk) > 1000 else 2
     run_case(dtype, D, causal, B, Sq, Sk, HQ, HQ // G, seed=i)
 
@@ -280,7 +280,7 @@ WINDOW_CASES = [((0, 0), 300, 200), ((5, 0), 1000, 1000), ((0, 7), 200, 300), ((
 
 
 @gpu
-@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("D", LB.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("window,Sq,Sk", WINDOW_CASES, ids=[f"w{w[0]}_{w[1]}-{a}x{b}" for w, a, b in WINDOW_CASES])
 def test_window(window, Sq, Sk, D):
     """Sliding windows (bf16, GQA 4): near-edge masked, unmasked and far-edge masked query tiles."""
@@ -288,7 +288,7 @@ def test_window(window, Sq, Sk, D):
 
 
 @gpu
-@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("D", LB.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("window,Sq,Sk", [((5, 0), 200, 1000), ((40, 3), 333, 257)])
 def test_window_one_head_per_kv_head(window, Sq, Sk, D):
     """Windows with Hq == Hkv (dK / dV stored by the main kernel): the KV tiles no query sees (keys 0..767
@@ -299,7 +299,7 @@ def test_window_one_head_per_kv_head(window, Sq, Sk, D):
 
 
 @gpu
-@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("D", LB.BWD_HEAD_DIMS)
 def test_lse_gradient(D):
     """An incoming LSE gradient (Delta - dLSE)."""
     run_case(torch.bfloat16, D, True, 2, 200, 333, HQ, 2, dlse_on=True, seed=3)
@@ -311,7 +311,7 @@ def test_lse_gradient(D):
 VARIANT_CASES = [(dt, D, c, i, GROUPS[(i + j) % 3], cap, sk)
                  for j, (dt, cap, sk) in enumerate([(torch.bfloat16, 2.0, False), (torch.bfloat16, 0.0, True),
                                                     (torch.bfloat16, 30.0, True), (torch.float16, 2.0, True)])
-                 for D in LA.BWD_HEAD_DIMS for c in (False, True) for i in ((j + D // 32) % len(LENGTHS),)]
+                 for D in LB.BWD_HEAD_DIMS for c in (False, True) for i in ((j + D // 32) % len(LENGTHS),)]
 
 
 @gpu
@@ -327,7 +327,7 @@ def test_softcap_and_sinks_match_reference(dtype, D, causal, i, G, softcap, sink
 
 
 @gpu
-@pytest.mark.parametrize("D", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("D", LB.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("softcap,sink", [(0.0, True), (5.0, True), (5.0, False)])
 def test_softcap_and_sinks_lse_gradient(D, softcap, sink):
     """An incoming LSE gradient: Delta - dLSE in dS, and the sink's gradient exp(sink - lse) (dLSE -

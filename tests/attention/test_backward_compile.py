@@ -15,18 +15,19 @@ import torch
 from cute_kernels.attention import backward_kernel as bk
 from cute_kernels.attention import backward_mask as bm
 from layouts import attention as LA
+from layouts import attention_backward as LB
 from _check import WINDOWS, visible_window  # noqa: E402
 
-CONFIGS = list(itertools.product(("bfloat16", "float16"), LA.BWD_HEAD_DIMS, (False, True)))
+CONFIGS = list(itertools.product(("bfloat16", "float16"), LB.BWD_HEAD_DIMS, (False, True)))
 
 
 # ------------------------------------------------------------------------------------------ tiles
-@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", LB.BWD_HEAD_DIMS)
 def test_bwd_tile_fits(head_dim):
-    t = LA.bwd_tile("bfloat16", head_dim)
+    t = LB.bwd_tile("bfloat16", head_dim)
     assert t.smem_bytes() <= LA.FWD_SMEM_CAPACITY
     assert 128 * t.producer_regs + t.consumer_warpgroups * 128 * t.consumer_regs <= 65536
-    assert LA.BWD_ROW_PAD % t.tile_m == 0
+    assert LB.BWD_ROW_PAD % t.tile_m == 0
     # S^T, dP^T (fp32) + dK, dV (fp32) per consumer thread, with room for the rest; split by head dims
     # (D = 256): half the queries of S^T / dP^T and half the columns of dK / dV per warpgroup
     split = 2 if t.kv_split_d else 1
@@ -39,19 +40,19 @@ def test_bwd_tile_fits(head_dim):
 
 def test_bwd_tile_rejects():
     with pytest.raises(ValueError):
-        LA.BwdTile("bfloat16", 256)
+        LB.BwdTile("bfloat16", 256)
     with pytest.raises(ValueError):
-        LA.BwdTile("bfloat16", 128, tile_n=192)
+        LB.BwdTile("bfloat16", 128, tile_n=192)
     with pytest.raises(ValueError):
-        LA.BwdTile("bfloat16", 128, tile_m=128)  # a column split of dQ needs 64 rows
+        LB.BwdTile("bfloat16", 128, tile_m=128)  # a column split of dQ needs 64 rows
     with pytest.raises(ValueError):
-        LA.BwdTile("bfloat16", 128, stages=8)  # shared memory
+        LB.BwdTile("bfloat16", 128, stages=8)  # shared memory
     with pytest.raises(ValueError, match="2 stages"):
-        LA.BwdTile("bfloat16", 128, stages=1)  # a dS^T buffer per stage
+        LB.BwdTile("bfloat16", 128, stages=1)  # a dS^T buffer per stage
     with pytest.raises(ValueError, match="kv_split_d"):
-        LA.BwdTile("bfloat16", 256, tile_n=128, kv_split_d=True)
+        LB.BwdTile("bfloat16", 256, tile_n=128, kv_split_d=True)
     with pytest.raises(ValueError, match="kv_split_d"):
-        LA.BwdTile("bfloat16", 256, tile_n=64, stages=2, kv_split_d=True)
+        LB.BwdTile("bfloat16", 256, tile_n=64, stages=2, kv_split_d=True)
 
 
 # ------------------------------------------------------------------------------------------ index math
@@ -236,7 +237,7 @@ def emulate_backward(q, k, v, o, do, lse, causal, scale, tm, tn, window=None, so
     Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[:2]
     G = Hq // Hkv
-    Sp = -(-Sq // LA.BWD_ROW_PAD) * LA.BWD_ROW_PAD
+    Sp = -(-Sq // LB.BWD_ROW_PAD) * LB.BWD_ROW_PAD
     delta = torch.zeros(Hq, Sp, dtype=torch.float64)
     lse2 = torch.full((Hq, Sp), math.inf, dtype=torch.float64)
     delta[:, :Sq] = (do.double() * o.double()).sum(-1).T
@@ -425,7 +426,7 @@ def test_backward_compiles_within_spill_budget(dtype, head_dim, causal):
     assert k.instructions["UTMAREDG"] > 0 and k.instructions["UTMASTG"] > 0, rep.summary()
 
 
-@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", LB.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("kv", ["direct", "gqa"])
 def test_varlen_backward_compiles_within_spill_budget(head_dim, kv):
     """Packed sequences: the dense kernel's wgmma bodies and TMA traffic; each CTA reads its sequence's
@@ -462,7 +463,7 @@ def test_varlen_prepost_compile(kind):
     assert re.findall(r"\bLDG\.E\.(?:64|128)\b", rep.sass), rep.summary()
 
 
-@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", LB.BWD_HEAD_DIMS)
 def test_gqa_backward_compiles_within_spill_budget(head_dim):
     """GQA: dK / dV rows added into the fp32 accumulators (per-thread reductions, no stores)."""
     from cute_kernels.tools import inspect as ins
@@ -477,7 +478,7 @@ def test_gqa_backward_compiles_within_spill_budget(head_dim):
     assert ops["STG"] == 0 and ops["LDG"] == 0, ops
 
 
-@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", LB.BWD_HEAD_DIMS)
 def test_window_backward_compiles_within_spill_budget(head_dim):
     """A window config: the far-edge loop adds a third body (masked); otherwise as the dense ones."""
     from cute_kernels.tools import inspect as ins
@@ -492,7 +493,7 @@ def test_window_backward_compiles_within_spill_budget(head_dim):
     assert _sass_counts(rep)["LDG"] == 0
 
 
-@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", LB.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("kv", ["direct", "gqa"])
 def test_softcap_backward_compiles_without_spills(kv, head_dim):
     """Softcapping (causal, bf16): the 64-row tile at every head dim (D 64's 128-row one spilled 45
@@ -556,9 +557,9 @@ def test_dk_carry_backward_compiles(variant):
 
 
 def test_dk_carry_tile_rules():
-    assert not LA.bwd_tile("bfloat16", 128).dk_carry  # not the default until a GPU run measures it
+    assert not LB.bwd_tile("bfloat16", 128).dk_carry  # not the default until a GPU run measures it
     with pytest.raises(ValueError, match="dk_carry"):
-        dataclasses.replace(LA.bwd_tile("bfloat16", 256), dk_carry=True)
+        dataclasses.replace(LB.bwd_tile("bfloat16", 256), dk_carry=True)
 
 
 @pytest.mark.parametrize("variant", ["deterministic-128", "deterministic-96-causal", "gqa-128-causal",
@@ -584,16 +585,16 @@ def test_dq_stages_2_backward_compiles(variant):
 
 
 def test_dq_stages_tile_rules():
-    assert LA.bwd_tile("bfloat16", 128).dq_stages == 1  # not the default until a GPU run measures it
+    assert LB.bwd_tile("bfloat16", 128).dq_stages == 1  # not the default until a GPU run measures it
     for D in (96, 128):  # D 128's exactly fills the 227 KB
-        two = dataclasses.replace(LA.bwd_tile("bfloat16", D), dq_stages=2)
+        two = dataclasses.replace(LB.bwd_tile("bfloat16", D), dq_stages=2)
         assert two.smem_bytes() <= LA.FWD_SMEM_CAPACITY
     with pytest.raises(ValueError, match="dq_stages"):
-        dataclasses.replace(LA.bwd_tile("bfloat16", 256), dq_stages=2)
+        dataclasses.replace(LB.bwd_tile("bfloat16", 256), dq_stages=2)
     with pytest.raises(ValueError, match="shared memory"):  # the 128-row D 64 tile's is 1 KB over
-        dataclasses.replace(LA.bwd_tile("bfloat16", 64), dq_stages=2)
+        dataclasses.replace(LB.bwd_tile("bfloat16", 64), dq_stages=2)
     with pytest.raises(ValueError, match="dq_stages"):
-        dataclasses.replace(LA.bwd_tile("bfloat16", 128), dq_stages=3)
+        dataclasses.replace(LB.bwd_tile("bfloat16", 128), dq_stages=3)
 
 
 @pytest.mark.parametrize("kv,window", [("gqa", True), ("direct", False)])
@@ -632,7 +633,7 @@ def test_deterministic_plan_and_warmup():
         cute_kernels.warmup([("flash_attn_backward", dict(deterministic=1))])
 
 
-@pytest.mark.parametrize("head_dim", LA.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", LB.BWD_HEAD_DIMS)
 @pytest.mark.parametrize("kind,has_dlse", [("prepass", False), ("prepass", True), ("convert", False)])
 def test_prepost_compile(kind, has_dlse, head_dim):
     """The pre- and post-pass kernels compile with no local memory; their row loads are vectors."""
@@ -650,7 +651,7 @@ def test_prepost_compile(kind, has_dlse, head_dim):
 
 def test_config_rules():
     with pytest.raises(ValueError, match="does not match"):
-        bk.FlashBwdConfig("bfloat16", 128, False, LA.bwd_tile("bfloat16", 64))
+        bk.FlashBwdConfig("bfloat16", 128, False, LB.bwd_tile("bfloat16", 64))
     from cute_kernels.attention import backward_prepost as bp
 
     with pytest.raises(ValueError):
@@ -659,7 +660,7 @@ def test_config_rules():
     with pytest.raises(ValueError, match="folds causal"):
         bk.bwd_config("bfloat16", 128, True, window=True)
     with pytest.raises(ValueError, match="mma_only"):
-        bk.FlashBwdConfig("bfloat16", 128, False, LA.bwd_tile("bfloat16", 128), mma_only=True, softcap=True)
+        bk.FlashBwdConfig("bfloat16", 128, False, LB.bwd_tile("bfloat16", 128), mma_only=True, softcap=True)
     # softcapping: its own configuration (a trailing softcap_scale), 64-row tiles at D 64 too
     assert bk.bwd_config("bfloat16", 64, True, softcap=True) != bk.bwd_config("bfloat16", 64, True)
     assert bk.bwd_config("bfloat16", 64, True).tile.tile_m == 128

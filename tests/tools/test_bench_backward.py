@@ -74,10 +74,10 @@ def test_shapes_are_the_forward_bench_s():
                  "b4_h16_s4096_d256_full", "b4_h32_s4096_d96_causal"):
         assert want in names
     assert [s[0] for s in AB.select(only="hkv8")] == ["b2_hq32_hkv8_s8192_d128_causal"]
-    from layouts import attention as LA
+    from layouts import attention_backward as LB
 
     # every shape runs our backward (D 256 too, since the head-dim split tile)
-    assert all(s[5] in LA.BWD_HEAD_DIMS for s in AB.SHAPES)
+    assert all(s[5] in LB.BWD_HEAD_DIMS for s in AB.SHAPES)
 
 
 def test_flop_count_is_two_and_a_half_forwards():

@@ -26,7 +26,7 @@ the elementwise work's overlap can at best reach.  A configuration without the f
 
 Correctness, once before timing: each side's dq, dk, dv against cuDNN's (else the first peer that
 ran); a row is flagged when, for any of the three, max |diff| > ``GRAD_RTOL`` x max |reference|.
-Our backward runs head dims :data:`layouts.attention.BWD_HEAD_DIMS`; another skips ours and
+Our backward runs head dims :data:`layouts.attention_backward.BWD_HEAD_DIMS`; another skips ours and
 ``mma_bound`` with a note, the peers still timed.  Peers that are not installed: a note.
 
 The target (issue 32): a geomean of at least 1.0x cuDNN over the shapes, none below 0.9x
@@ -145,7 +145,7 @@ def main_kernel_call(q, k, v, out, dout, causal, variant=None):
 
     import torch
 
-    from layouts import attention as LA
+    from layouts import attention_backward as LB
 
     from ...attention import backward as BW
     from ...attention import forward as FW
@@ -160,7 +160,7 @@ def main_kernel_call(q, k, v, out, dout, causal, variant=None):
     pre = BW._get_any(pre_cfg)
     with torch.no_grad():
         _, lse = FW.flash_attn(q_, k_, v_, causal=causal, return_lse=True)
-    Sp = (S + LA.BWD_ROW_PAD - 1) // LA.BWD_ROW_PAD * LA.BWD_ROW_PAD
+    Sp = (S + LB.BWD_ROW_PAD - 1) // LB.BWD_ROW_PAD * LB.BWD_ROW_PAD
     f32 = dict(dtype=torch.float32, device=q.device)
     lse2, delta = torch.empty(B, Hq, Sp, **f32), torch.empty(B, Hq, Sp, **f32)
     dq_acc = torch.empty(B, Hq, Sp, D, **f32)
@@ -340,13 +340,13 @@ def precompile(shapes) -> None:
     processes (disk cache), before timing."""
     import torch
 
-    from layouts import attention as LA
+    from layouts import attention_backward as LB
 
     from ...attention import backward as BW
     from ...attention import forward as FW
     from .timing import precompile_and_report
 
-    dims = [(D, causal, Hq != Hkv) for _, _, Hq, Hkv, _, D, causal in shapes if D in LA.BWD_HEAD_DIMS]
+    dims = [(D, causal, Hq != Hkv) for _, _, Hq, Hkv, _, D, causal in shapes if D in LB.BWD_HEAD_DIMS]
     fwd = [FW.plan(torch.bfloat16, D, causal) for D, causal, _ in dims]
     bwd = [c for D, causal, gqa in dims for c in BW.bwd_plan(torch.bfloat16, D, causal, gqa=gqa)]
     if bound_supported():
