@@ -32,7 +32,8 @@
 #   ab-gemm-parts  split-K's shared finish (GemmConfig.fixup_parts: every contributor stores a part of its tile)
 #                 -- test_splitk_fixup_numerics[parts] first (a hang shows as this step's timeout), then
 #                 ab_gemm.py default vs default:parts vs cuBLAS on the persistent split-K shapes (issue 36's
-#                 1024x1024x32768; 512x512x65536 and the others at 0.83-0.96x)   [ABPARTS_S]
+#                 1024x1024x32768; 512x512x65536 and the others at 0.83-0.96x), and 128 x 256 tiles split 2 ways
+#                 with it (issue 36's 512x4096x14336, unsplit 128 x 128 by default: 0.987x)   [ABPARTS_S]
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
 #   ab-backward-det  profiles/ab_backward.py --variants det,det2: deterministic=True (det2: with BwdTile.dq_stages 2,
@@ -149,8 +150,8 @@ for step in "$@"; do
         --variants default,cuBLAS,128x224:2x1,128x224:1x1,128x256:2x1 2>&1 | quiet | tee -a "$OUT/ab-gemm-224.log" ;;
     ab-gemm-parts) py 240 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/gemm/test_gemm.py -k "fixup_numerics and parts" 2>&1 | tail -n 15 | tee "$OUT/ab-gemm-parts.log"
       py "${ABPARTS_S:-300}" profiles/ab_gemm.py --out "$OUT" --tag parts --iters 150 \
-        --shapes 1024x1024x32768,512x512x65536,768x1024x16384,512x1536x12288,256x512x32768 \
-        --variants default,default:parts,cuBLAS 2>&1 | quiet | tee -a "$OUT/ab-gemm-parts.log" ;;
+        --shapes 1024x1024x32768,512x512x65536,768x1024x16384,512x1536x12288,256x512x32768,512x4096x14336 \
+        --variants default,default:parts,cuBLAS,128x256:2x1:s2:parts 2>&1 | quiet | tee -a "$OUT/ab-gemm-parts.log" ;;
     ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants "${AB_DET_VARIANTS:-det,det2}" --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;

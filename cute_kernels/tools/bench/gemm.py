@@ -78,8 +78,10 @@ def rel_error(out, ref) -> float:
 
 
 def explicit_config(spec: str):
-    """``fn(a, b)`` running our GEMM (2-D or batched 3-D operands) at an explicit config: ``TMxTN:CMxCN[:SW(m|n)][:swap]`` (tile,
-    cluster, raster swizzle and direction, and ``swap``: out^T = b^T a^T on those tiles), or
+    """``fn(a, b)`` running our GEMM (2-D or batched 3-D operands) at an explicit config:
+    ``TMxTN:CMxCN[:SW(m|n)][:swap][:sS[:parts]]`` (tile, cluster, raster swizzle and direction, ``swap``:
+    out^T = b^T a^T on those tiles, ``sS``: K split S ways (default 1), ``parts``: with split-K's shared
+    finish), or
     ``default:defer`` / ``default:nodefer`` (the planner's choice with the deferred epilogue forced),
     ``default:stage`` (operands TMA cannot describe copied into aligned buffers, then the TMA plan), or
     ``default:parts`` (split-K's shared finish, ``PlanChoice.fixup_parts``, where the plan splits K)."""
@@ -98,6 +100,8 @@ def explicit_config(spec: str):
     cm, cn = map(int, parts[1].split("x"))
     raster = next(((int(p[:-1]), p[-1] == "m") for p in parts[2:] if p[-1] in "mn" and p[:-1].isdigit()), None)
     swap = "swap" in parts[2:]
+    splits = next((int(p[1:]) for p in parts[2:] if p[:1] == "s" and p[1:].isdigit()), 1)
+    fixup_parts = "parts" in parts[2:] or None
 
     def run(a, b):
         if swap:
@@ -109,7 +113,8 @@ def explicit_config(spec: str):
         out = torch.empty(*batch, a.shape[-2], b.shape[-1], device=a.device, dtype=a.dtype)
         if swap:  # the output transposed back as a view: D is written M-major
             out = torch.empty(*batch, b.shape[-1], a.shape[-2], device=a.device, dtype=a.dtype).mT
-        gemm_plan.run(a, b, out, choice=gemm_plan.PlanChoice(tiles=tiles, raster=raster, splits=1))
+        gemm_plan.run(a, b, out, choice=gemm_plan.PlanChoice(tiles=tiles, raster=raster, splits=splits,
+                                                             fixup_parts=fixup_parts))
         return out.mT if swap else out
 
     return run
