@@ -14,6 +14,7 @@ is skipped there):
     tm64    64 query rows per step, dQ split by columns (the tile before 2026-12-03 at D = 64)
     carry   ``BwdTile.dk_carry``: dK += dS^T Q from shared memory, running on into the next query tile (its
             stage handed back there), so the tensor pipe does not drain per tile (D <= 128)
+    dq2     ``BwdTile.dq_stages = 2``: a dQ tile per ring stage (the 64-row tiles: D 96 / 128)
 
 Whole-call variants (``flash_attn_backward`` with an argument, against the default call: pre-pass, main
 kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
@@ -53,7 +54,13 @@ def _carry(cfg):
     return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
 
 
-VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry}
+def _dq2(cfg):
+    if cfg.tile.kv_split_d or cfg.tile.tile_m != 64 or cfg.tile.dq_stages == 2:
+        return None
+    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_stages=2))
+
+
+VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dq2": _dq2}
 CALL_VARIANTS = {"det": dict(deterministic=True), "det2": dict(deterministic=True)}
 #: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile
 CALL_TILES = {"det2": lambda t: None if t.kv_split_d or t.tile_m != 64 else dataclasses.replace(t, dq_stages=2)}

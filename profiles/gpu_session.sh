@@ -39,7 +39,7 @@
 #   ab-backward-det  profiles/ab_backward.py --variants det,det2: deterministic=True (det2: with BwdTile.dq_stages 2,
 #                 GPU-tested by test_dq_stages_2_matches_reference) against the default backward call on the
 #                 backward bench's shapes (issue 33: within 15%), paired           [AB_BWD_S, AB_DET_VARIANTS]
-#   ab-backward-carry  profiles/ab_backward.py --variants carry: BwdTile.dk_carry (dK running on into the next query
+#   ab-backward-carry  profiles/ab_backward.py --variants carry,dq2: BwdTile.dk_carry (dK running on into the next query
 #                 tile) against the planned tile on the backward bench's D <= 128 shapes, paired, gradients
 #                 compared (issue 33); GPU-test it first: backward-tests runs test_dk_carry_matches_reference  [AB_BWD_S]
 #   ab-attention-softcap  profiles/ab_attention.py --softcap 30: the softcap forward against a share of its exp2s by
@@ -155,7 +155,7 @@ for step in "$@"; do
     ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants "${AB_DET_VARIANTS:-det,det2}" --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
-    ab-backward-carry) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
+    ab-backward-carry) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants carry,dq2 --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
     ab-attention-softcap) py "${AB_ATTN_S:-400}" profiles/ab_attention.py --softcap 30 --rounds 5 --out "$OUT/ab-attention-softcap.json" 2>&1 | quiet | tee "$OUT/ab-attention-softcap.log" ;;
     ab-attention-psmem) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k p_smem 2>&1 | tail -n 15 | tee "$OUT/ab-attention-psmem.log"
       py "${AB_PSMEM_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b3_hq24_hkv8_s5000_d96_full,b4_h32_s4096_d96_causal \
