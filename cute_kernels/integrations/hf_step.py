@@ -36,7 +36,8 @@ A growing cache (a DynamicCache: each step's keys a new tensor one position long
 value lengths and the strides that follow from them every step.  A causal decision for ``decode_attn``
 also keeps a guard that leaves those open (:attr:`Decision.grow`); a call it passes is re-checked for
 what the route reads of them (strides in 16-byte units, more keys than queries) and takes the decision,
-with its own length, instead of running the full checks once per step.
+with its own length, instead of running the full checks once per step; the exact guard then moves to
+its metadata, which the step's other layers share, so they pass that one check.
 """
 
 from __future__ import annotations
@@ -94,10 +95,13 @@ def lookup(query, key, value, dropout, scaling, causal: bool, kwargs) -> Decisio
     if (hit is None or hit.devices is not _sdpa._KERNEL_DEVICES or hit.hopper is not _sdpa._is_hopper
             or hit.hoppers is not _sdpa._HOPPER):
         return None
-    if not hit.guard.check(query, key, value) and not (  # (a growing cache's next step: the module doc)
-            hit.grow is not None and hit.grow.check(query, key, value) and key.shape[2] > hit.q_len
-            and _sdpa._strides_ok(key, False) and _sdpa._strides_ok(value, False)):
-        return None
+    if not hit.guard.check(query, key, value):
+        if not (hit.grow is not None and hit.grow.check(query, key, value) and key.shape[2] > hit.q_len
+                and _sdpa._strides_ok(key, False) and _sdpa._strides_ok(value, False)):
+            return None
+        # a growing cache's next step (the module doc): the step's other layers pass the same metadata,
+        # so the exact guard follows it and they pass that
+        hit.guard = metadata_guard(query, key, value) or hit.guard
     for name in hit.others:
         val = kwargs[name]
         if not (val is None or val is False):

@@ -291,6 +291,22 @@ def test_layers_alternating_keep_one_decision_each(spies):
     assert len(hf_step._DECISIONS) == 2
 
 
+def test_a_growing_cache_step_moves_the_exact_guard(spies):
+    """A DynamicCache step: the first layer's call passes the grow guard only (longer keys); the decision's
+    exact guard then follows the step's metadata, so the step's next layers pass it without the grow
+    path's stride checks; the previous step's metadata still hits (through the grow guard)."""
+    P, base = positions(23), tensors()
+    first = outcome(call("llama", *base, **P), spies)
+    (decision,) = hf_step._DECISIONS.values()
+    q, k, v = tensors(kv_len=25, seed=3)
+    assert not decision.guard.check(q, k, v)
+    _, routes, hits = spies
+    step = outcome(call("llama", q, k, v, **positions(24)), spies)
+    assert hits == [True] and routes == [] and step["stats"]["fallback"] == 0
+    assert decision.guard.check(q, k, v) and decision.guard.check(*tensors(kv_len=25, seed=5))
+    assert outcome(call("llama", *base, **P), spies) == first and hits == [True] and routes == []
+
+
 def test_keys_kept_are_bounded(spies):
     q, k, v = tensors()
     for i in range(hf_step.KEEP + 5):
