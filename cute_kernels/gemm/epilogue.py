@@ -124,10 +124,14 @@ class GemmEpilogue:
 
     @cute.jit
     def store_subtile(self, e: cutlass.Constexpr[int], rD_out: cute.Tensor, tile_mnl, tiles_done, sD: cute.Tensor,
-                      epi, epi_barrier, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, warp_idx):
+                      epi, epi_barrier, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, warp_idx,
+                      drain: cutlass.Constexpr[bool] = False):
         """Sub-tile ``e`` of tile ``tile_mnl`` (converted registers ``rD_out``) -> smem buffer
         ``(tiles_done * n_epi + e) % epi_stages`` (stmatrix for 16-bit D) -> TMA store issued by
-        ``self.epi_store_warp``, which then waits until the buffer written next is no longer read."""
+        ``self.epi_store_warp``, which then waits until the buffer written next is no longer read --
+        the next in the rotation: a caller that skips sub-tiles (split-K's shared finish stores only its
+        parts, so two stores in a row can use one buffer) passes ``drain``, and the warp waits until
+        every store issued has read its buffer."""
         t = self.cfg.tiles
         m_t, n_t, _ = self.tile_mnk
         tiled_r2s, tRS_sD, tRS_acc, tRS_rD, tRS_rD_out, store_pipe = epi
@@ -147,6 +151,8 @@ class GemmEpilogue:
             cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
             store_pipe.producer_commit()
             store_pipe.producer_acquire()
+            if cutlass.const_expr(drain):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         epi_barrier.arrive_and_wait()
 
     @cute.jit
@@ -171,7 +177,7 @@ class GemmEpilogue:
                 elif (parts >> fixup.part_of(e, self.n_epi, self.splits)) & 1 != 0:
                     self.convert_subtile(epi, e, tRS_rD_out)
                     self.store_subtile(e, tRS_rD_out, tile_mnl, tiles_done, sD, epi, epi_barrier, tma_d, mD_tma,
-                                       warp_idx)
+                                       warp_idx, drain=True)
         else:
             tCcD = thr_mma_c.partition_C(cD[(None, None, *tile_mnl)])
             tCgD = thr_mma_c.partition_C(gD[(None, None, *tile_mnl)])

@@ -128,14 +128,14 @@ def max_err_per_head(o, ref, rows=None):
     return d.amax(dim=(1, 3)) if d.shape[1] else torch.zeros(d.shape[0], d.shape[2], device=d.device)
 
 
-def check_against_reference(o, lse, q, k, v, causal, softmax_scale=None, what=""):
+def check_against_reference(o, lse, q, k, v, causal, softmax_scale=None, what="", tile_m=None):
     """Issue 16's criteria (:func:`check_result`) against the float32 reference and torch's own
     16-bit attention."""
     ref, ref_lse = attention_reference(q, k, v, causal, softmax_scale)
-    check_result(o, lse, ref, ref_lse, sdpa_16bit(q, k, v, causal, softmax_scale), what)
+    check_result(o, lse, ref, ref_lse, sdpa_16bit(q, k, v, causal, softmax_scale), what, tile_m)
 
 
-def check_result(o, lse, ref, ref_lse, o_torch, what=""):
+def check_result(o, lse, ref, ref_lse, o_torch, what="", tile_m=None):
     """A (B, S, H, D) result against the float32 reference (ref, ref_lse) and torch's 16-bit attention
     o_torch: per (batch, head) error within 2x torch's + 1e-4 or one unit of O's dtype at the head's
     largest |ref| (a few-element head can leave torch's error near zero by luck; a rounding step is
@@ -144,8 +144,8 @@ def check_result(o, lse, ref, ref_lse, o_torch, what=""):
     anywhere (the buffers were poisoned)."""
     assert torch.isfinite(o).all(), f"{what}: NaN/inf in O (unwritten, 0/0 or overflow)"
     assert not torch.isnan(lse).any(), f"{what}: NaN in LSE"
-    Sq = o.shape[1]
-    last = slice(((Sq - 1) // q_tile_rows()) * q_tile_rows(), Sq)
+    Sq, tm = o.shape[1], tile_m or q_tile_rows()  # (tile_m: the query rows of a tile the test chose)
+    last = slice(((Sq - 1) // tm) * tm, Sq)
     for rows, name in ((None, "all rows"), (last, f"last q tile {last.start}:{last.stop}")):
         ours, theirs = max_err_per_head(o, ref, rows), max_err_per_head(o_torch, ref, rows)
         one_unit = torch.finfo(o.dtype).eps * max_err_per_head(torch.zeros_like(o), ref, rows)
@@ -800,7 +800,8 @@ def test_gpu_p_smem_matches_reference(monkeypatch, case):
     monkeypatch.setattr(forward_kernel, "fwd_config", with_p_smem)
     monkeypatch.setattr(FW, "_PLANS", {})
     monkeypatch.setattr(FW, "_launchers", LauncherCache())
-    assert FW.plan(dtype, D, causal).tile.p_smem
+    tile = FW.plan(dtype, D, causal).tile
+    assert tile.p_smem
     q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device="cuda", seed=D + Sq + Sk + causal)
     o, lse = run_poisoned(q, k, v, causal)
-    check_against_reference(o, lse, q, k, v, causal, what=f"p_smem {case}")
+    check_against_reference(o, lse, q, k, v, causal, what=f"p_smem {case}", tile_m=tile.tile_m)
