@@ -65,9 +65,6 @@ class BwdTile:
     #: next query tile, whose S^T wait then hands this tile's stage back (the tensor pipe does not drain
     #: per tile); not with ``kv_split_d`` (its dK reads shared memory already, with one stage)
     dk_carry: bool = False
-    #: fp32 dQ tiles per consumer warpgroup (1 or 2, ``stages`` = 2): with 2, query tile i writes the one of
-    #: its ring stage, so a warpgroup runs a tile ahead of the dQ warp's (deterministic: ordered) adds
-    dq_stages: int = 1
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
@@ -90,8 +87,6 @@ class BwdTile:
             raise ValueError(f"BwdTile: {self.dq_cols_per_wg} dQ columns per warpgroup is not a wgmma N")
         if self.dk_carry and self.kv_split_d:
             raise ValueError("BwdTile: dk_carry is for tiles without kv_split_d")
-        if self.dq_stages not in (1, 2) or (self.dq_stages == 2 and (self.kv_split_d or self.stages != 2)):
-            raise ValueError("BwdTile: dq_stages is 1, or 2 with two ring stages and no kv_split_d")
         if self.stages < 2 and not self.kv_split_d:
             raise ValueError("BwdTile: at least 2 stages (a dS^T buffer per stage; the kernel writes one while "
                              "the other warpgroup may read the previous one)")
@@ -160,10 +155,9 @@ class BwdTile:
 
     def smem_bytes(self) -> int:
         """K, V, the Q / dO / LSE / Delta ring, the dS^T (and P^T) buffers (:attr:`ds_buffers`), the
-        warpgroups' fp32 dQ tiles (:attr:`dq_stages` each), the barriers and the 1 KB alignment of the
-        first tile after them and the LSE / Delta rows (at most 1152 B more than those rows)."""
+        warpgroups' fp32 dQ tiles, barriers and alignment slack."""
         return (2 * self.kv_tile_bytes + self.stages * self.stage_bytes + self.ds_buffers * self.ds_bytes
-                + self.consumer_warpgroups * self.dq_stages * self.dq_wg_bytes + 2 * FWD_SMEM_SLACK)
+                + self.consumer_warpgroups * self.dq_wg_bytes + 3 * FWD_SMEM_SLACK)
 
 
 def bwd_tile(dtype: str, head_dim: int, window: bool = False, softcap: bool = False) -> BwdTile:
@@ -221,15 +215,13 @@ def make_bwd_smem_layout_ds(t: BwdTile):
 
 
 def make_bwd_smem_layout_dq(t: BwdTile):
-    """(dq_rows_per_wg, dq_cols_per_wg, consumer_warpgroups * dq_stages) fp32: the consumer warpgroups' dQ
-    tiles (warpgroup w's of ring stage b at ``w + consumer_warpgroups * b``),
+    """(dq_rows_per_wg, dq_cols_per_wg, consumer_warpgroups) fp32: each consumer warpgroup's dQ tile,
     rows of ``dq_cols_per_wg`` floats swizzled (the widest swizzle dividing them: conflict-free float2
     stores of the accumulator), the source of the TMA reduce-add into the fp32 dQ accumulator."""
     f32 = cutlass.Float32
     kind = sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, f32, t.dq_cols_per_wg)
     atom = warpgroup.make_smem_layout_atom(kind, f32)
-    return cute.tile_to_shape(atom, (t.dq_rows_per_wg, t.dq_cols_per_wg, t.consumer_warpgroups * t.dq_stages),
-                              (0, 1, 2))
+    return cute.tile_to_shape(atom, (t.dq_rows_per_wg, t.dq_cols_per_wg, t.consumer_warpgroups), (0, 1, 2))
 
 
 def make_bwd_tiled_mma_sdp(t: BwdTile):

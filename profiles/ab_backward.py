@@ -14,14 +14,11 @@ is skipped there):
     tm64    64 query rows per step, dQ split by columns (the tile before 2026-12-03 at D = 64)
     carry   ``BwdTile.dk_carry``: dK += dS^T Q from shared memory, running on into the next query tile (its
             stage handed back there), so the tensor pipe does not drain per tile (D <= 128)
-    dq2     ``BwdTile.dq_stages = 2``: a dQ tile per ring stage (the 64-row tiles: D 96 / 128)
 
 Whole-call variants (``flash_attn_backward`` with an argument, against the default call: pre-pass, main
 kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
     det     ``deterministic=True`` (issue 33's target: within 15% of the default); checked first to give
             the same bits on two calls, and gradients within bf16 noise of the default's
-    det2    the same with ``BwdTile.dq_stages = 2`` (a dQ tile per ring stage: the consumers run a query tile
-            ahead of the dQ warp's ordered adds; D 96 / 128), the call's plan swapped in around each call
 """
 
 from __future__ import annotations
@@ -54,40 +51,8 @@ def _carry(cfg):
     return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
 
 
-def _dq2(cfg):
-    if cfg.tile.kv_split_d or cfg.tile.tile_m != 64 or cfg.tile.dq_stages == 2:
-        return None
-    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_stages=2))
-
-
-VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dq2": _dq2}
-CALL_VARIANTS = {"det": dict(deterministic=True), "det2": dict(deterministic=True)}
-#: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile
-CALL_TILES = {"det2": lambda t: None if t.kv_split_d or t.tile_m != 64 else dataclasses.replace(t, dq_stages=2)}
-
-
-def _tile_swapped(call, shape, kw, tile_fn):
-    """``call(**kw)`` with the main kernel's tile changed by ``tile_fn`` (None: not applicable) for the
-    duration of each call: the memoized plan of the call's key swapped in and back."""
-    import torch
-
-    from cute_kernels.attention import backward as BW
-
-    _, _, Hq, Hkv, _, D, causal = shape
-    plan = BW.bwd_plan(torch.bfloat16, D, causal, gqa=Hq != Hkv, deterministic=kw.get("deterministic", False))
-    key = next(k for k, v in BW._PLANS.items() if v is plan)
-    tile = tile_fn(plan[0].tile)
-    if tile is None:
-        return None
-    swapped = (dataclasses.replace(plan[0], tile=tile),) + plan[1:]
-
-    def run():
-        BW._PLANS[key] = swapped
-        try:
-            return call(**kw)
-        finally:
-            BW._PLANS[key] = plan
-    return run
+VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry}
+CALL_VARIANTS = {"det": dict(deterministic=True)}
 
 
 def _inputs(shape):
@@ -129,17 +94,12 @@ def run_shape_calls(shape, variants, reps):
     calls = {"planned": call}
     for vname in variants:
         kw = CALL_VARIANTS[vname]
-        run = (lambda kw=kw: call(**kw)) if vname not in CALL_TILES else _tile_swapped(call, shape, kw,
-                                                                                        CALL_TILES[vname])
-        if run is None:
-            row["checks"][vname] = "n/a"
-            continue
-        a, b = run(), run()
+        a, b = call(**kw), call(**kw)
         torch.cuda.synchronize()
         row["checks"][vname] = {
             "repeatable": all(torch.equal(x, y) for x, y in zip(a, b)),
             "vs_default": [round(float((x.float() - r).abs().max() / r.abs().max()), 5) for x, r in zip(a, ref)]}
-        calls[vname] = run
+        calls[vname] = lambda kw=kw: call(**kw)
     return _time_into(row, calls, reps)
 
 

@@ -16,13 +16,11 @@ from ..common.wgmma import store_acc_to_smem
 from . import forward_seqlen as fsl
 from .backward_mask import dense_turn, n_block_last
 
-#: consumer warpgroup w's fp32 dQ tile b (of ``BwdTile.dq_stages``) in shared memory: the dQ warp's reduce
-#: of its previous contents has read it (``BAR_DQ_EMPTY + w + DQ_BAR_STRIDE * b``) / the warpgroup wrote it
-#: (``BAR_DQ_FULL + ...``); 128 + 32 threads each (ids after the kernel's ``BAR_DS_FULL``,
-#: ``NamedBarrierId.FIRST_FREE``: 7 .. 14 of the 16)
+#: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
+#: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
+#: (ids after the kernel's ``BAR_DS_FULL``, ``NamedBarrierId.FIRST_FREE``)
 BAR_DQ_EMPTY = int(NamedBarrierId.FIRST_FREE) + 1
 BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
-DQ_BAR_STRIDE = 4
 
 
 class BwdEpilogue:
@@ -48,23 +46,11 @@ class BwdEpilogue:
                               (None, None))
         tDsD, tDgD = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
         wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
-        two = const_expr(t.dq_stages == 2)  # query tile i in buffers i % 2: the one of tile i + 1 goes back here
-        count = m_max - m_min
-        if const_expr(two):
-            if count > 0:
-                for w in cutlass.range_constexpr(nwg):
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
-        for i in cutlass.range(count, unroll=1):
-            m_block = self.tile_at(m_min, i, count, n_block, seqlen_q, seqlen_k)
-            b = i % 2 if const_expr(two) else 0
+        for i in cutlass.range(m_max - m_min, unroll=1):
+            m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
             for w in cutlass.range_constexpr(nwg):
-                cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)  # tile i - 1's reduce read it
-                if const_expr(two):
-                    if i + 1 < count:
-                        cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w + DQ_BAR_STRIDE * (1 - b),
-                                                 number_of_threads=128 + 32)
-                else:
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+                cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
             if const_expr(self.cfg.deterministic):  # this KV tile's turn among those meeting the query tile
                 sem_crd = (batch, head, m_block)
                 if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
@@ -79,12 +65,12 @@ class BwdEpilogue:
                     wait_count(sem, turn)
                 cute.arch.sync_warp()
             for w in cutlass.range_constexpr(nwg):
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w + DQ_BAR_STRIDE * b, number_of_threads=128 + 32)
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
                 # the whole warp: the TMA copy elects its issuing thread itself (elect.sync, all lanes)
                 if const_expr(t.dq_split_m):
-                    cute.copy(tma_dq, tDsD[None, w + nwg * b], tDgD[None, m_block * wg_rows + w, 0])
+                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
                 else:
-                    cute.copy(tma_dq, tDsD[None, w + nwg * b], tDgD[None, m_block, w])
+                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
                 cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.cfg.deterministic):  # the adds done (not only read), then the next turn
                 cute.arch.cp_async_bulk_wait_group(0, read=False)

@@ -380,11 +380,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         tQrK = tiled_mma_dq.make_fragment_B(wg_dq.partition_B(sK_t))
         # this thread's dQ values in its warpgroup's fp32 tile: the tiled MMA's first warpgroup partitions
         # a (rows, cols) tile as warpgroup w's threads hold theirs
-        # (dq_stages 2: and its tile of the ring's second stage)
-        thr_dq = tiled_mma_dq.get_slice(mma_tidx % 128)
-        tdQsdQ = thr_dq.partition_C(sdQ[None, None, wg])
-        if const_expr(self.cfg.tile.dq_stages == 2):
-            tdQsdQ = (tdQsdQ, thr_dq.partition_C(sdQ[None, None, wg + self.cfg.tile.consumer_warpgroups]))
+        tdQsdQ = tiled_mma_dq.get_slice(mma_tidx % 128).partition_C(sdQ[None, None, wg])
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.D)), Float32)

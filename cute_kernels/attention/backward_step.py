@@ -21,7 +21,7 @@ from ..common import wgmma
 from ..common.barriers import NamedBarrierId
 from ..common.softmax import probs_from_lse, softcap_probs_from_lse, softcap_scores
 from . import forward_softmax as fs
-from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL, DQ_BAR_STRIDE
+from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL
 from .backward_mask import apply_mask_t, apply_window_mask_t
 
 #: the named barrier of the consumer warpgroups: every warpgroup wrote its part of this stage's dS^T
@@ -148,21 +148,11 @@ class BwdQueryStep:
             warpgroup.commit_group()
             warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
 
-        # dQ -> this warpgroup's fp32 tile (dq_stages 2: the one of this ring stage) once the dQ warp's reduce
-        # of its previous contents has read it; its reduce-add
-        if const_expr(self.cfg.tile.dq_stages == 2):
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg + DQ_BAR_STRIDE * stage, number_of_threads=128 + 32)
-            if stage == 0:
-                cute.autovec_copy(acc_dQ, tdQsdQ[0])
-            else:
-                cute.autovec_copy(acc_dQ, tdQsdQ[1])
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg + DQ_BAR_STRIDE * stage, number_of_threads=128 + 32)
-        else:
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
-            cute.autovec_copy(acc_dQ, tdQsdQ)
-            cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
+        # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
+        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
+        cute.autovec_copy(acc_dQ, tdQsdQ)
+        cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
+        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
 
         if const_expr(not split_d):
             if const_expr(carry is not None):

@@ -226,32 +226,6 @@ def test_dk_carry_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq
     run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
 
 
-@gpu
-@pytest.mark.parametrize("D,causal,B,Sq,Sk,Hq,Hkv,kw", [
-    (128, False, 1, 1000, 1000, 8, 8, dict(deterministic=True, repeats=3)),  # dense: rotated turns, 8 query tiles
-    (96, True, 2, 1000, 1000, 8, 2, dict(deterministic=True, repeats=3)),  # causal, GQA (the dK / dV turns too)
-    (128, True, 1, 4097, 1000, 4, 2, dict(deterministic=True, repeats=2)),  # query tiles no KV tile meets
-    (96, False, 1, 17, 1000, 4, 4, {}),  # one query tile: the second dQ tile never used
-    (128, False, 1, 130, 1000, 4, 4, dict(window=(100, 50))),  # three query tiles through the window's loops
-    (128, True, 1, 777, 777, 4, 4, dict(deterministic=True, repeats=2, carry=True)),  # with dk_carry
-], ids=["det-d128-full", "det-d96-causal-gqa", "det-d128-empty-tiles", "d96-one-tile", "window-d128", "det-carry"])
-def test_dq_stages_2_matches_reference(monkeypatch, D, causal, B, Sq, Sk, Hq, Hkv, kw):
-    """``BwdTile.dq_stages = 2`` (a dQ tile per ring stage, so the consumers run a query tile ahead of the dQ
-    warp's adds; not the default yet): the planner patched to choose it, the default tile's checks."""
-    from cute_kernels.attention import backward_kernel as bk
-
-    config, carry = bk.bwd_config, kw.pop("carry", False)
-
-    def two(*args, **kwargs):
-        cfg = config(*args, **kwargs)
-        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_stages=2, dk_carry=carry))
-
-    monkeypatch.setattr(bk, "bwd_config", two)
-    monkeypatch.setattr(BW, "_PLANS", {})
-    assert BW.bwd_plan(torch.bfloat16, D, causal)[0].tile.dq_stages == 2
-    run_case(torch.bfloat16, D, causal, B, Sq, Sk, Hq, Hkv, seed=D + Sq, **kw)
-
-
 CASES = [(dt, D, c, i) for dt in DTYPES for D in LB.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
 
 

@@ -562,41 +562,6 @@ def test_dk_carry_tile_rules():
         dataclasses.replace(LB.bwd_tile("bfloat16", 256), dk_carry=True)
 
 
-@pytest.mark.parametrize("variant", ["deterministic-128", "deterministic-96-causal", "gqa-128-causal",
-                                     "window-128", "varlen-128-causal", "carry-128"])
-def test_dq_stages_2_backward_compiles(variant):
-    """``BwdTile.dq_stages = 2`` (a dQ tile per ring stage): the default's HGMMAs and reduce-adds, no local
-    memory, the dQ store twice (one per stage's tile, behind a branch on the stage) and the second tiles'
-    named barriers."""
-    from cute_kernels.tools import inspect as ins
-
-    parts = variant.split("-")
-    cfg = bk.bwd_config("bfloat16", int(parts[1]), "causal" in parts, window=parts[0] == "window",
-                        direct_kv=parts[0] != "gqa", deterministic=parts[0] == "deterministic",
-                        varlen=parts[0] == "varlen")
-    two = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_stages=2, dk_carry=parts[0] == "carry"))
-    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (two, cfg))
-    print(f"{variant} dq_stages 2: {rep.summary()}\n  default: {rep0.summary()}")
-    k, k0 = rep.kernels[0], rep0.kernels[0]
-    assert k.spills == 0 and k.stack_frame == 0, rep.summary()
-    for op in ("HGMMA", "UTMAREDG"):
-        assert k.instructions[op] == k0.instructions[op], (op, rep.summary(), rep0.summary())
-    assert k.instructions["STS"] == 2 * k0.instructions["STS"] and k.instructions["BAR"] > k0.instructions["BAR"]
-
-
-def test_dq_stages_tile_rules():
-    assert LB.bwd_tile("bfloat16", 128).dq_stages == 1  # not the default until a GPU run measures it
-    for D in (96, 128):  # D 128's exactly fills the 227 KB
-        two = dataclasses.replace(LB.bwd_tile("bfloat16", D), dq_stages=2)
-        assert two.smem_bytes() <= LA.FWD_SMEM_CAPACITY
-    with pytest.raises(ValueError, match="dq_stages"):
-        dataclasses.replace(LB.bwd_tile("bfloat16", 256), dq_stages=2)
-    with pytest.raises(ValueError, match="shared memory"):  # the 128-row D 64 tile's is 1 KB over
-        dataclasses.replace(LB.bwd_tile("bfloat16", 64), dq_stages=2)
-    with pytest.raises(ValueError, match="dq_stages"):
-        dataclasses.replace(LB.bwd_tile("bfloat16", 128), dq_stages=3)
-
-
 @pytest.mark.parametrize("kv,window", [("gqa", True), ("direct", False)])
 def test_deterministic_backward_compiles_like_the_default(kv, window):
     """Deterministic mode (D 128): the default kernel's wgmma bodies and spill budget, two spin loops of
