@@ -85,11 +85,21 @@ def publish_and_sum(acc: cute.Tensor, ws: cute.Tensor, thr, own_slot, slot0, cou
     count x (acc size) loads and spill."""
     last = publish_partial(acc, ws, thr, own_slot, mCnt, tile_id, sFlag, barrier_id, nthr, count)
     if last:
-        acc.fill(0.0)
-        for q in cutlass.range(count, unroll=1):  # fixed slot order: bitwise reproducible
-            for j in cutlass.range_constexpr(cute.size(acc) // PARTIAL_VEC):
-                add_partial(acc, ws, thr, j, slot0 + q)
+        sum_slots(acc, ws, thr, 0, cute.size(acc) // PARTIAL_VEC, slot0, count)
     return last
+
+
+@cute.jit
+def sum_slots(acc: cute.Tensor, ws: cute.Tensor, thr, first: cutlass.Constexpr[int], chunks: cutlass.Constexpr[int],
+              slot0, count):
+    """``acc`` chunks ``first .. first + chunks - 1`` become the sum of this thread's chunks of slots
+    ``slot0 .. slot0 + count - 1``, in slot order (bitwise the same whoever sums)."""
+    for jj in cutlass.range_constexpr(chunks):
+        for v in cutlass.range_constexpr(PARTIAL_VEC):
+            acc[(first + jj) * PARTIAL_VEC + v] = cutlass.Float32(0.0)
+    for q in cutlass.range(count, unroll=1):  # fixed slot order: bitwise reproducible
+        for jj in cutlass.range_constexpr(chunks):
+            add_partial(acc, ws, thr, first + jj, slot0 + q)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -171,16 +181,10 @@ def sum_parts(acc: cute.Tensor, ws: cute.Tensor, thr, slot0, mask, n_sub: int, p
     """For every part in ``mask``: the elements of ``acc`` in its sub-tiles (``acc`` in sub-tile order:
     sub-tile e is elements ``[e * size / n_sub, (e + 1) * size / n_sub)``) become the sum of slots
     ``slot0 .. slot0 + parts - 1`` in slot order (each slot one contributor's partial)."""
-    V = PARTIAL_VEC
-    sub_chunks = cute.size(acc) // V // n_sub
+    sub_chunks = cute.size(acc) // PARTIAL_VEC // n_sub
     for e in cutlass.range_constexpr(n_sub):
         if (mask >> part_of(e, n_sub, parts)) & 1 != 0:
-            for jj in cutlass.range_constexpr(sub_chunks):
-                for v in cutlass.range_constexpr(V):
-                    acc[(e * sub_chunks + jj) * V + v] = cutlass.Float32(0.0)
-            for q in cutlass.range(parts, unroll=1):  # fixed slot order: bitwise reproducible
-                for jj in cutlass.range_constexpr(sub_chunks):
-                    add_partial(acc, ws, thr, e * sub_chunks + jj, slot0 + q)
+            sum_slots(acc, ws, thr, e * sub_chunks, sub_chunks, slot0, parts)
 
 
 @cute.jit

@@ -372,6 +372,8 @@ def _fixed(p, fn, a, b, out):
     contiguous (1, K) activation or (1, N) output needs none).  The key holds the operands' shapes and
     strides, so the views' strides are this call's (out allocated by the launcher when None:
     contiguous)."""
+    if not (p.a_fix or p.b_fix or p.d_fix):
+        return fn
     d = out if out is not None else torch.empty(p.shape, dtype=p.out_dtype, device="meta")
     sa = canonical_strides(a, p.a_fix).stride() if p.a_fix and not fits_layout(a, p.a_fix) else None
     sb = canonical_strides(b, p.b_fix).stride() if p.b_fix and not fits_layout(b, p.b_fix) else None
