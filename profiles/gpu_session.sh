@@ -95,11 +95,11 @@ commit=${CK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv; } > "$OUT/session.log"
 py() { timeout "$1" python3 "${@:2}"; }
 quiet() { grep -v "Warning:\|warnings.warn"; }
-gpu_tests() {  # gpu_tests SECONDS LOG PATH... [pytest args]: GPU tests on 8 workers, the tail into $OUT/LOG
+gpu_tests() {  # gpu_tests SECONDS LOG PATH... [pytest args]: GPU tests on GPU_TESTS_N workers (default 8), the tail into $OUT/LOG
   local s=$1 log=$2; shift 2
   # -v, its PASSED / SKIPPED lines dropped: a FAILED line shows as it happens, so a run its timeout cuts
   # still names its failures (the summary comes only at the end)
-  py "$s" -m pytest -v -m gpu -n 8 -p no:cacheprovider -p no:warnings --tb=short "$@" 2>&1 \
+  py "$s" -m pytest -v -m gpu -n "${GPU_TESTS_N:-8}" -p no:cacheprovider -p no:warnings --tb=short "$@" 2>&1 \
     | grep -Ev "^DEBUG |^INFO | PASSED | SKIPPED |PytestBenchmarkWarning|warner\(|^tests/" | tail -n 200 | tee "$OUT/$log"
 }
 for step in "$@"; do
