@@ -18,9 +18,11 @@ from .backward_mask import dense_turn, n_block_last
 
 #: consumer warpgroup w's fp32 dQ tile in shared memory: the dQ warp's reduce of the previous one has
 #: read it (``BAR_DQ_EMPTY + w``) / the warpgroup wrote it (``BAR_DQ_FULL + w``); 128 + 32 threads each
-#: (ids after the kernel's ``BAR_DS_FULL``, ``NamedBarrierId.FIRST_FREE``)
+#: (ids after the kernel's ``BAR_DS_FULL``, ``NamedBarrierId.FIRST_FREE``).  Deterministic: query tile i
+#: of the walk uses ids ``DQ_PARITY_IDS * (i % 2)`` further on (two dQ warps take turns, one per parity)
 BAR_DQ_EMPTY = int(NamedBarrierId.FIRST_FREE) + 1
 BAR_DQ_FULL = int(NamedBarrierId.FIRST_FREE) + 3
+DQ_PARITY_IDS = 4
 
 
 class BwdEpilogue:
@@ -30,55 +32,88 @@ class BwdEpilogue:
     is done) and ``rows`` (one head's rows of a dense or packed tensor)."""
 
     @cute.jit
-    def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
-                  window_right, off_p):
+    def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, n_block, seqlen_q, seqlen_k, off_p):
         """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
         the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
         w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it.
-        Deterministic: the adds of a query tile wait for their turn (dense: in the order the KV tiles arrive
-        from their rotated starts; causal and windowed: the highest KV tile first) and complete before the next turn."""
-        lane = cute.arch.lane_idx()
-        t = self.cfg.tile
-        nwg = t.consumer_warpgroups
-        one = cute.make_layout(1)
-        # (rows, cols, row tiles, col tiles) of this head's accumulator, and the warpgroups' buffers
-        gdQ = cute.local_tile(self.rows(mdQacc, off_p, head, batch), (t.dq_rows_per_wg, t.dq_cols_per_wg),
-                              (None, None))
-        tDsD, tDgD = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
-        wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
+        Deterministic: :meth:`reduce_dq_turns` instead."""
+        nwg = self.cfg.tile.consumer_warpgroups
+        tDsD, tDgD = self.dq_partition(tma_dq, mdQacc, sdQ, head, batch, off_p)
         for i in cutlass.range(m_max - m_min, unroll=1):
             m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
             for w in cutlass.range_constexpr(nwg):
                 cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
-            if const_expr(self.cfg.deterministic):  # this KV tile's turn among those meeting the query tile
-                sem_crd = (batch, head, m_block)
-                if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
-                    sem_crd = (0, head, off_p // self.tile_m + m_block)
-                sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
-                if lane == 0:
-                    # dense: every KV tile meets every query tile, in the order they arrive (rotated starts)
-                    turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n)
-                    if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
-                        reach = window_right if const_expr(self.cfg.window) else Int32(0)
-                        turn = n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block
-                    wait_count(sem, turn)
-                cute.arch.sync_warp()
-            for w in cutlass.range_constexpr(nwg):
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
-                # the whole warp: the TMA copy elects its issuing thread itself (elect.sync, all lanes)
-                if const_expr(t.dq_split_m):
-                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
-                else:
-                    cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
-                cute.arch.cp_async_bulk_commit_group()
-            if const_expr(self.cfg.deterministic):  # the adds done (not only read), then the next turn
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                cute.arch.sync_warp()
-                if lane == 0:
-                    count_up(sem)
+            self.issue_dq(tma_dq, tDsD, tDgD, m_block, 0)
         # the last reduce has read its tile (the adds themselves complete before the grid does)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def dq_partition(self, tma_dq, mdQacc, sdQ, head, batch, off_p):
+        """The warpgroups' fp32 dQ buffers and this head's accumulator tiles (rows, cols, row tiles, col
+        tiles), partitioned for the TMA reduce-add."""
+        t = self.cfg.tile
+        gdQ = cute.local_tile(self.rows(mdQacc, off_p, head, batch), (t.dq_rows_per_wg, t.dq_cols_per_wg),
+                              (None, None))
+        return cpasync.tma_partition(tma_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
+                                     cute.group_modes(gdQ, 0, 2))
+
+    @cute.jit
+    def issue_dq(self, tma_dq, tDsD, tDgD, m_block, bar_offset):
+        """Query tile ``m_block``'s reduce-adds: each warpgroup's buffer once it is written (its FULL barrier,
+        ``bar_offset`` ids on), a bulk group each."""
+        t = self.cfg.tile
+        wg_rows = t.tile_m // t.dq_rows_per_wg  # row tiles per query tile: nwg when dQ splits rows, else 1
+        for w in cutlass.range_constexpr(t.consumer_warpgroups):
+            cute.arch.barrier(barrier_id=BAR_DQ_FULL + bar_offset + w, number_of_threads=128 + 32)
+            # the whole warp: the TMA copy elects its issuing thread itself (elect.sync, all lanes)
+            if const_expr(t.dq_split_m):
+                cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block * wg_rows + w, 0])
+            else:
+                cute.copy(tma_dq, tDsD[None, w], tDgD[None, m_block, w])
+            cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def reduce_dq_turns(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
+                        window_right, off_p, parity: cutlass.Constexpr[int]):
+        """Deterministic: one of two dQ warps (``parity`` 0 / 1), taking the walk's query tiles of its parity.
+        A tile's adds wait for this KV tile's turn among those meeting the query tile (dense: the order
+        they arrive from their rotated starts; causal and windowed: the highest KV tile first); the buffer
+        goes back once read, then the adds complete and the turn passes on -- the completion's latency
+        overlaps the other warp's tile, not the consumers' next one."""
+        lane = cute.arch.lane_idx()
+        nwg = self.cfg.tile.consumer_warpgroups
+        count = m_max - m_min
+        tDsD, tDgD = self.dq_partition(tma_dq, mdQacc, sdQ, head, batch, off_p)
+        if const_expr(parity == 0):
+            if count > 0:  # the buffers start free
+                for w in cutlass.range_constexpr(nwg):
+                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+        for j in cutlass.range((count - parity + 1) // 2, unroll=1):
+            i = 2 * j + parity
+            m_block = self.tile_at(m_min, i, count, n_block, seqlen_q, seqlen_k)
+            sem_crd = (batch, head, m_block)
+            if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
+                sem_crd = (0, head, off_p // self.tile_m + m_block)
+            sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
+            if lane == 0:
+                # dense: every KV tile meets every query tile, in the order they arrive (rotated starts)
+                turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n)
+                if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
+                    reach = window_right if const_expr(self.cfg.window) else Int32(0)
+                    turn = n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block
+                wait_count(sem, turn)
+            cute.arch.sync_warp()
+            self.issue_dq(tma_dq, tDsD, tDgD, m_block, DQ_PARITY_IDS * parity)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if i + 1 < count:  # the next tile's buffers (the other warp's parity)
+                for w in cutlass.range_constexpr(nwg):
+                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + DQ_PARITY_IDS * (1 - parity) + w,
+                                             number_of_threads=128 + 32)
+            cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds done (not only read): the next turn
+            cute.arch.sync_warp()
+            if lane == 0:
+                count_up(sem)
 
     @cute.jit
     def add_kv(self, thr_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, mdKacc: cute.Tensor, mdVacc: cute.Tensor,

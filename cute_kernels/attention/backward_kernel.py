@@ -46,6 +46,8 @@ the query tile, the highest KV tile first).  It waits on the tile's int32 semaph
 waits for its adds to complete and counts the semaphore up; with GQA, the query heads of a KV head add
 their dK / dV rows in head order on a semaphore per KV tile (B, Hkv, KV tiles)
 (:func:`~cute_kernels.common.barriers.wait_count`, :func:`~cute_kernels.common.barriers.count_up`).
+Two dQ warps (warps 1 and 2) take the walk's query tiles by parity, each with its own pair of dQ
+barriers per warpgroup, so one add's completion wait overlaps the other warp's tile.
 
 Query tiles of a KV tile n (:mod:`.backward_mask`): causal (bottom-right), query ``q`` sees key ``k``
 iff ``k <= q + Sk - Sq``, so tile n is seen from query tile ``(n * tile_n + Sq - Sk) // tile_m`` on;
@@ -77,6 +79,7 @@ from .backward_step import BAR_DS_FULL, BwdQueryStep
 #: ln 2: the softmax scale is ``scale_log2 * LN2``
 LN2 = math.log(2.0)
 #: the producer warpgroup's warps: the loads (Q, dO, LSE, Delta; K, V once) and the dQ reduce-adds
+#: (deterministic: warps DQ_WARP and DQ_WARP + 1, :meth:`~.backward_epilogue.BwdEpilogue.reduce_dq_turns`)
 LOAD_WARP, DQ_WARP = 0, 1
 
 
@@ -282,9 +285,15 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO,
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
                              m_min, m_max, off_q, off_k, off_p, seqlen_q, seqlen_k)
+            elif const_expr(self.cfg.deterministic):  # two dQ warps, a parity of the walk's query tiles each
+                if warp_idx == DQ_WARP:
+                    self.reduce_dq_turns(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q,
+                                         seqlen_k, window_right, off_p, 0)
+                elif warp_idx == DQ_WARP + 1:
+                    self.reduce_dq_turns(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q,
+                                         seqlen_k, window_right, off_p, 1)
             elif warp_idx == DQ_WARP:
-                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
-                               window_right, off_p)
+                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, n_block, seqlen_q, seqlen_k, off_p)
         else:
             cute.arch.setmaxregister_increase(t.consumer_regs)
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
@@ -410,19 +419,20 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block,
                                    self.tile_at(m_min, i, m_lo - m_min, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
-                                   True, window_left, window_right, softcap_scale, smem_a, carry)
+                                   True, window_left, window_right, softcap_scale, smem_a, carry, i)
         for i in cutlass.range(m_hi - m_lo, unroll=1):
             read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                    tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q,
                                    read, scale_log2, seqlen_q, seqlen_k, n_block,
                                    self.tile_at(m_lo, i, m_hi - m_lo, n_block, seqlen_q, seqlen_k), mma_tidx, wg,
-                                   False, softcap_scale=softcap_scale, smem_a=smem_a, carry=carry)
+                                   False, softcap_scale=softcap_scale, smem_a=smem_a, carry=carry,
+                                   walk_index=m_lo - m_min + i)
         if const_expr(self.cfg.window):  # the window's far edge: masked again
             for i in cutlass.range(m_max - m_hi, unroll=1):
                 read = self.query_tile(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt,
                                        tVrdOt, tQrdS, tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn,
                                        pipe_q, read, scale_log2, seqlen_q, seqlen_k, n_block, m_hi + i, mma_tidx, wg,
-                                       True, window_left, window_right, softcap_scale, smem_a, carry)
+                                       True, window_left, window_right, softcap_scale, smem_a, carry, m_hi - m_min + i)
 
         if const_expr(carry is not None):  # the last dK done, its stage handed back
             warpgroup.wait_group(0)

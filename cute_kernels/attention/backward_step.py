@@ -21,7 +21,7 @@ from ..common import wgmma
 from ..common.barriers import NamedBarrierId
 from ..common.softmax import probs_from_lse, softcap_probs_from_lse, softcap_scores
 from . import forward_softmax as fs
-from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL
+from .backward_epilogue import BAR_DQ_EMPTY, BAR_DQ_FULL, DQ_PARITY_IDS
 from .backward_mask import apply_mask_t, apply_window_mask_t
 
 #: the named barrier of the consumer warpgroups: every warpgroup wrote its part of this stage's dS^T
@@ -37,11 +37,12 @@ class BwdQueryStep:
     def query_tile(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tPrV, tPrdO, tKrQt, tVrdOt, tQrdS,
                    tQrK, acc_dK, acc_dV, sdS, tdQsdQ, sLSE, sDelta, tScS_mn, pipe_q, read, scale_log2, seqlen_q,
                    seqlen_k, n_block, m_block, mma_tidx, wg, masked: cutlass.Constexpr[bool], window_left=None,
-                   window_right=None, softcap_scale=None, smem_a=None, carry=None):
+                   window_right=None, softcap_scale=None, smem_a=None, carry=None, walk_index=None):
         """Query tile ``m_block``; ``smem_a``: the (dS^T, P^T) A operands in shared memory when the head
         dims are split, else None; then ``pipe_q`` / ``read`` are the (Q + LSE, dO + Delta) rings and
-        their states, handed back apart: dO after dV, Q after dK (dQ, the last wgmma, reads neither).  Returns
-        the advanced ring state(s)."""
+        their states, handed back apart: dO after dV, Q after dK (dQ, the last wgmma, reads neither);
+        ``walk_index``: the tile's place in the KV tile's walk (deterministic: its parity picks the dQ
+        barriers, :data:`~.backward_epilogue.DQ_PARITY_IDS`).  Returns the advanced ring state(s)."""
         split_d = const_expr(self.cfg.tile.kv_split_d)
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
         acc_S = cute.make_rmem_tensor(acc_shape, Float32)
@@ -149,10 +150,13 @@ class BwdQueryStep:
             warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
 
         # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
-        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=128 + 32)
+        bar_empty, bar_full = BAR_DQ_EMPTY + wg, BAR_DQ_FULL + wg
+        if const_expr(self.cfg.deterministic):
+            bar_empty, bar_full = (b + DQ_PARITY_IDS * (walk_index % 2) for b in (bar_empty, bar_full))
+        cute.arch.barrier(barrier_id=bar_empty, number_of_threads=128 + 32)
         cute.autovec_copy(acc_dQ, tdQsdQ)
         cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
-        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + wg, number_of_threads=128 + 32)
+        cute.arch.barrier_arrive(barrier_id=bar_full, number_of_threads=128 + 32)
 
         if const_expr(not split_d):
             if const_expr(carry is not None):
