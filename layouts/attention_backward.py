@@ -65,6 +65,10 @@ class BwdTile:
     #: next query tile, whose S^T wait then hands this tile's stage back (the tensor pipe does not drain
     #: per tile); not with ``kv_split_d`` (its dK reads shared memory already, with one stage)
     dk_carry: bool = False
+    #: the deterministic mode's dQ warps: 1, or 2 taking the query tiles by parity (each tile's ordered adds
+    #: complete while the other warp hands on the next tile: the wait is off the per-tile cycle); the
+    #: default mode has one
+    dq_warps: int = 1
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
@@ -85,6 +89,8 @@ class BwdTile:
             raise ValueError("BwdTile: a dQ split by columns needs tile_m = 64")
         if self.dq_cols_per_wg % 8:
             raise ValueError(f"BwdTile: {self.dq_cols_per_wg} dQ columns per warpgroup is not a wgmma N")
+        if self.dq_warps not in (1, 2):
+            raise ValueError(f"BwdTile: dq_warps {self.dq_warps} must be 1 or 2")
         if self.dk_carry and self.kv_split_d:
             raise ValueError("BwdTile: dk_carry is for tiles without kv_split_d")
         if self.stages < 2 and not self.kv_split_d:

@@ -19,6 +19,8 @@ Whole-call variants (``flash_attn_backward`` with an argument, against the defau
 kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
     det     ``deterministic=True`` (issue 33's target: within 15% of the default); checked first to give
             the same bits on two calls, and gradients within bf16 noise of the default's
+    det2w   the same with ``BwdTile.dq_warps = 2`` (two dQ warps taking the query tiles by parity: an add's
+            completion wait leaves the per-tile cycle), the call's plan swapped in around each call
 """
 
 from __future__ import annotations
@@ -52,7 +54,33 @@ def _carry(cfg):
 
 
 VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry}
-CALL_VARIANTS = {"det": dict(deterministic=True)}
+CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True)}
+#: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile (None: n/a)
+CALL_TILES = {"det2w": lambda t: dataclasses.replace(t, dq_warps=2)}
+
+
+def _tile_swapped(call, shape, kw, tile_fn):
+    """``call(**kw)`` with the main kernel's tile changed by ``tile_fn`` for the duration of each call (the
+    memoized plan of the call's key swapped in and back); None where ``tile_fn`` gives None."""
+    import torch
+
+    from cute_kernels.attention import backward as BW
+
+    _, _, Hq, Hkv, _, D, causal = shape
+    plan = BW.bwd_plan(torch.bfloat16, D, causal, gqa=Hq != Hkv, deterministic=kw.get("deterministic", False))
+    key = next(k for k, v in BW._PLANS.items() if v is plan)
+    tile = tile_fn(plan[0].tile)
+    if tile is None:
+        return None
+    swapped = (dataclasses.replace(plan[0], tile=tile),) + plan[1:]
+
+    def run():
+        BW._PLANS[key] = swapped
+        try:
+            return call(**kw)
+        finally:
+            BW._PLANS[key] = plan
+    return run
 
 
 def _inputs(shape):
@@ -94,12 +122,17 @@ def run_shape_calls(shape, variants, reps):
     calls = {"planned": call}
     for vname in variants:
         kw = CALL_VARIANTS[vname]
-        a, b = call(**kw), call(**kw)
+        run = (lambda kw=kw: call(**kw)) if vname not in CALL_TILES else _tile_swapped(call, shape, kw,
+                                                                                        CALL_TILES[vname])
+        if run is None:
+            row["checks"][vname] = "n/a"
+            continue
+        a, b = run(), run()
         torch.cuda.synchronize()
         row["checks"][vname] = {
             "repeatable": all(torch.equal(x, y) for x, y in zip(a, b)),
             "vs_default": [round(float((x.float() - r).abs().max() / r.abs().max()), 5) for x, r in zip(a, ref)]}
-        calls[vname] = lambda kw=kw: call(**kw)
+        calls[vname] = run
     return _time_into(row, calls, reps)
 
 
@@ -161,7 +194,7 @@ def main(argv=None) -> int:
         p.error(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS) + sorted(CALL_VARIANTS)}")
     whole = [v for v in variants if v in CALL_VARIANTS]
     if whole and len(whole) != len(variants):
-        p.error("whole-call variants (det) and kernel variants (tm128, tm64) go in separate runs")
+        p.error("whole-call variants (det, det2w) and kernel variants (tm128, tm64) go in separate runs")
     rows = []
     for shape in select(a.shapes):
         if shape[5] not in (64, 96, 128) and not whole:  # the kernel variants' tiles; whole calls take any

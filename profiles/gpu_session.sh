@@ -36,8 +36,9 @@
 #                 with it (issue 36's 512x4096x14336, unsplit 128 x 128 by default: 0.987x)   [ABPARTS_S]
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
-#   ab-backward-det  profiles/ab_backward.py --variants det: deterministic=True against the default backward
-#                 call on the backward bench's shapes (issue 33: within 15%), paired             [AB_BWD_S]
+#   ab-backward-det  the deterministic GPU tests (one and two dQ warps) first, then profiles/ab_backward.py
+#                 --variants det,det2w: deterministic=True (and with BwdTile.dq_warps = 2) against the default
+#                 backward call on the backward bench's shapes (issue 33: within 15%), paired    [AB_BWD_S]
 #   ab-backward-carry  profiles/ab_backward.py --variants carry: BwdTile.dk_carry (dK running on into the next query
 #                 tile) against the planned tile on the backward bench's D <= 128 shapes, paired, gradients
 #                 compared (issue 33); GPU-test it first: backward-tests runs test_dk_carry_matches_reference  [AB_BWD_S]
@@ -153,7 +154,8 @@ for step in "$@"; do
         --variants default,default:parts,cuBLAS,128x256:2x1:s2:parts 2>&1 | quiet | tee -a "$OUT/ab-gemm-parts.log" ;;
     ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
-    ab-backward-det) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
+    ab-backward-det) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py -k "deterministic or dq_warps" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-det-tests.log"
+      CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det,det2w --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
     ab-backward-carry) CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
     ab-attention-softcap) py "${AB_ATTN_S:-400}" profiles/ab_attention.py --softcap 30 --rounds 5 --out "$OUT/ab-attention-softcap.json" 2>&1 | quiet | tee "$OUT/ab-attention-softcap.log" ;;
     ab-attention-psmem) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k p_smem 2>&1 | tail -n 15 | tee "$OUT/ab-attention-psmem.log"

@@ -32,11 +32,14 @@ class BwdEpilogue:
     is done) and ``rows`` (one head's rows of a dense or packed tensor)."""
 
     @cute.jit
-    def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, n_block, seqlen_q, seqlen_k, off_p):
+    def reduce_dq(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
+                  window_right, off_p):
         """The dQ warp: per query tile, each consumer warpgroup's fp32 dQ tile (shared memory) added into
         the accumulator by one TMA reduce-add, while the warpgroups go on with the next tile.  Warpgroup
         w's buffer is handed back (``BAR_DQ_EMPTY + w``) once the reduce that read it has read it.
-        Deterministic: :meth:`reduce_dq_turns` instead."""
+        Deterministic: the adds of a query tile wait for their turn (:meth:`wait_dq_turn`) and complete
+        before the next turn (with ``BwdTile.dq_warps = 2``: :meth:`reduce_dq_turns` instead)."""
+        lane = cute.arch.lane_idx()
         nwg = self.cfg.tile.consumer_warpgroups
         tDsD, tDgD = self.dq_partition(tma_dq, mdQacc, sdQ, head, batch, off_p)
         for i in cutlass.range(m_max - m_min, unroll=1):
@@ -44,9 +47,36 @@ class BwdEpilogue:
             for w in cutlass.range_constexpr(nwg):
                 cute.arch.cp_async_bulk_wait_group(nwg - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+            sem = None
+            if const_expr(self.cfg.deterministic):
+                sem = self.wait_dq_turn(mSemQ, batch, head, m_block, n_block, seqlen_q, seqlen_k, window_right,
+                                        off_p)
             self.issue_dq(tma_dq, tDsD, tDgD, m_block, 0)
+            if const_expr(self.cfg.deterministic):  # the adds done (not only read), then the next turn
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.sync_warp()
+                if lane == 0:
+                    count_up(sem)
         # the last reduce has read its tile (the adds themselves complete before the grid does)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def wait_dq_turn(self, mSemQ, batch, head, m_block, n_block, seqlen_q, seqlen_k, window_right, off_p):
+        """Deterministic: wait until query tile ``m_block``'s semaphore reads this KV tile's turn among
+        those meeting the query tile (dense: the order they arrive from their rotated starts; causal and
+        windowed: the highest KV tile first); returns the semaphore's address."""
+        sem_crd = (batch, head, m_block)
+        if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
+            sem_crd = (0, head, off_p // self.tile_m + m_block)
+        sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
+        if cute.arch.lane_idx() == 0:
+            turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n)
+            if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
+                reach = window_right if const_expr(self.cfg.window) else Int32(0)
+                turn = n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block
+            wait_count(sem, turn)
+        cute.arch.sync_warp()
+        return sem
 
     @cute.jit
     def dq_partition(self, tma_dq, mdQacc, sdQ, head, batch, off_p):
@@ -76,11 +106,10 @@ class BwdEpilogue:
     @cute.jit
     def reduce_dq_turns(self, tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
                         window_right, off_p, parity: cutlass.Constexpr[int]):
-        """Deterministic: one of two dQ warps (``parity`` 0 / 1), taking the walk's query tiles of its parity.
-        A tile's adds wait for this KV tile's turn among those meeting the query tile (dense: the order
-        they arrive from their rotated starts; causal and windowed: the highest KV tile first); the buffer
-        goes back once read, then the adds complete and the turn passes on -- the completion's latency
-        overlaps the other warp's tile, not the consumers' next one."""
+        """Deterministic with ``BwdTile.dq_warps = 2``: one of two dQ warps (``parity`` 0 / 1), taking the
+        walk's query tiles of its parity.  A tile's adds wait for their turn (:meth:`wait_dq_turn`); the
+        buffer goes back once read, then the adds complete and the turn passes on -- the completion's
+        latency overlaps the other warp's tile instead of lengthening one warp's cycle per tile."""
         lane = cute.arch.lane_idx()
         nwg = self.cfg.tile.consumer_warpgroups
         count = m_max - m_min
@@ -92,18 +121,7 @@ class BwdEpilogue:
         for j in cutlass.range((count - parity + 1) // 2, unroll=1):
             i = 2 * j + parity
             m_block = self.tile_at(m_min, i, count, n_block, seqlen_q, seqlen_k)
-            sem_crd = (batch, head, m_block)
-            if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
-                sem_crd = (0, head, off_p // self.tile_m + m_block)
-            sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
-            if lane == 0:
-                # dense: every KV tile meets every query tile, in the order they arrive (rotated starts)
-                turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n)
-                if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
-                    reach = window_right if const_expr(self.cfg.window) else Int32(0)
-                    turn = n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block
-                wait_count(sem, turn)
-            cute.arch.sync_warp()
+            sem = self.wait_dq_turn(mSemQ, batch, head, m_block, n_block, seqlen_q, seqlen_k, window_right, off_p)
             self.issue_dq(tma_dq, tDsD, tDgD, m_block, DQ_PARITY_IDS * parity)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
             if i + 1 < count:  # the next tile's buffers (the other warp's parity)

@@ -46,8 +46,8 @@ the query tile, the highest KV tile first).  It waits on the tile's int32 semaph
 waits for its adds to complete and counts the semaphore up; with GQA, the query heads of a KV head add
 their dK / dV rows in head order on a semaphore per KV tile (B, Hkv, KV tiles)
 (:func:`~cute_kernels.common.barriers.wait_count`, :func:`~cute_kernels.common.barriers.count_up`).
-Two dQ warps (warps 1 and 2) take the walk's query tiles by parity, each with its own pair of dQ
-barriers per warpgroup, so one add's completion wait overlaps the other warp's tile.
+With ``BwdTile.dq_warps = 2`` two dQ warps (warps 1 and 2) take the walk's query tiles by parity, each
+with its own dQ barriers per warpgroup, so one add's completion wait overlaps the other warp's tile.
 
 Query tiles of a KV tile n (:mod:`.backward_mask`): causal (bottom-right), query ``q`` sees key ``k``
 iff ``k <= q + Sk - Sq``, so tile n is seen from query tile ``(n * tile_n + Sq - Sk) // tile_m`` on;
@@ -79,7 +79,7 @@ from .backward_step import BAR_DS_FULL, BwdQueryStep
 #: ln 2: the softmax scale is ``scale_log2 * LN2``
 LN2 = math.log(2.0)
 #: the producer warpgroup's warps: the loads (Q, dO, LSE, Delta; K, V once) and the dQ reduce-adds
-#: (deterministic: warps DQ_WARP and DQ_WARP + 1, :meth:`~.backward_epilogue.BwdEpilogue.reduce_dq_turns`)
+#: (deterministic with ``BwdTile.dq_warps = 2``: warps DQ_WARP and DQ_WARP + 1)
 LOAD_WARP, DQ_WARP = 0, 1
 
 
@@ -285,7 +285,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                 self.produce(tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_delta, mDelta, sQ, sdO,
                              sK, sV, sLSE, sDelta, kv_ring, pipe_q, n_block, head, head // qhead_per_kvhead, batch,
                              m_min, m_max, off_q, off_k, off_p, seqlen_q, seqlen_k)
-            elif const_expr(self.cfg.deterministic):  # two dQ warps, a parity of the walk's query tiles each
+            elif const_expr(self.cfg.deterministic and t.dq_warps == 2):  # a parity of the walk's query tiles each
                 if warp_idx == DQ_WARP:
                     self.reduce_dq_turns(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q,
                                          seqlen_k, window_right, off_p, 0)
@@ -293,7 +293,8 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                     self.reduce_dq_turns(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q,
                                          seqlen_k, window_right, off_p, 1)
             elif warp_idx == DQ_WARP:
-                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, n_block, seqlen_q, seqlen_k, off_p)
+                self.reduce_dq(tma_dq, mdQacc, sdQ, head, batch, m_min, m_max, mSemQ, n_block, seqlen_q, seqlen_k,
+                               window_right, off_p)
         else:
             cute.arch.setmaxregister_increase(t.consumer_regs)
             m_min, m_max, m_lo, m_hi = self.m_range(n_block, seqlen_q, seqlen_k, window_left, window_right)

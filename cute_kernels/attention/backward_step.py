@@ -41,8 +41,8 @@ class BwdQueryStep:
         """Query tile ``m_block``; ``smem_a``: the (dS^T, P^T) A operands in shared memory when the head
         dims are split, else None; then ``pipe_q`` / ``read`` are the (Q + LSE, dO + Delta) rings and
         their states, handed back apart: dO after dV, Q after dK (dQ, the last wgmma, reads neither);
-        ``walk_index``: the tile's place in the KV tile's walk (deterministic: its parity picks the dQ
-        barriers, :data:`~.backward_epilogue.DQ_PARITY_IDS`).  Returns the advanced ring state(s)."""
+        ``walk_index``: the tile's place in the KV tile's walk (deterministic with two dQ warps: its parity
+        picks the dQ barriers, :data:`~.backward_epilogue.DQ_PARITY_IDS`).  Returns the advanced ring state(s)."""
         split_d = const_expr(self.cfg.tile.kv_split_d)
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
         acc_S = cute.make_rmem_tensor(acc_shape, Float32)
@@ -151,7 +151,7 @@ class BwdQueryStep:
 
         # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
         bar_empty, bar_full = BAR_DQ_EMPTY + wg, BAR_DQ_FULL + wg
-        if const_expr(self.cfg.deterministic):
+        if const_expr(self.cfg.deterministic and self.cfg.tile.dq_warps == 2):
             bar_empty, bar_full = (b + DQ_PARITY_IDS * (walk_index % 2) for b in (bar_empty, bar_full))
         cute.arch.barrier(barrier_id=bar_empty, number_of_threads=128 + 32)
         cute.autovec_copy(acc_dQ, tdQsdQ)

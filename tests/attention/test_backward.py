@@ -418,8 +418,7 @@ def test_variants_with_flash_attn_forward(causal):
                 (*out_rounding_effect(p32, q, k, dout, out, o32, D ** -0.5), None, slack_s))
 
 
-@gpu
-@pytest.mark.parametrize("D,causal,B,Sq,Sk,Hq,Hkv,window,sink", [
+DET_CASES = [
     (128, True, 2, 1000, 1000, 8, 2, None, False),  # GQA 4: the dQ turns and the dK / dV turns
     (64, False, 1, 777, 1500, 8, 8, None, True),  # one query head per KV head (dK / dV stored), a sink
     (96, False, 1, 1000, 1000, 8, 1, (100, 50), False),  # a window: turns from n_block_last
@@ -427,10 +426,35 @@ def test_variants_with_flash_attn_forward(causal):
     (128, False, 1, 2000, 500, 8, 8, None, False),  # dense, N <= M: rotated starts, turns in arrival order
     (64, False, 2, 1000, 1000, 8, 2, None, False),  # the same with GQA (128-row tiles: M = N = 8)
     (256, True, 1, 1000, 1000, 4, 2, None, False),  # D 256's head-dim split tile, GQA 2
-])
+    (128, False, 1, 64, 1000, 4, 4, None, False),  # one query tile: the second dQ warp has none
+]
+
+
+@gpu
+@pytest.mark.parametrize("D,causal,B,Sq,Sk,Hq,Hkv,window,sink", DET_CASES)
 def test_deterministic_is_bitwise_repeatable(D, causal, B, Sq, Sk, Hq, Hkv, window, sink):
     """``deterministic=True``: the gradients match the reference as in the default mode, and four more
     calls on the same inputs give the same bits."""
+    run_case(torch.bfloat16, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=True, seed=D + Sq, window=window, sink=sink,
+             deterministic=True, repeats=4)
+
+
+@gpu
+@pytest.mark.parametrize("D,causal,B,Sq,Sk,Hq,Hkv,window,sink", DET_CASES)
+def test_dq_warps_2_is_bitwise_repeatable(monkeypatch, D, causal, B, Sq, Sk, Hq, Hkv, window, sink):
+    """``BwdTile.dq_warps = 2`` (two dQ warps taking the query tiles by parity; not the default yet): the
+    planner patched to choose it, the deterministic mode's checks."""
+    from cute_kernels.attention import backward_kernel as bk
+
+    config = bk.bwd_config
+
+    def two_warps(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_warps=2))
+
+    monkeypatch.setattr(bk, "bwd_config", two_warps)
+    monkeypatch.setattr(BW, "_PLANS", {})
+    assert BW.bwd_plan(torch.bfloat16, D, causal, deterministic=True)[0].tile.dq_warps == 2
     run_case(torch.bfloat16, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=True, seed=D + Sq, window=window, sink=sink,
              deterministic=True, repeats=4)
 

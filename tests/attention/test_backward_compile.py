@@ -582,6 +582,31 @@ def test_deterministic_backward_compiles_like_the_default(kv, window):
     assert k.instructions["BAR"] >= k0.instructions["BAR"] + (2 if kv == "gqa" else 0), (rep.summary(), rep0.summary())
 
 
+@pytest.mark.parametrize("variant", ["direct-128", "gqa-96-causal", "split-256-causal", "window-128", "varlen-64"])
+def test_dq_warps_2_backward_compiles(variant):
+    """``BwdTile.dq_warps = 2`` (deterministic: two dQ warps take the query tiles by parity): the one-warp
+    kernel's wgmma bodies and spill budget; its reduce-adds, turn spins and dQ barrier arrives twice over
+    (each warp's own code); the default tile keeps one warp."""
+    from cute_kernels.tools import inspect as ins
+
+    parts = variant.split("-")
+    D = int(parts[1])
+    cfg = bk.bwd_config("bfloat16", D, "causal" in parts, window=parts[0] == "window", direct_kv=parts[0] != "gqa",
+                        deterministic=True, varlen=parts[0] == "varlen")
+    assert cfg.tile.dq_warps == 1
+    two = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_warps=2))
+    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (two, cfg))
+    print(f"{variant} dq_warps 2: {rep.summary()}\n  one warp: {rep0.summary()}")
+    k, k0 = rep.kernels[0], rep0.kernels[0]
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"], (rep.summary(), rep0.summary())
+    assert k.spills <= k0.spills and k.stack_frame <= k0.stack_frame, (rep.summary(), rep0.summary())
+    assert k.instructions["UTMAREDG"] == 2 * k0.instructions["UTMAREDG"], (rep.summary(), rep0.summary())
+    spins = lambda r: len(re.findall(r"\bLDG\.E\.STRONG\.GPU\b", r.sass))  # noqa: E731
+    assert spins(rep) > spins(rep0), (spins(rep), spins(rep0))
+    with pytest.raises(ValueError, match="dq_warps"):
+        dataclasses.replace(cfg.tile, dq_warps=3)
+
+
 def test_deterministic_plan_and_warmup():
     """``bwd_plan``'s deterministic key reaches the main kernel only; the warmup spec takes it (a bool)."""
     import cute_kernels
