@@ -69,6 +69,10 @@ class BwdTile:
     #: complete while the other warp hands on the next tile: the wait is off the per-tile cycle); the
     #: default mode has one
     dq_warps: int = 1
+    #: the deterministic mode's dQ accumulators: 1, or 2 -- KV tile n adds into accumulator n % 2, in turn
+    #: among its own group only (its predecessor arrived twice as many steps earlier), and the post-pass
+    #: sums the two in a fixed order; the default mode has one
+    dq_groups: int = 1
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
@@ -91,6 +95,8 @@ class BwdTile:
             raise ValueError(f"BwdTile: {self.dq_cols_per_wg} dQ columns per warpgroup is not a wgmma N")
         if self.dq_warps not in (1, 2):
             raise ValueError(f"BwdTile: dq_warps {self.dq_warps} must be 1 or 2")
+        if self.dq_groups not in (1, 2):
+            raise ValueError(f"BwdTile: dq_groups {self.dq_groups} must be 1 or 2")
         if self.dk_carry and self.kv_split_d:
             raise ValueError("BwdTile: dk_carry is for tiles without kv_split_d")
         if self.stages < 2 and not self.kv_split_d:

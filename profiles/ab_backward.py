@@ -21,6 +21,8 @@ kernel, post-pass and the call's own buffers timed; not mixed with the kernel va
             the same bits on two calls, and gradients within bf16 noise of the default's
     det2w   the same with ``BwdTile.dq_warps = 2`` (two dQ warps taking the query tiles by parity: an add's
             completion wait leaves the per-tile cycle), the call's plan swapped in around each call
+    det2wg  and ``BwdTile.dq_groups = 2`` (two dQ accumulators, KV tiles n mod 2 in turn among their own:
+            a turn has twice the steps to pass on; for M = N, D 64 and D 256, where starts cannot spread)
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ def _carry(cfg):
 
 
 VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry}
-CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True)}
+CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True),
+                 "det2wg": dict(deterministic=True)}
 #: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile (None: n/a)
-CALL_TILES = {"det2w": lambda t: dataclasses.replace(t, dq_warps=2)}
+CALL_TILES = {"det2w": lambda t: dataclasses.replace(t, dq_warps=2),
+              "det2wg": lambda t: dataclasses.replace(t, dq_warps=2, dq_groups=2)}
 
 
 def _tile_swapped(call, shape, kw, tile_fn):
@@ -72,7 +76,7 @@ def _tile_swapped(call, shape, kw, tile_fn):
     tile = tile_fn(plan[0].tile)
     if tile is None:
         return None
-    swapped = (dataclasses.replace(plan[0], tile=tile),) + plan[1:]
+    swapped = BW.plan_around(dataclasses.replace(plan[0], tile=tile))  # (dq_groups: dQ's post-pass too)
 
     def run():
         BW._PLANS[key] = swapped
@@ -194,7 +198,7 @@ def main(argv=None) -> int:
         p.error(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS) + sorted(CALL_VARIANTS)}")
     whole = [v for v in variants if v in CALL_VARIANTS]
     if whole and len(whole) != len(variants):
-        p.error("whole-call variants (det, det2w) and kernel variants (tm128, tm64) go in separate runs")
+        p.error("whole-call variants (det, det2w, det2wg) and kernel variants (tm128, tm64) go in separate runs")
     rows = []
     for shape in select(a.shapes):
         if shape[5] not in (64, 96, 128) and not whole:  # the kernel variants' tiles; whole calls take any

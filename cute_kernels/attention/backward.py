@@ -138,14 +138,22 @@ def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = F
     key = (dtype, head_dim, causal, has_dlse, window, gqa, softcap, deterministic, varlen)
     plan = _PLANS.get(key)
     if plan is None:
-        name = name_of(dtype)
-        plan = (bk.bwd_config(name, head_dim, causal and not window, window, direct_kv=not gqa, softcap=softcap,
-                              deterministic=deterministic, varlen=varlen),
-                bp.BwdPrepostConfig("prepass", name, head_dim, has_dlse, varlen=varlen),
-                bp.BwdPrepostConfig("convert", name, head_dim, varlen=varlen))
-        if varlen and gqa:  # dK / dV: packed rows in, packed rows out (the dense post-pass, one batch)
-            plan += (bp.BwdPrepostConfig("convert", name, head_dim),)
-        _PLANS[key] = plan
+        main = bk.bwd_config(name_of(dtype), head_dim, causal and not window, window, direct_kv=not gqa,
+                             softcap=softcap, deterministic=deterministic, varlen=varlen)
+        plan = _PLANS[key] = plan_around(main, has_dlse)
+    return plan
+
+
+def plan_around(main: bk.FlashBwdConfig, has_dlse: bool = False) -> tuple:
+    """A call's configurations around its main kernel's (:func:`bwd_plan`): (main, pre-pass, dQ's
+    post-pass summing the main kernel's dQ accumulators), and with GQA where dQ's post-pass does not
+    fit them, the dense one-accumulator post-pass for dK / dV."""
+    name, D = main.dtype, main.head_dim
+    groups = main.tile.dq_groups if main.deterministic else 1
+    plan = (main, bp.BwdPrepostConfig("prepass", name, D, has_dlse, varlen=main.varlen),
+            bp.BwdPrepostConfig("convert", name, D, varlen=main.varlen, groups=groups))
+    if not main.direct_kv and (main.varlen or groups > 1):  # dK / dV: rows in, the same rows out, one batch
+        plan += (bp.BwdPrepostConfig("convert", name, D),)
     return plan
 
 
@@ -227,22 +235,26 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     f32 = dict(dtype=torch.float32, device=q.device)
     lse2 = torch.empty(Bb, Hq, Sp, **f32)
     delta = torch.empty(Bb, Hq, Sp, **f32)
-    dq_acc = torch.empty(Bb, Hq, Sp, D, **f32)  # zeroed by the pre-pass (each sequence's padded rows)
+    groups = tile.dq_groups if deterministic else 1  # dQ accumulators: batches g * Bb .. of one buffer
+    dq_acc = torch.empty(groups * Bb, Hq, Sp, D, **f32)  # zeroed by the pre-pass (each sequence's padded rows)
     dk_, dv_ = (dk, dv) if packed is None else (dk.unsqueeze(0), dv.unsqueeze(0))
     if gqa:  # a KV head's query heads add into its rows
         dk_out, dv_out = torch.zeros(Bb, Sk, Hkv, D, **f32), torch.zeros(Bb, Sk, Hkv, D, **f32)
     else:  # the main kernel stores them
         dk_out, dv_out = dk_, dv_
     seq = () if packed is None else (cu_seqlens_q, cu_seqlens_k, mq, mk)
-    pre(out_, dout_, lse_, lse_ if dlse_ is None else dlse_, lse2, delta, dq_acc, *seq[:1], *seq[2:3])
+    pre(out_, dout_, lse_, lse_ if dlse_ is None else dlse_, lse2, delta, dq_acc[:Bb], *seq[:1], *seq[2:3])
+    if groups > 1:
+        dq_acc[Bb:].zero_()
     # softcapping: scores tanh(q.k * scale / softcap), softmax scale softcap (the forward's convention)
     scale_log2, variant = (softcap * LOG2_E, (scale / softcap,)) if softcap else (scale * LOG2_E, ())
     if deterministic:  # one zeroed int32 buffer: the query tiles' turns (64-row units), the KV tiles' turns
         n_m = Sp // LA.FWD_WGMMA_M  # (tile_m: a multiple of 64)
-        sem = torch.zeros(Bb * Hq * n_m + (B * Hkv * n_n if gqa else 0), dtype=torch.int32, device=q.device)
-        variant += (sem[:Bb * Hq * n_m].view(Bb, Hq, n_m),)
+        n_q = groups * Bb * Hq * n_m  # (a set of query-tile turns per dQ accumulator)
+        sem = torch.zeros(n_q + (B * Hkv * n_n if gqa else 0), dtype=torch.int32, device=q.device)
+        variant += (sem[:n_q].view(groups * Bb, Hq, n_m),)
         if gqa:
-            variant += (sem[Bb * Hq * n_m:].view(B, Hkv, n_n),)
+            variant += (sem[n_q:].view(B, Hkv, n_n),)
     if packed is not None:
         seq = seq + (packed_numbering(deterministic, B, Sk, mk, tile.tile_n),)
     variant = seq + variant
@@ -257,7 +269,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
     else:
         post(dq_acc.permute(0, 2, 1, 3), dq_, scale, cu_seqlens_q, mq)
     if gqa:
-        post_dense = post if packed is None else post_kv[0]
+        post_dense = post_kv[0] if post_kv else post
         post_dense(dk_out, dk_, scale)
         post_dense(dv_out, dv_, 1.0)
     if sink:

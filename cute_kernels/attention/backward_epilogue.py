@@ -41,7 +41,7 @@ class BwdEpilogue:
         before the next turn (with ``BwdTile.dq_warps = 2``: :meth:`reduce_dq_turns` instead)."""
         lane = cute.arch.lane_idx()
         nwg = self.cfg.tile.consumer_warpgroups
-        tDsD, tDgD = self.dq_partition(tma_dq, mdQacc, sdQ, head, batch, off_p)
+        tDsD, tDgD = self.dq_partition(tma_dq, mdQacc, sdQ, head, batch, off_p, n_block)
         for i in cutlass.range(m_max - m_min, unroll=1):
             m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
             for w in cutlass.range_constexpr(nwg):
@@ -64,27 +64,39 @@ class BwdEpilogue:
     def wait_dq_turn(self, mSemQ, batch, head, m_block, n_block, seqlen_q, seqlen_k, window_right, off_p):
         """Deterministic: wait until query tile ``m_block``'s semaphore reads this KV tile's turn among
         those meeting the query tile (dense: the order they arrive from their rotated starts; causal and
-        windowed: the highest KV tile first); returns the semaphore's address."""
-        sem_crd = (batch, head, m_block)
-        if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
-            sem_crd = (0, head, off_p // self.tile_m + m_block)
+        windowed: the highest KV tile first; with ``BwdTile.dq_groups`` G > 1, among its group's, on the
+        group's semaphores: batch ``batch + (n_block mod G) * B``); returns the semaphore's address."""
+        groups = const_expr(self.cfg.tile.dq_groups)
+        slot = 0 if const_expr(self.cfg.varlen) else batch  # packed: one batch of padded rows (from off_p on)
+        if const_expr(groups > 1):
+            slot = slot + (n_block % groups) * (mSemQ.shape[0] // groups)
+        sem_crd = (slot, head, m_block)
+        if const_expr(self.cfg.varlen):
+            sem_crd = (slot, head, off_p // self.tile_m + m_block)
         sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
         if cute.arch.lane_idx() == 0:
-            turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n)
+            turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, groups)
             if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
                 reach = window_right if const_expr(self.cfg.window) else Int32(0)
-                turn = n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block
+                turn = (n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block) // groups
             wait_count(sem, turn)
         cute.arch.sync_warp()
         return sem
 
     @cute.jit
-    def dq_partition(self, tma_dq, mdQacc, sdQ, head, batch, off_p):
+    def dq_partition(self, tma_dq, mdQacc, sdQ, head, batch, off_p, n_block):
         """The warpgroups' fp32 dQ buffers and this head's accumulator tiles (rows, cols, row tiles, col
-        tiles), partitioned for the TMA reduce-add."""
+        tiles), partitioned for the TMA reduce-add (``BwdTile.dq_groups`` G > 1: in accumulator
+        ``n_block mod G``, batches ``g * B ..`` of the (G B, ...) buffer)."""
         t = self.cfg.tile
-        gdQ = cute.local_tile(self.rows(mdQacc, off_p, head, batch), (t.dq_rows_per_wg, t.dq_cols_per_wg),
-                              (None, None))
+        rows = self.rows(mdQacc, off_p, head, batch)
+        if const_expr(t.dq_groups > 1):
+            slot = 0 if const_expr(self.cfg.varlen) else batch
+            slot = slot + (n_block % t.dq_groups) * (mdQacc.shape[3] // t.dq_groups)
+            rows = mdQacc[None, None, head, slot]
+            if const_expr(self.cfg.varlen):
+                rows = cute.domain_offset((off_p, 0), rows)
+        gdQ = cute.local_tile(rows, (t.dq_rows_per_wg, t.dq_cols_per_wg), (None, None))
         return cpasync.tma_partition(tma_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
                                      cute.group_modes(gdQ, 0, 2))
 
@@ -113,7 +125,7 @@ class BwdEpilogue:
         lane = cute.arch.lane_idx()
         nwg = self.cfg.tile.consumer_warpgroups
         count = m_max - m_min
-        tDsD, tDgD = self.dq_partition(tma_dq, mdQacc, sdQ, head, batch, off_p)
+        tDsD, tDgD = self.dq_partition(tma_dq, mdQacc, sdQ, head, batch, off_p, n_block)
         if const_expr(parity == 0):
             if count > 0:  # the buffers start free
                 for w in cutlass.range_constexpr(nwg):

@@ -489,7 +489,9 @@ def backward_builder(cfg: FlashBwdConfig):
         f32 = cutlass.Float32
         mLSE2 = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
         mDelta = make_fake_compact_tensor(f32, (B, Hq, Sp), stride_order=(2, 1, 0), assumed_align=16)
-        mdQ = make_fake_compact_tensor(f32, (B, Hq, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
+        # (dq_groups G > 1: the G accumulators' batches, G B, a symbol of their own)
+        Bq = cute.sym_int() if cfg.tile.dq_groups > 1 else B
+        mdQ = make_fake_compact_tensor(f32, (Bq, Hq, Sp, D), stride_order=(3, 2, 1, 0), assumed_align=16)
         if cfg.direct_kv:  # dk, dv themselves: the input dtype, any 16-byte strides
             mdK, mdV = fsl.fake_rows(dt, (B, Sk, Hkv, D)), fsl.fake_rows(dt, (B, Sk, Hkv, D))
         else:
@@ -502,7 +504,7 @@ def backward_builder(cfg: FlashBwdConfig):
                         make_fake_compact_tensor(Int32, (cute.sym_int(),)), Int32(0), Int32(0), Int32(0))
         variant += (Float32(1.0),) * cfg.softcap  # softcap_scale
         if cfg.deterministic:
-            variant += (make_fake_compact_tensor(Int32, (B, Hq, cute.sym_int()), stride_order=(2, 1, 0)),)
+            variant += (make_fake_compact_tensor(Int32, (Bq, Hq, cute.sym_int()), stride_order=(2, 1, 0)),)
             if not cfg.direct_kv:
                 # (per sequence when packed: the tensors then hold one batch)
                 nseq = cute.sym_int() if cfg.varlen else B

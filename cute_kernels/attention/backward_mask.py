@@ -138,46 +138,65 @@ def det_wait_span(num_n: int, num_m: int, causal: bool, window, tile_m: int, til
 def dense_rotation(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
                    tile_n: cutlass.Constexpr[int]):
     """The deterministic mode's start on dense ranges: KV tile ``n_block`` walks the query tiles from
-    ``n_block mod M`` on (M query tiles, N KV tiles), so when N <= M the CTAs of a head start on
-    different query tiles and reach each one at different steps (:func:`dense_turn`), instead of all
-    starting at tile 0 and queueing for its adds; 0 (in order) when N > M."""
+    ``floor(n_block * M / N)`` on (M query tiles, N KV tiles), so when N <= M the CTAs of a head start
+    spread evenly over the query tiles and reach each one M / N steps apart (:func:`dense_turn`): one
+    tile's turn passes on while the next KV tile is still that many steps away, instead of all starting
+    at tile 0 and queueing for its adds; 0 (in order) when N > M."""
     num_m = (seqlen_q + tile_m - 1) // tile_m
     num_n = (seqlen_k + tile_n - 1) // tile_n
     shift = Int32(0)
     if num_n <= num_m:
-        shift = n_block % num_m
+        shift = n_block * num_m // num_n
     return shift
 
 
 @cute.jit
 def dense_turn(n_block: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
-               tile_n: cutlass.Constexpr[int]):
+               tile_n: cutlass.Constexpr[int], groups: cutlass.Constexpr[int] = 1):
     """KV tile ``n_block``'s turn at query tile ``m_block`` on dense ranges: the number of KV tiles that
-    reach the query tile before it when each starts at :func:`dense_rotation` (KV tile n reaches tile m
-    at step ``(m - n) mod M``): ``min(m, N - 1) - n`` for n <= m, ``m + N - n`` above; launch order when
-    N > M."""
+    reach the query tile before it when each starts at :func:`dense_rotation` (KV tile n reaches tile m at
+    step ``(m - floor(n M / N)) mod M``): with ``p`` the last KV tile starting at or before m, ``p - n``
+    for n <= p, ``p - n + N`` above; launch order when N > M.  ``groups`` G > 1: among the KV tiles of
+    its group (``n mod G``) only."""
     num_m = (seqlen_q + tile_m - 1) // tile_m
     num_n = (seqlen_k + tile_n - 1) // tile_n
     turn = n_block
+    if const_expr(groups > 1):
+        turn = n_block // groups
     if num_n <= num_m:
-        turn = cutlass.min(m_block, num_n - 1) - n_block
-        if n_block > m_block:
-            turn = m_block + num_n - n_block
+        last = ((m_block + 1) * num_n + num_m - 1) // num_m - 1  # floor(n M / N) <= m iff n <= last
+        if const_expr(groups > 1):
+            # members n' = n (mod G) met going down from `last`: those in (n, last], or in (n, N) and [0, last]
+            r = n_block % groups
+            turn = (last - n_block) // groups
+            if n_block > last:
+                turn = (num_n - 1 - n_block) // groups
+                if last >= r:
+                    turn += (last - r) // groups + 1
+        else:
+            turn = last - n_block
+            if n_block > last:
+                turn = last - n_block + num_n
     return turn
 
 
 def dense_rotation_py(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int) -> int:
     """:func:`dense_rotation` in plain Python."""
     num_m, num_n = -(-seqlen_q // tile_m), -(-seqlen_k // tile_n)
-    return n_block % num_m if num_n <= num_m else 0
+    return n_block * num_m // num_n if num_n <= num_m else 0
 
 
-def dense_turn_py(n_block: int, m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int) -> int:
+def dense_turn_py(n_block: int, m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int,
+                  groups: int = 1) -> int:
     """:func:`dense_turn` in plain Python."""
     num_m, num_n = -(-seqlen_q // tile_m), -(-seqlen_k // tile_n)
     if num_n > num_m:
-        return n_block
-    return min(m_block, num_n - 1) - n_block if n_block <= m_block else m_block + num_n - n_block
+        return n_block // groups
+    last = ((m_block + 1) * num_n + num_m - 1) // num_m - 1
+    r = n_block % groups
+    if n_block <= last:
+        return (last - n_block) // groups
+    return (num_n - 1 - n_block) // groups + ((last - r) // groups + 1 if last >= r else 0)
 
 
 @cute.jit

@@ -51,6 +51,9 @@ class BwdPrepostConfig:
     has_dlse: bool = False
     #: packed sequences (the module doc): the entries take ``cu_seqlens_q`` and ``max_seqlen_q`` after the stream
     varlen: bool = False
+    #: convert: the source holds this many accumulators (batches ``g * B ..`` of a (G B, ...) tensor,
+    #: ``BwdTile.dq_groups``), summed in order before the scale
+    groups: int = 1
 
     def __post_init__(self):
         if self.kind not in ("prepass", "convert"):
@@ -59,6 +62,8 @@ class BwdPrepostConfig:
             raise ValueError(f"BwdPrepostConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
         if self.head_dim not in LB.BWD_HEAD_DIMS:
             raise ValueError(f"BwdPrepostConfig: head_dim {self.head_dim} must be one of {LB.BWD_HEAD_DIMS}")
+        if self.groups not in (1, 2) or (self.groups > 1 and self.kind != "convert"):
+            raise ValueError(f"BwdPrepostConfig: groups {self.groups} must be 1, or 2 for a convert")
 
 
 @cute.jit
@@ -198,10 +203,14 @@ class BwdConvert:
         if const_expr(self.cfg.varlen):
             off, seqlen, off_p, _ = _packed_rows(mCuSeqlens, batch, seqlen, max_seqlen)
             batch = 0
+        groups = const_expr(self.cfg.groups)
         for p in cutlass.range_constexpr(PASSES):
             row = m_block * ROWS + p * (THREADS // ROW_THREADS) + tidx // ROW_THREADS
             if row < seqlen:
                 v = _row_slice(mSrc, batch, off_p + row, head, part, self.elems).load()
+                for g in cutlass.range_constexpr(1, groups):  # the other accumulators, in order
+                    v = v + _row_slice(mSrc, batch + g * (mSrc.shape[0] // groups), off_p + row, head, part,
+                                       self.elems).load()
                 _row_slice(mDst, batch, off + row, head, part, self.elems).store((v * scale).to(self.dtype))
 
 
@@ -234,7 +243,8 @@ def prepost_builder(cfg: BwdPrepostConfig):
             packed = (make_fake_compact_tensor(Int32, (cute.sym_int(),)), Int32(0))
         if cfg.kind == "convert":
             k = BwdConvert(cfg)
-            mSrc = make_fake_tensor(f32, (B, cute.sym_int() if cfg.varlen else S, H, D), strides(4), assumed_align=16)
+            Bs = cute.sym_int() if cfg.groups > 1 else B  # (G accumulators: G B batches)
+            mSrc = make_fake_tensor(f32, (Bs, cute.sym_int() if cfg.varlen else S, H, D), strides(4), assumed_align=16)
             mDst = make_fake_tensor(dt, (B, S, H, D), strides(8), assumed_align=16)
             return (k.call_varlen if cfg.varlen else k), (mSrc, mDst, Float32(1.0), stream, *packed)
         k = BwdPrepass(cfg)

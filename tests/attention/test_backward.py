@@ -440,21 +440,24 @@ def test_deterministic_is_bitwise_repeatable(D, causal, B, Sq, Sk, Hq, Hkv, wind
 
 
 @gpu
+@pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("D,causal,B,Sq,Sk,Hq,Hkv,window,sink", DET_CASES)
-def test_dq_warps_2_is_bitwise_repeatable(monkeypatch, D, causal, B, Sq, Sk, Hq, Hkv, window, sink):
-    """``BwdTile.dq_warps = 2`` (two dQ warps taking the query tiles by parity; not the default yet): the
-    planner patched to choose it, the deterministic mode's checks."""
+def test_dq_warps_2_is_bitwise_repeatable(monkeypatch, D, causal, B, Sq, Sk, Hq, Hkv, window, sink, groups):
+    """``BwdTile.dq_warps = 2`` (two dQ warps taking the query tiles by parity), alone and with
+    ``dq_groups = 2`` (two dQ accumulators summed by the post-pass; not the default yet): the planner
+    patched to choose them, the deterministic mode's checks."""
     from cute_kernels.attention import backward_kernel as bk
 
     config = bk.bwd_config
 
     def two_warps(*args, **kwargs):
         cfg = config(*args, **kwargs)
-        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_warps=2))
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_warps=2, dq_groups=groups))
 
     monkeypatch.setattr(bk, "bwd_config", two_warps)
     monkeypatch.setattr(BW, "_PLANS", {})
-    assert BW.bwd_plan(torch.bfloat16, D, causal, deterministic=True)[0].tile.dq_warps == 2
+    plan = BW.bwd_plan(torch.bfloat16, D, causal, deterministic=True, gqa=Hq != Hkv)
+    assert plan[0].tile.dq_warps == 2 and plan[2].groups == groups
     run_case(torch.bfloat16, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=True, seed=D + Sq, window=window, sink=sink,
              deterministic=True, repeats=4)
 

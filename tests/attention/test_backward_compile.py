@@ -194,23 +194,30 @@ def test_n_block_last_orders_the_turns(window):
 
 
 def test_dense_rotation_turns_follow_arrival():
-    """The deterministic mode on dense ranges: KV tile n walks query tiles (n mod M, n + 1 mod M, ...)
+    """The deterministic mode on dense ranges: KV tile n walks query tiles from floor(n M / N) on, wrapping,
     when N <= M, else 0, 1, ...; ``dense_turn`` numbers the N KV tiles at each query tile in the order they
-    arrive there (step, then KV tile), 0 .. N - 1, and with N <= M no two arrive at the same step."""
+    arrive there (step, then KV tile), 0 .. N - 1, and with N <= M consecutive arrivals at a query tile are
+    at least floor(M / N) steps apart (nobody queues; a turn has that long to pass on)."""
     tm, tn = 8, 16
-    for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64, 100, 300), (1, 7, 16, 17, 40, 64, 90, 300)):
+    for Sq, Sk in itertools.product((1, 5, 8, 17, 33, 64, 100, 300, 1000), (1, 7, 16, 17, 40, 64, 90, 300)):
         M, N = -(-Sq // tm), -(-Sk // tn)
         arrival = {}
         for n in range(N):
             shift = bm.dense_rotation_py(n, Sq, Sk, tm, tn)
-            assert shift == (n % M if N <= M else 0)
+            assert shift == (n * M // N if N <= M else 0)
             for step in range(M):
                 arrival.setdefault((shift + step) % M, []).append((step, n))
         for m, who in arrival.items():
             order = [n for _, n in sorted(who)]
             assert [bm.dense_turn_py(n, m, Sq, Sk, tm, tn) for n in order] == list(range(N)), (Sq, Sk, m, order)
             if N <= M:
-                assert len({step for step, _ in who}) == N  # distinct steps: nobody queues
+                steps = sorted(step for step, _ in who)
+                assert all(b - a >= M // N for a, b in zip(steps, steps[1:])), (Sq, Sk, m, steps)
+            for G in (2, 3):  # BwdTile.dq_groups: each group's members numbered in their arrival order
+                for g in range(G):
+                    members = [n for n in order if n % G == g]
+                    turns = [bm.dense_turn_py(n, m, Sq, Sk, tm, tn, G) for n in members]
+                    assert turns == list(range(len(members))), (Sq, Sk, m, G, members, turns)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -605,6 +612,35 @@ def test_dq_warps_2_backward_compiles(variant):
     assert spins(rep) > spins(rep0), (spins(rep), spins(rep0))
     with pytest.raises(ValueError, match="dq_warps"):
         dataclasses.replace(cfg.tile, dq_warps=3)
+
+
+def test_dq_groups_plan_and_post_pass():
+    """``BwdTile.dq_groups = 2``: the plan's dQ post-pass sums two accumulators (twice the loads of the
+    one-accumulator pass, one store per element as before); with GQA a one-accumulator pass converts dK /
+    dV; the default mode keeps one accumulator whatever the tile says; the main kernel compiles with the
+    two warps and no more spills than with one accumulator."""
+    from cute_kernels.attention import backward as BW
+    from cute_kernels.attention import backward_prepost as bp
+    from cute_kernels.tools import inspect as ins
+
+    det = bk.bwd_config("bfloat16", 256, False, direct_kv=False, deterministic=True)
+    tile2 = dataclasses.replace(det.tile, dq_warps=2, dq_groups=2)
+    plan = BW.plan_around(dataclasses.replace(det, tile=tile2))
+    assert [c.groups for c in plan[1:]] == [1, 2, 1] and plan[3].kind == "convert" and not plan[3].varlen
+    direct = BW.plan_around(dataclasses.replace(det, tile=tile2, direct_kv=True))
+    assert len(direct) == 3 and direct[2].groups == 2
+    plain = BW.plan_around(dataclasses.replace(det, tile=tile2, deterministic=False))
+    assert len(plain) == 3 and plain[2].groups == 1
+    with pytest.raises(ValueError, match="groups"):
+        bp.BwdPrepostConfig("prepass", "bfloat16", 128, groups=2)
+    one, two = (ins.inspect_builder(bp.prepost_builder(bp.BwdPrepostConfig("convert", "bfloat16", 128, groups=g)))
+                for g in (1, 2))
+    assert two.kernels[0].instructions["LDG"] == 2 * one.kernels[0].instructions["LDG"], (one.summary(), two.summary())
+    assert two.kernels[0].instructions["STG"] == one.kernels[0].instructions["STG"]
+    rep, rep0 = (ins.inspect_builder(bk.backward_builder(dataclasses.replace(det, tile=t)))
+                 for t in (tile2, dataclasses.replace(tile2, dq_groups=1)))
+    k, k0 = rep.kernels[0], rep0.kernels[0]
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"] and k.spills <= k0.spills, (rep.summary(), rep0.summary())
 
 
 def test_deterministic_plan_and_warmup():
