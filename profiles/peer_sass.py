@@ -1,0 +1,127 @@
+"""FlashAttention-4's SM90 backward compiled on this CPU, its main loop's instruction mix beside ours.
+
+Why: the backward is 0.91-0.93x FlashAttention-4 on the bench's D 128 shapes (issue 33) and no GPU may be
+at hand; both kernels are CuTe DSL, so both compile here for sm_90a and their SASS can be read side by
+side.  For each kernel this finds the loops that issue wgmmas (a backward branch around HGMMAs: the
+consumers' per-query-tile step) and prints each loop's length and the counts of the instructions that
+differ in kind (shared-memory stores by width, wgmma fences and waits, mbarrier waits, MUFU, ...).
+
+The peer comes from the device's wheels (``../shared/device/wheels``: flash_attn_4, quack_kernels),
+unpacked into a scratch folder; quack's package ``__init__`` is cut to its tensor-indexing patch (the
+rest imports triton, absent here), and FlashAttention-4's interface runs under torch's FakeTensorMode
+with its own cross-compile switches (``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS``), so nothing
+launches.  Needs ``einops`` (``pip download einops`` is enough: put it on ``--extra-path``).
+
+    python3 profiles/peer_sass.py [--causal] [--head-dim 128] [--wheels ../shared/device/wheels]
+        [--scratch /tmp/peer_sass] [--extra-path DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+#: instruction kinds worth comparing one by one (the rest are summed by opcode)
+DETAIL = ("STS", "LDS", "STSM", "LDSM", "HGMMA", "WARPGROUP", "SYNCS", "BAR", "MUFU", "MEMBAR", "FENCE")
+
+
+def wgmma_loops(sass: str) -> list[tuple[int, Counter, Counter]]:
+    """``(length, opcode counts, detailed counts)`` of each innermost loop (a backward branch) holding an
+    HGMMA (innermost among those: a spin-wait loop inside does not count)."""
+    labels, ins = {}, []
+    for ln in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", ln)
+        if m:
+            labels[m.group(1)] = len(ins)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", ln)
+        if m:
+            ins.append(re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip()))
+    spans = []
+    for i, t in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", t)
+        if m and m.group(1) in labels and labels[m.group(1)] <= i:
+            spans.append((labels[m.group(1)], i))
+    spans = [(s, e) for s, e in spans if any(b.startswith("HGMMA") for b in ins[s:e + 1])]
+    loops = []
+    for s, e in spans:
+        if any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in spans):
+            continue
+        body = ins[s:e + 1]
+        ops = Counter(b.split()[0].split(".")[0] for b in body)
+        loops.append((len(body), ops, Counter(b.split()[0] for b in body if b.split()[0].split(".")[0] in DETAIL)))
+    return loops
+
+
+def peer_cubin(causal: bool, head_dim: int, wheels: str, scratch: str, extra: list[str]) -> bytes:
+    """FlashAttention-4's SM90 backward main kernel for (b4, s4096, h32, head_dim), bf16, compiled in a
+    child process (its DSL arch switches must be set before anything imports the DSL)."""
+    os.makedirs(scratch, exist_ok=True)
+    for pattern in ("flash_attn_4-*.whl", "quack_kernels-*.whl"):
+        whl = sorted(glob.glob(os.path.join(wheels, pattern)))
+        if not whl:
+            raise SystemExit(f"peer_sass: no {pattern} under {wheels}")
+        with zipfile.ZipFile(whl[-1]) as z:
+            z.extractall(scratch)
+    with open(os.path.join(scratch, "quack", "__init__.py"), "w") as f:  # the indexing patch only
+        f.write('__version__ = "peer_sass"\nimport quack.dsl as _quack_dsl  # noqa: F401\n')
+    out = os.path.join(scratch, f"bwd_{'causal' if causal else 'full'}_d{head_dim}.cubin")
+    child = f"""
+import os, sys
+sys.path[:0] = {[scratch, *extra]!r}
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+import cutlass.cute as cute
+from flash_attn.cute import interface as I
+compiled = []
+def keep(*a, options="", **kw):
+    r = cute.__dict__["compile"](*a, options=(options + " --keep-cubin --dump-dir {scratch}").strip(), **kw)
+    compiled.append(r)
+    return r
+I.cute = type("C", (), {{"compile": staticmethod(keep), "__getattr__": lambda s, n: getattr(cute, n)}})()
+with FakeTensorMode(allow_non_fake_inputs=True):
+    mk = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="cuda")
+    B, S, H, D = 4, 4096, 32, {head_dim}
+    q, k, v, o, do = (mk(B, S, H, D) for _ in range(5))
+    I._flash_attn_bwd(q, k, v, o, do, mk(B, H, S, dt=torch.float32), causal={causal})
+main = max(compiled, key=lambda r: len(r.__cubin__ or b""))
+open({out!r}, "wb").write(main.__cubin__)
+"""
+    env = dict(os.environ, FLASH_ATTENTION_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132")
+    subprocess.run([sys.executable, "-c", child], check=True, env=env)
+    with open(out, "rb") as f:
+        return f.read()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--wheels", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "device", "wheels"))
+    p.add_argument("--scratch", default="/tmp/peer_sass")
+    p.add_argument("--extra-path", action="append", default=[], help="a folder to import from (einops)")
+    a = p.parse_args(argv)
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from cute_kernels.attention import backward_kernel as bk
+    from cute_kernels.tools import inspect as ins
+
+    peer = ins.disassemble(peer_cubin(a.causal, a.head_dim, a.wheels, a.scratch, a.extra_path))
+    ours = ins.inspect_builder(bk.backward_builder(bk.bwd_config("bfloat16", a.head_dim, a.causal, direct_kv=True))).sass
+    for name, sass in (("FlashAttention-4", peer), ("cute_kernels", ours)):
+        for n, ops, detail in wgmma_loops(sass):
+            print(f"{name:16s} loop of {n} instructions: HGMMA {ops['HGMMA']}, MUFU {ops['MUFU']}, FFMA {ops['FFMA']}, "
+                  f"uniform {sum(v for k, v in ops.items() if k.startswith('U'))}")
+            print(f"{'':16s}   {dict(sorted(detail.items()))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
