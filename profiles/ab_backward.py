@@ -183,12 +183,37 @@ def run_shape(shape, variants, reps):
     return _time_into(row, {n: c[0] for n, c in calls.items()}, reps)
 
 
+def plans_of(shapes, variants, whole: bool) -> list[tuple]:
+    """Every backward configuration the run will compile (the bench shapes' default plans, and each
+    variant's main kernel or, for whole-call variants, its plan), for :func:`cute_kernels.attention.backward.precompile`."""
+    import torch
+
+    from cute_kernels.attention import backward as BW
+
+    plans = []
+    for _, _, Hq, Hkv, _, D, causal in shapes:
+        plan = BW.bwd_plan(torch.bfloat16, D, causal, gqa=Hq != Hkv)
+        plans.append(plan)
+        for vname in variants:
+            if not whole:
+                cfg = VARIANTS[vname](plan[0])
+                plans += [(cfg,)] if cfg is not None else []
+                continue
+            det = BW.bwd_plan(torch.bfloat16, D, causal, gqa=Hq != Hkv, **CALL_VARIANTS[vname])
+            tile = CALL_TILES[vname](det[0].tile) if vname in CALL_TILES else det[0].tile
+            if tile is not None:
+                plans.append(BW.plan_around(dataclasses.replace(det[0], tile=tile)))
+    return plans
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", default="tm128")
     p.add_argument("--shapes", default="")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default="")
+    p.add_argument("--jobs", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
+                   help="processes compiling every configuration first (1: compile as each is met)")
     a = p.parse_args(argv)
     from cute_kernels.tools.bench.attention_shapes import select
 
@@ -199,10 +224,20 @@ def main(argv=None) -> int:
     whole = [v for v in variants if v in CALL_VARIANTS]
     if whole and len(whole) != len(variants):
         p.error("whole-call variants (det, det2w, det2wg) and kernel variants (tm128, tm64) go in separate runs")
+    shapes = [s for s in select(a.shapes) if whole or s[5] in (64, 96, 128)]  # (kernel variants' tiles)
+    if a.jobs > 1:  # a config compiles in ~30-60 s: in parallel first, the timed loop then loads them
+        import torch
+
+        from cute_kernels.attention import backward as BW
+        from cute_kernels.attention import forward as FW
+
+        forward = {FW.plan(torch.bfloat16, s[5], s[6], False, False, 0, False, False) for s in shapes}  # (the outs)
+        errors = FW.precompile(sorted(forward, key=repr), a.jobs) + BW.precompile(plans_of(shapes, variants, bool(whole)),
+                                                                                  a.jobs)
+        for e in errors:
+            print(f"precompile: {e}", flush=True)
     rows = []
-    for shape in select(a.shapes):
-        if shape[5] not in (64, 96, 128) and not whole:  # the kernel variants' tiles; whole calls take any
-            continue
+    for shape in shapes:
         row = (run_shape_calls if whole else run_shape)(shape, variants, a.reps)
         rows.append(row)
         print(json.dumps(row), flush=True)

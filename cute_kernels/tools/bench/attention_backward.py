@@ -155,7 +155,7 @@ def main_kernel_call(q, k, v, out, dout, causal, variant=None):
     Hkv = k.shape[2]
     q_, k_, v_ = (t.detach() for t in (q, k, v))
     gqa = Hq != Hkv
-    main_cfg, pre_cfg, _ = BW.bwd_plan(q.dtype, D, causal, gqa=gqa)
+    main_cfg, pre_cfg, *_ = BW.bwd_plan(q.dtype, D, causal, gqa=gqa)
     main = BW._get_any(main_cfg if variant is None else variant(main_cfg))
     pre = BW._get_any(pre_cfg)
     with torch.no_grad():
