@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     if whole and len(whole) != len(variants):
         p.error("whole-call variants (det, det2w, det2wg) and kernel variants (tm128, tm64) go in separate runs")
     shapes = [s for s in select(a.shapes) if whole or s[5] in (64, 96, 128)]  # (kernel variants' tiles)
-    if a.jobs > 1:  # a config compiles in ~30-60 s: in parallel first, the timed loop then loads them
+    if a.jobs > 1:  # ~3 s of CPU per config, dozens per run: in parallel first, the timed loop loads them
         import torch
 
         from cute_kernels.attention import backward as BW
