@@ -16,15 +16,17 @@ from .target import set_dsl_arch_env
 
 set_dsl_arch_env()
 
-import cutlass.cute as cute  # noqa: E402
-from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+# the DSL, imported at the first read of one of its names (a compile), not with this module
+from .lazy import LazyModule  # noqa: E402
+cute = LazyModule("cutlass.cute")
+warpgroup = LazyModule("cutlass.cute.nvgpu.warpgroup")
 
-from .tiles import dtype as _dtype  # noqa: E402
+from .tiles import DTYPE_BYTES, dtype as _dtype  # noqa: E402
 
-import cutlass  # noqa: E402
-import cutlass.utils.hopper_helpers as sm90_helpers  # noqa: E402
-from cutlass.cute.nvgpu import OperandMajorMode  # noqa: E402
-from cutlass.tensor_utils import LayoutEnum  # noqa: E402
+cutlass = LazyModule("cutlass")
+sm90_helpers = LazyModule("cutlass.utils.hopper_helpers")
+OperandMajorMode = LazyModule("cutlass.cute.nvgpu", "OperandMajorMode")
+LayoutEnum = LazyModule("cutlass.tensor_utils", "LayoutEnum")
 
 MMA_M = 16  # rows of one warp's mma.sync m16n8k16
 DECODE_THREADS = 128
@@ -88,7 +90,7 @@ class DecodeTile:
 
     @property
     def elem_bytes(self) -> int:
-        return _dtype(self.dtype).width // 8
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def ring_bytes(self) -> int:
@@ -254,7 +256,7 @@ class FwdTile:
 
     @property
     def elem_bytes(self) -> int:
-        return _dtype(self.dtype).width // 8
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def q_bytes(self) -> int:

@@ -11,14 +11,17 @@ from .target import set_dsl_arch_env
 
 set_dsl_arch_env()
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-import cutlass.utils.hopper_helpers as sm90_helpers  # noqa: E402
-from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
-from cutlass.tensor_utils import LayoutEnum  # noqa: E402
+# the DSL, imported at the first read of one of its names (a compile), not with this module
+from .lazy import LazyModule  # noqa: E402
+cutlass = LazyModule("cutlass")
+cute = LazyModule("cutlass.cute")
+sm90_helpers = LazyModule("cutlass.utils.hopper_helpers")
+OperandMajorMode = LazyModule("cutlass.cute.nvgpu", "OperandMajorMode")
+warpgroup = LazyModule("cutlass.cute.nvgpu.warpgroup")
+LayoutEnum = LazyModule("cutlass.tensor_utils", "LayoutEnum")
 
 from .attention import FWD_SMEM_CAPACITY, FWD_SMEM_SLACK, FWD_WGMMA_M  # noqa: E402
-from .tiles import dtype as _dtype  # noqa: E402
+from .tiles import DTYPE_BYTES, dtype as _dtype  # noqa: E402
 
 #: head dims the backward supports (D = 256 through ``BwdTile.kv_split_d``: dK + dV of 64 keys over all
 #: 256 columns would take 256 registers per thread of one warpgroup)
@@ -123,7 +126,7 @@ class BwdTile:
 
     @property
     def elem_bytes(self) -> int:
-        return _dtype(self.dtype).width // 8
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def dq_cols_per_wg(self) -> int:

@@ -388,7 +388,7 @@ def smem_bank_pattern(tiles: _tiles.GemmTiles, operand: str = "A", stage: int = 
         nstages = tiles.ab_stages
     if not 0 <= stage < nstages:
         raise ValueError(f"stage {stage} out of range (0..{nstages - 1})")
-    eb = _tiles.DTYPES[dtype_name].width // 8
+    eb = _tiles.DTYPE_BYTES[dtype_name]
 
     def work():
         L = build(tiles)

@@ -13,18 +13,19 @@ from .target import set_dsl_arch_env
 
 set_dsl_arch_env()
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-from cutlass.tensor_utils import LayoutEnum  # noqa: E402
-import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
-from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
+# the DSL, imported at the first read of one of its names (a compile), not with this module
+from .lazy import LazyModule  # noqa: E402
+cutlass = LazyModule("cutlass")
+cute = LazyModule("cutlass.cute")
+LayoutEnum = LazyModule("cutlass.tensor_utils", "LayoutEnum")
+sm90_utils = LazyModule("cutlass.utils.hopper_helpers")
+OperandMajorMode = LazyModule("cutlass.cute.nvgpu", "OperandMajorMode")
+warpgroup = LazyModule("cutlass.cute.nvgpu.warpgroup")
 
-#: name -> DSL numeric type, for descriptions that must stay hashable and printable.
-DTYPES = {
-    "float16": cutlass.Float16,
-    "bfloat16": cutlass.BFloat16,
-    "float32": cutlass.Float32,
-}
+#: name -> the DSL numeric type's name, for descriptions that must stay hashable and printable
+DTYPE_NAMES = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32"}
+#: name -> element bytes (no DSL needed)
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 WGMMA_M = 64  # one warpgroup's wgmma covers 64 rows
 WGMMA_K_16BIT = 16  # K per wgmma instruction for 16-bit operands
@@ -39,7 +40,8 @@ SPLITK_RED_PAD = 8
 
 
 def dtype(name: str):
-    return DTYPES[name]
+    """The DSL numeric type of a dtype name (imports the DSL)."""
+    return getattr(cutlass, DTYPE_NAMES[name])
 
 
 def _major_enum(major: str, *, operand: str) -> LayoutEnum:
@@ -125,7 +127,7 @@ class GemmTiles:
         """Shared memory for the A/B stages and the epilogue buffers (excluding barriers)."""
         m, n, k = self.tile_mnk
         ab = 2 * (m * k + n * k) * self.ab_stages
-        c_bytes = DTYPES[self.c_dtype].width // 8
+        c_bytes = DTYPE_BYTES[self.c_dtype]
         return ab + self.epi_tile_mn[0] * self.epi_tile_mn[1] * c_bytes * self.epi_stages
 
 

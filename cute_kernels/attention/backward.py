@@ -43,12 +43,11 @@ from layouts import attention_backward as LB
 from ..common.args import tensor_fault
 from ..common import jit
 from ..common.dtypes import name_of
-from ..common.softmax import LOG2_E
-from . import backward_kernel as bk
-from . import backward_prepost as bp
-from . import forward_seqlen as fsl
-from .backward_mask import det_wait_span, padded_first_row
-from .forward_softmax import WINDOW_UNBOUNDED
+from ..common.host import LOG2_E
+from . import backward_config as BC
+from .backward_config import det_wait_span, padded_first_row
+from .forward_config import gapped_pays
+from ..common.host import WINDOW_UNBOUNDED
 from .decode_plan import check_flag
 from .forward_validate import _err, check_softcap, check_window, validate, validate_varlen
 
@@ -138,22 +137,22 @@ def bwd_plan(dtype: torch.dtype, head_dim: int, causal: bool, has_dlse: bool = F
     key = (dtype, head_dim, causal, has_dlse, window, gqa, softcap, deterministic, varlen)
     plan = _PLANS.get(key)
     if plan is None:
-        main = bk.bwd_config(name_of(dtype), head_dim, causal and not window, window, direct_kv=not gqa,
+        main = BC.bwd_config(name_of(dtype), head_dim, causal and not window, window, direct_kv=not gqa,
                              softcap=softcap, deterministic=deterministic, varlen=varlen)
         plan = _PLANS[key] = plan_around(main, has_dlse)
     return plan
 
 
-def plan_around(main: bk.FlashBwdConfig, has_dlse: bool = False) -> tuple:
+def plan_around(main: BC.FlashBwdConfig, has_dlse: bool = False) -> tuple:
     """A call's configurations around its main kernel's (:func:`bwd_plan`): (main, pre-pass, dQ's
     post-pass summing the main kernel's dQ accumulators), and with GQA where dQ's post-pass does not
     fit them, the dense one-accumulator post-pass for dK / dV."""
     name, D = main.dtype, main.head_dim
     groups = main.tile.dq_groups if main.deterministic else 1
-    plan = (main, bp.BwdPrepostConfig("prepass", name, D, has_dlse, varlen=main.varlen),
-            bp.BwdPrepostConfig("convert", name, D, varlen=main.varlen, groups=groups))
+    plan = (main, BC.BwdPrepostConfig("prepass", name, D, has_dlse, varlen=main.varlen),
+            BC.BwdPrepostConfig("convert", name, D, varlen=main.varlen, groups=groups))
     if not main.direct_kv and (main.varlen or groups > 1):  # dK / dV: rows in, the same rows out, one batch
-        plan += (bp.BwdPrepostConfig("convert", name, D),)
+        plan += (BC.BwdPrepostConfig("convert", name, D),)
     return plan
 
 
@@ -299,7 +298,7 @@ def packed_numbering(deterministic: bool, num_batch: int, total_k: int, max_seql
     :func:`.forward_seqlen.gapped_pays`, never in the deterministic mode: there a KV tile waits for the
     later-launched tiles of its (sequence, head), and :func:`_check_turns_finish` bounds how many of those
     must be resident for the row-per-sequence order (the dense grid's) only."""
-    return int(not deterministic and fsl.gapped_pays(num_batch, total_k, max_seqlen_k, tile_n))
+    return int(not deterministic and gapped_pays(num_batch, total_k, max_seqlen_k, tile_n))
 
 
 def _packed_rows_in_padded(cu_seqlens_q: torch.Tensor, total_q: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,10 +328,11 @@ def sink_grad(learnable_sink: torch.Tensor, lse: torch.Tensor, delta: torch.Tens
 
 def _get_any(cfg):
     """Compile (or load) one configuration of any of the three kernels (module level: picklable)."""
-    if isinstance(cfg, bk.FlashBwdConfig):
-        return jit.get_compiled("flash_attn_bwd", cfg, bk.backward_builder(cfg))
+    if isinstance(cfg, BC.FlashBwdConfig):
+        return jit.get_compiled("flash_attn_bwd", cfg, jit.lazy_builder(f"{__package__}.backward_kernel",
+                                                                         "backward_builder", cfg))
     name = "flash_attn_bwd_pre" if cfg.kind == "prepass" else "flash_attn_bwd_post"
-    return jit.get_compiled(name, cfg, bp.prepost_builder(cfg))
+    return jit.get_compiled(name, cfg, jit.lazy_builder(f"{__package__}.backward_prepost", "prepost_builder", cfg))
 
 
 def precompile(plans, processes=None) -> list[str]:

@@ -1,5 +1,8 @@
-"""The attention backward kernel's compile-time configuration (:class:`FlashBwdConfig`, the compile-cache
-key of :mod:`.backward_kernel`) and how a call's facts choose it (:func:`bwd_config`)."""
+"""The attention backward kernels' compile-time configurations (:class:`FlashBwdConfig`, the compile-cache
+key of :mod:`.backward_kernel`; :class:`BwdPrepostConfig`, :mod:`.backward_prepost`'s), how a call's facts
+choose them (:func:`bwd_config`), and the host's integer rules shared with the kernels
+(:func:`det_wait_span`, :func:`padded_first_row`); no DSL import here: the host path plans with it on
+every call."""
 
 from __future__ import annotations
 
@@ -70,3 +73,56 @@ def bwd_config(dtype: str, head_dim: int, causal: bool, window: bool = False, di
                           tile=LB.bwd_tile(dtype, head_dim, bool(window), softcap=bool(softcap)), window=bool(window),
                           direct_kv=bool(direct_kv), softcap=bool(softcap), deterministic=bool(deterministic),
                           varlen=bool(varlen))
+
+
+@dataclass(frozen=True)
+class BwdPrepostConfig:
+    """A pre-pass (``kind="prepass"``, ``has_dlse``: an LSE gradient is subtracted) or post-pass
+    (``kind="convert"``) configuration (the compile-cache key)."""
+
+    kind: str  # "prepass" | "convert"
+    dtype: str
+    head_dim: int
+    has_dlse: bool = False
+    #: packed sequences (the module doc): the entries take ``cu_seqlens_q`` and ``max_seqlen_q`` after the stream
+    varlen: bool = False
+    #: convert: the source holds this many accumulators (batches ``g * B ..`` of a (G B, ...) tensor,
+    #: ``BwdTile.dq_groups``), summed in order before the scale
+    groups: int = 1
+
+    def __post_init__(self):
+        if self.kind not in ("prepass", "convert"):
+            raise ValueError(f"BwdPrepostConfig: kind {self.kind!r} must be 'prepass' or 'convert'")
+        if self.dtype not in HALF_NAMES:
+            raise ValueError(f"BwdPrepostConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
+        if self.head_dim not in LB.BWD_HEAD_DIMS:
+            raise ValueError(f"BwdPrepostConfig: head_dim {self.head_dim} must be one of {LB.BWD_HEAD_DIMS}")
+        if self.groups not in (1, 2) or (self.groups > 1 and self.kind != "convert"):
+            raise ValueError(f"BwdPrepostConfig: groups {self.groups} must be 1, or 2 for a convert")
+
+
+def det_wait_span(num_n: int, num_m: int, causal: bool, window, tile_m: int, tile_n: int) -> int:
+    """How many KV tiles of one (sequence, head) the deterministic turns can make wait on one another:
+    a tile waits at a query tile for the contributors before it in turn order, which (from the top,
+    :func:`n_block_last`; rotated, :func:`dense_turn`) are launched after it.  Causal, a window unbounded
+    on a side, or a dense range walked rotated (N <= M): all N tiles; a bounded window: the tiles one
+    query tile sees; dense with N > M: 1 (launch order: a tile waits only for tiles launched before it).
+    More than the GPU holds at once (one CTA per SM) and no resident tile can finish (host ints)."""
+    if window is not None:
+        wl, wr = window
+        if wl < 0 or wr < 0:
+            return num_n
+        return min(num_n, -(-(wl + wr + tile_m) // tile_n) + 1)
+    if causal or num_n <= num_m:
+        return num_n
+    return 1
+
+
+def padded_first_row(first_row, batch):
+    """Packed sequence ``batch``'s first row in the backward's padded row buffers (LSE_log2, Delta, the dQ
+    accumulator), given its first packed row: ``first_row + batch * pad`` rounded down to ``pad`` =
+    :data:`layouts.attention_backward.BWD_ROW_PAD`, so each sequence's padded tiles there are its own and
+    ``total_q + B * pad`` rows hold them all.  The one definition of that layout, for the kernels' Int32
+    values and the host's tensors alike."""
+    pad = LB.BWD_ROW_PAD
+    return (first_row + batch * pad) // pad * pad

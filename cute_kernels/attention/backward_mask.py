@@ -15,10 +15,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from layouts import attention_backward as LB
 
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
+from .backward_config import det_wait_span, padded_first_row  # noqa: F401  (host ints too: no DSL there)
 
 @cute.jit
 def m_block_range(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
@@ -117,22 +117,6 @@ def n_block_last_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, til
     return min(((m_block + 1) * tile_m + reach + seqlen_k - seqlen_q - 1) // tile_n, -(-seqlen_k // tile_n) - 1)
 
 
-def det_wait_span(num_n: int, num_m: int, causal: bool, window, tile_m: int, tile_n: int) -> int:
-    """How many KV tiles of one (sequence, head) the deterministic turns can make wait on one another:
-    a tile waits at a query tile for the contributors before it in turn order, which (from the top,
-    :func:`n_block_last`; rotated, :func:`dense_turn`) are launched after it.  Causal, a window unbounded
-    on a side, or a dense range walked rotated (N <= M): all N tiles; a bounded window: the tiles one
-    query tile sees; dense with N > M: 1 (launch order: a tile waits only for tiles launched before it).
-    More than the GPU holds at once (one CTA per SM) and no resident tile can finish (host ints)."""
-    if window is not None:
-        wl, wr = window
-        if wl < 0 or wr < 0:
-            return num_n
-        return min(num_n, -(-(wl + wr + tile_m) // tile_n) + 1)
-    if causal or num_n <= num_m:
-        return num_n
-    return 1
-
 
 @cute.jit
 def dense_rotation(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
@@ -227,16 +211,6 @@ def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_bloc
                 q = m_block * tile_m + tScS_mn[0, c][1]
                 visible = visible & (key <= q + seqlen_k - seqlen_q)
             s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
-
-
-def padded_first_row(first_row, batch):
-    """Packed sequence ``batch``'s first row in the backward's padded row buffers (LSE_log2, Delta, the dQ
-    accumulator), given its first packed row: ``first_row + batch * pad`` rounded down to ``pad`` =
-    :data:`layouts.attention_backward.BWD_ROW_PAD`, so each sequence's padded tiles there are its own and
-    ``total_q + B * pad`` rows hold them all.  The one definition of that layout, for the kernels' Int32
-    values and the host's tensors alike."""
-    pad = LB.BWD_ROW_PAD
-    return (first_row + batch * pad) // pad * pad
 
 
 class BwdTileOrder:

@@ -21,49 +21,21 @@ and dV (1) from their (B, Sk, Hkv, D) fp32 accumulators (the query heads of a KV
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from layouts import attention_backward as LB
 
-from ..common.dtypes import HALF_NAMES, to_cutlass
+from ..common.dtypes import to_cutlass
 from ..common.softmax import LOG2_E
 from . import forward_seqlen as fsl
-from .backward_mask import padded_first_row
+from .backward_config import BwdPrepostConfig, padded_first_row  # noqa: F401  (BwdPrepostConfig re-exported)
 
 ROWS = 64  # rows per CTA
 THREADS = 128
 ROW_THREADS = 8  # threads per row
 PASSES = ROWS // (THREADS // ROW_THREADS)
-
-
-@dataclass(frozen=True)
-class BwdPrepostConfig:
-    """A pre-pass (``kind="prepass"``, ``has_dlse``: an LSE gradient is subtracted) or post-pass
-    (``kind="convert"``) configuration (the compile-cache key)."""
-
-    kind: str  # "prepass" | "convert"
-    dtype: str
-    head_dim: int
-    has_dlse: bool = False
-    #: packed sequences (the module doc): the entries take ``cu_seqlens_q`` and ``max_seqlen_q`` after the stream
-    varlen: bool = False
-    #: convert: the source holds this many accumulators (batches ``g * B ..`` of a (G B, ...) tensor,
-    #: ``BwdTile.dq_groups``), summed in order before the scale
-    groups: int = 1
-
-    def __post_init__(self):
-        if self.kind not in ("prepass", "convert"):
-            raise ValueError(f"BwdPrepostConfig: kind {self.kind!r} must be 'prepass' or 'convert'")
-        if self.dtype not in HALF_NAMES:
-            raise ValueError(f"BwdPrepostConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
-        if self.head_dim not in LB.BWD_HEAD_DIMS:
-            raise ValueError(f"BwdPrepostConfig: head_dim {self.head_dim} must be one of {LB.BWD_HEAD_DIMS}")
-        if self.groups not in (1, 2) or (self.groups > 1 and self.kind != "convert"):
-            raise ValueError(f"BwdPrepostConfig: groups {self.groups} must be 1, or 2 for a convert")
 
 
 @cute.jit

@@ -43,7 +43,6 @@ from ..common.fastpath import BoundedCache, LauncherCache
 from ..testing import LAUNCHES
 from . import decode_plan as _plan_mod
 from . import forward_host as fh
-from .decode_kernel import DecodeAttnKernel
 from .forward_validate import check_softcap
 from .decode_plan import (  # noqa: F401  (the planning API, re-exported)
     TMA_EF_MAX_KV_BYTES, DecodeConfig, _check_workspace, choose_num_splits, decode_attn_workspace, explain, load_for,
@@ -51,18 +50,29 @@ from .decode_plan import (  # noqa: F401  (the planning API, re-exported)
 )
 from .decode_reference import decode_attn_reference  # noqa: F401  (re-exported)
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-from cutlass import Float32, Int32  # noqa: E402
 
 __all__ = ["decode_attn", "decode_attn_workspace", "decode_attn_reference", "explain", "DecodeConfig",
-           "DecodeAttnKernel", "TMA_EF_MAX_KV_BYTES", "load_for", "choose_num_splits", "make_config",
+           "TMA_EF_MAX_KV_BYTES", "load_for", "choose_num_splits", "make_config",
            "workspace_numel", "precompile", "get_decode_kernel", "decode_builder"]
 
 
+def __getattr__(name: str):
+    """``DecodeAttnKernel``: the kernel class, from its DSL module (imported at this first read)."""
+    if name == "DecodeAttnKernel":
+        from .decode_kernel import DecodeAttnKernel
+
+        return DecodeAttnKernel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def decode_builder(cfg: DecodeConfig):
-    def build():
+    def build():  # (the DSL and the kernel module imported here: only a compile runs this)
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass import Float32, Int32
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+        from .decode_kernel import DecodeAttnKernel
 
         dt = to_cutlass(cfg.dtype)
         D = cfg.head_dim

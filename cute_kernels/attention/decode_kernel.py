@@ -15,7 +15,7 @@ from ..common import tma
 from ..common.dtypes import to_cutlass
 from ..common.ring import TxRing
 from .decode_loads import DecodeLoads
-from .merge import MergeStatesKernel
+from .merge_kernel import MergeStatesKernel
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402

@@ -36,11 +36,11 @@ from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME, name_of
 from ..common import fastpath
 from ..common.fastpath import LauncherCache
 from ..common.overlap import check_written
-from ..common.scheduler import tile_counter  # noqa: F401  (FW.tile_counter: the benches pass it to bare launches)
+from ..common.host import tile_counter  # noqa: F401  (FW.tile_counter: the benches pass it to bare launches)
 from . import forward_host as fh
 from . import forward_autograd
 from .forward_autograd import check_differentiable
-from . import forward_kernel
+from . import forward_config
 from .decode_plan import check_flag, checked_default
 from .forward_validate import (HEAD_DIMS, PAGE_SIZE_RULE, _check_ptrs, _err, _scale, check_cu_seqlens,  # noqa: F401
                                check_paged_values, check_softcap, check_unsupported, check_window, page_size_ok,
@@ -65,7 +65,7 @@ def plan(dtype: torch.dtype, head_dim: int, causal: bool, varlen: bool = False, 
     key = (dtype, head_dim, causal, varlen, window, page_size, softcap, sink)
     cfg = _PLANS.get(key)
     if cfg is None:
-        cfg = _PLANS[key] = forward_kernel.fwd_config(name_of(dtype), head_dim, causal and not window, _num_sms(),
+        cfg = _PLANS[key] = forward_config.fwd_config(name_of(dtype), head_dim, causal and not window, _num_sms(),
                                                       varlen=varlen, window=window, page_size=page_size,
                                                       softcap=softcap, sink=sink)
     return cfg
@@ -81,7 +81,7 @@ def _num_sms() -> int:
 def get_forward_kernel(cfg):
     """The compiled TVM-FFI function for ``cfg`` (memory / disk cache, or compiled now; None under
     :class:`jit.dry_run`)."""
-    return jit.get_compiled("flash_attn_fwd", cfg, forward_kernel.forward_builder(cfg))
+    return jit.get_compiled("flash_attn_fwd", cfg, jit.lazy_builder(f"{__package__}.forward_kernel", "forward_builder", cfg))
 
 
 def warmup_flash_attn(spec) -> None:

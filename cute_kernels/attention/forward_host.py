@@ -23,11 +23,11 @@ import torch
 from ..common import jit
 from ..common.fastpath import BoundedCache, pooled_views
 from ..common.overlap import extent, out_guard
-from ..common.scheduler import tile_counter
-from ..common.softmax import LOG2_E
+from ..common.host import tile_counter
+from ..common.host import LOG2_E
 from ..testing import LAUNCHES
 from .decode_plan import checked_env
-from .forward_softmax import WINDOW_UNBOUNDED
+from ..common.host import WINDOW_UNBOUNDED
 from .forward_validate import FLOAT32_MAX, MAX_SOFTMAX_SCALE
 
 _empty = torch.empty

@@ -49,8 +49,6 @@ intra-warpgroup overlap and ping-pong is :mod:`~cute_kernels.attention.forward_m
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -62,96 +60,15 @@ from layouts import attention as LA
 
 from ..common import ring, tma
 from ..common import scheduler as sched
-from ..common.dtypes import HALF_NAMES, to_cutlass
+from ..common.dtypes import to_cutlass
 from ..common.softmax import OnlineSoftmax
 from . import forward_paged as fpg
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
+from .forward_config import SOFTCAP_TILE_N_3WG, FlashFwdConfig, fwd_config  # noqa: F401  (re-exported)
 from .forward_epilogue import FwdEpilogue
 from .forward_mainloop import OverlappedKVLoop
 from .forward_producer import FwdProducer
-
-
-@dataclass(frozen=True)
-class FlashFwdConfig:
-    """Everything the compiled forward specializes on (the compile-cache key).  B, Sq, Sk, Hq, Hkv and
-    all strides are run-time values."""
-
-    dtype: str  # "bfloat16" | "float16"
-    head_dim: int  # 64 | 96 | 128 | 256
-    causal: bool
-    tile: LA.FwdTile
-    #: SMs of the device (the persistent grid's size; part of the key so that a kernel built for one
-    #: device never runs a short grid on a larger one)
-    num_sms: int = 132
-    #: the MMA bound of the benchmark (profiles/bench_attention.py): P = S in 16 bits, no mask and no
-    #: softmax, so only the two GEMMs and the data movement remain; its output is not attention
-    mma_only: bool = False
-    #: the softmax bound (issue 34's softcap row): no wgmma; distinct run-time scores stand in for S, the
-    #: mask, softcapping and softmax run as usual, so the MUFU / FMA work and the loads remain
-    softmax_only: bool = False
-    #: packed (total, H, D) sequences with cu_seqlens (:mod:`.forward_seqlen`)
-    varlen: bool = False
-    #: a sliding window, its two sides run-time values (causal is folded into it: ``causal`` is False)
-    window: bool = False
-    #: paged K/V (:mod:`.forward_paged`): the pool's page size (the TMA box height depends on it), 0 if not
-    page_size: int = 0
-    #: score softcapping: ``tanh(S * softcap_scale)`` before the mask (:func:`~..common.softmax.softcap_scores`);
-    #: the entries take the run-time ``softcap_scale`` and ``scale_log2 = softcap * log2(e)``
-    softcap: bool = False
-    #: FlashAttention-4's ``learnable_sink``: a (Hq,) float32 logit per query head added to each row's softmax
-    #: denominator in the epilogue (:func:`~..common.softmax.finalize_with_sink`)
-    sink: bool = False
-
-    def __post_init__(self):
-        if self.dtype not in HALF_NAMES:
-            raise ValueError(f"FlashFwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
-        if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
-            raise ValueError(f"FlashFwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
-        if self.window and self.causal:
-            raise ValueError("FlashFwdConfig: a window config folds causal into its right side (causal=False)")
-        if self.page_size and not fpg.page_size_ok(self.page_size):
-            raise ValueError(f"FlashFwdConfig: page_size {self.page_size} must be a multiple of 16 in 16..256")
-        if self.mma_only and (self.softcap or self.sink):
-            raise ValueError("FlashFwdConfig: the MMA bound (mma_only) has no softmax to softcap or sink")
-        if self.mma_only and self.softmax_only:
-            raise ValueError("FlashFwdConfig: mma_only and softmax_only are two different bounds")
-
-    @property
-    def variant_args(self) -> tuple[str, ...]:
-        """The run-time arguments an entry of this configuration takes after its others
-        (:meth:`FlashAttnFwdSm90.variant`): ``softcap_scale`` (a float) with softcapping, then
-        ``learnable_sink`` (a (Hq,) float32 tensor) with sinks; none for the plain configurations,
-        whose entries keep their arguments."""
-        return ("softcap_scale",) * self.softcap + ("learnable_sink",) * self.sink
-
-    @property
-    def paged(self) -> bool:
-        return self.page_size > 0
-
-
-#: KV tile of softcapping configurations with three consumer warpgroups (D = 64): 128 spills there
-SOFTCAP_TILE_N_3WG = 112
-
-
-def fwd_config(dtype: str, head_dim: int, causal: bool, num_sms: int = 132, varlen: bool = False,
-               window: bool = False, page_size: int = 0, softcap: bool = False, sink: bool = False) -> FlashFwdConfig:
-    """The configuration :func:`cute_kernels.flash_attn` compiles for these facts (tile from
-    :func:`layouts.attention.fwd_tile`).  Varlen: the same tile and schedule, over the sequences' real
-    query tiles (:mod:`.forward_seqlen`).  Window: ``causal`` must be False (it is the window's right
-    side); its tiles are uneven, so it takes causal's schedule (dynamic, longest first).  Paged K/V:
-    ``page_size`` > 0, dense or packed q (whose schedule it keeps).  Softcapping and sinks: the same
-    tile and schedule (a few more instructions in the softmax / the epilogue), except softcapping with
-    three consumer warpgroups (D = 64): :data:`SOFTCAP_TILE_N_3WG` keys per tile."""
-    # a window's tiles are uneven, as causal ones: its schedule (dynamic where the tile is persistent)
-    tile = LA.fwd_tile(dtype, head_dim, bool(causal) or bool(window))
-    if softcap and tile.consumer_warpgroups == 3:
-        # D = 64's three 160-register warpgroups: 128 keys per tile spill once 64 tanh per row block are
-        # in flight (ptxas batches the MUFU.TANHs); 112 keys fit
-        tile = dataclasses.replace(tile, tile_n=SOFTCAP_TILE_N_3WG)
-    return FlashFwdConfig(dtype=dtype, head_dim=head_dim, causal=bool(causal), tile=tile, num_sms=int(num_sms),
-                          varlen=bool(varlen), window=bool(window), page_size=int(page_size),
-                          softcap=bool(softcap), sink=bool(sink))
 
 
 def _shared_storage(dtype, stages: int, q_elems: int, kv_elems: int, o_elems: int, p_elems: int):

@@ -31,6 +31,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
 
+from .forward_config import gapped_grid_bound, gapped_pays  # noqa: F401  (host ints too: no DSL there)
+
 
 @cute.jit
 def _clamped_sequence(cu_seqlens: cute.Tensor, batch: Int32, total: Int32, max_seqlen: Int32):
@@ -210,25 +212,6 @@ def gapped_tile_coords_py(t: int, cu_seqlens: list, tile: int, total: int) -> tu
         lo += (k - 1) * stride
         count = min(stride, count - (k - 1) * stride)
     return lo, t - start(lo)
-
-
-def gapped_pays(num_batch: int, total: int, max_seqlen: int, tile: int) -> bool:
-    """Whether a packed problem launches fewer wasted CTA-latencies in the gapped numbering than with a
-    row of ``ceil(max_seqlen / tile)`` CTAs per sequence (host ints).  The row form wastes a short CTA
-    per tile past a shorter sequence's end; the gapped one costs each CTA its search, one round of loads
-    per 32x of sequences (two up to 1024), beside the one round that finds the sequence's bounds.  Both
-    priced alike: gapped when ``B * ceil(max / tile) > gapped_grid_bound * (1 + rounds)`` (a 32-sequence
-    batch up to 8192 long: gapped; 1024 sequences up to 512: rows)."""
-    rounds, span = 1, 32
-    while span < num_batch:
-        rounds, span = rounds + 1, span * 32
-    return num_batch * -(-max_seqlen // tile) > gapped_grid_bound(total, num_batch, tile) * (1 + rounds)
-
-
-def gapped_grid_bound(total: int, num_batch: int, tile: int) -> int:
-    """Numbers of the gapped numbering (comment above): ``ceil(total / tile) + B``, Python ints or the
-    host entry's traced values alike."""
-    return (total + tile - 1) // tile + num_batch
 
 
 def sequence_rows(mX: cute.Tensor, head, batch, offset, varlen: bool) -> cute.Tensor:

@@ -62,9 +62,7 @@ def kv_tile_range_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, ti
     return n_max, min(n_full, n_max)
 
 
-#: a window side given as -1 (unbounded) reaches this far: beyond any length, and p + WINDOW_UNBOUNDED
-#: stays far from the int32 limit
-WINDOW_UNBOUNDED = 1 << 30
+from ..common.host import WINDOW_UNBOUNDED  # noqa: E402,F401  (a window side of -1 reaches this far)
 
 
 @cute.jit

@@ -70,6 +70,12 @@ _PKG_DIRS = [Path(__file__).resolve().parents[1], Path(__file__).resolve().paren
 #: Builder: returns the ``@cute.jit`` callable and the (fake) arguments to compile it with.
 Builder = Callable[[], tuple[Callable[..., Any], tuple]]
 
+
+def lazy_builder(module: str, factory: str, *args) -> Builder:
+    """``module.factory(*args)``'s builder, ``module`` (a kernel module: the DSL) imported when it runs: on a
+    compile, never on a memory or disk hit (:func:`get_compiled`), so a warm process never imports the DSL."""
+    return lambda: getattr(importlib.import_module(module), factory)(*args)()
+
 _memory: dict[tuple, Any] = {}
 _compile_lock = threading.Lock()
 stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "compile_seconds": 0.0}

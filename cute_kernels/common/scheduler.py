@@ -7,9 +7,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
-import torch
-
-from . import jit
 
 
 def persistent_scheduler_params(num_tiles_mnl, cluster_mn: tuple[int, int], raster_swizzle: int,
@@ -52,21 +49,5 @@ def retire_dynamic_counter(mCounter: cute.Tensor, lane):
             mCounter[1] = cutlass.Int32(0)
 
 
-# ---- host side: the counter buffers ------------------------------------------------------------
-_COUNTERS: dict = {}  # the dynamic schedule's, per (device, stream)
-_STATIC: dict = {}  # a placeholder per device for static schedules (never touched)
-
-
-def tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
-    """The dynamic schedule's two-int32 global tile counter (zero before each launch; the kernel's
-    last CTA zeroes it again).  One per (device, stream), since two kernels running at once must not
-    share one; a fresh zeroed one per call while a CUDA graph is being captured (the graph then
-    zeroes it on every replay, and graphs replayed side by side do not share it):
-    :func:`~cute_kernels.common.jit.stream_buffers`.  Static schedules never touch it: they get one
-    per device."""
-    if not dynamic:
-        c = _STATIC.get(device)
-        if c is None:
-            c = _STATIC[device] = torch.zeros(2, dtype=torch.int32, device=device)
-        return c
-    return jit.stream_buffers(_COUNTERS, device, lambda: torch.zeros(2, dtype=torch.int32, device=device))
+# ---- host side: the counter buffers (in :mod:`.host`, which imports no DSL) ------------------------
+from .host import _COUNTERS, _STATIC, tile_counter  # noqa: E402,F401

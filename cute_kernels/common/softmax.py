@@ -29,7 +29,6 @@ merge's torch form is :func:`cute_kernels.attention.merge.merge_states_torch`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import cutlass
@@ -38,8 +37,7 @@ from cutlass import Float32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
+from .host import LN_2, LOG2_E  # noqa: E402,F401  (host constants, in a module without the DSL)
 
 
 #: 2^f ~= 1 + c1 f + c2 f^2 + c3 f^3 on [0, 1): a minimax fit of the relative error with the constant

@@ -42,42 +42,15 @@ from cutlass.cute.nvgpu import LoadCacheMode, cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import Agent, CooperativeGroup, PipelineOp, pipeline_init_arrive, pipeline_init_wait
 
-from layouts import tiles as T
 
 from ..common import tma
 from . import views
 from .kernel import GemmConfig, GemmSm90
 
 #: Vector widths (bytes) the producer can use, widest first.  2: synchronous path.
-VEC_BYTES = (16, 8, 4, 2)
+from .config import VEC_BYTES, choose_vec_bytes, cpasync_tiles  # noqa: E402,F401
 
 LOAD_THREADS = 128  # the producer warpgroup
-
-
-# ---------------------------------------------------------------------------- pure Python helpers
-def choose_vec_bytes(data_ptr: int, shape, stride, elem_bytes: int, unit_dim: int) -> int:
-    """Widest vector (bytes) such that every vector of ``elem_bytes``-sized elements along the unit-stride
-    dimension ``unit_dim`` is aligned in global memory and lies entirely inside or entirely outside
-    the tensor: the base pointer, every other stride (of a dimension longer than 1; those of size-1
-    dimensions are rewritten by the host) and the contiguous extent are multiples of the vector."""
-    for w in VEC_BYTES:
-        if w < elem_bytes or w % elem_bytes:
-            continue
-        if data_ptr % w or (shape[unit_dim] * elem_bytes) % w:
-            continue
-        if any((s * elem_bytes) % w for i, (n, s) in enumerate(zip(shape, stride)) if i != unit_dim and n > 1):
-            continue
-        return w
-    return elem_bytes
-
-
-def cpasync_tiles(tiles: T.GemmTiles) -> T.GemmTiles:
-    """The same tiles with a (1, 1) cluster (this path multicasts nothing)."""
-    if tiles.cluster_mn == (1, 1):
-        return tiles
-    return T.GemmTiles(tile_mnk=tiles.tile_mnk, cluster_mn=(1, 1), mma=tiles.mma, ab_stages=tiles.ab_stages,
-                       epi_tile_mn=tiles.epi_tile_mn, epi_stages=tiles.epi_stages, c_dtype=tiles.c_dtype,
-                       c_major=tiles.c_major)
 
 
 # ---------------------------------------------------------------------------- the A/B pipeline

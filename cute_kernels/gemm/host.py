@@ -469,14 +469,18 @@ def _namespace() -> None:
     """``cute_kernels.gemm`` is the function :func:`gemm` (the name hides the subpackage), so the
     subpackage's names are the function's attributes too: ``cute_kernels.gemm.explain(...)``,
     ``cute_kernels.gemm.warmup_gemm``, ``cute_kernels.gemm.plan.config_buckets``,
-    ``cute_kernels.gemm.tune``, ... -- every module of the package, each already imported by this one."""
+    ``cute_kernels.gemm.tune``, ... -- every module of the package: the host ones already imported by this
+    one, the kernel ones (which import the DSL) at their first attribute read."""
     import importlib
     import sys
 
+    from layouts.lazy import LazyModule
+
     package = __name__.rpartition(".")[0]
-    for name in ("plan", "tune", "tuned", "heuristics", "validate", "launch", "views", "kernel", "epilogue",
-                 "autograd", "splitk_kernel", "cpasync_kernel"):
+    for name in ("plan", "tune", "tuned", "heuristics", "validate", "launch", "autograd", "config"):
         setattr(gemm, name, importlib.import_module(f"{package}.{name}"))
+    for name in ("views", "kernel", "epilogue", "splitk_kernel", "cpasync_kernel", "entries"):  # (the DSL's: at first read)
+        setattr(gemm, name, LazyModule(f"{package}.{name}"))
     gemm.host, gemm.explain, gemm.warmup_gemm = sys.modules[__name__], explain, warmup_gemm
 
 

@@ -25,7 +25,6 @@ The tiling (CTA tile, MMA, smem layouts, epilogue tile) comes only from :mod:`la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import cuda.bindings.driver as cuda
@@ -40,66 +39,8 @@ from layouts import tiles as T
 from ..common import fixup, ring, scheduler, tma, wgmma
 from ..common.barriers import NamedBarrierId
 from . import views
+from .config import EPI_DEFER_MAX_ACC, GemmConfig, epi_defer_ok, epi_sub_tiles, fixup_parts_ok  # noqa: F401
 from .epilogue import ConsumerViews, EpilogueViews, GemmEpilogue
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """Everything a compiled GEMM specializes on (the compile-cache key).  Sizes M/N/K/L are not here."""
-
-    tiles: T.GemmTiles
-    a_rank: int = 2  # 2: (M, K); 3: (L, M, K)
-    has_c: bool = False  # beta * C epilogue term
-    tma_store: bool = True  # D strides 16-byte aligned -> TMA store epilogue
-    raster_swizzle: int = 1
-    raster_along_m: bool = True
-    max_active_clusters: int = 132
-    # A/B mainloop: "tma" or "cpasync" (GemmSm90CpAsync, for operands TMA cannot describe), with
-    # vec_a / vec_b bytes per global->shared vector (16, 8, 4: cp.async; 2: through registers)
-    mainloop: str = "tma"
-    vec_a: int = 16
-    vec_b: int = 16
-    # K slices per output tile inside the persistent schedule (GemmSm90SplitK; 1: no split)
-    splits: int = 1
-    # Programmatic dependent launch (TMA mainloop): the prologue (barrier init, descriptor prefetch)
-    # overlaps the previous kernel on the stream; every thread waits (griddepcontrol.wait) before any
-    # global access, and the consumers signal their dependents after their last tile.
-    pdl: bool = True
-    # Less work between tiles: the first wgmma of a tile overwrites the accumulators (no acc.fill(0))
-    # and alpha == 1 skips the multiply (a uniform run-time branch).
-    lean_tile: bool = True
-    # Deferred epilogue (see the module doc; conditions in epi_defer_ok)
-    epi_defer: bool = False
-    # Split-K: every contributor of a tile sums and stores a part of it (common.fixup's shared finish)
-    # instead of the last one the whole tile; conditions in fixup_parts_ok
-    fixup_parts: bool = False
-
-
-#: accumulators per consumer thread up to which the deferred epilogue's converted copy of a tile
-#: (half as many 32-bit registers for 16-bit D) fits next to the next tile's accumulators
-EPI_DEFER_MAX_ACC = 128
-
-
-def epi_defer_ok(cfg: GemmConfig) -> bool:
-    """Pure Python: whether ``cfg`` can take the deferred epilogue (see ``GemmConfig.epi_defer``)."""
-    t = cfg.tiles
-    return (cfg.mainloop == "tma" and cfg.splits == 1 and not cfg.has_c and cfg.tma_store
-            and cfg.lean_tile and t.c_dtype in ("float16", "bfloat16") and t.acc_regs_per_thread <= EPI_DEFER_MAX_ACC)
-
-
-def epi_sub_tiles(t: T.GemmTiles) -> int:
-    """Epilogue sub-tiles per CTA tile."""
-    return (t.tile_mnk[0] // t.epi_tile_mn[0]) * (t.tile_mnk[1] // t.epi_tile_mn[1])
-
-
-def fixup_parts_ok(cfg: GemmConfig) -> bool:
-    """Pure Python: whether ``cfg`` can take the shared finish (``GemmConfig.fixup_parts``): split-K
-    (2 to fixup.MAX_PARTS slices), the TMA-stored epilogue (a part is a run of its sub-tiles), and
-    sub-tiles of whole 16-byte workspace chunks per thread."""
-    t = cfg.tiles
-    per_sub = t.epi_tile_mn[0] * t.epi_tile_mn[1] // (128 * t.mma.num_warpgroups)
-    return (1 < cfg.splits <= fixup.MAX_PARTS and cfg.tma_store and cfg.mainloop == "tma"
-            and per_sub % fixup.PARTIAL_VEC == 0 and per_sub * epi_sub_tiles(t) == t.acc_regs_per_thread)
 
 
 class CooperativeSetup(NamedTuple):

@@ -23,9 +23,8 @@ from ..common.dtypes import HALF_TORCH, TORCH_TO_NAME
 from ..testing import LAUNCHES
 from . import heuristics as H
 from . import launch, tuned
-from .cpasync_kernel import choose_vec_bytes, cpasync_tiles
-from .kernel import GemmConfig, epi_defer_ok, fixup_parts_ok
-from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel
+from .config import (GemmConfig, SplitKClusterConfig, SplitKFixupConfig, choose_vec_bytes, cpasync_tiles, epi_defer_ok,
+                     fixup_parts_ok, fixup_workspace_numel)
 from .validate import canonical_strides, check_operands, check_types, fits_layout, major_of, tma_ok
 from .validate import ptr_bits as _ptr_bits
 
@@ -404,8 +403,6 @@ def config_buckets(ab: str = "bfloat16", a_major: str = "row", b_major: str = "r
       N >= 1024; raster swizzle 1..8 fitted to the grid (along N for the 2x1 cluster's multi-wave band
       raster); the deferred epilogue (16-bit D, no C) when there is more than one wave.
     """
-    from .cpasync_kernel import cpasync_tiles
-    from .splitk_kernel import SplitKClusterConfig, SplitKFixupConfig
 
     d_name = d_name or ab
     has_c = c_name is not None

@@ -19,7 +19,6 @@ tiles each load half of the shared A tile into both, for the skinny plan's pairs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
@@ -35,6 +34,7 @@ from layouts import tiles as T
 from ..common import fixup, ring, tma, wgmma
 from ..common.barriers import NamedBarrierId
 from . import views
+from .config import SplitKClusterConfig, SplitKFixupConfig, fixup_workspace_numel  # noqa: F401
 from .epilogue import add_beta_c
 
 VEC = 8  # consecutive output columns one thread reduces and stores
@@ -197,17 +197,6 @@ class _SplitKBase:
         return acc, tCcD, thr_mma_c
 
 
-@dataclass(frozen=True)
-class SplitKClusterConfig:
-    tiles: T.GemmTiles  # tile 128 x tile_n x 64, cluster_mn (1, 1): the cluster is along K here
-    splits: int = 2  # CTAs per cluster = K slices (1, 2, 4 or 8)
-    a_rank: int = 2
-    has_c: bool = False
-    vec_store: bool = False  # D row-major, rows 16-byte aligned (see module doc)
-    b_evict_first: bool = False  # B's TMA loads hinted L2 evict-first (B is read once: skinny M)
-    a_evict_first: bool = False  # the same for A (the weight when the host swaps a skinny problem)
-
-
 class GemmSm90SplitKCluster(_SplitKBase):
     KIND = "cluster"
     TILE_NS = TILE_NS
@@ -330,22 +319,6 @@ FIXUP_TILE_NS = (16, 32, 64, 128, 256)
 FIXUP_SPLITS = (2, 3, 4, 5, 6, 7, 8)
 FIXUP_LOADS_IN_FLIGHT = 16  # 16-byte partial loads per thread per group in the last CTA's sum
 FIXUP_VEC = fixup.PARTIAL_VEC  # fp32 per partial-tile chunk: one 16-byte store / load per thread and chunk
-
-
-def fixup_workspace_numel(m: int, n: int, tile_n: int, splits: int, l: int = 1) -> tuple[int, int]:
-    """(fp32 partial elements, int32 counters) the fixup kernel needs for an (L x) M x N output."""
-    tiles = -(-m // 128) * -(-n // tile_n) * l
-    return tiles * splits * 128 * tile_n, tiles
-
-
-@dataclass(frozen=True)
-class SplitKFixupConfig:
-    tiles: T.GemmTiles  # tile 128 x tile_n x 64, no cluster
-    splits: int = 4  # CTAs per output tile = K slices (2..8)
-    a_rank: int = 2
-    has_c: bool = False
-    b_evict_first: bool = False  # as SplitKClusterConfig.b_evict_first
-    a_evict_first: bool = False  # as SplitKClusterConfig.a_evict_first
 
 
 class GemmSm90SplitKFixup(_SplitKBase):

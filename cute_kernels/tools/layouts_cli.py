@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warpgroups", type=_ints(2, 4), help="consumer warpgroups M,N, each 1..4 (default 2,1)")
     p.add_argument("--cluster", type=_ints(2, 16), help="cluster shape M,N, each 1..16 (default 1,1)")
     p.add_argument("--stages", type=int_in(1, 16), help="A/B pipeline stages, 1..16 (default 4)")
-    p.add_argument("--dtype", choices=sorted(k for k in tiles.DTYPES if k != "float32"), help="A/B/C element type")
+    p.add_argument("--dtype", choices=sorted(k for k in tiles.DTYPE_NAMES if k != "float32"), help="A/B/C element type")
     p.add_argument("--a-major", choices=("k", "mn"), help="A tile stored K-major or M-major (default k)")
     p.add_argument("--b-major", choices=("k", "mn"), help="B tile stored K-major or N-major (default k)")
     p.add_argument("--tiled", action="store_true", help="mma-*: the whole tiled MMA instead of one atom")

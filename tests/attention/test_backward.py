@@ -212,7 +212,7 @@ def run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, dlse_on=False, seed=0, window
 def test_dk_carry_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq, Hkv, kw):
     """``BwdTile.dk_carry`` (dK from shared memory, running on into the next query tile; not the default
     yet): the planner patched to choose it, the same checks as the default tile's."""
-    from cute_kernels.attention import backward_kernel as bk
+    from cute_kernels.attention import backward_config as bk  # (the planner reads bwd_config there)
 
     config = bk.bwd_config
 
@@ -446,7 +446,7 @@ def test_dq_warps_2_is_bitwise_repeatable(monkeypatch, D, causal, B, Sq, Sk, Hq,
     """``BwdTile.dq_warps = 2`` (two dQ warps taking the query tiles by parity), alone and with
     ``dq_groups = 2`` (two dQ accumulators summed by the post-pass; not the default yet): the planner
     patched to choose them, the deterministic mode's checks."""
-    from cute_kernels.attention import backward_kernel as bk
+    from cute_kernels.attention import backward_config as bk  # (the planner reads bwd_config there)
 
     config = bk.bwd_config
 

@@ -787,17 +787,17 @@ P_SMEM_CASES = [  # (D, causal, B, Sq, Sk, Hq, Hkv, dtype, FwdTile overrides bes
 def test_gpu_p_smem_matches_reference(monkeypatch, case):
     """``FwdTile.p_smem`` (P through shared memory; not a default yet): the planner patched to choose it
     (with the case's tile), NaN-poisoned outputs against the float64 reference, every row."""
-    from cute_kernels.attention import forward_kernel
+    from cute_kernels.attention import forward_config
     from cute_kernels.common.fastpath import LauncherCache
 
     D, causal, B, Sq, Sk, Hq, Hkv, dtype, kw = case
-    config = forward_kernel.fwd_config
+    config = forward_config.fwd_config
 
     def with_p_smem(*args, **kwargs):
         cfg = config(*args, **kwargs)
         return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, p_smem=True, **kw))
 
-    monkeypatch.setattr(forward_kernel, "fwd_config", with_p_smem)
+    monkeypatch.setattr(forward_config, "fwd_config", with_p_smem)  # (the planner's: forward.plan reads it there)
     monkeypatch.setattr(FW, "_PLANS", {})
     monkeypatch.setattr(FW, "_launchers", LauncherCache())
     tile = FW.plan(dtype, D, causal).tile

@@ -21,10 +21,12 @@ def test_import_imports_no_dsl():
 
 
 def test_first_read_loads_the_op_and_its_custom_ops():
+    """Reading an op loads its host module and registers its custom ops, still without the DSL (a
+    compile imports it: tests/common/test_warm_hit_no_dsl.py)."""
     got = run("import cute_kernels, sys, torch\n"
               "f = cute_kernels.flash_attn\n"
               "print('cutlass' in sys.modules, f.__module__, hasattr(torch.ops.cute_kernels, 'flash_attn_'))")
-    assert got == ["True", "cute_kernels.attention.forward", "True"]
+    assert got == ["False", "cute_kernels.attention.forward", "True"]
 
 
 @pytest.mark.parametrize("first", ["import cute_kernels.gemm.plan", "from cute_kernels.gemm import plan",
