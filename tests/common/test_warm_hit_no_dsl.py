@@ -58,3 +58,44 @@ def test_warm_fetch_of_every_op_imports_no_dsl(tmp_path):
     warm = subprocess.run([sys.executable, "-c", _FETCH], env=env, capture_output=True, text=True, timeout=300)
     assert warm.returncode == 0, warm.stderr[-3000:]
     assert warm.stdout.split() == ["False", "True", "0", "5"], warm.stdout
+
+
+#: real calls of each op on the GPU, checked against torch; prints whether the DSL got imported
+_CALLS = """
+import sys
+import torch
+import torch.nn.functional as F
+import cute_kernels as ck
+
+torch.manual_seed(0)
+bf = torch.bfloat16
+a, b = torch.randn(256, 192, dtype=bf, device="cuda"), torch.randn(192, 320, dtype=bf, device="cuda")
+errs = [(ck.gemm(a, b).float() - a.float() @ b.float()).abs().max().item() / 192 ** 0.5]
+q, k, v = (torch.randn(2, 333, 4, 64, dtype=bf, device="cuda") for _ in range(3))
+ref = F.scaled_dot_product_attention(*(x.transpose(1, 2).float() for x in (q, k, v)), is_causal=True).transpose(1, 2)
+errs.append((ck.flash_attn(q, k, v, causal=True).float() - ref).abs().max().item())
+qd = torch.randn(2, 1, 8, 128, dtype=bf, device="cuda")
+kc, vc = (torch.randn(2, 1000, 2, 128, dtype=bf, device="cuda") for _ in range(2))
+lens = torch.tensor([1000, 517], dtype=torch.int32, device="cuda")
+o = ck.decode_attn(qd, kc, vc, cache_seqlens=lens, num_splits=4)
+for i, n in enumerate((1000, 517)):
+    r = F.scaled_dot_product_attention(qd[i:i + 1].transpose(1, 2).float(), kc[i:i + 1, :n].transpose(1, 2).float(),
+                                       vc[i:i + 1, :n].transpose(1, 2).float(), enable_gqa=True).transpose(1, 2)
+    errs.append((o[i:i + 1].float() - r).abs().max().item())
+torch.cuda.synchronize()
+print("cutlass" in sys.modules, max(errs) < 0.05, " ".join(f"{e:.4f}" for e in errs))
+"""
+
+
+@pytest.mark.gpu
+def test_warm_process_launches_without_the_dsl(tmp_path):
+    """On the GPU: a process whose kernels are all in the cache runs gemm, flash_attn and decode_attn
+    (split, so its merge too) with the right values and never imports the DSL."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc): cache entries are .o files only, which load through the DSL")
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(tmp_path / "cache"), CUTE_KERNELS_DISK_CACHE="1",
+               CUTE_KERNELS_LOG_LEVEL="WARNING")
+    for run, dsl in (("cold", "True"), ("warm", "False")):
+        out = subprocess.run([sys.executable, "-c", _CALLS], env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, f"{run}: {out.stderr[-3000:]}"
+        assert out.stdout.split()[:2] == [dsl, "True"], f"{run}: {out.stdout}"
