@@ -2,7 +2,8 @@
 # One device call: GPU tests, then benchmarks.  Logs and results land in $OUT (keep it to a few files).
 #   source .device/setup.sh && bash profiles/gpu_session.sh STEP...
 # Steps (each under its own `timeout`; seconds overridable where a variable is named):
-#   all-tests     every GPU test, 8 workers (pytest-xdist): > 450 s cold compile cache (2026-12-04)  [TESTS_S]
+#   all-tests     every GPU test, GPU_TESTS_N workers (pytest-xdist, default 8; the suite is compile-bound:
+#                 14 of the 16 cores): > 450 s cold compile cache at 8 (2026-12-04)                  [TESTS_S]
 #   gemm-tests    tests/gemm, 8 workers                                                             [GEMM_TESTS_S]
 #   attn-tests    tests/attention, 8 workers                                                        [ATTN_TESTS_S]
 #   paged-tests   tests/attention/test_forward_paged.py, 8 workers                                   [PAGED_TESTS_S]
