@@ -296,6 +296,33 @@ def test_packed_backward_deterministic_is_bitwise_repeatable(dtype, D, causal, w
 
 
 @gpu
+@pytest.mark.parametrize("dtype,D,causal,window,G,lens,dlse", DET_CASES,
+                         ids=[f"{_id(dt)}-D{D}-{'causal' if c else 'full'}-{_wid(w)}-g{G}-{ln}" for dt, D, c, w, G, ln, _
+                              in DET_CASES])
+def test_packed_deterministic_two_dq_warps_two_accumulators(monkeypatch, dtype, D, causal, window, G, lens, dlse):
+    """``BwdTile.dq_warps = 2`` and ``dq_groups = 2`` (not the default yet) on packed sequences: the
+    accumulators and semaphores of a group are batches ``g`` of the one-batch packed buffers; the planner
+    patched, the deterministic checks above (reference, repeated bits)."""
+    import dataclasses
+
+    from cute_kernels.attention import backward_config as BC
+
+    config = BC.bwd_config
+
+    def two(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dq_warps=2, dq_groups=2))
+
+    monkeypatch.setattr(BC, "bwd_config", two)
+    monkeypatch.setattr(BW, "_PLANS", {})
+    res, again = run_packed(dtype, D, causal, G, LENS[lens], dlse_on=dlse, window=window, deterministic=True,
+                            seed=3 * D)
+    assert BW._PLANS and all(p[0].tile.dq_groups == 2 for p in BW._PLANS.values() if p[0].deterministic)
+    for name, a, b in zip(("dq", "dk", "dv"), again(), res):
+        assert torch.equal(a, b), f"{name} of a second call differs from the first's bits"
+
+
+@gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_backward_with_flash_attn_forward(causal):
     """out and lse from the real packed forward (a sequence with queries but no keys: out 0, lse -inf
