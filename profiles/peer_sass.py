@@ -1,4 +1,4 @@
-"""FlashAttention-4's SM90 backward compiled on this CPU, its main loop's instruction mix beside ours.
+"""FlashAttention-4's SM90 backward (or forward) compiled on this CPU, its main loop's instruction mix beside ours.
 
 Why: the backward is 0.91-0.93x FlashAttention-4 on the bench's D 128 shapes (issue 33) and no GPU may be
 at hand; both kernels are CuTe DSL, so both compile here for sm_90a and their SASS can be read side by
@@ -12,8 +12,8 @@ rest imports triton, absent here), and FlashAttention-4's interface runs under t
 with its own cross-compile switches (``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS``), so nothing
 launches.  Needs ``einops`` (``pip download einops`` is enough: put it on ``--extra-path``).
 
-    python3 profiles/peer_sass.py [--causal] [--head-dim 128] [--wheels ../shared/device/wheels]
-        [--scratch /tmp/peer_sass] [--extra-path DIR]
+    python3 profiles/peer_sass.py [--causal] [--head-dim 128] [--forward] [--shape 4,4096,32,8]
+        [--wheels ../shared/device/wheels] [--scratch /tmp/peer_sass] [--extra-path DIR]
 """
 
 from __future__ import annotations
@@ -61,9 +61,11 @@ def wgmma_loops(sass: str) -> list[tuple[int, Counter, Counter]]:
     return loops
 
 
-def peer_cubin(causal: bool, head_dim: int, wheels: str, scratch: str, extra: list[str]) -> bytes:
-    """FlashAttention-4's SM90 backward main kernel for (b4, s4096, h32, head_dim), bf16, compiled in a
-    child process (its DSL arch switches must be set before anything imports the DSL)."""
+def peer_cubin(causal: bool, head_dim: int, wheels: str, scratch: str, extra: list[str], forward: bool = False,
+               shape: tuple = (4, 4096, 32, 8)) -> bytes:
+    """FlashAttention-4's SM90 backward main kernel (``forward``: its forward) for ``shape`` = (batch,
+    sequence, query heads, KV heads) at ``head_dim``, bf16, compiled in a child process (its DSL arch
+    switches must be set before anything imports the DSL)."""
     os.makedirs(scratch, exist_ok=True)
     for pattern in ("flash_attn_4-*.whl", "quack_kernels-*.whl"):
         whl = sorted(glob.glob(os.path.join(wheels, pattern)))
@@ -73,7 +75,10 @@ def peer_cubin(causal: bool, head_dim: int, wheels: str, scratch: str, extra: li
             z.extractall(scratch)
     with open(os.path.join(scratch, "quack", "__init__.py"), "w") as f:  # the indexing patch only
         f.write('__version__ = "peer_sass"\nimport quack.dsl as _quack_dsl  # noqa: F401\n')
-    out = os.path.join(scratch, f"bwd_{'causal' if causal else 'full'}_d{head_dim}.cubin")
+    out = os.path.join(scratch, f"{'fwd' if forward else 'bwd'}_{'causal' if causal else 'full'}_d{head_dim}.cubin")
+    B, S, H, Hkv = shape
+    call = (f"I._flash_attn_fwd(mk(B, S, H, D), mk(B, S, Hkv, D), mk(B, S, Hkv, D), causal={causal})" if forward else
+            f"I._flash_attn_bwd(*(mk(B, S, H, D) for _ in range(5)), mk(B, H, S, dt=torch.float32), causal={causal})")
     child = f"""
 import os, sys
 sys.path[:0] = {[scratch, *extra]!r}
@@ -89,9 +94,8 @@ def keep(*a, options="", **kw):
 I.cute = type("C", (), {{"compile": staticmethod(keep), "__getattr__": lambda s, n: getattr(cute, n)}})()
 with FakeTensorMode(allow_non_fake_inputs=True):
     mk = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="cuda")
-    B, S, H, D = 4, 4096, 32, {head_dim}
-    q, k, v, o, do = (mk(B, S, H, D) for _ in range(5))
-    I._flash_attn_bwd(q, k, v, o, do, mk(B, H, S, dt=torch.float32), causal={causal})
+    B, S, H, Hkv, D = {B}, {S}, {H}, {Hkv}, {head_dim}
+    {call}
 main = max(compiled, key=lambda r: len(r.__cubin__ or b""))
 open({out!r}, "wb").write(main.__cubin__)
 """
@@ -105,16 +109,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--causal", action="store_true")
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--forward", action="store_true", help="the forward kernels (FA4's and ours) instead")
+    p.add_argument("--shape", default="4,4096,32,8", help="batch,seqlen,heads_q,heads_kv (FA4 picks its tile by it)")
     p.add_argument("--wheels", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "device", "wheels"))
     p.add_argument("--scratch", default="/tmp/peer_sass")
     p.add_argument("--extra-path", action="append", default=[], help="a folder to import from (einops)")
     a = p.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import torch
+
     from cute_kernels.attention import backward_kernel as bk
+    from cute_kernels.attention import forward as FW
+    from cute_kernels.attention import forward_kernel as FK
     from cute_kernels.tools import inspect as ins
 
-    peer = ins.disassemble(peer_cubin(a.causal, a.head_dim, a.wheels, a.scratch, a.extra_path))
-    ours = ins.inspect_builder(bk.backward_builder(bk.bwd_config("bfloat16", a.head_dim, a.causal, direct_kv=True))).sass
+    shape = tuple(int(x) for x in a.shape.split(","))
+    peer = ins.disassemble(peer_cubin(a.causal, a.head_dim, a.wheels, a.scratch, a.extra_path, a.forward, shape))
+    if a.forward:
+        builder = FK.forward_builder(FW.plan(torch.bfloat16, a.head_dim, a.causal, False, False, 0, False, False))
+    else:
+        builder = bk.backward_builder(bk.bwd_config("bfloat16", a.head_dim, a.causal, direct_kv=shape[2] == shape[3]))
+    ours = ins.inspect_builder(builder).sass
     for name, sass in (("FlashAttention-4", peer), ("cute_kernels", ours)):
         for n, ops, detail in wgmma_loops(sass):
             print(f"{name:16s} loop of {n} instructions: HGMMA {ops['HGMMA']}, MUFU {ops['MUFU']}, FFMA {ops['FFMA']}, "
