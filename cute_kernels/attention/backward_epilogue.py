@@ -67,21 +67,31 @@ class BwdEpilogue:
         windowed: the highest KV tile first; with ``BwdTile.dq_groups`` G > 1, among its group's, on the
         group's semaphores: batch ``batch + (n_block mod G) * B``); returns the semaphore's address."""
         groups = const_expr(self.cfg.tile.dq_groups)
-        slot = 0 if const_expr(self.cfg.varlen) else batch  # packed: one batch of padded rows (from off_p on)
-        if const_expr(groups > 1):
-            slot = slot + (n_block % groups) * (mSemQ.shape[0] // groups)
+        slot = self.dq_slot(batch, n_block, mSemQ.shape[0])
         sem_crd = (slot, head, m_block)
-        if const_expr(self.cfg.varlen):
+        if const_expr(self.cfg.varlen):  # one batch of padded rows (the sequence's from off_p on)
             sem_crd = (slot, head, off_p // self.tile_m + m_block)
         sem = mSemQ.iterator + cute.crd2idx(sem_crd, mSemQ.layout)
         if cute.arch.lane_idx() == 0:
-            turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, groups)
             if const_expr(self.cfg.causal or self.cfg.window):  # from the top: the order ranges reach it
                 reach = window_right if const_expr(self.cfg.window) else Int32(0)
                 turn = (n_block_last(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, reach) - n_block) // groups
+            else:
+                turn = dense_turn(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, groups)
             wait_count(sem, turn)
         cute.arch.sync_warp()
         return sem
+
+    @cute.jit
+    def dq_slot(self, batch, n_block, batches):
+        """The batch index of this KV tile's dQ accumulator and semaphores in buffers of ``batches``
+        batches: ``batch`` (packed: 0, the one batch of padded rows), plus ``(n_block mod G) * batches /
+        G`` with ``BwdTile.dq_groups`` G > 1 (group g's copy is batches ``g * B ..``)."""
+        slot = 0 if const_expr(self.cfg.varlen) else batch
+        if const_expr(self.cfg.tile.dq_groups > 1):
+            groups = self.cfg.tile.dq_groups
+            slot = slot + (n_block % groups) * (batches // groups)
+        return slot
 
     @cute.jit
     def dq_partition(self, tma_dq, mdQacc, sdQ, head, batch, off_p, n_block):
@@ -89,13 +99,11 @@ class BwdEpilogue:
         tiles), partitioned for the TMA reduce-add (``BwdTile.dq_groups`` G > 1: in accumulator
         ``n_block mod G``, batches ``g * B ..`` of the (G B, ...) buffer)."""
         t = self.cfg.tile
-        rows = self.rows(mdQacc, off_p, head, batch)
-        if const_expr(t.dq_groups > 1):
-            slot = 0 if const_expr(self.cfg.varlen) else batch
-            slot = slot + (n_block % t.dq_groups) * (mdQacc.shape[3] // t.dq_groups)
-            rows = mdQacc[None, None, head, slot]
-            if const_expr(self.cfg.varlen):
-                rows = cute.domain_offset((off_p, 0), rows)
+        slot = self.dq_slot(batch, n_block, mdQacc.shape[3])
+        if const_expr(self.cfg.varlen):  # (rows() reads a packed tensor's batch 0; group g's copy is batch g)
+            rows = cute.domain_offset((off_p, 0), mdQacc[None, None, head, slot])
+        else:
+            rows = self.rows(mdQacc, off_p, head, slot)
         gdQ = cute.local_tile(rows, (t.dq_rows_per_wg, t.dq_cols_per_wg), (None, None))
         return cpasync.tma_partition(tma_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
                                      cute.group_modes(gdQ, 0, 2))

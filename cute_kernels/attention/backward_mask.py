@@ -15,10 +15,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
 from .backward_config import det_wait_span, padded_first_row  # noqa: F401  (host ints too: no DSL there)
+
 
 @cute.jit
 def m_block_range(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
@@ -117,7 +117,6 @@ def n_block_last_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, til
     return min(((m_block + 1) * tile_m + reach + seqlen_k - seqlen_q - 1) // tile_n, -(-seqlen_k // tile_n) - 1)
 
 
-
 @cute.jit
 def dense_rotation(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
                    tile_n: cutlass.Constexpr[int]):
@@ -144,23 +143,15 @@ def dense_turn(n_block: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32,
     its group (``n mod G``) only."""
     num_m = (seqlen_q + tile_m - 1) // tile_m
     num_n = (seqlen_k + tile_n - 1) // tile_n
-    turn = n_block
-    if const_expr(groups > 1):
-        turn = n_block // groups
+    turn = n_block // groups
     if num_n <= num_m:
         last = ((m_block + 1) * num_n + num_m - 1) // num_m - 1  # floor(n M / N) <= m iff n <= last
-        if const_expr(groups > 1):
-            # members n' = n (mod G) met going down from `last`: those in (n, last], or in (n, N) and [0, last]
-            r = n_block % groups
-            turn = (last - n_block) // groups
-            if n_block > last:
-                turn = (num_n - 1 - n_block) // groups
-                if last >= r:
-                    turn += (last - r) // groups + 1
-        else:
-            turn = last - n_block
-            if n_block > last:
-                turn = last - n_block + num_n
+        # members n' = n (mod G) met going down from `last`: those in (n, last], or in (n, N) and [0, last]
+        turn = (last - n_block) // groups
+        if n_block > last:
+            turn = (num_n - 1 - n_block) // groups
+            if last >= n_block % groups:
+                turn += (last - n_block % groups) // groups + 1
     return turn
 
 
