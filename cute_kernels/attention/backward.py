@@ -43,11 +43,10 @@ from layouts import attention_backward as LB
 from ..common.args import tensor_fault
 from ..common import jit
 from ..common.dtypes import name_of
-from ..common.host import LOG2_E
+from ..common.host import LOG2_E, WINDOW_UNBOUNDED
 from . import backward_config as BC
 from .backward_config import det_wait_span, padded_first_row
 from .forward_config import gapped_pays
-from ..common.host import WINDOW_UNBOUNDED
 from .decode_plan import check_flag
 from .forward_validate import _err, check_softcap, check_window, validate, validate_varlen
 
@@ -229,7 +228,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
         return (dq, dk, dv, torch.zeros(Hq, dtype=torch.float32, device=q.device)) if sink else (dq, dk, dv)
     pad = LB.BWD_ROW_PAD
     # the row buffers: dense (B, Hq, Sq rounded up to pad); packed one batch, each sequence's rows from
-    # backward_mask.padded_first_row on, so total_q + B * pad rows hold every sequence's padded tiles
+    # backward_config.padded_first_row on, so total_q + B * pad rows hold every sequence's padded tiles
     Bb, Sp = (B, -(-Sq // pad) * pad) if packed is None else (1, -(-(Sq + B * pad) // pad) * pad)
     f32 = dict(dtype=torch.float32, device=q.device)
     lse2 = torch.empty(Bb, Hq, Sp, **f32)
@@ -282,7 +281,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=
 
 def _check_turns_finish(num_n: int, num_m: int, causal: bool, window, tile, device) -> None:
     """The deterministic mode's ValueError where its turns would make more KV tiles of one sequence and
-    head wait on one another (:func:`~.backward_mask.det_wait_span`) than the GPU runs at once (one CTA
+    head wait on one another (:func:`~.backward_config.det_wait_span`) than the GPU runs at once (one CTA
     per SM): the backward would never finish."""
     span = det_wait_span(num_n, num_m, causal, window, tile.tile_m, tile.tile_n)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -304,7 +303,7 @@ def packed_numbering(deterministic: bool, num_batch: int, total_k: int, max_seql
 def _packed_rows_in_padded(cu_seqlens_q: torch.Tensor, total_q: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For each packed query row, its row in the padded row buffers and whether a sequence holds it (on the
     device, no sync): row ``r`` of sequence ``b`` is ``r - cu_seqlens_q[b] + off_p[b]``, ``off_p`` the
-    kernels' :func:`~.backward_mask.padded_first_row`; rows past the last sequence map to row 0, not held."""
+    kernels' :func:`~.backward_config.padded_first_row`; rows past the last sequence map to row 0, not held."""
     rows = torch.arange(total_q, device=cu_seqlens_q.device, dtype=torch.int64)
     cu = cu_seqlens_q.long()
     nseq = cu.shape[0] - 1

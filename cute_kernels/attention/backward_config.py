@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from layouts import attention_backward as LB
 
 from ..common.dtypes import HALF_NAMES
+from .forward_config import check_attention_config
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,7 @@ class FlashBwdConfig:
     varlen: bool = False
 
     def __post_init__(self):
-        if self.dtype not in HALF_NAMES:
-            raise ValueError(f"FlashBwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
-        if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
-            raise ValueError(f"FlashBwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
-        if self.window and self.causal:
-            raise ValueError("FlashBwdConfig: a window config folds causal into its right side (causal=False)")
+        check_attention_config(self)
         if self.mma_only and self.softcap:
             raise ValueError("FlashBwdConfig: the MMA bound (mma_only) has no softmax to softcap")
 

@@ -13,6 +13,19 @@ from ..common.dtypes import HALF_NAMES
 from .forward_validate import page_size_ok
 
 
+def check_attention_config(cfg) -> None:
+    """What every attention kernel configuration (:class:`FlashFwdConfig`,
+    :class:`~.backward_config.FlashBwdConfig`) checks first: a 16-bit dtype, a tile of its own dtype and
+    head dim, and causal folded into a window's right side."""
+    who = type(cfg).__name__
+    if cfg.dtype not in HALF_NAMES:
+        raise ValueError(f"{who}: dtype {cfg.dtype!r} must be one of {HALF_NAMES}")
+    if cfg.tile.dtype != cfg.dtype or cfg.tile.head_dim != cfg.head_dim:
+        raise ValueError(f"{who}: tile {cfg.tile} does not match dtype {cfg.dtype} / D {cfg.head_dim}")
+    if cfg.window and cfg.causal:
+        raise ValueError(f"{who}: a window config folds causal into its right side (causal=False)")
+
+
 @dataclass(frozen=True)
 class FlashFwdConfig:
     """Everything the compiled forward specializes on (the compile-cache key).  B, Sq, Sk, Hq, Hkv and
@@ -45,12 +58,7 @@ class FlashFwdConfig:
     sink: bool = False
 
     def __post_init__(self):
-        if self.dtype not in HALF_NAMES:
-            raise ValueError(f"FlashFwdConfig: dtype {self.dtype!r} must be one of {HALF_NAMES}")
-        if self.tile.dtype != self.dtype or self.tile.head_dim != self.head_dim:
-            raise ValueError(f"FlashFwdConfig: tile {self.tile} does not match dtype {self.dtype} / D {self.head_dim}")
-        if self.window and self.causal:
-            raise ValueError("FlashFwdConfig: a window config folds causal into its right side (causal=False)")
+        check_attention_config(self)
         if self.page_size and not page_size_ok(self.page_size):
             raise ValueError(f"FlashFwdConfig: page_size {self.page_size} must be a multiple of 16 in 16..256")
         if self.mma_only and (self.softcap or self.sink):

@@ -23,11 +23,9 @@ import torch
 from ..common import jit
 from ..common.fastpath import BoundedCache, pooled_views
 from ..common.overlap import extent, out_guard
-from ..common.host import tile_counter
-from ..common.host import LOG2_E
+from ..common.host import LOG2_E, WINDOW_UNBOUNDED, tile_counter
 from ..testing import LAUNCHES
 from .decode_plan import checked_env
-from ..common.host import WINDOW_UNBOUNDED
 from .forward_validate import FLOAT32_MAX, MAX_SOFTMAX_SCALE
 
 _empty = torch.empty

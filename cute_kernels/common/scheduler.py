@@ -1,6 +1,6 @@
 """Tile schedulers: the persistent (grid = min(tiles, SMs)) schedule of the DSL, and a dynamic
-persistent schedule (tiles handed out by a global atomic counter; :func:`tile_counter` keeps its
-buffers on the host side)."""
+persistent schedule (tiles handed out by a global atomic counter; :func:`~.host.tile_counter` keeps
+its buffers on the host side)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,3 @@ def retire_dynamic_counter(mCounter: cute.Tensor, lane):
         if done == grid - 1:
             mCounter[0] = cutlass.Int32(0)
             mCounter[1] = cutlass.Int32(0)
-
-
-# ---- host side: the counter buffers (in :mod:`.host`, which imports no DSL) ------------------------
-from .host import _COUNTERS, _STATIC, tile_counter  # noqa: E402,F401

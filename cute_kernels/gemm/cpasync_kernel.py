@@ -42,13 +42,10 @@ from cutlass.cute.nvgpu import LoadCacheMode, cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import Agent, CooperativeGroup, PipelineOp, pipeline_init_arrive, pipeline_init_wait
 
-
 from ..common import tma
 from . import views
+from .config import VEC_BYTES, choose_vec_bytes, cpasync_tiles  # noqa: F401  (re-exported)
 from .kernel import GemmConfig, GemmSm90
-
-#: Vector widths (bytes) the producer can use, widest first.  2: synchronous path.
-from .config import VEC_BYTES, choose_vec_bytes, cpasync_tiles  # noqa: E402,F401
 
 LOAD_THREADS = 128  # the producer warpgroup
 

@@ -403,7 +403,6 @@ def config_buckets(ab: str = "bfloat16", a_major: str = "row", b_major: str = "r
       N >= 1024; raster swizzle 1..8 fitted to the grid (along N for the 2x1 cluster's multi-wave band
       raster); the deferred epilogue (16-bit D, no C) when there is more than one wave.
     """
-
     d_name = d_name or ab
     has_c = c_name is not None
     am = "k" if a_major == "row" else "mn"
