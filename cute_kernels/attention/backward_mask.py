@@ -177,31 +177,51 @@ def dense_turn_py(n_block: int, m_block: int, seqlen_q: int, seqlen_k: int, tile
 @cute.jit
 def apply_window_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
                         seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                        window_left: Int32, window_right: Int32):
+                        window_left: Int32, window_right: Int32, t0ScS_mn: cute.Tensor = None):
     """:func:`apply_mask_t` for a sliding window: a (key, query) score stays iff ``key < Sk`` and
-    ``p - window_left <= key <= p + window_right`` for the query's position ``p = q + Sk - Sq``."""
+    ``p - window_left <= key <= p + window_right`` for the query's position ``p = q + Sk - Sq`` (a band
+    of each row's queries: keep-bits as :func:`apply_mask_t`'s)."""
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         key = n_block * tile_n + tScS_mn[r, 0][0]
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            p = m_block * tile_m + tScS_mn[0, c][1] + seqlen_k - seqlen_q
-            visible = (key < seqlen_k) & (key >= p - window_left) & (key <= p + window_right)
-            s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
+        if const_expr(t0ScS_mn is not None and fs.pair_columns(t0ScS_mn)):
+            base = m_block * tile_m + tScS_mn[0, 0][1] + seqlen_k - seqlen_q  # thread 0's column c: p - t0 col
+            n_lo = fs.pair_columns_below(key - window_right - base)  # p < key - right: masked
+            n_hi = fs.pair_columns_below(key + window_left - base + 1)  # p > key + left: masked
+            if key >= seqlen_k:
+                n_hi = Int32(0)
+            fs.mask_row_by_bits(s_mn[r, None], lambda chunk: fs.prefix_bits(n_hi, chunk) & ~fs.prefix_bits(n_lo, chunk))
+        else:
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                p = m_block * tile_m + tScS_mn[0, c][1] + seqlen_k - seqlen_q
+                visible = (key < seqlen_k) & (key >= p - window_left) & (key <= p + window_right)
+                s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
 
 
 @cute.jit
 def apply_mask_t(s_mn: cute.Tensor, tScS_mn: cute.Tensor, n_block: Int32, m_block: Int32, seqlen_q: Int32,
                  seqlen_k: Int32, tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                 causal: cutlass.Constexpr[bool]):
+                 causal: cutlass.Constexpr[bool], t0ScS_mn: cute.Tensor = None):
     """Set the transposed scores (rows: keys, columns: queries) of invisible pairs to -inf: key >= Sk,
-    or (causal) key > query + Sk - Sq.  ``tScS_mn``: this thread's (key, query) coordinates in the tile."""
+    or (causal) key > query + Sk - Sq.  ``tScS_mn``: this thread's (key, query) coordinates in the tile;
+    ``t0ScS_mn``: thread 0's (compile-time).  Causal, with the wgmma accumulator's columns
+    (:func:`~.forward_softmax.pair_columns`): a row's visible queries are a suffix, its start a bit mask
+    (:func:`~.forward_softmax.mask_row_by_bits`), instead of two compares per score."""
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         key = n_block * tile_n + tScS_mn[r, 0][0]
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            visible = key < seqlen_k
-            if const_expr(causal):
-                q = m_block * tile_m + tScS_mn[0, c][1]
-                visible = visible & (key <= q + seqlen_k - seqlen_q)
-            s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
+        if const_expr(causal and t0ScS_mn is not None and fs.pair_columns(t0ScS_mn)):
+            # query m_block * tile_m + (this thread's column 0) + (thread 0's column c) sees the key iff
+            # thread 0's column c >= key - (Sk - Sq) - m_block * tile_m - (this thread's column 0)
+            n_lo = fs.pair_columns_below(key - seqlen_k + seqlen_q - m_block * tile_m - tScS_mn[0, 0][1])
+            if key >= seqlen_k:
+                n_lo = Int32(cute.size(s_mn, mode=[1]))
+            fs.mask_row_by_bits(s_mn[r, None], lambda chunk: ~fs.prefix_bits(n_lo, chunk))
+        else:
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                visible = key < seqlen_k
+                if const_expr(causal):
+                    q = m_block * tile_m + tScS_mn[0, c][1]
+                    visible = visible & (key <= q + seqlen_k - seqlen_q)
+                s_mn[r, c] = s_mn[r, c] if visible else -Float32.inf
 
 
 class BwdTileOrder:

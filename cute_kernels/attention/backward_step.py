@@ -75,15 +75,19 @@ class BwdQueryStep:
                     rel.advance()
 
         s_mn = fs.acc_mn_view(acc_S)
+        # thread 0's (key, query) coordinates (compile-time): the masks' column pattern
+        t0ScS_mn = fs.acc_mn_view(tiled_mma_sdp.get_slice(0).partition_C(cute.make_identity_tensor(
+            (self.tile_n, self.tile_m))))
         if const_expr(self.cfg.softcap):  # t = tanh(s * softmax_scale / softcap), before the mask (as the forward)
             softcap_scores(acc_S, softcap_scale)
         if const_expr(self.cfg.mma_only):
             pass
         elif const_expr(masked and self.cfg.window):
             apply_window_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m,
-                                window_left, window_right)
+                                window_left, window_right, t0ScS_mn)
         elif const_expr(masked):
-            apply_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m, self.causal)
+            apply_mask_t(s_mn, tScS_mn, n_block, m_block, seqlen_q, seqlen_k, self.tile_n, self.tile_m, self.causal,
+                         t0ScS_mn)
         # P^T in 16 bits: the A operand of dV += P^T dO (registers, or shared memory when split)
         rP = cute.make_rmem_tensor(acc_shape, self.dtype)
         if const_expr(self.cfg.softcap):  # P^T to rP; acc_S keeps P^T (1 - t^2) for dS^T

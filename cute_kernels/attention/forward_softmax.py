@@ -201,6 +201,55 @@ def acc_to_frg_a_layout(acc_layout: cute.Layout) -> cute.Layout:
 # ------------------------------------------------------------------------------------------------
 
 
+#: the bits of one predicate chunk: a 32-bit keep-mask, turned into predicates by R2P (7 per instruction)
+MASK_CHUNK = 32
+
+
+def pair_columns(t0ScS_mn: cute.Tensor) -> bool:
+    """Whether thread 0's columns (compile-time) are the wgmma accumulator's ``0, 1, 8, 9, 16, 17, ...``:
+    then the columns below a limit are a prefix, counted by :func:`pair_columns_below`."""
+    return all(t0ScS_mn[0, c][1] == 8 * (c // 2) + c % 2 for c in range(cute.size(t0ScS_mn, mode=[1])))
+
+
+def pair_columns_below_py(limit: int) -> int:
+    """:func:`pair_columns_below` in plain Python (tests)."""
+    limit = max(limit, 0)
+    return (limit >> 3) * 2 + min(limit & 7, 2)
+
+
+def prefix_bits_py(count: int, chunk: int) -> int:
+    """:func:`prefix_bits` in plain Python (tests)."""
+    return (1 << min(max(count - chunk * MASK_CHUNK, 0), MASK_CHUNK)) - 1
+
+
+@cute.jit
+def pair_columns_below(limit: Int32) -> Int32:
+    """How many of the columns ``0, 1, 8, 9, 16, 17, ...`` are ``< limit`` (0 for a negative limit)."""
+    lim = cutlass.max(limit, 0)
+    return (lim >> 3) * 2 + cutlass.min(lim & 7, 2)
+
+
+@cute.jit
+def prefix_bits(count: Int32, chunk: cutlass.Constexpr[int]) -> cutlass.Uint32:
+    """The keep-mask of elements ``chunk * 32 .. chunk * 32 + 31``: bit i set iff element
+    ``chunk * 32 + i < count`` (a 32-bit shift only below 32: the full chunk is a select)."""
+    k = cutlass.min(cutlass.max(count - chunk * MASK_CHUNK, 0), MASK_CHUNK)
+    bits = (cutlass.Uint32(1) << cutlass.Uint32(k)) - cutlass.Uint32(1)
+    return cutlass.Uint32(0xFFFFFFFF) if k == MASK_CHUNK else bits
+
+
+@cute.jit
+def mask_row_by_bits(s_row: cute.Tensor, keep_of_chunk):
+    """Scores of one row whose bit in ``keep_of_chunk(chunk)`` (32 elements per chunk) is clear become
+    ``-inf``: one select per score on predicates set by R2P, instead of a compare per score."""
+    n = cute.size(s_row)
+    for chunk in cutlass.range_constexpr((n + MASK_CHUNK - 1) // MASK_CHUNK):
+        keep = keep_of_chunk(chunk)
+        for i in cutlass.range_constexpr(min(MASK_CHUNK, n - chunk * MASK_CHUNK)):
+            c = chunk * MASK_CHUNK + i
+            s_row[c] = s_row[c] if cutlass.Boolean(keep & cutlass.Uint32(1 << i)) else -Float32.inf
+
+
 @cute.jit
 def apply_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m_block: Int32, n_block: Int32,
                seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
@@ -210,7 +259,10 @@ def apply_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m
 
     ``tScS_mn`` / ``t0ScS_mn``: the (row, col) coordinates within the CTA tile of this thread's and of
     thread 0's elements; thread 0's columns are compile-time constants, so the comparison is against
-    a per-thread limit minus this thread's column offset (one compare-select per score)."""
+    a per-thread limit minus this thread's column offset.  Causal, with the wgmma accumulator's columns
+    (:func:`pair_columns`): the visible ones are a prefix of each row, its length a bit mask
+    (:func:`mask_row_by_bits`); otherwise one compare-select per score (without causality the limit is
+    the same for every row, so each column's compare serves all of the thread's rows)."""
     col_off = tScS_mn[0, 0][1]
     key0 = n_block * tile_n + col_off  # key index of this thread's column 0
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
@@ -218,9 +270,13 @@ def apply_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, m
         if cutlass.const_expr(causal):
             q = m_block * tile_m + tScS_mn[r, 0][0]
             limit = cutlass.min(limit, q + seqlen_k - seqlen_q + 1 - key0)
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            # a select per score (a dynamic ``if`` around the store would select the whole row)
-            s_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] >= limit else s_mn[r, c]
+        if cutlass.const_expr(causal and pair_columns(t0ScS_mn)):
+            count = pair_columns_below(limit)
+            mask_row_by_bits(s_mn[r, None], lambda chunk: prefix_bits(count, chunk))
+        else:
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                # a select per score (a dynamic ``if`` around the store would select the whole row)
+                s_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] >= limit else s_mn[r, c]
 
 
 @cute.jit
@@ -229,17 +285,22 @@ def apply_window_mask(s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Te
                       tile_n: cutlass.Constexpr[int], window_left: Int32, window_right: Int32):
     """:func:`apply_mask` for a sliding window (see :func:`kv_tile_range_window`): a score stays iff
     ``p - window_left <= key <= p + window_right`` and ``key < Sk``; columns compared against per-row
-    limits as there (two compares per score)."""
+    limits as there (a band of the row: the difference of two prefixes' bit masks; else two compares
+    per score)."""
     col_off = tScS_mn[0, 0][1]
     key0 = n_block * tile_n + col_off
     for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         p = m_block * tile_m + tScS_mn[r, 0][0] + seqlen_k - seqlen_q
         hi = cutlass.min(seqlen_k - key0, p + window_right + 1 - key0)  # columns >= hi are masked
         lo = p - window_left - key0  # columns < lo are masked
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            col = t0ScS_mn[0, c][1]
-            s = -Float32.inf if col >= hi else s_mn[r, c]
-            s_mn[r, c] = -Float32.inf if col < lo else s
+        if cutlass.const_expr(pair_columns(t0ScS_mn)):
+            n_hi, n_lo = pair_columns_below(hi), pair_columns_below(lo)
+            mask_row_by_bits(s_mn[r, None], lambda chunk: prefix_bits(n_hi, chunk) & ~prefix_bits(n_lo, chunk))
+        else:
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                col = t0ScS_mn[0, c][1]
+                s = -Float32.inf if col >= hi else s_mn[r, c]
+                s_mn[r, c] = -Float32.inf if col < lo else s
 
 
 @dataclass(frozen=True)

@@ -392,11 +392,12 @@ def test_emulated_window_backward_matches_autograd(window, Sq, Sk, Hq, Hkv, tn):
 def _assert_spill_budget(k, t, summary, varlen=False):
     """No local memory, except the 128-row D = 64 tile's: ptxas keeps a few loop-invariant values (the
     dQ tile's shared-memory addresses) in local memory, at most three L1-resident loads per query tile
-    (6 local-memory instructions in all; 12 with GQA's epilogue); measured with them, the tile's main
-    kernel is 1.08-1.10x the 64-row one's on the H200 (2026-12-03, ``profiles/ab_backward.py``); packed
-    sequences two more (the sequence's lengths, loaded values where the dense kernel re-reads its
+    (6 local-memory instructions in all; 12 with GQA's epilogue, 13 since the causal mask's keep-bits:
+    one more load per masked tile, against 122 fewer instructions there); measured with them, the tile's
+    main kernel is 1.08-1.10x the 64-row one's on the H200 (2026-12-03, ``profiles/ab_backward.py``);
+    packed sequences two more (the sequence's lengths, loaded values where the dense kernel re-reads its
     parameters).  Any further spill fails."""
-    budget = (12 + 2 * varlen, 24) if t.tile_m == 128 else (0, 0)
+    budget = (13 + 2 * varlen, 24) if t.tile_m == 128 else (0, 0)
     assert k.spills <= budget[0] and k.stack_frame <= budget[1], summary
 
 

@@ -147,6 +147,26 @@ def emulate_forward(q, k, v, causal, tm, tn):
     return emulate_walk(q, k, v, tm, tn, walk)
 
 
+@pytest.mark.parametrize("ncols", [8, 32, 48, 64])
+def test_mask_bits_match_the_compare_rule(ncols):
+    """apply_mask's keep-bits (thread 0's columns 0, 1, 8, 9, ... below a limit form a prefix, counted by
+    pair_columns_below, set in 32-bit chunks by prefix_bits) keep exactly the columns the per-score rule
+    keeps: ``col < limit``; a window's band ``lo <= col < hi`` is the difference of two prefixes."""
+    cols = [8 * (c // 2) + c % 2 for c in range(ncols)]
+
+    def kept(bits_of_chunk):
+        return [bool(bits_of_chunk(c // fs.MASK_CHUNK) >> (c % fs.MASK_CHUNK) & 1) for c in range(ncols)]
+
+    limits = range(-40, 4 * ncols + 40)
+    for limit in limits:
+        n = fs.pair_columns_below_py(limit)
+        assert kept(lambda ch: fs.prefix_bits_py(n, ch)) == [col < limit for col in cols], limit
+    for lo, hi in itertools.product(range(-20, 2 * ncols + 20, 3), range(-20, 4 * ncols + 20, 5)):
+        n_lo, n_hi = fs.pair_columns_below_py(lo), fs.pair_columns_below_py(hi)
+        got = kept(lambda ch: fs.prefix_bits_py(n_hi, ch) & ~fs.prefix_bits_py(n_lo, ch))
+        assert got == [lo <= col < hi for col in cols], (lo, hi)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Sq,Sk", [(1, 1), (17, 1000), (1000, 17), (128, 128), (200, 77), (5, 300), (300, 300)])
 def test_emulated_walk_matches_reference(causal, Sq, Sk):
@@ -200,6 +220,8 @@ def test_forward_compiles_without_spills(dtype, head_dim, causal):
     hash(cfg)
     rep, k = compile_clean(cfg)
     assert k.instructions["LDG"] == 0, rep.summary()  # everything is loaded by TMA
+    if causal:  # the diagonal's keep-bits (apply_mask), not a compare per score
+        assert k.instructions["R2P"] > 0, rep.summary()
 
 
 # ------------------------------------------------------------------------------------------ windows, varlen
