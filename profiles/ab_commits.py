@@ -10,8 +10,11 @@ ratio to the peer as well as its raw time.
     git archive 4c6c103 cute_kernels layouts | (mkdir -p .ab_before && tar -x -C .ab_before)
     python3 profiles/ab_commits.py --before .ab_before --after . --out $OUT
 
-Only the public API is called (``cute_kernels.gemm``, ``cute_kernels.decode_attn``), which both trees
-share.  Timer: ``triton.testing.do_bench`` median (cold L2).
+Only the public API is called (``cute_kernels.gemm``, ``cute_kernels.decode_attn``, ``cute_kernels.flash_attn``,
+``cute_kernels.flash_attn_backward``), which both trees share.  ``--what attention,attention_bwd``: the
+attention bench's eight shapes (and, forward, issue 36's two), peer cuDNN SDPA (its backward through
+autograd of one forward); ``err`` there is ours against cuDNN's (bf16 both).  Timer:
+``triton.testing.do_bench`` median (cold L2).
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ DECODE_SHAPES = [  # (B, Hq, Hkv, L, page size or 0): profiles/bench_decode.py's
     (4, 64, 8, 65536, 0), (64, 32, 8, 2048, 16),
 ]
 HEAD_DIM = 128
+ATTN_SHAPES = [  # (B, Hq, Hkv, S, D, causal): cute_kernels.tools.bench.attention_shapes.SHAPES
+    (4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 32, 32, 2048, 64, False),
+    (1, 32, 32, 16384, 128, True), (2, 32, 8, 8192, 128, True), (16, 16, 16, 1024, 128, True),
+    (4, 16, 16, 4096, 256, False), (4, 32, 32, 4096, 96, True),
+]
+ATTN_EXTRA = [(32, 32, 8, 512, 128, True), (3, 24, 8, 5000, 96, False)]  # issue 36's two forward rows
 
 
 # ------------------------------------------------------------------------------------------- worker
@@ -63,6 +72,8 @@ def _worker(tree: str) -> None:
             got = cute_kernels.gemm(a, b).float()
             err = ((got - ref).abs() / (ref.abs() + 1.0)).max().item()
             rep = dict(ours_us=bench(lambda: cute_kernels.gemm(a, b)), peer_us=bench(lambda: a @ b), err=err)
+        elif cmd["op"] in ("attention", "attention_bwd"):
+            rep = _serve_attention(cmd["op"], cmd["shape"], bench)
         else:
             bsz, hq, hkv, L, page = cmd["shape"]
             dt = torch.bfloat16
@@ -113,6 +124,45 @@ def _worker(tree: str) -> None:
         out.flush()
 
 
+def _serve_attention(op: str, shape, bench) -> dict:
+    """Forward (``attention``) or backward (``attention_bwd``) of one shape: ours and cuDNN SDPA's times,
+    and ours against cuDNN's result (max |diff| over max |cuDNN|, gradients: the worst of the three)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import cute_kernels
+
+    bsz, hq, hkv, s, d, causal = shape
+    dt = torch.bfloat16
+    q = torch.randn(bsz, s, hq, d, device="cuda", dtype=dt)
+    k = torch.randn(bsz, s, hkv, d, device="cuda", dtype=dt)
+    v = torch.randn(bsz, s, hkv, d, device="cuda", dtype=dt)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def rel(a, b):
+        return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+
+    if op == "attention":
+        def peer():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return sdpa(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv)
+        err = rel(cute_kernels.flash_attn(q, k, v, causal=causal), peer().transpose(1, 2))
+        return dict(ours_us=bench(lambda: cute_kernels.flash_attn(q, k, v, causal=causal)), peer_us=bench(peer),
+                    err=err)
+    out, lse = cute_kernels.flash_attn(q, k, v, causal=causal, return_lse=True)
+    dout = torch.randn_like(q)
+    grads = cute_kernels.flash_attn_backward(dout, q, k, v, out, lse, causal=causal)
+    leaves = [x.detach().clone().requires_grad_() for x in (qt, kt, vt)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o_peer = sdpa(*leaves, is_causal=causal, enable_gqa=hq != hkv)
+    dout_t = dout.transpose(1, 2)
+    ref = torch.autograd.grad(o_peer, leaves, dout_t, retain_graph=True)
+    err = max(rel(g, r.transpose(1, 2)) for g, r in zip(grads, ref))
+    return dict(ours_us=bench(lambda: cute_kernels.flash_attn_backward(dout, q, k, v, out, lse, causal=causal)),
+                peer_us=bench(lambda: torch.autograd.grad(o_peer, leaves, dout_t, retain_graph=True)), err=err)
+
+
 # ------------------------------------------------------------------------------------------- driver
 class Worker:
     def __init__(self, tree: str):
@@ -154,13 +204,14 @@ def main() -> None:
     for name, w in workers.items():
         print(f"{name}: {w.info['ready']}", flush=True)
     jobs = [(op, s) for op, shapes in (("gemm", GEMM_SHAPES), ("gemm_decode", GEMM_DECODE_SHAPES),
-                                       ("decode", DECODE_SHAPES)) if op in args.what.split(",") for s in shapes]
+                                       ("decode", DECODE_SHAPES), ("attention", ATTN_SHAPES + ATTN_EXTRA),
+                                       ("attention_bwd", ATTN_SHAPES)) if op in args.what.split(",") for s in shapes]
     res: dict = {}
     for r in range(args.rounds):
         for op, shape in jobs:
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             for name in order:
-                rep = workers[name].ask("gemm" if op.startswith("gemm") else "decode", shape)
+                rep = workers[name].ask("gemm" if op.startswith("gemm") else op, shape)
                 res.setdefault((op, tuple(shape)), {}).setdefault(name, []).append(rep)
                 if "error" in rep:
                     print(f"  round {r} {op} {shape} {name}: {rep['error']}", flush=True)
@@ -195,12 +246,12 @@ def main() -> None:
                                       cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
     date = datetime.date.today().isoformat()
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    peer = {"gemm": "cuBLAS", "gemm_decode": "cuBLAS", "decode": "cuDNN"}
+    peer = {"gemm": "cuBLAS", "gemm_decode": "cuBLAS", "decode": "cuDNN", "attention": "cuDNN", "attention_bwd": "cuDNN"}
     lines = [f"# Before / after, {date}, {dev}, head {sha}", "",
              f"before = `{args.before}`, after = `{args.after}`; do_bench median of {args.rounds} interleaved rounds, "
              "each tree in its own process timing its peer too. speed = before us / after us; "
              "ratio change = (after's peer ratio) / (before's peer ratio).", ""]
-    for op in ("gemm", "gemm_decode", "decode"):
+    for op in peer:
         sel = [r for r in rows if r["op"] == op]
         if not sel:
             continue
