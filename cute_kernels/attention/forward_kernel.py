@@ -81,7 +81,8 @@ def _shared_storage(dtype, stages: int, q_elems: int, kv_elems: int, o_elems: in
     fields = {
         "q_bar": cute.struct.MemRange[cutlass.Int64, 1],
         "q_empty_bar": cute.struct.MemRange[cutlass.Int64, 1],
-        "tile_slot": cute.struct.MemRange[cutlass.Int32, 2],  # dynamic schedule: the producer's next tile
+        # dynamic schedule: the producer's next tile, and (dense) its (m_block, head, batch)
+        "tile_slot": cute.struct.MemRange[cutlass.Int32, 4],
         "k_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
         "v_bars": cute.struct.MemRange[cutlass.Int64, 2 * stages],
         "sQ": buf(q_elems), "sK": buf(kv_elems), "sV": buf(kv_elems), "sO": buf(o_elems),
@@ -274,10 +275,13 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
         # The CTA's tiles: bid, bid + grid, ... of the tile order (one per CTA unless persistent), or,
         # with the dynamic schedule, bid and then whatever the global counter hands the producer, which
         # passes each tile index to the consumers through sTile (written before the Q barrier is armed,
-        # read after it completes).  Work is computed after setmaxnreg in each branch: values live
-        # across the register release would spill at the producer's 24 registers.  Varlen: each warp
-        # counts the real tiles (tiles past them end the loops; the grid is only a bound).
-        sTile = storage.tile_slot.get_tensor(cute.make_layout(2))
+        # read after it completes) -- dense, with its coordinates, which the consumers then need not derive
+        # (three dependent integer divisions at the head of each tile).  Work is computed after setmaxnreg
+        # in each branch: values live across the register release would spill at the producer's 24
+        # registers.  Varlen: each warp counts the real tiles (tiles past them end the loops; the grid is
+        # only a bound).
+        sTile = storage.tile_slot.get_tensor(cute.make_layout(4))
+        coords_in_smem = const_expr(t.dynamic and not self.varlen)
         dynamic = const_expr(t.dynamic)
         if wg_idx == 0:
             # ================= producer: warp 0 issues every TMA load, the other warps exit
@@ -300,6 +304,8 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
                     if const_expr(dynamic):
                         if lane == 0:
                             sTile[0] = tile  # released to the consumers by the Q barrier's arrive
+                            if const_expr(coords_in_smem):
+                                sTile[1], sTile[2], sTile[3] = m_block, head, batch
                     k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
                                                     pipe_v, k_state, v_state, m_block, head,
                                                     head // qhead_per_kvhead, batch, n_max, off_q, off_k, n_min,
@@ -330,10 +336,13 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
                 tile = self.tile_of(0)
             scan_b0, scan_base = Int32(0), Int32(0)
             while tile < num_tiles:
+                coords = None
+                if const_expr(coords_in_smem):
+                    coords = (sTile[1], sTile[2], sTile[3])
                 m_block, head, batch, off_q, len_q, _, len_k, n_min, n_max, n_lo, n_mask, scan_b0, scan_base = (
                     self.tile_work(tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
                                    mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right,
-                                   scan_b0, scan_base, mSeqUsedK))
+                                   scan_b0, scan_base, mSeqUsedK, coords))
                 read_k, read_v = self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, sP, q_ring, q_empty, pipe_k,
                                               pipe_v, read_k, read_v, tma_o, mO, mLSE, scale_log2, len_q, len_k,
                                               m_block, head, batch, n_max, n_mask, j, tidx - 128, warp_idx,
@@ -373,17 +382,21 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
     @cute.jit
     def tile_work(self, tile, seqlen_q, seqlen_k, qhead_per_kvhead, num_m_blocks, num_heads, num_batch,
                   mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, max_seqlen_k, window_left, window_right, scan_b0, scan_base,
-                  mSeqUsedK=None):
+                  mSeqUsedK=None, coords=None):
         """Everything the producer and the consumers derive from tile index ``tile`` (both call this with
         the same arguments, so they agree on the KV tile count): ``(m_block, head, batch, offset_q,
         len_q, offset_k, len_k, n_min, n_max, n_lo, n_mask, scan_b0, scan_base)`` -- the sequence's rows
         (:func:`~.forward_seqlen.sequence_bounds`) and its KV tiles: ``n_min .. n_max - 1`` visited,
         ``n_lo .. n_mask - 1`` without a mask (``n_min = n_lo = 0`` without a window); varlen: where
-        the sequence lookup resumes for the CTA's next (larger) tile (passed through otherwise)."""
+        the sequence lookup resumes for the CTA's next (larger) tile (passed through otherwise).
+        ``coords``: the tile's ``(m_block, head, batch)`` when known (dense: the producer's, through
+        shared memory), else derived from ``tile``."""
         if const_expr(self.varlen):  # warp-wide (every lane of the calling warps)
             m_block, head, batch, scan_b0, scan_base = fsl.varlen_tile_coords(
                 tile, mCuSeqlensQ, num_batch, num_heads, seqlen_q, max_seqlen_q, self.tile_m, self.longest_first,
                 scan_b0, scan_base)
+        elif const_expr(coords is not None):
+            m_block, head, batch = coords
         else:
             m_block, head, batch = fs.tile_coords(tile, num_m_blocks, num_heads, num_batch, seqlen_k,
                                                   qhead_per_kvhead, 2 * self.D * self.cfg.tile.elem_bytes,
