@@ -76,6 +76,12 @@ class BwdTile:
     #: among its own group only (its predecessor arrived twice as many steps earlier), and the post-pass
     #: sums the two in a fixed order; the default mode has one
     dq_groups: int = 1
+    #: dV += P^T dO issued as soon as P^T is in registers, before the wait for dP^T, so the tensor pipe has
+    #: it to run while dS^T is computed (otherwise after dS^T is stored, as FlashAttention's order: then
+    #: both warpgroups compute dS^T, met on the same barrier, with nothing in flight); not with
+    #: ``kv_split_d`` (whose P^T goes through shared memory to both warpgroups); spills with windows and
+    #: D 64's 128-row tile (CPU compile, 2026-12-05)
+    dv_early: bool = False
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
@@ -102,6 +108,8 @@ class BwdTile:
             raise ValueError(f"BwdTile: dq_groups {self.dq_groups} must be 1 or 2")
         if self.dk_carry and self.kv_split_d:
             raise ValueError("BwdTile: dk_carry is for tiles without kv_split_d")
+        if self.dv_early and self.kv_split_d:
+            raise ValueError("BwdTile: dv_early is for tiles without kv_split_d")
         if self.stages < 2 and not self.kv_split_d:
             raise ValueError("BwdTile: at least 2 stages (a dS^T buffer per stage; the kernel writes one while "
                              "the other warpgroup may read the previous one)")

@@ -14,6 +14,9 @@ is skipped there):
     tm64    64 query rows per step, dQ split by columns (the tile before 2026-12-03 at D = 64)
     carry   ``BwdTile.dk_carry``: dK += dS^T Q from shared memory, running on into the next query tile (its
             stage handed back there), so the tensor pipe does not drain per tile (D <= 128)
+    dvearly ``BwdTile.dv_early``: dV += P^T dO issued before the dP^T wait, so the tensor pipe runs it while
+            dS^T is computed (D 96 / 128: D 64's 128-row tile spills 42-50 local-memory instructions with it)
+    carryearly  both
 
 Whole-call variants (``flash_attn_backward`` with an argument, against the default call: pre-pass, main
 kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
@@ -55,7 +58,18 @@ def _carry(cfg):
     return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
 
 
-VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry}
+def _dv_early(cfg):
+    if cfg.tile.kv_split_d or cfg.tile.dv_early or cfg.tile.tile_m == 128:
+        return None
+    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True))
+
+
+def _carry_early(cfg):
+    c = _carry(cfg)
+    return None if c is None else _dv_early(c)
+
+
+VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early, "carryearly": _carry_early}
 CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True),
                  "det2wg": dict(deterministic=True)}
 #: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile (None: n/a)

@@ -99,8 +99,17 @@ class BwdQueryStep:
             rP.store(acc_S.load().to(self.dtype))
         if const_expr(split_d):  # P^T to its buffer while dP^T finishes
             wgmma.store_acc_to_smem(tiled_mma_sdp, rP, sdS[None, None, 1], mma_tidx, self.dtype)
-
-        warpgroup.wait_group(0)
+        dv_early = const_expr(self.cfg.tile.dv_early)
+        tVrP = None
+        if const_expr(not split_d):
+            tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+        if const_expr(dv_early):  # dV += P^T dO now: it runs while dS^T is computed
+            warpgroup.fence()
+            wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage, accumulate=True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)  # dP^T is ready; dV may still run
+        else:
+            warpgroup.wait_group(0)
         dp_mn = fs.acc_mn_view(acc_dP)
         if const_expr(not self.cfg.mma_only):
             for c in cutlass.range_constexpr(cute.size(dp_mn, mode=[1])):
@@ -116,8 +125,7 @@ class BwdQueryStep:
         if const_expr(split_d):
             cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
         wgmma.store_acc_to_smem(tiled_mma_sdp, rdS, sdS[None, None, stage], mma_tidx, self.dtype)
-        if const_expr(not split_d):
-            tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
+        if const_expr(not split_d and not dv_early):
             warpgroup.fence()
             wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage, accumulate=True)
             warpgroup.commit_group()
@@ -133,6 +141,8 @@ class BwdQueryStep:
         # dQ = dS K (keys split: then dK += dS^T Q while dQ goes to shared memory)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.get_slice(mma_tidx).partition_shape_C(
             (self.tile_m, self.D)), Float32)
+        if const_expr(dv_early):  # dK's A operand (dS^T) was written to registers after dV's fence
+            warpgroup.fence()
         wgmma.wgmma_tile(tiled_mma_dq, acc_dQ, tQrdS, tQrK, stage, None, accumulate=False)
         warpgroup.commit_group()
         if const_expr(split_d):  # dO (and Delta), then Q (and LSE) handed back as their last readers finish:

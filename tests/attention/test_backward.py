@@ -226,6 +226,33 @@ def test_dk_carry_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq
     run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
 
 
+@gpu
+@pytest.mark.parametrize("dtype,D,causal,B,Sq,Sk,Hq,Hkv,kw", [
+    (torch.bfloat16, 128, True, 2, 1000, 1000, 8, 2, {}),  # GQA (fp32 dK / dV adds), ragged tiles
+    (torch.float16, 96, False, 1, 4097, 1000, 4, 4, {}),  # dK / dV stored, Sq > Sk
+    (torch.bfloat16, 128, True, 1, 17, 1000, 4, 4, dict(carry=True)),  # with dk_carry, a single query tile
+    (torch.bfloat16, 128, False, 1, 1000, 1000, 4, 4, dict(window=(100, 50))),  # the window's three loops
+    (torch.bfloat16, 96, True, 1, 777, 777, 4, 2, dict(softcap=30.0, sink=True)),
+    (torch.bfloat16, 128, False, 1, 1000, 1000, 8, 2, dict(deterministic=True, repeats=2)),
+], ids=["gqa-d128-causal", "d96-sq-gt-sk", "carry-d128-one-tile", "window-d128", "softcap-sink-d96",
+        "deterministic-d128"])
+def test_dv_early_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq, Hkv, kw):
+    """``BwdTile.dv_early`` (dV += P^T dO issued before the dP^T wait; not the default yet): the planner
+    patched to choose it (with ``dk_carry`` too where asked), the same checks as the default tile's."""
+    from cute_kernels.attention import backward_config as bk  # (the planner reads bwd_config there)
+
+    config, carry = bk.bwd_config, kw.pop("carry", False)
+
+    def early(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True, dk_carry=carry))
+
+    monkeypatch.setattr(bk, "bwd_config", early)
+    monkeypatch.setattr(BW, "_PLANS", {})
+    assert BW.bwd_plan(dtype, D, causal)[0].tile.dv_early
+    run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
+
+
 CASES = [(dt, D, c, i) for dt in DTYPES for D in LB.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
 
 

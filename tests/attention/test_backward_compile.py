@@ -570,6 +570,37 @@ def test_dk_carry_tile_rules():
         dataclasses.replace(LB.bwd_tile("bfloat16", 256), dk_carry=True)
 
 
+@pytest.mark.parametrize("variant", ["direct-96", "direct-128-causal", "gqa-128", "gqa-96-causal",
+                                     "carry-128-causal"])
+def test_dv_early_backward_compiles(variant):
+    """``BwdTile.dv_early`` (dV += P^T dO issued before the dP^T wait): the default's HGMMAs, at most one
+    more wgmma fence and wait per step (its own commit, and the fence dK's register operand then needs),
+    and at most 4 local-memory instructions (2 loop-invariant values reloaded per query tile at D 128
+    causal; none elsewhere).  Windows (16 at D 128) and D 64's 128-row tile (42-50) spill more: the
+    variant is a candidate for the plain D 96 / 128 configurations only."""
+    from cute_kernels.tools import inspect as ins
+
+    parts = variant.split("-")
+    cfg = bk.bwd_config("bfloat16", int(parts[1]), "causal" in parts, direct_kv=parts[0] != "gqa")
+    if parts[0] == "carry":
+        cfg = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
+    early = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True))
+    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (early, cfg))
+    print(f"{variant} dv_early: {rep.summary()}\n  default: {rep0.summary()}")
+    k, k0 = rep.kernels[0], rep0.kernels[0]
+    count = lambda r, op: len(re.findall(rf"\b{re.escape(op)}\b", r.sass))  # noqa: E731
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"], (rep.summary(), rep0.summary())
+    for op in ("WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"):  # (per masked and unmasked query-tile loop)
+        assert count(rep, op) <= count(rep0, op) + 2, (op, count(rep, op), count(rep0, op))
+    assert k.spills <= 4 and k.stack_frame <= 8, rep.summary()
+
+
+def test_dv_early_tile_rules():
+    assert not LB.bwd_tile("bfloat16", 128).dv_early  # not the default until a GPU run measures it
+    with pytest.raises(ValueError, match="dv_early"):
+        dataclasses.replace(LB.bwd_tile("bfloat16", 256), dv_early=True)
+
+
 @pytest.mark.parametrize("kv,window", [("gqa", True), ("direct", False)])
 def test_deterministic_backward_compiles_like_the_default(kv, window):
     """Deterministic mode (D 128): the default kernel's wgmma bodies and spill budget, two spin loops of
