@@ -82,6 +82,10 @@ class BwdTile:
     #: ``kv_split_d`` (whose P^T goes through shared memory to both warpgroups); spills with windows and
     #: D 64's 128-row tile (CPU compile, 2026-12-05)
     dv_early: bool = False
+    #: Q + LSE and dO + Delta in rings of their own (keys split; ``kv_split_d`` always has them), so the
+    #: consumers wait for Q alone before S^T and for dO before dP^T, and hand dO back after dV, Q after
+    #: dK (FlashAttention-4's SM90 order); not with ``dk_carry`` (whose stage goes back a tile later)
+    qdo_rings: bool = False
 
     def __post_init__(self):
         if self.head_dim not in BWD_HEAD_DIMS:
@@ -110,11 +114,19 @@ class BwdTile:
             raise ValueError("BwdTile: dk_carry is for tiles without kv_split_d")
         if self.dv_early and self.kv_split_d:
             raise ValueError("BwdTile: dv_early is for tiles without kv_split_d")
+        if self.qdo_rings and (self.kv_split_d or self.dk_carry):
+            raise ValueError("BwdTile: qdo_rings is for tiles without kv_split_d (which has the two rings) "
+                             "or dk_carry")
         if self.stages < 2 and not self.kv_split_d:
             raise ValueError("BwdTile: at least 2 stages (a dS^T buffer per stage; the kernel writes one while "
                              "the other warpgroup may read the previous one)")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:
             raise ValueError(f"BwdTile: {self.smem_bytes()} B of shared memory > {FWD_SMEM_CAPACITY} B")
+
+    @property
+    def two_rings(self) -> bool:
+        """Whether Q + LSE and dO + Delta come through rings of their own (:attr:`qdo_rings`, ``kv_split_d``)."""
+        return self.kv_split_d or self.qdo_rings
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -17,6 +17,9 @@ is skipped there):
     dvearly ``BwdTile.dv_early``: dV += P^T dO issued before the dP^T wait, so the tensor pipe runs it while
             dS^T is computed (D 96 / 128: D 64's 128-row tile spills 42-50 local-memory instructions with it)
     carryearly  both
+    qdo     ``BwdTile.qdo_rings``: Q + LSE and dO + Delta in rings of their own, S^T waiting for Q alone and
+            dP^T for dO, dO handed back after dV and Q after dK (FlashAttention-4's SM90 order)
+    qdoearly  ``qdo_rings`` and ``dv_early``
 
 Whole-call variants (``flash_attn_backward`` with an argument, against the default call: pre-pass, main
 kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
@@ -69,7 +72,19 @@ def _carry_early(cfg):
     return None if c is None else _dv_early(c)
 
 
-VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early, "carryearly": _carry_early}
+def _qdo(cfg):
+    if cfg.tile.kv_split_d or cfg.tile.qdo_rings:
+        return None
+    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, qdo_rings=True))
+
+
+def _qdo_early(cfg):
+    c = _qdo(cfg)
+    return None if c is None else _dv_early(c)
+
+
+VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early, "carryearly": _carry_early,
+            "qdo": _qdo, "qdoearly": _qdo_early}
 CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True),
                  "det2wg": dict(deterministic=True)}
 #: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile (None: n/a)

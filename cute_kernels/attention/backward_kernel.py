@@ -176,7 +176,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         @cute.struct
         class SharedStorage:
             kv_bar: cute.struct.MemRange[cutlass.Int64, 1]
-            q_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages * (1 + t.kv_split_d)]
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2 * stages * (1 + t.two_rings)]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
@@ -257,7 +257,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         if tidx == 0:
             kv_ring.init()
         consumer_warps = self.num_mma_threads // 32
-        if const_expr(t.kv_split_d):  # Q + LSE and dO + Delta in rings of their own (handed back apart)
+        if const_expr(t.two_rings):  # Q + LSE and dO + Delta in rings of their own (handed back apart)
             half = t.stage_bytes // 2
             pipe_q = (ring.make_tma_pipeline(storage.q_bars.data_ptr(), self.stages, half, consumer_warps,
                                              cute.make_layout((1, 1, 1)), 1),
@@ -347,6 +347,12 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                     m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
                     state_do = tma.tma_produce_stage(pipe_q[1], state_do, (copies[1], copies[3]), m_block)
                     state = tma.tma_produce_stage(pipe_q[0], state, (copies[0], copies[2]), m_block)
+            elif const_expr(t.qdo_rings):  # Q + LSE first (the consumers start with S^T), then dO + Delta
+                state_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for i in cutlass.range(m_max - m_min, unroll=1):
+                    m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
+                    state = tma.tma_produce_stage(pipe_q[0], state, (copies[0], copies[2]), m_block)
+                    state_do = tma.tma_produce_stage(pipe_q[1], state_do, (copies[1], copies[3]), m_block)
             else:
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     state = tma.tma_produce_stage(pipe_q, state, copies,
@@ -402,7 +408,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         tScS_mn = fs.acc_mn_view(thr_sdp.partition_C(cS))
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        if const_expr(self.cfg.tile.kv_split_d):  # (the Q + LSE ring's state, the dO + Delta ring's)
+        if const_expr(self.cfg.tile.two_rings):  # (the Q + LSE ring's state, the dO + Delta ring's)
             read = (read, pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages))
         carry = None  # dk_carry: dK's shared-memory form (tiled MMA, dS^T and Q^T fragments); read, then
         # the previous tile's state (its stage handed back in the next tile, once that tile's S^T wait

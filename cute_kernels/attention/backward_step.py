@@ -44,6 +44,7 @@ class BwdQueryStep:
         ``walk_index``: the tile's place in the KV tile's walk (deterministic with two dQ warps: its parity
         picks the dQ barriers, :data:`~.backward_epilogue.DQ_PARITY_IDS`).  Returns the advanced ring state(s)."""
         split_d = const_expr(self.cfg.tile.kv_split_d)
+        qdo_rings = const_expr(self.cfg.tile.qdo_rings)
         acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
         acc_S = cute.make_rmem_tensor(acc_shape, Float32)
         acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
@@ -61,12 +62,18 @@ class BwdQueryStep:
             rel = None
             if const_expr(carry is not None):  # (this tile's state, the previous tile's, handed back here)
                 read, rel = read
-            stage = stage_do = read.index
-            pipe_q.consumer_wait(read)
+            if const_expr(qdo_rings):  # S^T waits for Q alone, dP^T for dO
+                stage, stage_do = read[0].index, read[1].index
+                pipe_q[0].consumer_wait(read[0])
+            else:
+                stage = stage_do = read.index
+                pipe_q.consumer_wait(read)
             warpgroup.fence()
             wgmma.wgmma_tile(tiled_mma_sdp, acc_S, tSrK, tSrQ, None, stage, accumulate=False)
             warpgroup.commit_group()
-            wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage, accumulate=False)
+            if const_expr(qdo_rings):
+                pipe_q[1].consumer_wait(read[1])
+            wgmma.wgmma_tile(tiled_mma_sdp, acc_dP, tPrV, tPrdO, None, stage_do, accumulate=False)
             warpgroup.commit_group()
             warpgroup.wait_group(1)  # S^T is ready; dP^T may still run
             if const_expr(carry is not None):  # the previous tile's dK is done too: its stage goes back
@@ -105,7 +112,7 @@ class BwdQueryStep:
             tVrP = cute.make_tensor(rP.iterator, fs.acc_to_frg_a_layout(rP.layout))
         if const_expr(dv_early):  # dV += P^T dO now: it runs while dS^T is computed
             warpgroup.fence()
-            wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage, accumulate=True)
+            wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage_do, accumulate=True)
             warpgroup.commit_group()
             warpgroup.wait_group(1)  # dP^T is ready; dV may still run
         else:
@@ -127,7 +134,7 @@ class BwdQueryStep:
         wgmma.store_acc_to_smem(tiled_mma_sdp, rdS, sdS[None, None, stage], mma_tidx, self.dtype)
         if const_expr(not split_d and not dv_early):
             warpgroup.fence()
-            wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage, accumulate=True)
+            wgmma.wgmma_tile(tiled_mma_dkv, acc_dV, tVrP, tVrdOt, None, stage_do, accumulate=True)
             warpgroup.commit_group()
         cute.arch.fence_proxy("async.shared", space="cta")  # visible to the wgmma (async proxy)
         cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=self.num_mma_threads)
@@ -162,6 +169,9 @@ class BwdQueryStep:
                 wgmma.wgmma_tile(tiled_mma_dkv, acc_dK, tKrdS, tKrQt, None, stage, accumulate=True)
             warpgroup.commit_group()
             warpgroup.wait_group(1)  # dQ (and dV) done; dK may still run
+            if const_expr(qdo_rings):  # dO's last reader (dV) is done: its stage goes back
+                pipe_q[1].consumer_release(read[1])
+                read[1].advance()
 
         # dQ -> this warpgroup's fp32 tile once the dQ warp's previous reduce has read it; its reduce-add
         bar_empty, bar_full = BAR_DQ_EMPTY + wg, BAR_DQ_FULL + wg
@@ -176,6 +186,10 @@ class BwdQueryStep:
             if const_expr(carry is not None):
                 read.advance()
                 read = (read, rel)
+            elif const_expr(qdo_rings):  # and Q's (dK)
+                warpgroup.wait_group(0)
+                pipe_q[0].consumer_release(read[0])
+                read[0].advance()
             else:
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(read)

@@ -226,31 +226,56 @@ def test_dk_carry_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq
     run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
 
 
+#: the step's candidate orders (``BwdTile`` fields, not the default yet), each GPU-tested like the default
+STEP_VARIANTS = {"dv_early": dict(dv_early=True), "qdo_rings": dict(qdo_rings=True),
+                 "both": dict(dv_early=True, qdo_rings=True)}
+
+
 @gpu
+@pytest.mark.parametrize("variant", list(STEP_VARIANTS))
 @pytest.mark.parametrize("dtype,D,causal,B,Sq,Sk,Hq,Hkv,kw", [
     (torch.bfloat16, 128, True, 2, 1000, 1000, 8, 2, {}),  # GQA (fp32 dK / dV adds), ragged tiles
     (torch.float16, 96, False, 1, 4097, 1000, 4, 4, {}),  # dK / dV stored, Sq > Sk
-    (torch.bfloat16, 128, True, 1, 17, 1000, 4, 4, dict(carry=True)),  # with dk_carry, a single query tile
+    (torch.bfloat16, 64, True, 1, 17, 1000, 4, 4, {}),  # D 64's 128-row tile, a single query tile
     (torch.bfloat16, 128, False, 1, 1000, 1000, 4, 4, dict(window=(100, 50))),  # the window's three loops
     (torch.bfloat16, 96, True, 1, 777, 777, 4, 2, dict(softcap=30.0, sink=True)),
     (torch.bfloat16, 128, False, 1, 1000, 1000, 8, 2, dict(deterministic=True, repeats=2)),
-], ids=["gqa-d128-causal", "d96-sq-gt-sk", "carry-d128-one-tile", "window-d128", "softcap-sink-d96",
-        "deterministic-d128"])
-def test_dv_early_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq, Hkv, kw):
-    """``BwdTile.dv_early`` (dV += P^T dO issued before the dP^T wait; not the default yet): the planner
-    patched to choose it (with ``dk_carry`` too where asked), the same checks as the default tile's."""
+], ids=["gqa-d128-causal", "d96-sq-gt-sk", "d64-one-tile", "window-d128", "softcap-sink-d96", "deterministic-d128"])
+def test_step_variants_match_reference(monkeypatch, variant, dtype, D, causal, B, Sq, Sk, Hq, Hkv, kw):
+    """``BwdTile.dv_early`` (dV += P^T dO issued before the dP^T wait) and ``BwdTile.qdo_rings`` (Q and dO in
+    rings of their own, waited for and handed back apart), alone and together: the planner patched to
+    choose them, the same checks as the default tile's.  (``dv_early`` with ``dk_carry``: below.)"""
     from cute_kernels.attention import backward_config as bk  # (the planner reads bwd_config there)
 
-    config, carry = bk.bwd_config, kw.pop("carry", False)
+    config, fields = bk.bwd_config, STEP_VARIANTS[variant]
 
-    def early(*args, **kwargs):
+    def patched(*args, **kwargs):
         cfg = config(*args, **kwargs)
-        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True, dk_carry=carry))
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, **fields))
 
-    monkeypatch.setattr(bk, "bwd_config", early)
+    monkeypatch.setattr(bk, "bwd_config", patched)
     monkeypatch.setattr(BW, "_PLANS", {})
-    assert BW.bwd_plan(dtype, D, causal)[0].tile.dv_early
+    tile = BW.bwd_plan(dtype, D, causal)[0].tile
+    assert all(getattr(tile, f) == v for f, v in fields.items())
     run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
+
+
+@gpu
+def test_dv_early_with_dk_carry_matches_reference(monkeypatch):
+    """``dv_early`` with ``dk_carry`` (dK running on into the next query tile): a single query tile, where
+    the carried stage is handed back at the end."""
+    from cute_kernels.attention import backward_config as bk
+
+    config = bk.bwd_config
+
+    def patched(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True, dk_carry=True))
+
+    monkeypatch.setattr(bk, "bwd_config", patched)
+    monkeypatch.setattr(BW, "_PLANS", {})
+    run_case(torch.bfloat16, 128, True, 1, 17, 1000, 4, 4)
+    run_case(torch.bfloat16, 128, False, 1, 1000, 1000, 8, 2)
 
 
 CASES = [(dt, D, c, i) for dt in DTYPES for D in LB.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]

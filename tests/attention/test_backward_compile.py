@@ -595,10 +595,34 @@ def test_dv_early_backward_compiles(variant):
     assert k.spills <= 4 and k.stack_frame <= 8, rep.summary()
 
 
+@pytest.mark.parametrize("variant", ["direct-64-causal", "direct-96", "direct-128-causal", "gqa-128", "window-128",
+                                     "varlen-128-causal", "deterministic-128"])
+def test_qdo_rings_backward_compiles(variant):
+    """``BwdTile.qdo_rings`` (Q + LSE and dO + Delta in rings of their own): the default's HGMMAs and no more
+    local-memory traffic than the default (D 64's 128-row tile: 2 local-memory instructions against 8)."""
+    from cute_kernels.tools import inspect as ins
+
+    parts = variant.split("-")
+    cfg = bk.bwd_config("bfloat16", int(parts[1]), "causal" in parts, window=parts[0] == "window",
+                        direct_kv=parts[0] != "gqa", deterministic=parts[0] == "deterministic",
+                        varlen=parts[0] == "varlen")
+    rings = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, qdo_rings=True))
+    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (rings, cfg))
+    print(f"{variant} qdo_rings: {rep.summary()}\n  default: {rep0.summary()}")
+    k, k0 = rep.kernels[0], rep0.kernels[0]
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"], (rep.summary(), rep0.summary())
+    assert k.spills <= k0.spills and k.stack_frame <= k0.stack_frame, (rep.summary(), rep0.summary())
+
+
 def test_dv_early_tile_rules():
     assert not LB.bwd_tile("bfloat16", 128).dv_early  # not the default until a GPU run measures it
     with pytest.raises(ValueError, match="dv_early"):
         dataclasses.replace(LB.bwd_tile("bfloat16", 256), dv_early=True)
+    assert not LB.bwd_tile("bfloat16", 128).qdo_rings
+    for bad in (dict(head_dim=256), dict(dk_carry=True)):
+        with pytest.raises(ValueError, match="qdo_rings"):
+            t = LB.bwd_tile("bfloat16", bad.get("head_dim", 128))
+            dataclasses.replace(t, qdo_rings=True, dk_carry=bad.get("dk_carry", False))
 
 
 @pytest.mark.parametrize("kv,window", [("gqa", True), ("direct", False)])
