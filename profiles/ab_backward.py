@@ -20,6 +20,9 @@ is skipped there):
     qdo     ``BwdTile.qdo_rings``: Q + LSE and dO + Delta in rings of their own, S^T waiting for Q alone and
             dP^T for dO, dO handed back after dV and Q after dK (FlashAttention-4's SM90 order)
     qdoearly  ``qdo_rings`` and ``dv_early``
+    lpt     ``FlashBwdConfig.lpt``: causal grids taken longest KV tile first in L2-sized sections of heads (the
+            forward's causal order) instead of head by head; `profiles/bwd_order_model.py` predicts 1.03x
+            on b4 s4096 / b2 s8192 causal, 1.05x on b16 s1024 (the tail of the last head's longest tile)
 
 Whole-call variants (``flash_attn_backward`` with an argument, against the default call: pre-pass, main
 kernel, post-pass and the call's own buffers timed; not mixed with the kernel variants in one run):
@@ -83,8 +86,14 @@ def _qdo_early(cfg):
     return None if c is None else _dv_early(c)
 
 
+def _lpt(cfg):
+    if not cfg.causal or cfg.deterministic or cfg.varlen or cfg.lpt:
+        return None
+    return dataclasses.replace(cfg, lpt=True)
+
+
 VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early, "carryearly": _carry_early,
-            "qdo": _qdo, "qdoearly": _qdo_early}
+            "qdo": _qdo, "qdoearly": _qdo_early, "lpt": _lpt}
 CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True),
                  "det2wg": dict(deterministic=True)}
 #: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile (None: n/a)

@@ -44,11 +44,20 @@ class FlashBwdConfig:
     #: int32 and ``max_seqlen_q``, ``max_seqlen_k`` first among the trailing arguments; the tensors hold one
     #: batch (the packed rows), the grid's z is the sequence
     varlen: bool = False
+    #: the CTAs taken longest first, in sections of heads (causal, dense, not deterministic): the grid's
+    #: linear index numbers sections of as many (batch, head) pairs as have their Q, dO and fp32 dQ fit
+    #: in L2 together, and within a section the KV tile is the slow index from tile 0 (the most query
+    #: tiles) up (:func:`~.forward_softmax.tile_coords`' order, as the forward's causal schedule), so
+    #: the last CTAs to start are short ones; otherwise the grid's (KV tile, head, batch) order, in
+    #: which each head's longest tile starts with it, the last head's near the end
+    lpt: bool = False
 
     def __post_init__(self):
         check_attention_config(self)
         if self.mma_only and self.softcap:
             raise ValueError("FlashBwdConfig: the MMA bound (mma_only) has no softmax to softcap")
+        if self.lpt and not (self.causal and not self.deterministic and not self.varlen):
+            raise ValueError("FlashBwdConfig: lpt orders causal, dense, non-deterministic grids only")
 
     @property
     def variant_args(self) -> tuple:
@@ -95,6 +104,21 @@ class BwdPrepostConfig:
             raise ValueError(f"BwdPrepostConfig: head_dim {self.head_dim} must be one of {LB.BWD_HEAD_DIMS}")
         if self.groups not in (1, 2) or (self.groups > 1 and self.kind != "convert"):
             raise ValueError(f"BwdPrepostConfig: groups {self.groups} must be 1, or 2 for a convert")
+
+
+#: a query token's bytes per head dim in an lpt section's L2 budget (:attr:`FlashBwdConfig.lpt`; the
+#: forward's ``L2_KV_BYTES``): Q and dO in 16 bits, the fp32 dQ accumulator
+LPT_TOKEN_BYTES_PER_D = 2 + 2 + 4
+
+
+def lpt_tile_coords_py(lin: int, num_n: int, num_heads: int, num_batch: int, seqlen_q: int, head_dim: int):
+    """``(n_block, head, batch)`` of the grid's linear CTA index ``lin`` under :attr:`FlashBwdConfig.lpt`
+    (plain Python, for tests; the kernel's is :meth:`.backward_mask.BwdTileOrder.tile_coords`)."""
+    from .forward_softmax import tile_coords_py  # (plain Python: no DSL)
+
+    m, head, batch = tile_coords_py(lin, num_n, num_heads, num_batch, seqlen_q, 1, LPT_TOKEN_BYTES_PER_D * head_dim,
+                                    True)
+    return num_n - 1 - m, head, batch
 
 
 def det_wait_span(num_n: int, num_m: int, causal: bool, window, tile_m: int, tile_n: int) -> int:

@@ -218,7 +218,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                window_left, window_right, softcap_scale, mSemQ, mSemKV, seq, mdK_rows, mdV_rows):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head, batch = self.tile_coords(seqlen_k, seq)
+        n_block, head, batch = self.tile_coords(seqlen_k, seq, seqlen_q)
         # this sequence's lengths and first rows (packed: in q / k / v and in the padded row buffers); the
         # kernel works in sequence-local rows from here on
         seqlen_q, seqlen_k, off_q, off_k, off_p = self.sequence(batch, seqlen_q, seqlen_k, seq)
@@ -445,13 +445,13 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
             warpgroup.wait_group(0)
             if read[1].index != read[0].index or read[1].phase != read[0].phase:
                 pipe_q.consumer_release(read[1])
-        # dense: the tile's coordinates read again (kept live across the loop they would spill at D = 64);
+        # dense: the tile's coordinates derived again (kept live across the loop they would spill at D = 64);
         # packed: ``packed`` (head, sequence, its first key), found by a search at the start, kept
         off_k = Int32(0)
         if const_expr(self.cfg.varlen):
             head, batch, off_k = packed
         else:
-            n_block, head, batch = cute.arch.block_idx()
+            n_block, head, batch = self.tile_coords(seqlen_k, None, seqlen_q)
         # every KV tile of the keys stores (one no query sees: zeros; packed, the kernel's early exit leaves
         # only tiles of the sequence's keys)
         if const_expr(self.cfg.direct_kv):

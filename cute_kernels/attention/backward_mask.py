@@ -17,7 +17,7 @@ from cutlass import Float32, Int32, const_expr
 
 from . import forward_seqlen as fsl
 from . import forward_softmax as fs
-from .backward_config import det_wait_span, padded_first_row  # noqa: F401  (host ints too: no DSL there)
+from .backward_config import LPT_TOKEN_BYTES_PER_D, det_wait_span, padded_first_row  # noqa: F401  (host ints too)
 
 
 @cute.jit
@@ -230,13 +230,20 @@ class BwdTileOrder:
     ``tile_n`` and ``causal``."""
 
     @cute.jit
-    def tile_coords(self, seqlen_k, seq):
-        """``(n_block, head, batch)`` of this CTA (warp-wide).  Dense: the grid's.  Packed: grid x numbers
+    def tile_coords(self, seqlen_k, seq, seqlen_q):
+        """``(n_block, head, batch)`` of this CTA (warp-wide).  Dense: the grid's, or (``lpt``) the grid's
+        linear index in :func:`~.forward_softmax.tile_coords`' sections, KV tile 0 first
+        (:func:`~.backward_config.lpt_tile_coords_py`).  Packed: grid x numbers
         the sequences' KV tiles, in :mod:`.forward_seqlen`'s gapped numbering (``seq[4]`` set: no CTA past
         a shorter sequence's keys, a search to find the tile; ``seqlen_k`` the packed total), or grid z
         is the sequence and x its KV tiles up to ``ceil(max_seqlen_k / tile_n)`` (the dense grid's
         order); ``n_block`` may be negative or past the sequence's keys (the kernel exits)."""
         n_block, head, batch = cute.arch.block_idx()
+        if const_expr(self.cfg.lpt):
+            num_n, num_heads, num_batch = cute.arch.grid_dim()
+            m, head, batch = fs.tile_coords(n_block + num_n * (head + num_heads * batch), num_n, num_heads,
+                                            num_batch, seqlen_q, 1, LPT_TOKEN_BYTES_PER_D * self.cfg.head_dim, True)
+            n_block = num_n - 1 - m
         if const_expr(self.cfg.varlen):
             if seq[4] > 0:  # (else grid z is the sequence: a row of ceil(max_seqlen_k / tile_n) CTAs each)
                 batch, n_block = fsl.gapped_tile_coords(n_block, seq[1], seq[1].shape[0] - 1, seqlen_k, self.tile_n)

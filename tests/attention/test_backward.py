@@ -278,6 +278,30 @@ def test_dv_early_with_dk_carry_matches_reference(monkeypatch):
     run_case(torch.bfloat16, 128, False, 1, 1000, 1000, 8, 2)
 
 
+@gpu
+@pytest.mark.parametrize("dtype,D,B,Sq,Sk,Hq,Hkv,kw", [
+    (torch.bfloat16, 128, 3, 300, 300, 24, 6, {}),  # GQA, 72 (batch, head) pairs: a partial last section
+    (torch.float16, 64, 2, 1000, 777, 8, 8, {}),  # D 64's 128-row tile, dK / dV stored, Sq > Sk
+    (torch.bfloat16, 96, 1, 333, 1000, 4, 2, dict(softcap=30.0, sink=True)),  # Sq < Sk
+    (torch.bfloat16, 256, 2, 200, 200, 4, 4, {}),
+], ids=["gqa-d128-sections", "d64-sq-gt-sk", "softcap-sink-d96", "d256"])
+def test_lpt_order_matches_reference(monkeypatch, dtype, D, B, Sq, Sk, Hq, Hkv, kw):
+    """``FlashBwdConfig.lpt`` (causal CTAs longest first in L2-sized sections of heads; not the default yet):
+    the planner patched to choose it, the same checks as the default order's."""
+    from cute_kernels.attention import backward_config as bk
+
+    config = bk.bwd_config
+
+    def patched(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, lpt=True) if cfg.causal and not cfg.deterministic and not cfg.varlen else cfg
+
+    monkeypatch.setattr(bk, "bwd_config", patched)
+    monkeypatch.setattr(BW, "_PLANS", {})
+    assert BW.bwd_plan(dtype, D, True)[0].lpt
+    run_case(dtype, D, True, B, Sq, Sk, Hq, Hkv, **kw)
+
+
 CASES = [(dt, D, c, i) for dt in DTYPES for D in LB.BWD_HEAD_DIMS for c in (False, True) for i in range(len(LENGTHS))]
 
 

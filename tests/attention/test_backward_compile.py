@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+from cute_kernels.attention import backward_config as bc
 from cute_kernels.attention import backward_kernel as bk
 from cute_kernels.attention import backward_mask as bm
 from layouts import attention as LA
@@ -191,6 +192,35 @@ def test_n_block_last_orders_the_turns(window):
         for m, ns in holders.items():
             last = bm.n_block_last_py(m, Sq, Sk, tm, tn, right)
             assert ns == list(range(last - len(ns) + 1, last + 1)), (Sq, Sk, window, m, ns, last)
+
+
+@pytest.mark.parametrize("num_n,heads,batch,Sq,D", [(1, 1, 1, 17, 128), (32, 32, 4, 4096, 128), (8, 16, 16, 1024, 128),
+                                                    (129, 32, 1, 16384, 64), (5, 3, 7, 600, 96), (64, 40, 3, 8192, 256)])
+def test_lpt_order_covers_every_tile_once(num_n, heads, batch, Sq, D):
+    """``FlashBwdConfig.lpt``'s CTA -> (KV tile, head, batch) map is a bijection of the (num_n, heads, batch)
+    grid; each (batch, head) pair's KV tiles start in order from tile 0 (the longest when causal); the first
+    CTAs take tile 0 of a whole section (as many heads as fit the L2 budget, or all), the last ones the
+    last tile (the shortest)."""
+    order = [bc.lpt_tile_coords_py(i, num_n, heads, batch, Sq, D) for i in range(num_n * heads * batch)]
+    assert sorted(order) == sorted((n, h, b) for n in range(num_n) for h in range(heads) for b in range(batch))
+    for hb in {(h, b) for _, h, b in order}:
+        ns = [n for n, h, b in order if (h, b) == hb]
+        assert ns == sorted(ns), hb
+    assert order[0][0] == 0 and order[-1][0] == num_n - 1
+    fit = (40 * 1024 * 1024 // (bc.LPT_TOKEN_BYTES_PER_D * D)) // Sq
+    section = max([1] + [p for p in (2, 4, 8, 16, 32, 64) if fit >= p])
+    first = order[:min(section, heads * batch)]
+    assert all(n == 0 for n, _, _ in first), (section, first)
+
+
+def test_lpt_config_rules():
+    """lpt orders causal, dense, non-deterministic grids only (deterministic turns assume the grid's order)."""
+    tile = LB.bwd_tile("bfloat16", 128)
+    bk.FlashBwdConfig("bfloat16", 128, True, tile, lpt=True)
+    for kw in (dict(causal=False), dict(deterministic=True), dict(varlen=True)):
+        args = dict(dtype="bfloat16", head_dim=128, causal=True, tile=tile, lpt=True) | kw
+        with pytest.raises(ValueError, match="lpt"):
+            bk.FlashBwdConfig(**args)
 
 
 def test_dense_rotation_turns_follow_arrival():
