@@ -36,7 +36,9 @@
 #                 1024x1024x32768; 512x512x65536 and the others at 0.83-0.96x), and 128 x 256 tiles split 2 ways
 #                 with it (issue 36's 512x4096x14336, unsplit 128 x 128 by default: 0.987x)   [ABPARTS_S]
 #   ab-commits    profiles/ab_commits.py: two source trees (BEFORE, default .ab_before) in one call, AB_WHAT of
-#                 gemm,gemm_decode,decode,attention,attention_bwd (default the first three), AB_ROUNDS   [AB_COMMITS_S]
+#                 gemm,gemm_decode,decode,attention,attention_bwd (default the first three), AB_ROUNDS;
+#                 BEFORE_PATCH=FILE instead: the before tree is this one with FILE reverse-applied (`git diff
+#                 OLD -- cute_kernels layouts > FILE`: a few KB to carry, not a second tree)   [AB_COMMITS_S]
 #   bench-decode  profiles/bench_decode.py (decode vs cuDNN / FA2 / FA4)
 #   ab-backward-det  the deterministic GPU tests (one and two dQ warps) first, then profiles/ab_backward.py
 #                 --variants det,det2w: deterministic=True (and with BwdTile.dq_warps = 2) against the default
@@ -157,7 +159,12 @@ for step in "$@"; do
       py "${ABPARTS_S:-300}" profiles/ab_gemm.py --out "$OUT" --tag parts --iters 150 \
         --shapes 1024x1024x32768,512x512x65536,768x1024x16384,512x1536x12288,256x512x32768,512x4096x14336 \
         --variants default,default:parts,cuBLAS,128x256:2x1:s2:parts 2>&1 | quiet | tee -a "$OUT/ab-gemm-parts.log" ;;
-    ab-commits) py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "${BEFORE:-.ab_before}" --after . \
+    ab-commits) before="${BEFORE:-.ab_before}"
+      if [ -n "${BEFORE_PATCH:-}" ]; then  # the before tree as this tree minus a patch (no second tree to carry)
+        before=$(mktemp -d); cp -r cute_kernels layouts "$before"/
+        (cd "$before" && git apply -R "$OLDPWD/$BEFORE_PATCH" 2>&1 || patch -R -p1 < "$OLDPWD/$BEFORE_PATCH") | tail -n 5
+      fi
+      py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "$before" --after . \
         --what "${AB_WHAT:-gemm,gemm_decode,decode}" --rounds "${AB_ROUNDS:-3}" --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py -k "deterministic or dq_warps" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-det-tests.log"
