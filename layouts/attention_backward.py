@@ -79,8 +79,8 @@ class BwdTile:
     #: dV += P^T dO issued as soon as P^T is in registers, before the wait for dP^T, so the tensor pipe has
     #: it to run while dS^T is computed (otherwise after dS^T is stored, as FlashAttention's order: then
     #: both warpgroups compute dS^T, met on the same barrier, with nothing in flight); not with
-    #: ``kv_split_d`` (whose P^T goes through shared memory to both warpgroups); spills with windows and
-    #: D 64's 128-row tile (CPU compile, 2026-12-05)
+    #: ``kv_split_d`` (whose P^T goes through shared memory to both warpgroups); windows and D 64's 128-row
+    #: tile spill with it
     dv_early: bool = False
     #: Q + LSE and dO + Delta in rings of their own (keys split; ``kv_split_d`` always has them), so the
     #: consumers wait for Q alone before S^T and for dO before dP^T, and hand dO back after dV, Q after
