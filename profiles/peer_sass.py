@@ -13,12 +13,13 @@ with its own cross-compile switches (``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION
 launches.  Needs ``einops`` (``pip download einops`` is enough: put it on ``--extra-path``).
 
     python3 profiles/peer_sass.py [--causal] [--head-dim 128] [--forward] [--shape 4,4096,32,8]
-        [--wheels ../shared/device/wheels] [--scratch /tmp/peer_sass] [--extra-path DIR]
+        [--wheels ../shared/device/wheels] [--scratch /tmp/peer_sass] [--extra-path DIR] [--tile dv_early]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import os
 import re
@@ -33,9 +34,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 DETAIL = ("STS", "LDS", "STSM", "LDSM", "HGMMA", "WARPGROUP", "SYNCS", "BAR", "MUFU", "MEMBAR", "FENCE")
 
 
-def wgmma_loops(sass: str) -> list[tuple[int, Counter, Counter]]:
+def wgmma_loops(sass: str, bodies: list | None = None) -> list[tuple[int, Counter, Counter]]:
     """``(length, opcode counts, detailed counts)`` of each innermost loop (a backward branch) holding an
-    HGMMA (innermost among those: a spin-wait loop inside does not count)."""
+    HGMMA (innermost among those: a spin-wait loop inside does not count); ``bodies``, if given, gets each
+    loop's instructions."""
     labels, ins = {}, []
     for ln in sass.splitlines():
         m = re.match(r"\s*(\.L_x_\d+):", ln)
@@ -56,9 +58,30 @@ def wgmma_loops(sass: str) -> list[tuple[int, Counter, Counter]]:
         if any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in spans):
             continue
         body = ins[s:e + 1]
+        if bodies is not None:
+            bodies.append(body)
         ops = Counter(b.split()[0].split(".")[0] for b in body)
         loops.append((len(body), ops, Counter(b.split()[0] for b in body if b.split()[0].split(".")[0] in DETAIL)))
     return loops
+
+
+def overlap(body: list[str]) -> str:
+    """Where the loop's first ``wgmma.wait_group 1`` (WARPGROUP.DEPBAR.LE 1: S ready, the next GEMM in
+    flight) and the wait after it fall, and how many MUFU.EX2 ptxas scheduled between them -- the
+    exponentials that overlap the in-flight GEMM (ptxas moves ALU work past a wait freely: an EX2 after it
+    waits for the GEMM)."""
+    waits = [k for k, b in enumerate(body) if b.startswith("WARPGROUP.DEPBAR")]
+    first = next((k for k in waits if b_is(body[k], "0x1")), None)
+    if first is None or not [k for k in waits if k > first]:
+        return "no S / next-GEMM wait pair"
+    nxt = min(k for k in waits if k > first)
+    ex2 = [k for k, b in enumerate(body) if b.startswith("MUFU.EX2")]
+    return (f"waits at {first} and {nxt}: {nxt - first - 1} instructions between, "
+            f"{sum(first < k < nxt for k in ex2)} of {len(ex2)} MUFU.EX2")
+
+
+def b_is(instr: str, count: str) -> bool:
+    return instr.rstrip().endswith(count)
 
 
 def peer_cubin(causal: bool, head_dim: int, wheels: str, scratch: str, extra: list[str], forward: bool = False,
@@ -114,6 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--wheels", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "device", "wheels"))
     p.add_argument("--scratch", default="/tmp/peer_sass")
     p.add_argument("--extra-path", action="append", default=[], help="a folder to import from (einops)")
+    p.add_argument("--tile", default="", help="backward: BwdTile fields to set on ours, comma-separated (dv_early)")
     a = p.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import torch
@@ -128,13 +152,17 @@ def main(argv=None) -> int:
     if a.forward:
         builder = FK.forward_builder(FW.plan(torch.bfloat16, a.head_dim, a.causal, False, False, 0, False, False))
     else:
-        builder = bk.backward_builder(bk.bwd_config("bfloat16", a.head_dim, a.causal, direct_kv=shape[2] == shape[3]))
+        cfg = bk.bwd_config("bfloat16", a.head_dim, a.causal, direct_kv=shape[2] == shape[3])
+        fields = {f: True for f in a.tile.split(",") if f}
+        builder = bk.backward_builder(dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, **fields)))
     ours = ins.inspect_builder(builder).sass
     for name, sass in (("FlashAttention-4", peer), ("cute_kernels", ours)):
-        for n, ops, detail in wgmma_loops(sass):
+        bodies: list = []
+        for (n, ops, detail), body in zip(wgmma_loops(sass, bodies), bodies):
             print(f"{name:16s} loop of {n} instructions: HGMMA {ops['HGMMA']}, MUFU {ops['MUFU']}, FFMA {ops['FFMA']}, "
                   f"uniform {sum(v for k, v in ops.items() if k.startswith('U'))}")
             print(f"{'':16s}   {dict(sorted(detail.items()))}")
+            print(f"{'':16s}   {overlap(body)}")
     return 0
 
 
