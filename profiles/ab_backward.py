@@ -17,6 +17,8 @@ is skipped there):
     dvearly ``BwdTile.dv_early``: dV += P^T dO issued before the dP^T wait, so the tensor pipe runs it while
             dS^T is computed (D 96 / 128: D 64's 128-row tile spills 42-50 local-memory instructions with it)
     carryearly  both
+    tm64early  D 64's 64-row tile with ``dv_early`` (the 128-row tile spills 48 local-memory instructions with
+            it and ptxas serializes every wgmma; the 64-row one compiles clean, all 32 exp2 ahead of the dP^T wait)
     qdo     ``BwdTile.qdo_rings``: Q + LSE and dO + Delta in rings of their own, S^T waiting for Q alone and
             dP^T for dO, dO handed back after dV and Q after dK (FlashAttention-4's SM90 order)
     qdoearly  ``qdo_rings`` and ``dv_early``
@@ -70,6 +72,11 @@ def _dv_early(cfg):
     return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True))
 
 
+def _tm64_early(cfg):
+    c = _tm64(cfg)
+    return None if c is None else _dv_early(c)
+
+
 def _carry_early(cfg):
     c = _carry(cfg)
     return None if c is None else _dv_early(c)
@@ -93,6 +100,7 @@ def _lpt(cfg):
 
 
 VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early, "carryearly": _carry_early,
+            "tm64early": _tm64_early,
             "qdo": _qdo, "qdoearly": _qdo_early, "lpt": _lpt}
 CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True),
                  "det2wg": dict(deterministic=True)}

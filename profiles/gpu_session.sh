@@ -44,7 +44,7 @@
 #                 --variants det,det2w: deterministic=True (and with BwdTile.dq_warps = 2) against the default
 #                 backward call on the backward bench's shapes (issue 33: within 15%), paired    [AB_BWD_S]
 #   ab-backward-carry  the dk_carry / dv_early / qdo_rings / lpt GPU tests, then profiles/ab_backward.py
-#                 --variants lpt,dvearly,qdo,qdoearly,carry,carryearly: FlashBwdConfig.lpt (causal CTAs longest
+#                 --variants dvearly,tm64early,lpt,qdoearly,carryearly,qdo,carry: FlashBwdConfig.lpt (causal CTAs longest
 #                 first in L2-sized head sections), BwdTile.dv_early (dV issued before the dP^T wait), qdo_rings
 #                 (Q and dO in rings of their own), dk_carry (dK running on into the next query tile) and pairs,
 #                 against the planned tile on the backward bench's shapes, paired, gradients compared (issue 33)
@@ -170,7 +170,7 @@ for step in "$@"; do
     ab-backward-det) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py -k "deterministic or dq_warps" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-det-tests.log"
       CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det,det2w --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
     ab-backward-carry) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py -k "dk_carry or dv_early or step_variants or lpt_order" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-carry-tests.log"
-      CK_COMMIT=$commit py "${AB_BWD_S:-360}" profiles/ab_backward.py --variants lpt,dvearly,qdo,qdoearly,carry,carryearly --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
+      CK_COMMIT=$commit py "${AB_BWD_S:-360}" profiles/ab_backward.py --variants dvearly,tm64early,lpt,qdoearly,carryearly,qdo,carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
     ab-attention-softcap) py "${AB_ATTN_S:-400}" profiles/ab_attention.py --softcap 30 --rounds 5 --out "$OUT/ab-attention-softcap.json" 2>&1 | quiet | tee "$OUT/ab-attention-softcap.log" ;;
     ab-attention-psmem) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k p_smem 2>&1 | tail -n 15 | tee "$OUT/ab-attention-psmem.log"
       py "${AB_PSMEM_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b3_hq24_hkv8_s5000_d96_full,b4_h32_s4096_d96_causal \

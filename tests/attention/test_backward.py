@@ -228,7 +228,8 @@ def test_dk_carry_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq
 
 #: the step's candidate orders (``BwdTile`` fields, not the default yet), each GPU-tested like the default
 STEP_VARIANTS = {"dv_early": dict(dv_early=True), "qdo_rings": dict(qdo_rings=True),
-                 "both": dict(dv_early=True, qdo_rings=True)}
+                 "both": dict(dv_early=True, qdo_rings=True),
+                 "tm64_dv_early": dict(tile_m=64, dq_split_m=False, dv_early=True)}  # (D 64's 64-row tile)
 
 
 @gpu
