@@ -341,18 +341,17 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                                                cute.group_modes(gDelta, 0, 1))
             copies = ((tma_q, tQgQ, tQsQ), (tma_do, tOgO, tOsO), (tma_lse, tLgL, tLsL), (tma_delta, tDgD, tDsD))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            if const_expr(t.kv_split_d):  # dO + Delta first (the consumers start with dP^T), then Q + LSE
+            if const_expr(t.two_rings):  # Q + LSE and dO + Delta on their own rings, the one the consumers'
+                # first GEMM reads first: dO (dP^T) with kv_split_d, else Q (S^T)
+                do_first = const_expr(t.kv_split_d)
                 state_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
-                    state_do = tma.tma_produce_stage(pipe_q[1], state_do, (copies[1], copies[3]), m_block)
+                    if const_expr(do_first):
+                        state_do = tma.tma_produce_stage(pipe_q[1], state_do, (copies[1], copies[3]), m_block)
                     state = tma.tma_produce_stage(pipe_q[0], state, (copies[0], copies[2]), m_block)
-            elif const_expr(t.qdo_rings):  # Q + LSE first (the consumers start with S^T), then dO + Delta
-                state_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for i in cutlass.range(m_max - m_min, unroll=1):
-                    m_block = self.tile_at(m_min, i, m_max - m_min, n_block, seqlen_q, seqlen_k)
-                    state = tma.tma_produce_stage(pipe_q[0], state, (copies[0], copies[2]), m_block)
-                    state_do = tma.tma_produce_stage(pipe_q[1], state_do, (copies[1], copies[3]), m_block)
+                    if const_expr(not do_first):
+                        state_do = tma.tma_produce_stage(pipe_q[1], state_do, (copies[1], copies[3]), m_block)
             else:
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     state = tma.tma_produce_stage(pipe_q, state, copies,

@@ -569,6 +569,26 @@ def test_softcap_window_backward_compiles_without_spills():
     assert k.instructions["HGMMA"] == 3 * (2 * 64 // 16 + 2 * 64 // 16 + 128 // 16), rep.summary()
 
 
+def _compile_tile_variant(variant: str, **fields):
+    """``variant`` = ``kind-D[-causal]`` (kind: direct, gqa, window, softcap, deterministic, varlen, carry --
+    dk_carry on both sides): the planned configuration and the same with ``fields`` set on its tile, compiled;
+    ``(rep, rep0, count)`` with ``count(rep, opcode)`` the SASS occurrences.  The HGMMAs must be the same."""
+    from cute_kernels.tools import inspect as ins
+
+    parts = variant.split("-")
+    kind = parts[0]
+    cfg = bk.bwd_config("bfloat16", int(parts[1]), "causal" in parts, window=kind == "window", direct_kv=kind != "gqa",
+                        softcap=kind == "softcap", deterministic=kind == "deterministic", varlen=kind == "varlen")
+    if kind == "carry":
+        cfg = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
+    changed = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, **fields))
+    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (changed, cfg))
+    print(f"{variant} {fields}: {rep.summary()}\n  default: {rep0.summary()}")
+    assert rep.kernels[0].instructions["HGMMA"] == rep0.kernels[0].instructions["HGMMA"], (rep.summary(),
+                                                                                            rep0.summary())
+    return rep, rep0, lambda r, op: len(re.findall(rf"\b{re.escape(op)}\b", r.sass))
+
+
 @pytest.mark.parametrize("variant", ["direct-64", "direct-96", "direct-128-causal", "gqa-128", "window-128",
                                      "softcap-64", "deterministic-128", "varlen-128-causal"])
 def test_dk_carry_backward_compiles(variant):
@@ -576,19 +596,8 @@ def test_dk_carry_backward_compiles(variant):
     default's HGMMAs, no more wgmma waits or arrives than it (ptxas serializes every wgmma when it cannot
     keep one in flight across the loop: 64 ARRIVE / DEPBAR then, as the register-operand form did), and
     no more local-memory traffic (the register dS^T no longer lives past the dQ wgmma)."""
-    from cute_kernels.tools import inspect as ins
-
-    parts = variant.split("-")
-    D = int(parts[1])
-    cfg = bk.bwd_config("bfloat16", D, "causal" in parts, window=parts[0] == "window",
-                        direct_kv=parts[0] != "gqa", softcap=parts[0] == "softcap",
-                        deterministic=parts[0] == "deterministic", varlen=parts[0] == "varlen")
-    carried = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
-    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (carried, cfg))
-    print(f"{variant} dk_carry: {rep.summary()}\n  default: {rep0.summary()}")
+    rep, rep0, count = _compile_tile_variant(variant, dk_carry=True)
     k, k0 = rep.kernels[0], rep0.kernels[0]
-    count = lambda r, op: len(re.findall(rf"\b{re.escape(op)}\b", r.sass))  # noqa: E731
-    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"], (rep.summary(), rep0.summary())
     for op in ("WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"):
         assert count(rep, op) <= count(rep0, op), (op, count(rep, op), count(rep0, op))
     assert k.spills <= k0.spills and k.stack_frame <= k0.stack_frame, (rep.summary(), rep0.summary())
@@ -608,21 +617,10 @@ def test_dv_early_backward_compiles(variant):
     and at most 4 local-memory instructions (2 loop-invariant values reloaded per query tile at D 128
     causal; none elsewhere).  Windows (16 at D 128) and D 64's 128-row tile (42-50) spill more: the
     variant is a candidate for the plain D 96 / 128 configurations only."""
-    from cute_kernels.tools import inspect as ins
-
-    parts = variant.split("-")
-    cfg = bk.bwd_config("bfloat16", int(parts[1]), "causal" in parts, direct_kv=parts[0] != "gqa")
-    if parts[0] == "carry":
-        cfg = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
-    early = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True))
-    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (early, cfg))
-    print(f"{variant} dv_early: {rep.summary()}\n  default: {rep0.summary()}")
-    k, k0 = rep.kernels[0], rep0.kernels[0]
-    count = lambda r, op: len(re.findall(rf"\b{re.escape(op)}\b", r.sass))  # noqa: E731
-    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"], (rep.summary(), rep0.summary())
+    rep, rep0, count = _compile_tile_variant(variant, dv_early=True)
     for op in ("WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"):  # (per masked and unmasked query-tile loop)
         assert count(rep, op) <= count(rep0, op) + 2, (op, count(rep, op), count(rep0, op))
-    assert k.spills <= 4 and k.stack_frame <= 8, rep.summary()
+    assert rep.kernels[0].spills <= 4 and rep.kernels[0].stack_frame <= 8, rep.summary()
 
 
 @pytest.mark.parametrize("variant", ["direct-64-causal", "direct-96", "direct-128-causal", "gqa-128", "window-128",
@@ -630,17 +628,8 @@ def test_dv_early_backward_compiles(variant):
 def test_qdo_rings_backward_compiles(variant):
     """``BwdTile.qdo_rings`` (Q + LSE and dO + Delta in rings of their own): the default's HGMMAs and no more
     local-memory traffic than the default (D 64's 128-row tile: 2 local-memory instructions against 8)."""
-    from cute_kernels.tools import inspect as ins
-
-    parts = variant.split("-")
-    cfg = bk.bwd_config("bfloat16", int(parts[1]), "causal" in parts, window=parts[0] == "window",
-                        direct_kv=parts[0] != "gqa", deterministic=parts[0] == "deterministic",
-                        varlen=parts[0] == "varlen")
-    rings = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, qdo_rings=True))
-    rep, rep0 = (ins.inspect_builder(bk.backward_builder(c)) for c in (rings, cfg))
-    print(f"{variant} qdo_rings: {rep.summary()}\n  default: {rep0.summary()}")
+    rep, rep0, _ = _compile_tile_variant(variant, qdo_rings=True)
     k, k0 = rep.kernels[0], rep0.kernels[0]
-    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"], (rep.summary(), rep0.summary())
     assert k.spills <= k0.spills and k.stack_frame <= k0.stack_frame, (rep.summary(), rep0.summary())
 
 
