@@ -60,37 +60,21 @@ def _tm64(cfg):
     return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, tile_m=64, dq_split_m=False))
 
 
-def _carry(cfg):
-    if cfg.tile.kv_split_d or cfg.tile.dk_carry:
-        return None
-    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dk_carry=True))
+def _set_tile(field: str, applies=lambda cfg: not cfg.tile.kv_split_d):
+    """The variant setting ``BwdTile.<field>`` where ``applies(cfg)`` and it is not set yet."""
+    def change(cfg):
+        if not applies(cfg) or getattr(cfg.tile, field):
+            return None
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, **{field: True}))
+    return change
 
 
-def _dv_early(cfg):
-    if cfg.tile.kv_split_d or cfg.tile.dv_early or cfg.tile.tile_m == 128:
-        return None
-    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, dv_early=True))
-
-
-def _tm64_early(cfg):
-    c = _tm64(cfg)
-    return None if c is None else _dv_early(c)
-
-
-def _carry_early(cfg):
-    c = _carry(cfg)
-    return None if c is None else _dv_early(c)
-
-
-def _qdo(cfg):
-    if cfg.tile.kv_split_d or cfg.tile.qdo_rings:
-        return None
-    return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, qdo_rings=True))
-
-
-def _qdo_early(cfg):
-    c = _qdo(cfg)
-    return None if c is None else _dv_early(c)
+def _both(first, then):
+    """``first``'s change, then ``then``'s (None where either does not apply)."""
+    def change(cfg):
+        c = first(cfg)
+        return None if c is None else then(c)
+    return change
 
 
 def _lpt(cfg):
@@ -99,9 +83,11 @@ def _lpt(cfg):
     return dataclasses.replace(cfg, lpt=True)
 
 
-VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early, "carryearly": _carry_early,
-            "tm64early": _tm64_early,
-            "qdo": _qdo, "qdoearly": _qdo_early, "lpt": _lpt}
+_carry, _qdo = _set_tile("dk_carry"), _set_tile("qdo_rings")
+_dv_early = _set_tile("dv_early", lambda cfg: not cfg.tile.kv_split_d and cfg.tile.tile_m != 128)
+VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early,
+            "carryearly": _both(_carry, _dv_early), "tm64early": _both(_tm64, _dv_early), "qdo": _qdo,
+            "qdoearly": _both(_qdo, _dv_early), "lpt": _lpt}
 CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True),
                  "det2wg": dict(deterministic=True)}
 #: whole-call variants whose main kernel's tile differs from the plan's: the change to the tile (None: n/a)
