@@ -358,3 +358,27 @@ def test_host_ab_stubbed_runs_both_trees(tmp_path):
 
     doc = json.loads(path.read_text())
     assert doc["stub"] and len(doc["rows"]) == 13 and all(len(x["diff_us"]) == 3 for x in doc["rows"])
+
+
+def test_peer_sass_overlap_counts_the_exponentials_between_the_waits():
+    """``peer_sass.overlap``: the MUFU.EX2 between a loop's first ``WARPGROUP.DEPBAR.LE ... 0x1`` and the wait
+    after it (the exponentials that overlap the in-flight GEMM), none counted outside."""
+    peer_sass = _script("peer_sass")
+
+    body = ["HGMMA.64x64x16.F32.BF16 R0, gdesc[UR4], RZ, gsb0", "MUFU.EX2 R1, R1", "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+            "FFMA R2, R2, R3, R4", "MUFU.EX2 R2, R2", "MUFU.EX2 R3, R3", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+            "MUFU.EX2 R5, R5"]
+    assert peer_sass.overlap(body) == "waits at 2 and 6: 3 instructions between, 2 of 4 MUFU.EX2"
+    assert peer_sass.overlap(body[:2]) == "no S / next-GEMM wait pair"
+
+
+def test_bwd_order_model_lpt_beats_the_grid_order_on_a_causal_shape():
+    """``bwd_order_model``: with the kernel's own lpt mapping, the causal b16 h16 s1024 grid's modelled makespan
+    drops (the last head's longest CTA no longer starts last), the full shapes' does not change."""
+    m = _script("bwd_order_model")
+
+    grid, lpt = m.orders(16, 16, 1024, 128, 64)
+    cost = {cta: 1 + 16 - (cta[0] * 128) // 64 for cta in grid}
+    assert m.makespan(lpt, cost) < 0.97 * m.makespan(grid, cost)
+    flat = {cta: 17 for cta in grid}
+    assert m.makespan(lpt, flat) == m.makespan(grid, flat)
