@@ -194,7 +194,9 @@ class FwdTile:
     * ``dynamic`` (with ``persistent``): instead of a fixed stride, each CTA's producer takes its next
       tile from a global counter (one atomic per tile), so the CTAs walk the tile order together as
       the hardware's CTA scheduler would (load balance and L2 locality of the longest-first order)
-      and still overlap one tile's epilogue with the next tile's loads;
+      and still overlap one tile's epilogue with the next tile's loads; ``prefetch_tile``: the producer
+      claims its next tile before loading the current one (the atomic's round trip then runs under the
+      loads, not between this tile's last load and the next tile's Q);
     * ``exp2_poly_share``: of every 8 scores of an unmasked tile, this many are exponentiated by a
       cubic on the FMA pipes instead of the MUFU unit (small head dims are bound by MUFU.EX2: a
       128 x 128 tile at D = 64 needs as many MUFU cycles as tensor-core cycles).
@@ -214,6 +216,7 @@ class FwdTile:
     persistent: bool = False
     dynamic: bool = False
     p_smem: bool = False
+    prefetch_tile: bool = False
 
     def __post_init__(self):
         if self.head_dim not in FWD_HEAD_DIMS:
@@ -230,6 +233,8 @@ class FwdTile:
             raise ValueError("FwdTile: pingpong needs at least 2 consumer warpgroups")
         if self.dynamic and not self.persistent:
             raise ValueError("FwdTile: dynamic tile scheduling needs persistent CTAs")
+        if self.prefetch_tile and not self.dynamic:
+            raise ValueError("FwdTile: prefetch_tile claims the dynamic schedule's next tile early: needs dynamic")
         if self.smem_bytes() > FWD_SMEM_CAPACITY:
             raise ValueError(f"FwdTile: {self.smem_bytes()} B of shared memory > {FWD_SMEM_CAPACITY} B; fewer stages")
         limit = self.consumer_regs - FWD_REG_OVERHEAD

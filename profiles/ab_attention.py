@@ -38,14 +38,16 @@ DTYPE = torch.bfloat16
 
 #: name -> FwdTile field overrides on top of the default tile of the head dim
 VARIANTS = {
-    64: {"default": {}, "psmem": dict(p_smem=True), "mma_only": "mma_only"},
+    64: {"default": {}, "psmem": dict(p_smem=True), "mma_only": "mma_only", "prefetch": dict(prefetch_tile=True)},
     # P through shared memory (p_smem): three 64-row warpgroups at D = 96 (FlashAttention-3 / -4's 192 x
     # 128 / 144 tiles there), and what the shared-memory P alone costs on the 128-row tile
     96: {"default": {}, "m192_psmem": dict(tile_m=192, p_smem=True),
          "m192_n144_psmem": dict(tile_m=192, tile_n=144, p_smem=True, persistent=False, dynamic=False),
-         "psmem": dict(p_smem=True)},
+         "psmem": dict(p_smem=True), "prefetch": dict(prefetch_tile=True)},
     128: {"default": {}, "hw_sched": dict(persistent=False, dynamic=False), "dynamic": dict(dynamic=True),
-          "mma_only": "mma_only"},
+          "mma_only": "mma_only",
+          # the dynamic schedule's next tile claimed before the current one's loads (causal: dynamic by default)
+          "prefetch": dict(prefetch_tile=True), "dynamic_prefetch": dict(dynamic=True, prefetch_tile=True)},
     256: {"default": {}, "mma_only": "mma_only"},
 }
 

@@ -53,6 +53,10 @@
 #                 polynomial on the FMA pipes (poly1 / 2 / 4) and the plain kernel, peers beside, and the bounds
 #                 (mma_only, softmax_only: plain / max of them = the most overlap allows; issue 34's
 #                 softcap-within-5% row; ~3-4 min cold)                                          [AB_ATTN_S]
+#   ab-attention-prefetch  FwdTile.prefetch_tile's GPU test, then ab_attention.py on the short causal shapes (issue
+#                 36's b32 s512 row) and two long ones: the next dynamic tile claimed before the current one's loads
+#                 (prefetch; dynamic_prefetch for the full shape), beside the default, the hardware schedule and
+#                 the MMA bound                                                                    [AB_PREFETCH_S]
 #   ab-attention-psmem  the P-through-shared-memory forward (FwdTile.p_smem: test_gpu_p_smem_matches_reference first),
 #                 then ab_attention.py on the D 96 shapes (issue 36's b3 hq24 hkv8 s5000 and the bench's causal
 #                 one): 192 x 128 / 192 x 144 tiles with P in shared memory against the default and FA4   [AB_PSMEM_S]
@@ -171,6 +175,9 @@ for step in "$@"; do
       CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det,det2w --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
     ab-backward-carry) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py -k "dk_carry or dv_early or step_variants or lpt_order" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-carry-tests.log"
       CK_COMMIT=$commit py "${AB_BWD_S:-360}" profiles/ab_backward.py --variants dvearly,tm64early,lpt,qdoearly,carryearly,qdo,carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
+    ab-attention-prefetch) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k prefetch_tile 2>&1 | tail -n 15 | tee "$OUT/ab-attention-prefetch.log"
+      py "${AB_PREFETCH_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b32_hq32_hkv8_s512_d128_causal,b16_h16_s1024_d128_causal,b4_h32_s4096_d128_causal,b4_h32_s4096_d128_full \
+        --out "$OUT/ab-attention-prefetch.json" 2>&1 | quiet | tee -a "$OUT/ab-attention-prefetch.log" ;;
     ab-attention-softcap) py "${AB_ATTN_S:-400}" profiles/ab_attention.py --softcap 30 --rounds 5 --out "$OUT/ab-attention-softcap.json" 2>&1 | quiet | tee "$OUT/ab-attention-softcap.log" ;;
     ab-attention-psmem) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k p_smem 2>&1 | tail -n 15 | tee "$OUT/ab-attention-psmem.log"
       py "${AB_PSMEM_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b3_hq24_hkv8_s5000_d96_full,b4_h32_s4096_d96_causal \

@@ -306,12 +306,17 @@ class FlashAttnFwdSm90(FwdProducer, OverlappedKVLoop, FwdEpilogue):
                             sTile[0] = tile  # released to the consumers by the Q barrier's arrive
                             if const_expr(coords_in_smem):
                                 sTile[1], sTile[2], sTile[3] = m_block, head, batch
+                    nxt = tile
+                    if const_expr(t.prefetch_tile):  # claimed now: the atomic's round trip runs under the loads
+                        nxt = sched.next_dynamic_tile(mSched, lane)
                     k_state, v_state = self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_ring, pipe_k,
                                                     pipe_v, k_state, v_state, m_block, head,
                                                     head // qhead_per_kvhead, batch, n_max, off_q, off_k, n_min,
                                                     len_k, mBlockTable)
                     j += 1
-                    if const_expr(dynamic):
+                    if const_expr(t.prefetch_tile):
+                        tile = nxt
+                    elif const_expr(dynamic):
                         tile = sched.next_dynamic_tile(mSched, lane)
                     else:
                         tile = self.tile_of(j)

@@ -805,3 +805,35 @@ def test_gpu_p_smem_matches_reference(monkeypatch, case):
     q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device="cuda", seed=D + Sq + Sk + causal)
     o, lse = run_poisoned(q, k, v, causal)
     check_against_reference(o, lse, q, k, v, causal, what=f"p_smem {case}", tile_m=tile.tile_m)
+
+
+@gpu
+@pytest.mark.parametrize("D,B,Sq,Sk,Hq,Hkv,dtype", [
+    (128, 32, 512, 512, 32, 8, torch.bfloat16),  # issue 36's short causal shape: many 1-4 step tiles per CTA
+    (128, 3, 1000, 4097, 8, 1, torch.float16),  # Sq < Sk, ragged
+    (64, 2, 4097, 777, 4, 4, torch.bfloat16),  # rows without keys
+    (96, 1, 17, 1000, 8, 2, torch.bfloat16),  # fewer tiles than CTAs
+], ids=["d128-b32-s512", "d128-sq-lt-sk", "d64-sq-gt-sk", "d96-one-tile"])
+def test_gpu_prefetch_tile_matches_reference(monkeypatch, D, B, Sq, Sk, Hq, Hkv, dtype):
+    """``FwdTile.prefetch_tile`` (the dynamic schedule's next tile claimed before the current one's loads; not a
+    default yet): the planner patched to choose it for causal calls, NaN-poisoned outputs against the float64
+    reference, every row; twice, so the second launch finds the counter reset by the first."""
+    from cute_kernels.attention import forward_config
+    from cute_kernels.common.fastpath import LauncherCache
+
+    config = forward_config.fwd_config
+
+    def with_prefetch(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        if not cfg.tile.dynamic:
+            return cfg
+        return dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, prefetch_tile=True))
+
+    monkeypatch.setattr(forward_config, "fwd_config", with_prefetch)
+    monkeypatch.setattr(FW, "_PLANS", {})
+    monkeypatch.setattr(FW, "_launchers", LauncherCache())
+    assert FW.plan(dtype, D, True).tile.prefetch_tile
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device="cuda", seed=D + Sq + Sk)
+    for _ in range(2):
+        o, lse = run_poisoned(q, k, v, True)
+        check_against_reference(o, lse, q, k, v, True, what=f"prefetch_tile D={D} {B}x{Sq}x{Sk}")

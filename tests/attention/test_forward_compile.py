@@ -3,6 +3,7 @@ brute force (the kernel's index math, emulated tile by tile in torch), and every
 (D x causal x dtype) compiling for sm_90a with tensor-core instructions and no local-memory traffic.
 The GPU tests are in ``test_forward.py``."""
 
+import dataclasses
 import itertools
 import math
 
@@ -409,3 +410,25 @@ def test_softmax_only_bound_keeps_the_softmax(softcap):
     assert reps[0].sass.count("MUFU.EX2") > 0 and (reps[0].sass.count("MUFU.TANH") > 0) == softcap
     with pytest.raises(ValueError, match="two different bounds"):
         dataclasses.replace(fwd_config("bfloat16", 128, False), mma_only=True, softmax_only=True)
+
+
+def test_prefetch_tile_claims_before_the_loads():
+    """``FwdTile.prefetch_tile`` (the dynamic schedule's next tile claimed before the current one's loads):
+    compiles as every forward config must (compile_clean), the producer's tile atomic now ahead of the first
+    TMA load in the SASS (the default's follows its loads), and it needs the dynamic schedule."""
+    from cute_kernels.attention.forward_kernel import fwd_config
+    from layouts.attention import FwdTile
+
+    cfg = fwd_config("bfloat16", 128, True)
+    assert cfg.tile.dynamic and not cfg.tile.prefetch_tile
+    pre = dataclasses.replace(cfg, tile=dataclasses.replace(cfg.tile, prefetch_tile=True))
+
+    def first(sass, op):
+        return next(i for i, line in enumerate(sass.splitlines()) if op in line)
+
+    rep, _ = compile_clean(pre)
+    rep0, _ = compile_clean(cfg)
+    assert first(rep.sass, "ATOMG") < first(rep.sass, "UTMALDG")
+    assert first(rep0.sass, "ATOMG") > first(rep0.sass, "UTMALDG")
+    with pytest.raises(ValueError, match="prefetch_tile"):
+        FwdTile("bfloat16", 128, prefetch_tile=True)
