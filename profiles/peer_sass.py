@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import glob
 import os
-import re
 import subprocess
 import sys
 import zipfile
@@ -35,29 +34,12 @@ DETAIL = ("STS", "LDS", "STSM", "LDSM", "HGMMA", "WARPGROUP", "SYNCS", "BAR", "M
 
 
 def wgmma_loops(sass: str, bodies: list | None = None) -> list[tuple[int, Counter, Counter]]:
-    """``(length, opcode counts, detailed counts)`` of each innermost loop (a backward branch) holding an
-    HGMMA (innermost among those: a spin-wait loop inside does not count); ``bodies``, if given, gets each
-    loop's instructions."""
-    labels, ins = {}, []
-    for ln in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", ln)
-        if m:
-            labels[m.group(1)] = len(ins)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", ln)
-        if m:
-            ins.append(re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip()))
-    spans = []
-    for i, t in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", t)
-        if m and m.group(1) in labels and labels[m.group(1)] <= i:
-            spans.append((labels[m.group(1)], i))
-    spans = [(s, e) for s, e in spans if any(b.startswith("HGMMA") for b in ins[s:e + 1])]
+    """``(length, opcode counts, detailed counts)`` of each innermost wgmma loop
+    (:func:`cute_kernels.tools.inspect.wgmma_loop_bodies`); ``bodies``, if given, gets each loop's instructions."""
+    from cute_kernels.tools.inspect import wgmma_loop_bodies
+
     loops = []
-    for s, e in spans:
-        if any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in spans):
-            continue
-        body = ins[s:e + 1]
+    for body in wgmma_loop_bodies(sass):
         if bodies is not None:
             bodies.append(body)
         ops = Counter(b.split()[0].split(".")[0] for b in body)
@@ -66,22 +48,13 @@ def wgmma_loops(sass: str, bodies: list | None = None) -> list[tuple[int, Counte
 
 
 def overlap(body: list[str]) -> str:
-    """Where the loop's first ``wgmma.wait_group 1`` (WARPGROUP.DEPBAR.LE 1: S ready, the next GEMM in
-    flight) and the wait after it fall, and how many MUFU.EX2 ptxas scheduled between them -- the
-    exponentials that overlap the in-flight GEMM (ptxas moves ALU work past a wait freely: an EX2 after it
-    waits for the GEMM)."""
-    waits = [k for k, b in enumerate(body) if b.startswith("WARPGROUP.DEPBAR")]
-    first = next((k for k in waits if b_is(body[k], "0x1")), None)
-    if first is None or not [k for k in waits if k > first]:
+    """:func:`cute_kernels.tools.inspect.exp2_under_gemm` of a loop, in words."""
+    from cute_kernels.tools.inspect import exp2_under_gemm
+
+    r = exp2_under_gemm(body)
+    if r is None:
         return "no S / next-GEMM wait pair"
-    nxt = min(k for k in waits if k > first)
-    ex2 = [k for k, b in enumerate(body) if b.startswith("MUFU.EX2")]
-    return (f"waits at {first} and {nxt}: {nxt - first - 1} instructions between, "
-            f"{sum(first < k < nxt for k in ex2)} of {len(ex2)} MUFU.EX2")
-
-
-def b_is(instr: str, count: str) -> bool:
-    return instr.rstrip().endswith(count)
+    return f"{r[0]} instructions between the S wait and the next, {r[1]} of {r[2]} MUFU.EX2"
 
 
 def peer_cubin(causal: bool, head_dim: int, wheels: str, scratch: str, extra: list[str], forward: bool = False,

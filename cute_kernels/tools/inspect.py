@@ -180,6 +180,48 @@ def count_sass(sass: str) -> dict[str, Counter]:
     return per
 
 
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?);")
+
+
+def wgmma_loop_bodies(sass: str) -> list[list[str]]:
+    """The instructions (predicates stripped) of each innermost loop -- a backward branch -- that issues an
+    HGMMA, in code order (innermost among those: a spin-wait loop inside one does not count)."""
+    labels, ins = {}, []
+    for line in sass.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            labels[m.group(1)] = len(ins)
+            continue
+        m = _INSTR.match(line)
+        if m:
+            ins.append(re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip()))
+    spans = []
+    for i, t in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", t)
+        if m and m.group(1) in labels and labels[m.group(1)] <= i:
+            spans.append((labels[m.group(1)], i))
+    spans = [(a, b) for a, b in spans if any(x.startswith("HGMMA") for x in ins[a:b + 1])]
+    return [ins[a:b + 1] for a, b in spans
+            if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in spans)]
+
+
+def exp2_under_gemm(body: list[str]) -> tuple[int, int, int] | None:
+    """For a wgmma loop's instructions: ``(between, ex2_between, ex2_all)`` -- the instructions between its
+    first ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (the first GEMM done, the next one in flight) and the wait after
+    it, and how many of the loop's MUFU.EX2 ptxas scheduled there: the exponentials that overlap the
+    in-flight GEMM (ptxas moves ALU work past a wgmma wait freely; an EX2 after the wait waits for the
+    GEMM).  None without such a pair of waits."""
+    waits = [k for k, b in enumerate(body) if b.startswith("WARPGROUP.DEPBAR")]
+    first = next((k for k in waits if body[k].rstrip().endswith("0x1")), None)
+    later = [k for k in waits if first is not None and k > first]
+    if not later:
+        return None
+    nxt = later[0]
+    ex2 = [k for k, b in enumerate(body) if b.startswith("MUFU.EX2")]
+    return nxt - first - 1, sum(first < k < nxt for k in ex2), len(ex2)
+
+
 def inspect_builder(builder: jit.Builder, sass: bool = True) -> CompileReport:
     """Compile (uncached) with PTX and CUBIN kept, disassemble, and summarize.
 

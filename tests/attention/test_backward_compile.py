@@ -617,10 +617,16 @@ def test_dv_early_backward_compiles(variant):
     and at most 4 local-memory instructions (2 loop-invariant values reloaded per query tile at D 128
     causal; none elsewhere).  Windows (16 at D 128) and D 64's 128-row tile (42-50) spill more: the
     variant is a candidate for the plain D 96 / 128 configurations only."""
+    from cute_kernels.tools.inspect import exp2_under_gemm, wgmma_loop_bodies
+
     rep, rep0, count = _compile_tile_variant(variant, dv_early=True)
     for op in ("WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"):  # (per masked and unmasked query-tile loop)
         assert count(rep, op) <= count(rep0, op) + 2, (op, count(rep, op), count(rep0, op))
     assert rep.kernels[0].spills <= 4 and rep.kernels[0].stack_frame <= 8, rep.summary()
+    # what it is for: every exponential of the step scheduled while dP^T is in flight (ptxas put the
+    # default's dP^T wait after the first one: 1 of 32)
+    overlaps = [exp2_under_gemm(body) for body in wgmma_loop_bodies(rep.sass)]
+    assert overlaps and all(o is not None and o[1] == o[2] > 0 for o in overlaps), overlaps
 
 
 @pytest.mark.parametrize("variant", ["direct-64-causal", "direct-96", "direct-128-causal", "gqa-128", "window-128",

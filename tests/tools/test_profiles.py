@@ -368,7 +368,7 @@ def test_peer_sass_overlap_counts_the_exponentials_between_the_waits():
     body = ["HGMMA.64x64x16.F32.BF16 R0, gdesc[UR4], RZ, gsb0", "MUFU.EX2 R1, R1", "WARPGROUP.DEPBAR.LE gsb0, 0x1",
             "FFMA R2, R2, R3, R4", "MUFU.EX2 R2, R2", "MUFU.EX2 R3, R3", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
             "MUFU.EX2 R5, R5"]
-    assert peer_sass.overlap(body) == "waits at 2 and 6: 3 instructions between, 2 of 4 MUFU.EX2"
+    assert peer_sass.overlap(body) == "3 instructions between the S wait and the next, 2 of 4 MUFU.EX2"
     assert peer_sass.overlap(body[:2]) == "no S / next-GEMM wait pair"
 
 
