@@ -168,6 +168,9 @@ for step in "$@"; do
       if [ -n "${BEFORE_PATCH:-}" ]; then  # the before tree as this tree minus a patch (no second tree to carry)
         before=$(mktemp -d); cp -r cute_kernels layouts "$before"/
         (cd "$before" && git apply -R "$OLDPWD/$BEFORE_PATCH" 2>&1 || patch -R -p1 < "$OLDPWD/$BEFORE_PATCH") | tail -n 5
+        if diff -rq cute_kernels "$before/cute_kernels" > /dev/null && diff -rq layouts "$before/layouts" > /dev/null; then
+          echo "ab-commits: BEFORE_PATCH changed nothing (not applied?): skipped" | tee "$OUT/ab-commits.log"; continue
+        fi
       fi
       py "${AB_COMMITS_S:-500}" profiles/ab_commits.py --before "$before" --after . \
         --what "${AB_WHAT:-gemm,gemm_decode,decode}" --rounds "${AB_ROUNDS:-3}" --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-commits.log" ;;
