@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from layouts import attention_backward as LB
 
 from ..common.dtypes import HALF_NAMES
-from .forward_config import check_attention_config
+from .forward_config import check_attention_config, tile_coords_py
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,6 @@ LPT_TOKEN_BYTES_PER_D = 2 + 2 + 4
 def lpt_tile_coords_py(lin: int, num_n: int, num_heads: int, num_batch: int, seqlen_q: int, head_dim: int):
     """``(n_block, head, batch)`` of the grid's linear CTA index ``lin`` under :attr:`FlashBwdConfig.lpt`
     (plain Python, for tests; the kernel's is :meth:`.backward_mask.BwdTileOrder.tile_coords`)."""
-    from .forward_softmax import tile_coords_py  # (plain Python: no DSL)
-
     m, head, batch = tile_coords_py(lin, num_n, num_heads, num_batch, seqlen_q, 1, LPT_TOKEN_BYTES_PER_D * head_dim,
                                     True)
     return num_n - 1 - m, head, batch

@@ -120,3 +120,23 @@ def gapped_grid_bound(total: int, num_batch: int, tile: int) -> int:
     """Numbers of the gapped numbering (comment above): ``ceil(total / tile) + B``, Python ints or the
     host entry's traced values alike."""
     return (total + tile - 1) // tile + num_batch
+
+
+# ---- the forward's causal schedule over L2 sections (the kernel's is forward_softmax.tile_coords) ----------
+#: bytes of L2 the K / V of one section of heads may take (H100 / H200: 50 MB of L2)
+L2_KV_BYTES = 40 * 1024 * 1024
+MAX_SECTION_HEADS = 64
+_SECTION_SIZES = tuple(2 ** i for i in range(1, MAX_SECTION_HEADS.bit_length()))
+
+
+def tile_coords_py(bid: int, num_m_blocks: int, num_heads: int, num_batch: int, seqlen_k: int,
+                   qhead_per_kvhead: int, kv_token_bytes: int, causal: bool):
+    """:func:`.forward_softmax.tile_coords` in plain Python (tests check it is a bijection)."""
+    fit = (L2_KV_BYTES // kv_token_bytes) * qhead_per_kvhead // max(seqlen_k, 1)
+    sw = max([1] + [p for p in _SECTION_SIZES if fit >= p]) if causal else 1
+    num_hb = num_heads * num_batch
+    section, in_section = divmod(bid, sw * num_m_blocks)
+    width = sw if section < num_hb // sw else num_hb - (num_hb // sw) * sw
+    m_block, r = divmod(in_section, width)
+    batch, head = divmod(section * sw + r, num_heads)
+    return (num_m_blocks - 1 - m_block if causal else m_block), head, batch

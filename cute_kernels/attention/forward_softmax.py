@@ -26,6 +26,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from .forward_config import L2_KV_BYTES, MAX_SECTION_HEADS, _SECTION_SIZES, tile_coords_py  # noqa: F401  (host twin)
+
 # ------------------------------------------------------------------------------------------------
 # which KV tiles a query tile visits
 # ------------------------------------------------------------------------------------------------
@@ -110,10 +112,7 @@ def kv_tile_range_window_py(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: 
 # ------------------------------------------------------------------------------------------------
 # which query tile a CTA computes
 # ------------------------------------------------------------------------------------------------
-#: bytes of L2 the K / V of one section of heads may take (H100 / H200: 50 MB of L2)
-L2_KV_BYTES = 40 * 1024 * 1024
-MAX_SECTION_HEADS = 64
-_SECTION_SIZES = tuple(2 ** i for i in range(1, MAX_SECTION_HEADS.bit_length()))
+# (the L2 section budget and the plain-Python twin live in the DSL-free :mod:`.forward_config`)
 
 
 @cute.jit
@@ -148,19 +147,6 @@ def tile_coords(bid: Int32, num_m_blocks: Int32, num_heads: Int32, num_batch: In
     if cutlass.const_expr(causal):
         m_block = num_m_blocks - 1 - m_block
     return m_block, head, batch
-
-
-def tile_coords_py(bid: int, num_m_blocks: int, num_heads: int, num_batch: int, seqlen_k: int,
-                   qhead_per_kvhead: int, kv_token_bytes: int, causal: bool):
-    """:func:`tile_coords` in plain Python (tests check it is a bijection)."""
-    fit = (L2_KV_BYTES // kv_token_bytes) * qhead_per_kvhead // max(seqlen_k, 1)
-    sw = max([1] + [p for p in _SECTION_SIZES if fit >= p]) if causal else 1
-    num_hb = num_heads * num_batch
-    section, in_section = divmod(bid, sw * num_m_blocks)
-    width = sw if section < num_hb // sw else num_hb - (num_hb // sw) * sw
-    m_block, r = divmod(in_section, width)
-    batch, head = divmod(section * sw + r, num_heads)
-    return (num_m_blocks - 1 - m_block if causal else m_block), head, batch
 
 
 # ------------------------------------------------------------------------------------------------
