@@ -50,9 +50,6 @@
 #                 (Q and dO in rings of their own), dk_carry (dK running on into the next query tile) and pairs,
 #                 against the planned tile on the backward bench's shapes, paired, gradients compared (issue 33)
 #                 [AB_BWD_S]
-#   bwd-split     profiles/bwd_kernel_split.py: each backward call's GPU time kernel by kernel (torch.profiler), ours
-#                 and FA4's, on the packed cases and the dense GQA causal shape (issue 33: packed 0.78x FA4 against
-#                 dense 0.92x with the same main loop; ~1-2 min cold)                              [BWD_SPLIT_S]
 #   ab-attention-softcap  profiles/ab_attention.py --softcap 30: the softcap forward against a share of its exp2s by
 #                 polynomial on the FMA pipes (poly1 / 2 / 4) and the plain kernel, peers beside, and the bounds
 #                 (mma_only, softmax_only: plain / max of them = the most overlap allows; issue 34's
@@ -185,7 +182,6 @@ for step in "$@"; do
     ab-attention-prefetch) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k prefetch_tile 2>&1 | tail -n 15 | tee "$OUT/ab-attention-prefetch.log"
       py "${AB_PREFETCH_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b32_hq32_hkv8_s512_d128_causal,b16_h16_s1024_d128_causal,b4_h32_s4096_d128_causal,b4_h32_s4096_d128_full \
         --out "$OUT/ab-attention-prefetch.json" 2>&1 | quiet | tee -a "$OUT/ab-attention-prefetch.log" ;;
-    bwd-split) py "${BWD_SPLIT_S:-240}" profiles/bwd_kernel_split.py --out "$OUT" 2>&1 | quiet | tee "$OUT/bwd-split.log" ;;
     ab-attention-softcap) py "${AB_ATTN_S:-400}" profiles/ab_attention.py --softcap 30 --rounds 5 --out "$OUT/ab-attention-softcap.json" 2>&1 | quiet | tee "$OUT/ab-attention-softcap.log" ;;
     ab-attention-psmem) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k p_smem 2>&1 | tail -n 15 | tee "$OUT/ab-attention-psmem.log"
       py "${AB_PSMEM_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b3_hq24_hkv8_s5000_d96_full,b4_h32_s4096_d96_causal \
