@@ -259,6 +259,16 @@ def make_bwd_smem_layout_dq(t: BwdTile):
     return cute.tile_to_shape(atom, (t.dq_rows_per_wg, t.dq_cols_per_wg, t.consumer_warpgroups), (0, 1, 2))
 
 
+def make_bwd_smem_layout_kv_acc(t: BwdTile):
+    """(64, head_dim) fp32: one consumer warpgroup's dK or dV tile, staged for the TMA reduce-add into the
+    GQA accumulators (``FlashBwdConfig.kv_reduce``), rows swizzled as the dQ tile's; its bytes, 256 per
+    head dim, are those of a 128-key K (or V) tile in 16 bits, whose buffer holds it."""
+    f32 = cutlass.Float32
+    kind = sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, f32, t.head_dim)
+    atom = warpgroup.make_smem_layout_atom(kind, f32)
+    return cute.tile_to_shape(atom, (BWD_WG_KEYS, t.head_dim), (0, 1))
+
+
 def make_bwd_tiled_mma_sdp(t: BwdTile):
     """S^T = K Q^T and dP^T = V dO^T: one 64 x tile_m wgmma per consumer warpgroup (its 64 keys), both
     operands K-major from shared memory; ``kv_split_d``: the 64 keys' 64 x tile_m / 2 half of the

@@ -25,6 +25,8 @@ is skipped there):
     bound   the planned configuration's MMA bound (``mma_only``: mask, exponentials and dS compiled out, the
             bench's ceiling), timed beside the variants so each reads against it; its gradients are wrong
             by design (not compared)
+    kvreduce  ``FlashBwdConfig.kv_reduce`` (GQA shapes): dK / dV staged in the K / V buffers and added by TMA
+            reduce-adds (FlashAttention-3/4's form) instead of D atomic adds per thread and their addresses
     lpt     ``FlashBwdConfig.lpt``: causal grids taken longest KV tile first in L2-sized sections of heads (the
             forward's causal order) instead of head by head; `profiles/bwd_order_model.py` predicts 1.03x
             on b4 s4096 / b2 s8192 causal, 1.05x on b16 s1024 (the tail of the last head's longest tile)
@@ -86,6 +88,12 @@ def _lpt(cfg):
     return dataclasses.replace(cfg, lpt=True)
 
 
+def _kv_reduce(cfg):
+    if cfg.direct_kv or cfg.deterministic or cfg.tile.kv_split_d or cfg.kv_reduce:
+        return None
+    return dataclasses.replace(cfg, kv_reduce=True)
+
+
 def _bound(cfg):
     return None if cfg.softcap or cfg.mma_only else dataclasses.replace(cfg, mma_only=True)
 
@@ -94,7 +102,7 @@ _carry, _qdo = _set_tile("dk_carry"), _set_tile("qdo_rings")
 _dv_early = _set_tile("dv_early", lambda cfg: not cfg.tile.kv_split_d and cfg.tile.tile_m != 128)
 VARIANTS = {"tm128": _tm128, "tm64": _tm64, "carry": _carry, "dvearly": _dv_early,
             "carryearly": _both(_carry, _dv_early), "tm64early": _both(_tm64, _dv_early), "qdo": _qdo,
-            "qdoearly": _both(_qdo, _dv_early), "lpt": _lpt, "bound": _bound}
+            "qdoearly": _both(_qdo, _dv_early), "lpt": _lpt, "kvreduce": _kv_reduce, "bound": _bound}
 #: variants whose gradients are wrong by design (timed, not compared)
 UNCHECKED = {"bound"}
 CALL_VARIANTS = {"det": dict(deterministic=True), "det2w": dict(deterministic=True),

@@ -43,9 +43,9 @@
 #   ab-backward-det  the deterministic GPU tests (one and two dQ warps) first, then profiles/ab_backward.py
 #                 --variants det,det2w,det2wg: deterministic=True (and with BwdTile.dq_warps = 2, dq_groups = 2) against the default
 #                 backward call on the backward bench's shapes (issue 33: within 15%), paired    [AB_BWD_S]
-#   ab-backward-carry  the dk_carry / dv_early / qdo_rings / lpt GPU tests, then profiles/ab_backward.py
-#                 --variants bound,dvearly,tm64early,lpt,qdoearly,carryearly,qdo,carry (bound: the MMA bound beside
-#                 them): FlashBwdConfig.lpt (causal CTAs longest
+#   ab-backward-carry  the dk_carry / dv_early / qdo_rings / lpt / kv_reduce GPU tests, then profiles/ab_backward.py
+#                 --variants bound,dvearly,tm64early,lpt,kvreduce,qdoearly,carryearly,qdo,carry (bound: the MMA bound
+#                 beside them; kvreduce: GQA's dK / dV by TMA reduce-adds, the GQA shape): FlashBwdConfig.lpt (causal CTAs longest
 #                 first in L2-sized head sections), BwdTile.dv_early (dV issued before the dP^T wait), qdo_rings
 #                 (Q and dO in rings of their own), dk_carry (dK running on into the next query tile) and pairs,
 #                 against the planned tile on the backward bench's shapes, paired, gradients compared (issue 33)
@@ -177,8 +177,8 @@ for step in "$@"; do
     bench-decode) py 400 profiles/bench_decode.py --out-dir "$OUT" 2>&1 | quiet | tee "$OUT/bench-decode.log" ;;
     ab-backward-det) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py -k "deterministic or dq_warps" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-det-tests.log"
       CK_COMMIT=$commit py "${AB_BWD_S:-300}" profiles/ab_backward.py --variants det,det2w,det2wg --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-det.log" ;;
-    ab-backward-carry) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py -k "dk_carry or dv_early or step_variants or lpt_order" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-carry-tests.log"
-      CK_COMMIT=$commit py "${AB_BWD_S:-360}" profiles/ab_backward.py --variants bound,dvearly,tm64early,lpt,qdoearly,carryearly,qdo,carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
+    ab-backward-carry) py 200 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/attention/test_backward.py tests/attention/test_backward_varlen.py -k "dk_carry or dv_early or step_variants or lpt_order or kv_reduce" 2>&1 | tail -n 15 | tee "$OUT/ab-backward-carry-tests.log"
+      CK_COMMIT=$commit py "${AB_BWD_S:-360}" profiles/ab_backward.py --variants bound,dvearly,tm64early,lpt,kvreduce,qdoearly,carryearly,qdo,carry --out "$OUT" 2>&1 | quiet | tee "$OUT/ab-backward-carry.log" ;;
     ab-attention-prefetch) py 200 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/attention/test_forward.py -k prefetch_tile 2>&1 | tail -n 15 | tee "$OUT/ab-attention-prefetch.log"
       py "${AB_PREFETCH_S:-360}" profiles/ab_attention.py --rounds 5 --shapes b32_hq32_hkv8_s512_d128_causal,b16_h16_s1024_d128_causal,b4_h32_s4096_d128_causal,b4_h32_s4096_d128_full \
         --out "$OUT/ab-attention-prefetch.json" 2>&1 | quiet | tee -a "$OUT/ab-attention-prefetch.log" ;;

@@ -51,6 +51,12 @@ class FlashBwdConfig:
     #: the last CTAs to start are short ones; otherwise the grid's (KV tile, head, batch) order, in
     #: which each head's longest tile starts with it, the last head's near the end
     lpt: bool = False
+    #: with GQA (not ``direct_kv``), not deterministic: each consumer warpgroup's fp32 dK and dV tiles staged
+    #: in shared memory (the K and V buffers, free once the last wgmma read them) and added into the
+    #: accumulators by one TMA reduce-add per tile (FlashAttention-3 / 4's form), instead of 2 x 64 per-thread
+    #: atomic adds and their address arithmetic (~780 instructions a thread at D 128); rows past the keys:
+    #: clipped (dense) or zeros (packed: the tile holding a sequence's last key is masked at every step)
+    kv_reduce: bool = False
 
     def __post_init__(self):
         check_attention_config(self)
@@ -58,6 +64,10 @@ class FlashBwdConfig:
             raise ValueError("FlashBwdConfig: the MMA bound (mma_only) has no softmax to softcap")
         if self.lpt and not (self.causal and not self.deterministic and not self.varlen):
             raise ValueError("FlashBwdConfig: lpt orders causal, dense, non-deterministic grids only")
+        if self.kv_reduce and (self.direct_kv or self.deterministic or self.tile.kv_split_d
+                               or self.tile.tile_n != 2 * LB.BWD_WG_KEYS):
+            raise ValueError("FlashBwdConfig: kv_reduce is for GQA (not direct_kv), non-deterministic, 128-key tiles "
+                             "without kv_split_d (two warpgroups' fp32 tiles in the K and V buffers)")
 
     @property
     def variant_args(self) -> tuple:

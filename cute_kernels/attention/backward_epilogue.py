@@ -185,6 +185,38 @@ class BwdEpilogue:
 
 
     @cute.jit
+    def reduce_kv(self, tiled_mma_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, sAcc: tuple, tma_dk, mdK: cute.Tensor,
+                  tma_dv, mdV: cute.Tensor, n_block, head_kv, batch, off_k, mma_tidx):
+        """GQA, ``FlashBwdConfig.kv_reduce``: this query head's dK, then dV, added into its KV head's fp32
+        accumulators (TMA coordinate tensors) -- warpgroup w's 64 x D tile into ``sAcc[w]`` (the K / V
+        buffers' bytes, once both warpgroups' last wgmma read them), then one warp's TMA reduce-add of each
+        warpgroup's tile.  Packed: rows from the sequence's first key ``off_k`` (a partial last tile's rows
+        past the sequence add zeros: every step of that KV tile is masked)."""
+        wg = mma_tidx // 128
+        thr = tiled_mma_dkv.get_slice(mma_tidx % 128)  # (the first warpgroup's partition of a 64-row tile)
+        one = cute.make_layout(1)
+        for acc, atom, m_acc in ((acc_dK, tma_dk, mdK), (acc_dV, tma_dv, mdV)):
+            if const_expr(self.cfg.varlen):
+                m_head = self.rows(m_acc, off_k, head_kv, batch)
+            else:
+                m_head = m_acc[None, None, head_kv, batch]
+            # the buffers are free: every wgmma reading K / V (or, for dV, the dK reduce reading them) is done
+            cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
+            for w in cutlass.range_constexpr(2):
+                if wg == w:
+                    cute.autovec_copy(acc, thr.partition_C(sAcc[w]))
+            cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
+            cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
+            if mma_tidx // 32 == 0:  # the whole warp: the TMA copy elects its issuing thread itself
+                g_acc = cute.local_tile(m_head, (64, self.D), (None, 0))
+                for w in cutlass.range_constexpr(2):
+                    t_s, t_g = cpasync.tma_partition(atom, 0, one, cute.group_modes(sAcc[w], 0, 2),
+                                                     cute.group_modes(g_acc, 0, 2))
+                    cute.copy(atom, t_s, t_g[None, 2 * n_block + w])
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the buffers stay until the reduce read them
+
+    @cute.jit
     def store_kv(self, tiled_mma_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, sK, sV, tma_dk, mdK: cute.Tensor,
                  tma_dv, mdV: cute.Tensor, k_scale: Float32, n_block, head_kv, batch, mma_tidx, seqlen_k, off_k,
                  mdK_rows, mdV_rows):

@@ -170,6 +170,11 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
             s2g = cpasync.CopyBulkTensorTileS2GOp()
             tma_dk, mdKacc = cpasync.make_tiled_tma_atom(s2g, fsl.bshd_to_sdhb(mdKacc), sK_layout, (self.tile_n, self.D))
             tma_dv, mdVacc = cpasync.make_tiled_tma_atom(s2g, fsl.bshd_to_sdhb(mdVacc), sV_layout, (self.tile_n, self.D))
+        elif const_expr(self.cfg.kv_reduce):  # GQA: a warpgroup's fp32 tile reduce-added from the K / V buffers
+            red, acc_box = cpasync.CopyReduceBulkTensorTileS2GOp(), (LB.BWD_WG_KEYS, self.D)
+            sAcc_layout = LB.make_bwd_smem_layout_kv_acc(t)
+            tma_dk, mdKacc = cpasync.make_tiled_tma_atom(red, fsl.bshd_to_sdhb(mdKacc), sAcc_layout, acc_box)
+            tma_dv, mdVacc = cpasync.make_tiled_tma_atom(red, fsl.bshd_to_sdhb(mdVacc), sAcc_layout, acc_box)
 
         stages = self.stages
 
@@ -247,7 +252,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         if warp_idx == LOAD_WARP:
             for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_delta, tma_dq):
                 cpasync.prefetch_descriptor(atom)
-            if const_expr(self.cfg.direct_kv):
+            if const_expr(self.cfg.direct_kv or self.cfg.kv_reduce):
                 cpasync.prefetch_descriptor(tma_dk)
                 cpasync.prefetch_descriptor(tma_dv)
 
@@ -277,6 +282,11 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDelta = storage.sDelta.get_tensor(sRow_layout)
+        sAcc = None  # kv_reduce: warpgroup w's fp32 dK / dV tile in the K (w = 0) or V (w = 1) buffer's bytes
+        if const_expr(self.cfg.kv_reduce):
+            sAcc_layout = LB.make_bwd_smem_layout_kv_acc(t)
+            sAcc = tuple(buf.get_tensor(sAcc_layout.outer, swizzle=sAcc_layout.inner, dtype=Float32)
+                         for buf in (storage.sK, storage.sV))
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(t.producer_regs)
@@ -302,7 +312,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                          kv_ring, pipe_q, mdKacc, mdVacc, tma_dk, tma_dv, scale_log2, seqlen_q, seqlen_k, n_block,
                          qhead_per_kvhead, m_min, m_max, m_lo, m_hi, tidx - 128, window_left, window_right,
                          softcap_scale, mSemKV, seq, (head, batch, off_k) if const_expr(self.cfg.varlen) else None,
-                         mdK_rows, mdV_rows)
+                         mdK_rows, mdV_rows, sAcc)
 
     def variant(self, args: tuple) -> dict:
         """An entry's trailing arguments by name (:attr:`FlashBwdConfig.variant_args`; absent: off)."""
@@ -362,7 +372,7 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sDelta, kv_ring: ring.TxRing, pipe_q, mdKacc: cute.Tensor,
                 mdVacc: cute.Tensor, tma_dk, tma_dv, scale_log2: Float32, seqlen_q, seqlen_k, n_block, qhead_per_kvhead, m_min,
                 m_max, m_lo, m_hi, mma_tidx, window_left, window_right, softcap_scale, mSemKV, seq, packed, mdK_rows,
-                mdV_rows):
+                mdV_rows, sAcc=None):
         """Consumer warpgroups: every query tile of the KV tile (masked ones ``m_min .. m_lo - 1``,
         unmasked ``m_lo .. m_hi - 1``, a window's masked ``m_hi .. m_max - 1``), then the dK / dV epilogue."""
         wg = cute.arch.make_warp_uniform(mma_tidx // 128)
@@ -459,6 +469,10 @@ class FlashAttnBwdSm90(BwdQueryStep, BwdEpilogue, BwdTileOrder):
                 k_scale = k_scale * softcap_scale
             self.store_kv(tiled_mma_dkv, acc_dK, acc_dV, sK, sV, tma_dk, mdKacc, tma_dv, mdVacc, k_scale, n_block,
                           head // qhead_per_kvhead, batch, mma_tidx, seqlen_k, off_k, mdK_rows, mdV_rows)
+        elif const_expr(self.cfg.kv_reduce):
+            if m_max > m_min:
+                self.reduce_kv(tiled_mma_dkv, acc_dK, acc_dV, sAcc, tma_dk, mdKacc, tma_dv, mdVacc, n_block,
+                               head // qhead_per_kvhead, batch, off_k, mma_tidx)
         elif m_max > m_min:
             if const_expr(self.cfg.varlen):  # one batch of packed rows, from the sequence's first key
                 mdKacc = cute.domain_offset((0, off_k, 0, 0), mdKacc)

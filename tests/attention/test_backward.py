@@ -279,6 +279,36 @@ def test_dv_early_with_dk_carry_matches_reference(monkeypatch):
     run_case(torch.bfloat16, 128, False, 1, 1000, 1000, 8, 2)
 
 
+def _kv_reduce_planner(monkeypatch):
+    """The planner patched to take ``FlashBwdConfig.kv_reduce`` (not the default yet) where it applies."""
+    from cute_kernels.attention import backward_config as bk
+
+    config = bk.bwd_config
+
+    def patched(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        fits = not (cfg.direct_kv or cfg.deterministic or cfg.tile.kv_split_d)
+        return dataclasses.replace(cfg, kv_reduce=True) if fits else cfg
+
+    monkeypatch.setattr(bk, "bwd_config", patched)
+    monkeypatch.setattr(BW, "_PLANS", {})
+
+
+@gpu
+@pytest.mark.parametrize("dtype,D,causal,B,Sq,Sk,Hq,Hkv,kw", [
+    (torch.bfloat16, 128, True, 2, 1000, 1000, 8, 2, {}),  # ragged last KV tile (rows past Sk clipped)
+    (torch.float16, 96, False, 1, 333, 1000, 6, 2, {}),  # Sq < Sk
+    (torch.bfloat16, 64, True, 3, 17, 129, 8, 1, {}),  # MQA, D 64's 128-row tile, one key past a tile
+    (torch.bfloat16, 128, False, 1, 1000, 1000, 4, 2, dict(window=(100, 50), softcap=30.0, sink=True)),
+], ids=["d128-causal", "d96-sq-lt-sk", "d64-mqa", "window-softcap-sink-d128"])
+def test_kv_reduce_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq, Hkv, kw):
+    """``FlashBwdConfig.kv_reduce`` (GQA's dK / dV staged in the K / V buffers and added by TMA reduce-adds):
+    the same checks as the atomic adds'."""
+    _kv_reduce_planner(monkeypatch)
+    assert BW.bwd_plan(dtype, D, causal, gqa=True)[0].kv_reduce
+    run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
+
+
 @gpu
 @pytest.mark.parametrize("dtype,D,B,Sq,Sk,Hq,Hkv,kw", [
     (torch.bfloat16, 128, 3, 300, 300, 24, 6, {}),  # GQA, 72 (batch, head) pairs: a partial last section

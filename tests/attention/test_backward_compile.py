@@ -223,6 +223,37 @@ def test_lpt_config_rules():
             bk.FlashBwdConfig(**args)
 
 
+def test_kv_reduce_config_rules():
+    """kv_reduce is for GQA's fp32 accumulators without the deterministic turns (whose ordered adds are
+    per thread) and for the 128-key tiles whose K and V buffers hold the two warpgroups' fp32 tiles."""
+    tile = LB.bwd_tile("bfloat16", 128)
+    bk.FlashBwdConfig("bfloat16", 128, True, tile, kv_reduce=True)
+    assert not bk.bwd_config("bfloat16", 128, True).kv_reduce  # not the default until a GPU run measures it
+    bad = (dict(direct_kv=True), dict(deterministic=True), dict(head_dim=256, tile=LB.bwd_tile("bfloat16", 256)),
+           dict(tile=dataclasses.replace(tile, tile_n=64)))
+    for kw in bad:
+        args = dict(dtype="bfloat16", head_dim=128, causal=True, tile=tile, kv_reduce=True) | kw
+        with pytest.raises(ValueError, match="kv_reduce"):
+            bk.FlashBwdConfig(**args)
+
+
+@pytest.mark.parametrize("D,causal,varlen", [(64, False, False), (96, True, True), (128, True, False)])
+def test_kv_reduce_backward_compiles(D, causal, varlen):
+    """``FlashBwdConfig.kv_reduce``: no per-thread atomic adds left (the default's GQA epilogue has D of
+    them per thread), TMA reduce-adds instead, the same HGMMAs, and at most 3 more local-memory
+    instructions than the default (D 64: 9 -> 11)."""
+    from cute_kernels.tools import inspect as ins
+
+    cfg = bk.bwd_config("bfloat16", D, causal, varlen=varlen)
+    reps = [ins.inspect_builder(bk.backward_builder(c)) for c in (dataclasses.replace(cfg, kv_reduce=True), cfg)]
+    (k, sass), (k0, sass0) = ((r.kernels[0], r.sass) for r in reps)
+    print(reps[0].summary(), reps[1].summary(), sep="\n")
+    assert len(re.findall(r"\bREDG\b", sass0)) == D and not re.findall(r"\bREDG\b", sass)
+    assert len(re.findall(r"\bUTMAREDG\b", sass)) > len(re.findall(r"\bUTMAREDG\b", sass0))
+    assert k.instructions["HGMMA"] == k0.instructions["HGMMA"]
+    assert k.spills <= k0.spills + 3, (reps[0].summary(), reps[1].summary())
+
+
 def test_dense_rotation_turns_follow_arrival():
     """The deterministic mode on dense ranges: KV tile n walks query tiles from floor(n M / N) on, wrapping,
     when N <= M, else 0, 1, ...; ``dense_turn`` numbers the N KV tiles at each query tile in the order they

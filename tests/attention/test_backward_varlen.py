@@ -323,6 +323,31 @@ def test_packed_deterministic_two_dq_warps_two_accumulators(monkeypatch, dtype, 
 
 
 @gpu
+@pytest.mark.parametrize("dtype,D,causal,G,lens", [(BF, 128, True, 4, "A"), (BF, 128, False, 8, "B"),
+                                                   (FP, 96, True, 8, "B"), (FP, 64, False, 4, "A")],
+                         ids=["bf16-D128-causal-g4-A", "bf16-D128-full-g8-B", "fp16-D96-causal-g8-B",
+                              "fp16-D64-full-g4-A"])
+def test_packed_kv_reduce_matches_reference(monkeypatch, dtype, D, causal, G, lens):
+    """``FlashBwdConfig.kv_reduce`` (not the default yet) on packed sequences: a partial last KV tile's TMA
+    reduce-add covers rows of the next sequence, which must only get zeros (every step of that tile is
+    masked); the planner patched, the checks above."""
+    import dataclasses
+
+    from cute_kernels.attention import backward_config as BC
+
+    config = BC.bwd_config
+
+    def patched(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        return dataclasses.replace(cfg, kv_reduce=True) if not (cfg.direct_kv or cfg.deterministic) else cfg
+
+    monkeypatch.setattr(BC, "bwd_config", patched)
+    monkeypatch.setattr(BW, "_PLANS", {})
+    run_packed(dtype, D, causal, G, LENS[lens], seed=5 * D + G)
+    assert BW._PLANS and all(p[0].kv_reduce for p in BW._PLANS.values())
+
+
+@gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_backward_with_flash_attn_forward(causal):
     """out and lse from the real packed forward (a sequence with queries but no keys: out 0, lse -inf
