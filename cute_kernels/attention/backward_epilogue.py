@@ -183,7 +183,6 @@ class BwdEpilogue:
                 cute.arch.atomic_add(mAcc.iterator + cute.crd2idx((batch, key, head_kv, tc[i][1]), mAcc.layout),
                                      acc[i])
 
-
     @cute.jit
     def reduce_kv(self, tiled_mma_dkv, acc_dK: cute.Tensor, acc_dV: cute.Tensor, sAcc: tuple, tma_dk, mdK: cute.Tensor,
                   tma_dv, mdV: cute.Tensor, n_block, head_kv, batch, off_k, mma_tidx):
@@ -208,7 +207,7 @@ class BwdEpilogue:
             cute.arch.fence_proxy("async.shared", space="cta")  # visible to the TMA unit (async proxy)
             cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
             if mma_tidx // 32 == 0:  # the whole warp: the TMA copy elects its issuing thread itself
-                g_acc = cute.local_tile(m_head, (64, self.D), (None, 0))
+                g_acc = cute.local_tile(m_head, (cute.size(sAcc[0], mode=[0]), self.D), (None, 0))
                 for w in cutlass.range_constexpr(2):
                     t_s, t_g = cpasync.tma_partition(atom, 0, one, cute.group_modes(sAcc[w], 0, 2),
                                                      cute.group_modes(g_acc, 0, 2))
