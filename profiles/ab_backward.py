@@ -89,7 +89,7 @@ def _lpt(cfg):
 
 
 def _kv_reduce(cfg):
-    if cfg.direct_kv or cfg.deterministic or cfg.tile.kv_split_d or cfg.kv_reduce:
+    if not cfg.kv_reduce_applies or cfg.kv_reduce:
         return None
     return dataclasses.replace(cfg, kv_reduce=True)
 

@@ -64,10 +64,17 @@ class FlashBwdConfig:
             raise ValueError("FlashBwdConfig: the MMA bound (mma_only) has no softmax to softcap")
         if self.lpt and not (self.causal and not self.deterministic and not self.varlen):
             raise ValueError("FlashBwdConfig: lpt orders causal, dense, non-deterministic grids only")
-        if self.kv_reduce and (self.direct_kv or self.deterministic or self.tile.kv_split_d
-                               or self.tile.tile_n != 2 * LB.BWD_WG_KEYS):
+        if self.kv_reduce and not self.kv_reduce_applies:
             raise ValueError("FlashBwdConfig: kv_reduce is for GQA (not direct_kv), non-deterministic, 128-key tiles "
                              "without kv_split_d (two warpgroups' fp32 tiles in the K and V buffers)")
+
+    @property
+    def kv_reduce_applies(self) -> bool:
+        """Whether :attr:`kv_reduce` may be set: GQA's fp32 accumulators (not ``direct_kv``) without the
+        deterministic turns, on 128-key tiles without ``kv_split_d`` (two warpgroups' fp32 tiles in the K
+        and V buffers)."""
+        return not (self.direct_kv or self.deterministic or self.tile.kv_split_d
+                    or self.tile.tile_n != 2 * LB.BWD_WG_KEYS)
 
     @property
     def variant_args(self) -> tuple:

@@ -195,10 +195,7 @@ class BwdEpilogue:
         thr = tiled_mma_dkv.get_slice(mma_tidx % 128)  # (the first warpgroup's partition of a 64-row tile)
         one = cute.make_layout(1)
         for acc, atom, m_acc in ((acc_dK, tma_dk, mdK), (acc_dV, tma_dv, mdV)):
-            if const_expr(self.cfg.varlen):
-                m_head = self.rows(m_acc, off_k, head_kv, batch)
-            else:
-                m_head = m_acc[None, None, head_kv, batch]
+            m_head = self.rows(m_acc, off_k, head_kv, batch)  # (dense: the batch's rows; off_k is 0)
             # the buffers are free: every wgmma reading K / V (or, for dV, the dK reduce reading them) is done
             cute.arch.barrier(barrier_id=self.epilogue_barrier, number_of_threads=self.num_mma_threads)
             for w in cutlass.range_constexpr(2):

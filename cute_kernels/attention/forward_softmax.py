@@ -26,7 +26,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .forward_config import L2_KV_BYTES, MAX_SECTION_HEADS, _SECTION_SIZES, tile_coords_py  # noqa: F401  (host twin)
+from .forward_config import L2_KV_BYTES, _SECTION_SIZES
 
 # ------------------------------------------------------------------------------------------------
 # which KV tiles a query tile visits

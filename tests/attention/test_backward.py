@@ -287,8 +287,7 @@ def _kv_reduce_planner(monkeypatch):
 
     def patched(*args, **kwargs):
         cfg = config(*args, **kwargs)
-        fits = not (cfg.direct_kv or cfg.deterministic or cfg.tile.kv_split_d)
-        return dataclasses.replace(cfg, kv_reduce=True) if fits else cfg
+        return dataclasses.replace(cfg, kv_reduce=True) if cfg.kv_reduce_applies else cfg
 
     monkeypatch.setattr(bk, "bwd_config", patched)
     monkeypatch.setattr(BW, "_PLANS", {})

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from cute_kernels.attention import forward_config
 from cute_kernels.attention import forward_softmax as fs
 from layouts import attention as LA
 from _check import WINDOWS, visible_window  # noqa: E402
@@ -78,7 +79,7 @@ def test_tile_coords_cover_every_tile_once(causal):
     for m_blocks, heads, batch, Sk, G in cases:
         seen = set()
         n = m_blocks * heads * batch
-        order = [fs.tile_coords_py(b, m_blocks, heads, batch, Sk, G, 512, causal) for b in range(n)]
+        order = [forward_config.tile_coords_py(b, m_blocks, heads, batch, Sk, G, 512, causal) for b in range(n)]
         for m, h, bb in order:
             assert 0 <= m < m_blocks and 0 <= h < heads and 0 <= bb < batch
             seen.add((m, h, bb))
