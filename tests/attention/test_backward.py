@@ -279,7 +279,7 @@ def test_dv_early_with_dk_carry_matches_reference(monkeypatch):
     run_case(torch.bfloat16, 128, False, 1, 1000, 1000, 8, 2)
 
 
-def _kv_reduce_planner(monkeypatch):
+def kv_reduce_planner(monkeypatch):
     """The planner patched to take ``FlashBwdConfig.kv_reduce`` (not the default yet) where it applies."""
     from cute_kernels.attention import backward_config as bk
 
@@ -303,7 +303,7 @@ def _kv_reduce_planner(monkeypatch):
 def test_kv_reduce_matches_reference(monkeypatch, dtype, D, causal, B, Sq, Sk, Hq, Hkv, kw):
     """``FlashBwdConfig.kv_reduce`` (GQA's dK / dV staged in the K / V buffers and added by TMA reduce-adds):
     the same checks as the atomic adds'."""
-    _kv_reduce_planner(monkeypatch)
+    kv_reduce_planner(monkeypatch)
     assert BW.bwd_plan(dtype, D, causal, gqa=True)[0].kv_reduce
     run_case(dtype, D, causal, B, Sq, Sk, Hq, Hkv, **kw)
 

@@ -37,7 +37,7 @@ from cute_kernels.attention import forward_validate as FV
 from cute_kernels.testing import count_launches
 from _check import RTOL, assert_raises_before_any_launch
 from conftest import precompile_for_module_gpu_tests
-from test_backward import out_rounding_effect, reference
+from test_backward import kv_reduce_planner, out_rounding_effect, reference
 from test_flash_autograd import graph_replay_matches_eager, same_up_to_reduction_order
 from test_forward_varlen import make_packed, window_mask
 
@@ -331,18 +331,7 @@ def test_packed_kv_reduce_matches_reference(monkeypatch, dtype, D, causal, G, le
     """``FlashBwdConfig.kv_reduce`` (not the default yet) on packed sequences: a partial last KV tile's TMA
     reduce-add covers rows of the next sequence, which must only get zeros (every step of that tile is
     masked); the planner patched, the checks above."""
-    import dataclasses
-
-    from cute_kernels.attention import backward_config as BC
-
-    config = BC.bwd_config
-
-    def patched(*args, **kwargs):
-        cfg = config(*args, **kwargs)
-        return dataclasses.replace(cfg, kv_reduce=True) if cfg.kv_reduce_applies else cfg
-
-    monkeypatch.setattr(BC, "bwd_config", patched)
-    monkeypatch.setattr(BW, "_PLANS", {})
+    kv_reduce_planner(monkeypatch)
     run_packed(dtype, D, causal, G, LENS[lens], seed=5 * D + G)
     assert BW._PLANS and all(p[0].kv_reduce for p in BW._PLANS.values())
 
